@@ -1,0 +1,5 @@
+import sys
+
+from dds.cli import main
+
+sys.exit(main())

@@ -1,0 +1,40 @@
+"""`dds` command line: serve, plan, simulate, certs, version. Exit code 2 for bad flags or files, with a clear message."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+# Each module registers its own subcommand (owned next to the code it drives).
+COMMAND_MODULES = ("serve", "plan", "simulate", "certs")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dds", description="Dynamic Device Scaling for the Kubernetes cluster-autoscaler")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    version = sub.add_parser("version", help="print the version")
+    version.set_defaults(func=_version)
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"dds.commands.{name}")
+        module.register(sub)
+    return parser
+
+
+def _version(_: argparse.Namespace) -> int:
+    from dds import __version__
+
+    print(__version__)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The one settings object: defaults < YAML file (`--config`) < environment (`DDS_*`) < command-line flags."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+class FabricBackend(str, Enum):
+    SIMULATED = "simulated"
+    COMPOSABILITY_REQUEST = "composability-request"
+    REDFISH = "redfish"
+
+
+class NodeBackend(str, Enum):
+    MACHINESET = "machineset"  # Cluster API: scale MachineSets (an infrastructure provider makes the machines)
+    MEMORY = "memory"  # no cluster: remember the wanted nodes only (dds serve with a YAML file)
+
+
+class LatencySpec(BaseModel):
+    """A latency distribution in seconds: uniform in [min, max] (min == max: fixed)."""
+
+    min: float = Field(default=20.0, ge=0)
+    max: float = Field(default=40.0, ge=0)
+
+
+class FaultSpec(BaseModel):
+    """Fault injection for the simulated fabric: probabilities per operation (0..1)."""
+
+    attach_error: float = Field(default=0.0, ge=0, le=1)
+    attach_hang: float = Field(default=0.0, ge=0, le=1)
+    partial_attach: float = Field(default=0.0, ge=0, le=1)
+    device_failure_after_attach: float = Field(default=0.0, ge=0, le=1)
+    detach_error: float = Field(default=0.0, ge=0, le=1)
+    seed: Optional[int] = None
+
+
+class PoolSpec(BaseModel):
+    name: str
+    devices: dict[str, int]  # model -> count
+    max_slots_per_node: Optional[int] = None  # a fabric-side limit on top of each group's max GPUs
+
+
+class SimulatedFabricSettings(BaseModel):
+    pools: list[PoolSpec] = Field(default_factory=lambda: [PoolSpec(name="default", devices={"A30": 8})])
+    attach_latency: LatencySpec = Field(default_factory=LatencySpec)
+    detach_latency: LatencySpec = Field(default_factory=lambda: LatencySpec(min=5.0, max=10.0))
+    faults: FaultSpec = Field(default_factory=FaultSpec)
+    # Where the simulated manager keeps its state in a cluster, so it outlives a DDS restart (as a real CDI manager does).
+    state_configmap: str = "dds-simulated-fabric"
+
+
+class RedfishSettings(BaseModel):
+    endpoint: str = "https://127.0.0.1:8000"
+    username: str = ""
+    password_file: Optional[Path] = None
+    verify_tls: bool = True
+    ca_file: Optional[Path] = None
+    timeout_seconds: float = 10.0
+
+
+class ComposabilitySettings(BaseModel):
+    resource_type: str = "gpu"
+    request_name_prefix: str = "dds-"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DDS_", env_nested_delimiter="__", extra="forbid")
+
+    config_file: Optional[Path] = Field(default=None, exclude=True)
+
+    # gRPC endpoint that cluster-autoscaler's cloud-config points at.
+    listen: str = "0.0.0.0:8086"
+    tls_cert: Optional[Path] = None
+    tls_key: Optional[Path] = None
+    tls_ca: Optional[Path] = None  # client CA: client certificates are required and verified
+    insecure: bool = False  # plaintext, only when asked for explicitly
+
+    # Where node groups come from: a YAML file, or MachineSets in the cluster (kubeconfig / in-cluster).
+    node_groups_file: Optional[Path] = None
+    kubeconfig: Optional[Path] = None
+    in_cluster: bool = False
+    namespace: str = "dds-system"  # where DDS keeps its own state (Lease, state ConfigMaps)
+    machineset_namespaces: list[str] = Field(default_factory=list)  # empty = all namespaces
+
+    gpu_label: str = "nvidia.com/gpu.product"  # CA's GPULabel; also the label pods use to ask for a GPU model
+    fabric: FabricBackend = FabricBackend.SIMULATED
+    simulated_fabric: SimulatedFabricSettings = Field(default_factory=SimulatedFabricSettings)
+    redfish: RedfishSettings = Field(default_factory=RedfishSettings)
+    composability: ComposabilitySettings = Field(default_factory=ComposabilitySettings)
+    node_backend: NodeBackend = NodeBackend.MACHINESET
+
+    # Planning.
+    policy: str = "best-fit"
+    batch_solver: str = "auto"
+    solver_time_budget_seconds: float = Field(default=2.0, gt=0)
+    # A pending pod unschedulable this long without CA starting a scale-up is DDS's to serve (case 2).
+    unhandled_pending_grace_seconds: float = Field(default=30.0, ge=0)
+    loop_interval_seconds: float = Field(default=5.0, gt=0)
+    orphan_attach_timeout_seconds: float = Field(default=600.0, gt=0)
+    max_node_provision_seconds: float = Field(default=900.0, gt=0)
+
+    # Operations.
+    metrics_listen: str = "0.0.0.0:8087"
+    leader_election: bool = False
+    lease_name: str = "dds-leader"
+    lease_duration_seconds: float = Field(default=15.0, gt=0)
+    renew_deadline_seconds: float = Field(default=10.0, gt=0)
+    retry_period_seconds: float = Field(default=2.0, gt=0)
+    identity: Optional[str] = None
+    log_level: str = "INFO"
+    log_format: str = "text"  # text | json
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        allowed = ("best-fit", "least-demand", "concentrated", "spread")
+        if value not in allowed:
+            raise ValueError(f"unknown policy {value!r}; one of {', '.join(allowed)}")
+        return value
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Flags (init kwargs) beat the environment, which beats the file (merged in `load`).
+        return init_settings, env_settings
+
+    @classmethod
+    def load(cls, config_file: Optional[Path] = None, **flags: Any) -> "Settings":
+        """Build settings from a YAML file, the environment and flags (None-valued flags are ignored)."""
+        data: dict[str, Any] = {}
+        if config_file is not None:
+            loaded = yaml.safe_load(Path(config_file).read_text()) or {}
+            if not isinstance(loaded, dict):
+                raise ValueError(f"{config_file}: the top level must be a mapping of settings")
+            data.update({k.replace("-", "_"): v for k, v in loaded.items()})
+        from_env = cls()  # raises on a malformed DDS_* variable, naming it
+        data.update({name: getattr(from_env, name) for name in from_env.model_fields_set})
+        data.update({k: v for k, v in flags.items() if v is not None})
+        return cls(config_file=config_file, **data)

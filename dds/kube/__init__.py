@@ -1,0 +1,1 @@
+"""Kubernetes API access (the only layer that imports the kubernetes client)."""

@@ -1,0 +1,38 @@
+"""Every Prometheus metric DDS exports, defined once (prometheus-client idiom: module level, base units, `_total`).
+
+Served on `/metrics` by dds/ops/http.py. Label values are bounded: group ids, pool names, models, RPC method names,
+case and outcome enums.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_FABRIC_BUCKETS = (1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 300, 600)
+
+DECISIONS = Counter("dds_decisions_total", "Scaling decisions by case and outcome (gpu, node, mixed, none, error)",
+                    ["case", "outcome"])
+GPUS_ATTACHED = Counter("dds_gpus_attached_total", "GPUs attached to nodes", ["pool", "model"])
+GPUS_DETACHED = Counter("dds_gpus_detached_total", "GPUs detached from nodes", ["pool", "model"])
+FABRIC_ERRORS = Counter("dds_fabric_errors_total", "Fabric operations that failed, by kind and error code",
+                        ["backend", "kind", "code"])
+ATTACH_LATENCY = Histogram("dds_attach_duration_seconds", "From attach request to the GPU visible on the node",
+                           ["backend"], buckets=_FABRIC_BUCKETS)
+DETACH_LATENCY = Histogram("dds_detach_duration_seconds", "From detach request to the GPU back in the pool",
+                           ["backend"], buckets=_FABRIC_BUCKETS)
+POOL_DEVICES = Gauge("dds_pool_devices", "Devices per pool, model and state (free, used)", ["pool", "model", "state"])
+NODES_ADDED = Counter("dds_nodes_added_total", "Nodes requested through the node backend", ["group"])
+NODES_REMOVED = Counter("dds_nodes_removed_total", "Nodes removed through the node backend", ["group"])
+PLAN_LATENCY = Histogram("dds_plan_duration_seconds", "Time to compute a plan", ["kind"], buckets=_LATENCY_BUCKETS)
+PENDING_PODS = Gauge("dds_pending_pods_considered", "Pending pods considered by the last scale-up plan")
+GRPC_LATENCY = Histogram("dds_grpc_request_duration_seconds", "CloudProvider RPC latency", ["method"],
+                         buckets=_LATENCY_BUCKETS)
+GRPC_ERRORS = Counter("dds_grpc_request_errors_total", "CloudProvider RPCs answered with an error status",
+                      ["method", "code"])
+NODE_GROUP_CONFIG_ERRORS = Counter("dds_node_group_config_errors_total",
+                                   "Node group definitions rejected as malformed", ["source"])
+NODE_GROUPS = Gauge("dds_node_groups", "Node groups served to cluster-autoscaler")
+INSTANCES = Gauge("dds_inflight_instances", "In-flight instances reported to CA, by group, kind and state",
+                  ["group", "kind", "state"])
+IS_LEADER = Gauge("dds_leader", "1 when this replica holds the leader lease")

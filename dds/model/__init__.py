@@ -1,0 +1,1 @@
+"""Pure, typed models shared by every layer (no I/O, no Kubernetes or gRPC imports)."""

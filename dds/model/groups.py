@@ -1,0 +1,132 @@
+"""Node group configuration: what a DDS node group is, wherever it was read from (MachineSet or YAML file)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dds.model.resources import Resources
+
+# Our annotations (on a Cluster API MachineSet, or the same keys in examples/node-groups.yaml).
+ANNOTATION_PREFIX = "dds.cdi.dev/"
+ANN_ENABLED = ANNOTATION_PREFIX + "enabled"  # "true" opts a MachineSet in
+ANN_MAX_GPUS = ANNOTATION_PREFIX + "max-gpus-per-node"  # what the template advertises
+ANN_GPU_RESOURCE = ANNOTATION_PREFIX + "gpu-resource"  # default nvidia.com/gpu
+ANN_GPU_MODELS = ANNOTATION_PREFIX + "gpu-models"  # comma-separated, first is the default model
+ANN_FABRIC_POOL = ANNOTATION_PREFIX + "fabric-pool"
+ANN_TEMPLATE_MODE = ANNOTATION_PREFIX + "template-mode"  # spec-fixed (default) | observed
+ANN_GPU_IDLE_COOLDOWN = ANNOTATION_PREFIX + "gpu-idle-cooldown"  # duration, default 10m
+ANN_NODE_IDLE_COOLDOWN = ANNOTATION_PREFIX + "node-idle-cooldown"  # duration, default 10m
+ANN_FORCE_DETACH = ANNOTATION_PREFIX + "force-detach"  # "true": detach GPUs even while in use
+
+# Labels DDS puts on nodes it manages.
+LABEL_NODE_GROUP = ANNOTATION_PREFIX + "node-group"
+LABEL_GPU_MODEL = ANNOTATION_PREFIX + "gpu-model"
+
+# cluster-autoscaler's Cluster API conventions that DDS reads as they are.
+ANN_CAPI_MIN = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size"
+ANN_CAPI_MAX = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size"
+ANN_CAPACITY_PREFIX = "capacity.cluster-autoscaler.kubernetes.io/"
+ANN_CAPI_DELETE_MACHINE = "cluster.x-k8s.io/delete-machine"
+# Per-group autoscaling options, as CA's clusterapi provider names them.
+ANN_OPTIONS_PREFIX = "cluster.x-k8s.io/autoscaling-options-"
+
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class TemplateMode(str, Enum):
+    """How CA sees a group (README: "Spec-fixed node groups").
+
+    spec-fixed: CA always simulates with the template (max GPUs); live nodes are not mapped to the group, and DDS
+    owns their scale-down. observed: the usual mapping; CA may cache a live node's shape as the template.
+    """
+
+    SPEC_FIXED = "spec-fixed"
+    OBSERVED = "observed"
+
+
+class Taint(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    key: str
+    value: str = ""
+    effect: str  # NoSchedule | PreferNoSchedule | NoExecute
+
+
+class OptionOverrides(BaseModel):
+    """Per-group overrides of CA's NodeGroupAutoscalingOptions; None = echo CA's default."""
+
+    model_config = ConfigDict(frozen=True)
+    scale_down_utilization_threshold: Optional[float] = None
+    scale_down_gpu_utilization_threshold: Optional[float] = None
+    scale_down_unneeded_seconds: Optional[float] = None
+    scale_down_unready_seconds: Optional[float] = None
+    max_node_provision_seconds: Optional[float] = None
+    zero_or_max_node_scaling: Optional[bool] = None
+    ignore_daemonsets_utilization: Optional[bool] = None
+
+
+class SourceRef(BaseModel):
+    """Where a group was read from, for messages and Events."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: str  # "MachineSet" | "File"
+    name: str
+    namespace: str = ""
+    api_version: str = ""
+    uid: str = ""
+
+    def describe(self) -> str:
+        if self.kind == "File":
+            return f"file {self.name}"
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+class NodeGroupSpec(BaseModel):
+    """A DDS node group. Its template advertises `max_gpus_per_node` GPUs (spec-fixed)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    min_size: int = Field(ge=0)
+    max_size: int = Field(ge=0)
+    replicas: int = Field(default=0, ge=0)  # MachineSet spec.replicas as last read (nodes wanted)
+    milli_cpu: int = Field(gt=0)
+    memory: int = Field(gt=0)  # bytes
+    ephemeral_storage: int = Field(default=100 * 2**30, ge=0)
+    max_pods: int = Field(default=110, gt=0)
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    gpu_resource: str = DEFAULT_GPU_RESOURCE
+    gpu_models: tuple[str, ...] = ()  # empty = any model of the pool
+    initial_gpus: int = Field(default=0, ge=0)  # GPUs a new node boots with (capacity.../gpu-count)
+    max_gpus_per_node: int = Field(ge=0)
+    fabric_pool: str = "default"
+    template_mode: TemplateMode = TemplateMode.SPEC_FIXED
+    gpu_idle_cooldown_seconds: float = Field(default=600.0, ge=0)
+    node_idle_cooldown_seconds: float = Field(default=600.0, ge=0)
+    force_detach: bool = False
+    options: OptionOverrides = Field(default_factory=OptionOverrides)
+    source: SourceRef
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "NodeGroupSpec":
+        if self.min_size > self.max_size:
+            raise ValueError(f"min size {self.min_size} is above max size {self.max_size}")
+        if self.initial_gpus > self.max_gpus_per_node:
+            raise ValueError(f"initial GPUs {self.initial_gpus} exceed max GPUs per node {self.max_gpus_per_node}")
+        return self
+
+    @property
+    def default_gpu_model(self) -> Optional[str]:
+        return self.gpu_models[0] if self.gpu_models else None
+
+    def template_allocatable(self) -> Resources:
+        """What the template node advertises: the node's capacity with every GPU slot filled."""
+        scalar = {self.gpu_resource: self.max_gpus_per_node} if self.max_gpus_per_node else {}
+        return Resources(self.milli_cpu, self.memory, self.ephemeral_storage, self.max_pods, scalar)
+
+    def node_allocatable(self, gpus: int) -> Resources:
+        """A node of this group with `gpus` GPUs attached."""
+        return self.template_allocatable().with_scalar(self.gpu_resource, gpus)

@@ -1,0 +1,144 @@
+"""The planner's output: what to do and why. Events, logs, metrics and `dds plan` are all rendered from these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional
+
+
+class Verdict(str, Enum):
+    FITS_NOW = "fits-now"  # schedulable on an existing node without any action
+    FITS_AFTER_GPUS = "fits-after-gpus"  # fits once the planned GPUs are attached
+    NEEDS_NODE = "needs-node"  # fits only on a new node of some group
+    UNSCHEDULABLE = "unschedulable"  # fits nowhere, not even on a new node at max GPUs
+    UNSUPPORTED = "unsupported"  # has a constraint the simulation does not model: never promised a fit
+
+
+class Case(str, Enum):
+    """The talk's four cases."""
+
+    SCALE_UP = "case1-scale-up"  # CA asked for a node
+    SCALE_UP_BLOCKED = "case2-scale-up-blocked"  # CA wanted a node but could not (max, backoff)
+    SCALE_DOWN = "case3-scale-down"  # CA asked to remove a node
+    SCALE_DOWN_BLOCKED = "case4-scale-down-blocked"  # CA wanted to remove but could not / DDS-owned scale-down
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Why one option (a node, a group) was not taken for a pod: the filter and the numbers behind it."""
+
+    target: str  # node name or "group:<id>"
+    reason: str  # short code: "Insufficient memory", "node(s) had untolerated taint", "gpu-slots-full", ...
+    resource: Optional[str] = None
+    requested: Optional[int] = None
+    free: Optional[int] = None
+    capacity: Optional[int] = None
+
+    def message(self) -> str:
+        if self.resource is None:
+            return f"{self.target}: {self.reason}"
+        return (f"{self.target}: {self.reason} ({self.resource}: requested {self.requested}, free {self.free}, "
+                f"capacity {self.capacity})")
+
+
+@dataclass(frozen=True, slots=True)
+class PodDecision:
+    pod: str  # namespace/name
+    verdict: Verdict
+    node: Optional[str] = None  # chosen existing node (FITS_NOW / FITS_AFTER_GPUS)
+    group: Optional[str] = None  # chosen group (NEEDS_NODE)
+    gpus_added: int = 0  # GPUs this pod's placement adds to `node`
+    score: Optional[float] = None
+    reason: str = ""  # human sentence: "fits on worker-1 after 1 GPU (best-fit score 0.92)"
+    rejected: tuple[Reject, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    node: str
+    pool: str
+    model: str
+    count: int
+    pods: tuple[str, ...]  # the pods it is for
+    reason: str
+    score: Optional[float] = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewNodes:
+    group: str
+    count: int
+    pods: tuple[str, ...]
+    reason: str
+    gpus_per_node: tuple[int, ...] = ()  # GPUs to attach to each new node once it is up (beyond initial_gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleUpPlan:
+    attaches: tuple[Attach, ...] = ()
+    new_nodes: tuple[NewNodes, ...] = ()
+    decisions: tuple[PodDecision, ...] = ()
+    policy: str = ""
+    solver: str = "greedy"  # "greedy" | "milp" — which produced the plan
+    notes: tuple[str, ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        return sum(a.count for a in self.attaches)
+
+    @property
+    def nodes(self) -> int:
+        return sum(n.count for n in self.new_nodes)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.attaches and not self.new_nodes
+
+
+@dataclass(frozen=True, slots=True)
+class Detach:
+    node: str
+    device_ids: tuple[str, ...]
+    reason: str
+    force: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveNode:
+    node: str
+    group: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """A node asked about (by CA or by the idle scan) that stays, and why."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleDownPlan:
+    detaches: tuple[Detach, ...] = ()
+    removals: tuple[RemoveNode, ...] = ()
+    kept: tuple[Keep, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.detaches and not self.removals
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Knobs of a planning pass; plain data so the simulator and `dds plan` pass the same thing as production."""
+
+    policy: str = "best-fit"  # best-fit | least-demand | concentrated | spread
+    batch_solver: str = "auto"  # auto | greedy | milp
+    solver_time_budget_seconds: float = 2.0
+    allow_new_nodes: bool = True
+    groups: Optional[tuple[str, ...]] = None  # restrict new nodes / attaches to these groups (None = all)
+    node_removal_enabled: bool = True  # False when CA owns node removal (observed mode)
+    extra: dict = field(default_factory=dict)

@@ -1,0 +1,168 @@
+"""The planner's input: a frozen picture of the cluster at one instant. Built at the edge (dds/kube, dds/sim), read-only here.
+
+Everything is plain data: no clients, no clock (`now` is a field), so the same snapshot always gives the same plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping, Optional
+
+from dds.model.groups import NodeGroupSpec, Taint
+from dds.model.resources import Resources
+
+
+
+def _empty() -> Mapping[str, str]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: str = ""  # "" = all effects
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorRequirement:
+    """A node-selector or label-selector requirement (In, NotIn, Exists, DoesNotExist, Gt, Lt)."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorTerm:
+    """Requirements ANDed; a pod's terms are ORed (requiredDuringSchedulingIgnoredDuringExecution)."""
+
+    match_expressions: tuple[SelectorRequirement, ...] = ()
+    match_fields: tuple[SelectorRequirement, ...] = ()  # only metadata.name is meaningful
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    match_labels: Mapping[str, str] = field(default_factory=_empty)
+    match_expressions: tuple[SelectorRequirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodAffinityTerm:
+    label_selector: LabelSelector
+    topology_key: str
+    namespaces: tuple[str, ...] = ()  # empty = the pod's own namespace
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    port: int
+    protocol: str = "TCP"
+    host_ip: str = "0.0.0.0"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRequests:
+    requests: Resources
+    restartable_init: bool = False  # a sidecar (init container with restartPolicy Always)
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """A pod as the scheduling simulation needs it. `node_name` set = bound."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+    labels: Mapping[str, str] = field(default_factory=_empty)
+    containers: tuple[ContainerRequests, ...] = ()
+    init_containers: tuple[ContainerRequests, ...] = ()
+    overhead: Resources = Resources()
+    node_name: Optional[str] = None
+    node_selector: Mapping[str, str] = field(default_factory=_empty)
+    required_node_affinity: tuple[NodeSelectorTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    host_ports: tuple[HostPort, ...] = ()
+    required_pod_affinity: tuple[PodAffinityTerm, ...] = ()
+    required_pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    priority: int = 0
+    owner_kind: Optional[str] = None  # DaemonSet, ReplicaSet, Job, StatefulSet, Node (mirror pod), None (bare)
+    created_at: float = 0.0
+    # Constraints seen on the pod that the simulation does not model (e.g. "topologySpreadConstraints"): a pod with
+    # any of them is never promised a fit.
+    unsupported: tuple[str, ...] = ()
+    # Set when a PodDisruptionBudget, annotation or local storage forbids evicting it (it cannot move).
+    not_movable_reason: Optional[str] = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """A fabric device attached (or being attached) to a node."""
+
+    id: str
+    model: str
+    pool: str
+    attached_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A live node. `allocatable` counts only the GPUs the node exposes now (status.allocatable)."""
+
+    name: str
+    provider_id: str = ""
+    group_id: Optional[str] = None  # None = not a DDS node (never gets GPUs, never removed by DDS)
+    labels: Mapping[str, str] = field(default_factory=_empty)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    ready: bool = True
+    allocatable: Resources = Resources()
+    gpu_resource: str = "nvidia.com/gpu"
+    devices: tuple[Device, ...] = ()  # fabric devices attached and visible
+    attaching: int = 0  # devices on their way (in-flight attaches): capacity promised, not yet visible
+    detaching: tuple[str, ...] = ()  # device ids on their way out
+    created_at: float = 0.0
+    # Since when the node has had at least one idle GPU / no pods that count as work (None = not idle), kept by the
+    # controller across loops because idleness is a duration.
+    gpus_idle_since: Optional[float] = None
+    empty_since: Optional[float] = None
+    being_deleted: bool = False  # tainted ToBeDeletedByClusterAutoscaler or a Machine marked for deletion
+
+
+@dataclass(frozen=True, slots=True)
+class PoolInfo:
+    """Free devices of a fabric pool by model."""
+
+    name: str
+    free: Mapping[str, int] = field(default_factory=_empty)  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now: float
+    nodes: tuple[NodeInfo, ...] = ()
+    pods: tuple[PodInfo, ...] = ()  # bound and pending
+    groups: tuple[NodeGroupSpec, ...] = ()
+    pools: tuple[PoolInfo, ...] = ()
+    # Nodes on their way per group (node adds in flight), counted as capacity-to-come by the planner.
+    upcoming_nodes: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # Label key a pod uses to ask for a GPU model (nodeSelector / required affinity).
+    gpu_model_label: str = "nvidia.com/gpu.product"
+
+    def group(self, group_id: str) -> Optional[NodeGroupSpec]:
+        return next((g for g in self.groups if g.id == group_id), None)
+
+    def pool(self, name: str) -> Optional[PoolInfo]:
+        return next((p for p in self.pools if p.name == name), None)
+
+    def pending_pods(self) -> tuple[PodInfo, ...]:
+        return tuple(p for p in self.pods if p.node_name is None)
+
+    def pods_on(self, node_name: str) -> tuple[PodInfo, ...]:
+        return tuple(p for p in self.pods if p.node_name == node_name)
