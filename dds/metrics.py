@@ -36,3 +36,8 @@ NODE_GROUPS = Gauge("dds_node_groups", "Node groups served to cluster-autoscaler
 INSTANCES = Gauge("dds_inflight_instances", "In-flight instances reported to CA, by group, kind and state",
                   ["group", "kind", "state"])
 IS_LEADER = Gauge("dds_leader", "1 when this replica holds the leader lease")
+EVENTS_DROPPED = Counter("dds_events_dropped_total",
+                         "Kubernetes Events not written: queue_full (recorder backlog) or api_error (apiserver refused)",
+                         ["reason"])
+LEADER_TRANSITIONS = Counter("dds_leader_transitions_total",
+                             "Times this replica started (started) or stopped (stopped) leading", ["transition"])

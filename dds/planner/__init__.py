@@ -1,0 +1,37 @@
+"""The decision engine: a pure function from a Snapshot to a plan. No I/O, no clock (Snapshot.now), deterministic.
+
+Public API (the controller, `dds plan` and the simulator call exactly these):
+
+    plan_scale_up(snapshot, config, pods=None) -> ScaleUpPlan     cases 1 and 2: GPUs first, nodes when needed
+    plan_scale_down(snapshot, config, candidates=None) -> ScaleDownPlan   cases 3 and 4
+    render_scale_up(plan) / render_scale_down(plan) -> str         what and why, for people
+    effective_requests(pod) -> Resources                           kube-scheduler's request rule
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from dds.planner.batch import improve_with_batch
+from dds.planner.existing import FastExisting
+from dds.planner.plan import PlannerConfig, ScaleUpPlan
+from dds.planner.render import render_scale_down, render_scale_up
+from dds.planner.requests import RequestCache, effective_requests
+from dds.planner.scale_down import plan_scale_down
+from dds.planner.scale_up import drive, pending_requests
+from dds.planner.scoring import check_policy
+from dds.planner.snapshot import PodInfo, Snapshot
+from dds.planner.state import ClusterState
+
+__all__ = ["plan_scale_up", "plan_scale_down", "render_scale_up", "render_scale_down", "effective_requests"]
+
+
+def plan_scale_up(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]] = None) -> ScaleUpPlan:
+    """Plan for the pending pods (`pods`, default: every pending pod of the snapshot): which fit now, which after
+    attaching GPUs to live nodes, which need new nodes, and why each."""
+    check_policy(config.policy)
+    cache = RequestCache()
+    reqs, notes = pending_requests(snapshot, pods, cache)
+    state = ClusterState(snapshot, cache, config.groups, extra_pods=[r.pod for r in reqs])
+    greedy = drive(snapshot, config, reqs, FastExisting(state, config.policy), notes)
+    return improve_with_batch(snapshot, config, reqs, greedy)

@@ -38,8 +38,8 @@ class Reject:
     def message(self) -> str:
         if self.resource is None:
             return f"{self.target}: {self.reason}"
-        return (f"{self.target}: {self.reason} ({self.resource}: requested {self.requested}, free {self.free}, "
-                f"capacity {self.capacity})")
+        capacity = "" if self.capacity is None else f", capacity {self.capacity}"
+        return f"{self.target}: {self.reason} ({self.resource}: requested {self.requested}, free {self.free}{capacity})"
 
 
 @dataclass(frozen=True, slots=True)

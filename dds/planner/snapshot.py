@@ -141,6 +141,9 @@ class PoolInfo:
 
     name: str
     free: Mapping[str, int] = field(default_factory=_empty)  # type: ignore[assignment]
+    # A fabric-side limit on devices per node from this pool (PoolSpec.max_slots_per_node); None = only the group's
+    # max_gpus_per_node applies.
+    max_slots_per_node: Optional[int] = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,105 @@
+"""`dds plan`: what DDS would do with a cluster, and why, without doing any of it.
+
+    dds plan --snapshot examples/snapshot-demo.json
+    dds plan --snapshot cluster.yaml --policy spread --json
+    dds plan --snapshot cluster.yaml --remove worker-3        # as if CA asked to delete worker-3 (case 3)
+
+Prints the scale-up plan (per pending pod: fits now / after N GPUs on a node / needs a node / unschedulable, the score,
+the rejected options) and the scale-down plan (idle GPUs to detach, nodes to remove or keep). --json prints both plans
+as JSON instead. The snapshot file format is documented in dds/planner/snapshot_io.py. Policy and solver default to
+the settings (--config, DDS_POLICY, DDS_BATCH_SOLVER). Exit codes: 0 planned, 2 bad flags or an unreadable snapshot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from pydantic import ValidationError
+
+from dds.config import Settings
+from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
+from dds.planner.batch import SOLVERS
+from dds.planner.plan import PlannerConfig
+from dds.planner.render import plan_to_dict
+from dds.planner.scoring import POLICIES
+from dds.planner.snapshot import Snapshot
+from dds.planner.snapshot_io import SnapshotFormatError, load_snapshot
+
+EXIT_USAGE = 2
+
+# Where the snapshot comes from. A provider reads the parsed flags and returns a Snapshot, or raises UsageError.
+SnapshotProvider = Callable[[argparse.Namespace], Snapshot]
+
+
+class UsageError(Exception):
+    """Bad flags or an unreadable input: reported on stderr, exit code 2."""
+
+
+def snapshot_from_file(args: argparse.Namespace) -> Snapshot:
+    path: Path = args.snapshot
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read snapshot {path}: {exc.strerror or exc}") from exc
+    try:
+        return load_snapshot(text, str(path))
+    except SnapshotFormatError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def choose_provider(args: argparse.Namespace) -> SnapshotProvider:
+    """The snapshot source the flags ask for (a live-cluster provider plugs in here)."""
+    if args.snapshot is not None:
+        return snapshot_from_file
+    raise UsageError("--snapshot FILE is required (a JSON or YAML snapshot; see dds/planner/snapshot_io.py)")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("plan", help="show what DDS would do with a cluster snapshot, and why",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--snapshot", type=Path, metavar="FILE", help="cluster snapshot, .json or .yaml")
+    parser.add_argument("--config", type=Path, help="DDS settings file (policy, batch solver, solver budget)")
+    parser.add_argument("--policy", choices=POLICIES, help="node scoring policy (default: settings, best-fit)")
+    parser.add_argument("--solver", choices=SOLVERS, help="batch solver (default: settings, auto)")
+    parser.add_argument("--remove", default="", metavar="NODES",
+                        help="comma-separated nodes CA asked to delete (case 3)")
+    parser.add_argument("--no-new-nodes", action="store_true", help="plan GPUs only (as for case 2)")
+    parser.add_argument("--no-node-removal", action="store_true", help="never remove nodes (CA owns removal)")
+    parser.add_argument("--json", action="store_true", help="print the plans as JSON")
+    parser.set_defaults(func=run)
+
+
+def planner_config(args: argparse.Namespace) -> PlannerConfig:
+    try:
+        settings = Settings.load(args.config, policy=args.policy, batch_solver=args.solver)
+    except (ValidationError, ValueError, OSError) as exc:
+        raise UsageError(f"bad settings: {exc}") from exc
+    if settings.batch_solver not in SOLVERS:
+        raise UsageError(f"batch solver {settings.batch_solver!r} is not one of {', '.join(SOLVERS)}")
+    return PlannerConfig(policy=settings.policy, batch_solver=settings.batch_solver,
+                         solver_time_budget_seconds=settings.solver_time_budget_seconds,
+                         allow_new_nodes=not args.no_new_nodes, node_removal_enabled=not args.no_node_removal)
+
+
+def run(args: argparse.Namespace, provider: Optional[SnapshotProvider] = None) -> int:
+    try:
+        config = planner_config(args)
+        snapshot = (provider or choose_provider(args))(args)
+    except UsageError as exc:
+        print(f"dds plan: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    candidates = [name.strip() for name in args.remove.split(",") if name.strip()]
+    up = plan_scale_up(snapshot, config)
+    down = plan_scale_down(snapshot, config, candidates or None)
+    if args.json:
+        json.dump({"scaleUp": plan_to_dict(up), "scaleDown": plan_to_dict(down)}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(render_scale_up(up))
+        print()
+        print(render_scale_down(down))
+    return 0

@@ -1,0 +1,134 @@
+"""`dds serve`: the gRPC endpoint cluster-autoscaler's externalgrpc provider talks to.
+
+Without a cluster (`--node-groups FILE`) DDS serves the file's groups; scale-ups are recorded and reported to CA as
+in flight (nothing boots them), which is enough to check a CA setup against DDS:
+
+    dds serve --listen 127.0.0.1:8086 --node-groups examples/node-groups.yaml --insecure
+
+Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 2 for bad flags, settings or files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import ValidationError
+
+from dds.config import Settings
+from dds.model.events import LogEventRecorder
+from dds.nodes.memory import MemoryProvisioner
+from dds.provider.decider import AddNodesDecider, RemoveNodesDecider
+from dds.provider.instances import InstanceFactory, InstanceTracker, MemoryStateStore
+from dds.provider.registry import Registry, StaticClusterView
+from dds.provider.server import ProviderServer, ServerConfigError, build_server
+from dds.provider.sources import FileSource, NodeGroupCatalog
+
+log = logging.getLogger("dds.serve")
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad flags, settings or files: printed on stderr, exit code 2."""
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("serve", help="serve cluster-autoscaler's externalgrpc CloudProvider API",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, help="YAML settings file (flags and DDS_* variables override it)")
+    parser.add_argument("--listen", help="host:port to listen on (default 0.0.0.0:8086)")
+    parser.add_argument("--node-groups", dest="node_groups_file", type=Path,
+                        help="serve the node groups of this YAML file, without a cluster")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="plaintext gRPC (no TLS); only for local testing")
+    parser.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
+    parser.add_argument("--tls-key", type=Path, help="server private key (PEM)")
+    parser.add_argument("--tls-ca", type=Path, help="CA that client certificates must be signed by (PEM)")
+    parser.add_argument("--gpu-label", help="node label carrying the GPU model (default nvidia.com/gpu.product)")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    parser.set_defaults(func=run)
+
+
+def load_settings(args: argparse.Namespace) -> Settings:
+    flags = {name: getattr(args, name, None) for name in
+             ("listen", "node_groups_file", "insecure", "tls_cert", "tls_key", "tls_ca", "gpu_label", "log_level")}
+    try:
+        return Settings.load(args.config, **flags)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
+        raise UsageError(f"invalid settings: {problems}") from exc
+    except (OSError, ValueError) as exc:  # unreadable or malformed --config
+        raise UsageError(f"cannot load settings: {exc}") from exc
+
+
+def _configure_logging(settings: Settings) -> None:
+    level = getattr(logging, settings.log_level.upper(), None)
+    if not isinstance(level, int):
+        raise UsageError(f"log_level {settings.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@dataclass
+class NoClusterParts:
+    registry: Registry
+    scale_up: AddNodesDecider
+    scale_down: RemoveNodesDecider
+
+
+def no_cluster_parts(settings: Settings) -> NoClusterParts:
+    """Groups from the file, no live nodes, instances in memory, nodes remembered only."""
+    if settings.node_groups_file is None:
+        raise UsageError("no node groups file given (--node-groups)")
+    source = FileSource(settings.node_groups_file)
+    catalog = NodeGroupCatalog(source=source, events=LogEventRecorder())
+    if not catalog.refresh():
+        raise UsageError(f"cannot serve node groups: {catalog.last_error}")
+    if not catalog.groups():
+        log.warning("%s defines no valid node group; serving none", settings.node_groups_file)
+    tracker = InstanceTracker(MemoryStateStore())
+    provisioner = MemoryProvisioner(clock=time.time)
+    scale_up = AddNodesDecider(provisioner, tracker, InstanceFactory(clock=time.time))
+    registry = Registry(catalog, StaticClusterView(), tracker, reconcilers=[scale_up.reconcile])
+    return NoClusterParts(registry, scale_up, RemoveNodesDecider(provisioner))
+
+
+def serve_until_signalled(server: ProviderServer, stop: Optional[threading.Event] = None) -> None:
+    stop = stop or threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.start()
+        stop.wait()
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(args)
+        _configure_logging(settings)
+        if settings.node_groups_file is None:
+            raise UsageError("no node groups: pass --node-groups FILE (serving MachineSets of a cluster needs the "
+                             "cluster wiring, which this command does not include)")
+        parts = no_cluster_parts(settings)
+        server = build_server(settings, parts.registry, parts.scale_up, parts.scale_down)
+    except (UsageError, ServerConfigError) as exc:
+        print(f"dds serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    serve_until_signalled(server)
+    return 0

@@ -1,0 +1,187 @@
+"""Act: turn plan steps into fabric and node-backend calls, and tell people what was done and why.
+
+Every call carries an idempotency key derived from what asked for it (a CA instance id, or a controller pass), so a retry
+or a restarted DDS never attaches twice. Transient fabric errors on the *call* are retried with backoff (tenacity);
+an operation that fails later is seen by `OperationWatcher`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+from dds import metrics
+from dds.fabric.base import (AttachRequest, DetachRequest, ErrorCode, Fabric, FabricError, Operation, OperationKind,
+                             OperationState)
+from dds.model.events import NORMAL, WARNING, EventRecorder, ObjectRef
+from dds.model.groups import NodeGroupSpec
+from dds.nodes.base import NodeProvisioner
+from dds.planner.plan import Attach, Case, Detach, NewNodes, RemoveNode
+
+log = logging.getLogger(__name__)
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, FabricError) and exc.code.retryable
+
+
+_fabric_call = retry(retry=retry_if_exception(_retryable), stop=stop_after_attempt(4),
+                     wait=wait_exponential(multiplier=0.2, max=2.0), reraise=True)
+
+
+def pod_ref(key: str) -> ObjectRef:
+    namespace, _, name = key.partition("/")
+    return ObjectRef("Pod", name, namespace)
+
+
+def node_ref(name: str) -> ObjectRef:
+    return ObjectRef("Node", name)
+
+
+def machineset_ref(group: NodeGroupSpec) -> ObjectRef:
+    src = group.source
+    if src.kind == "MachineSet":
+        return ObjectRef("MachineSet", src.name, src.namespace, src.api_version or "cluster.x-k8s.io/v1beta1", src.uid)
+    return ObjectRef("NodeGroup", group.id)
+
+
+class Executor:
+    def __init__(self, fabric: Fabric, provisioner: NodeProvisioner, events: EventRecorder) -> None:
+        self.fabric = fabric
+        self.provisioner = provisioner
+        self.events = events
+
+    def attach(self, step: Attach, key: str, case: Case) -> Operation:
+        """Start an attach; raises FabricError when the fabric refuses the request outright."""
+        request = AttachRequest(key=key, node=step.node, pool=step.pool, model=step.model, count=step.count,
+                                reason=step.reason)
+        try:
+            operation = _fabric_call(self.fabric.attach)(request)
+        except FabricError as exc:
+            metrics.FABRIC_ERRORS.labels(self.fabric.name, "attach", exc.code.value).inc()
+            log.warning("attach %s x %s to %s refused: %s", step.count, step.model, step.node, exc,
+                        extra={"case": case.value, "key": key})
+            self.events.emit(node_ref(step.node), WARNING, "AttachFailed",
+                             f"could not attach {step.count} x {step.model} from pool {step.pool}: {exc.message}")
+            raise
+        message = (f"attaching {step.count} x {step.model} to {step.node} for {', '.join(step.pods) or 'capacity'}: "
+                   f"{step.reason}")
+        log.info(message, extra={"case": case.value, "key": key, "node": step.node})
+        self.events.emit(node_ref(step.node), NORMAL, "AttachingGPU", message)
+        for pod in step.pods:
+            self.events.emit(pod_ref(pod), NORMAL, "AttachingGPU", message)
+        return operation
+
+    def add_nodes(self, step: NewNodes, group: NodeGroupSpec, key: str, case: Case) -> None:
+        self.provisioner.add_nodes(group, step.count, key)
+        metrics.NODES_ADDED.labels(group.id).inc(step.count)
+        message = (f"adding {step.count} node(s) to {group.id} for {', '.join(step.pods) or 'capacity'}: "
+                   f"{step.reason}")
+        log.info(message, extra={"case": case.value, "key": key, "group": group.id})
+        self.events.emit(machineset_ref(group), NORMAL, "AddingNode", message)
+        for pod in step.pods:
+            self.events.emit(pod_ref(pod), NORMAL, "AddingNode", message)
+
+    def detach(self, step: Detach, key: str, case: Case) -> Optional[Operation]:
+        request = DetachRequest(key=key, node=step.node, device_ids=step.device_ids, force=step.force,
+                                reason=step.reason)
+        try:
+            operation = _fabric_call(self.fabric.detach)(request)
+        except FabricError as exc:
+            metrics.FABRIC_ERRORS.labels(self.fabric.name, "detach", exc.code.value).inc()
+            log.warning("detach of %s from %s refused: %s", ",".join(step.device_ids), step.node, exc,
+                        extra={"case": case.value, "key": key})
+            self.events.emit(node_ref(step.node), WARNING, "DetachFailed",
+                             f"could not detach {len(step.device_ids)} GPU(s): {exc.message}")
+            return None
+        message = f"detaching {len(step.device_ids)} GPU(s) ({', '.join(step.device_ids)}) from {step.node}: {step.reason}"
+        log.info(message, extra={"case": case.value, "key": key, "node": step.node})
+        self.events.emit(node_ref(step.node), NORMAL, "DetachingGPU", message)
+        return operation
+
+    def remove_node(self, step: RemoveNode, group: NodeGroupSpec, key: str, case: Case) -> None:
+        self.provisioner.remove_node(group, step.node, key)
+        metrics.NODES_REMOVED.labels(group.id).inc()
+        message = f"removing node {step.node} from {group.id}: {step.reason}"
+        log.info(message, extra={"case": case.value, "key": key, "node": step.node})
+        self.events.emit(node_ref(step.node), NORMAL, "RemovingNode", message)
+        self.events.emit(machineset_ref(group), NORMAL, "RemovingNode", message)
+
+
+@dataclass
+class _Watched:
+    operation: Operation
+    on_done: Optional[Callable[[Operation], None]] = None
+
+
+@dataclass
+class OperationWatcher:
+    """Follows started fabric operations to their end: metrics, Events, and callbacks (instance bookkeeping)."""
+
+    fabric: Fabric
+    events: EventRecorder
+    clock: Callable[[], float]
+    _watched: dict[str, _Watched] = field(default_factory=dict)
+
+    def watch(self, operation: Operation, on_done: Optional[Callable[[Operation], None]] = None) -> None:
+        self._watched.setdefault(operation.key, _Watched(operation, on_done))
+        if on_done is not None:
+            self._watched[operation.key].on_done = on_done
+
+    def adopt_in_flight(self) -> int:
+        """After a restart: follow every operation the fabric still has in flight."""
+        adopted = 0
+        for operation in self.fabric.operations():
+            if not operation.state.done and operation.key not in self._watched:
+                self._watched[operation.key] = _Watched(operation)
+                adopted += 1
+        return adopted
+
+    def in_flight(self) -> tuple[Operation, ...]:
+        return tuple(w.operation for w in self._watched.values())
+
+    def poll(self) -> list[Operation]:
+        finished = []
+        for key, watched in list(self._watched.items()):
+            current = self.fabric.operation(key)
+            if current is None:
+                # The backend forgot it (e.g. a restarted simulated manager without state): nothing more will happen.
+                current = Operation(key=key, kind=watched.operation.kind, node=watched.operation.node,
+                                    state=OperationState.FAILED, requested=watched.operation.requested,
+                                    model=watched.operation.model, pool=watched.operation.pool,
+                                    error=FabricError(ErrorCode.NOT_FOUND, "the fabric no longer knows this operation"),
+                                    started_at=watched.operation.started_at, finished_at=self.clock())
+            watched.operation = current
+            if not current.state.done:
+                continue
+            del self._watched[key]
+            self._record(current)
+            if watched.on_done is not None:
+                watched.on_done(current)
+            finished.append(current)
+        return finished
+
+    def _record(self, op: Operation) -> None:
+        took = max(0.0, (op.finished_at or self.clock()) - op.started_at)
+        done = len(op.devices)
+        if op.kind == OperationKind.ATTACH:
+            if done:
+                metrics.GPUS_ATTACHED.labels(op.pool, op.model).inc(done)
+                metrics.ATTACH_LATENCY.labels(self.fabric.name).observe(took)
+                self.events.emit(node_ref(op.node), NORMAL, "AttachedGPU",
+                                 f"attached {done} x {op.model} to {op.node} in {took:.1f}s ({', '.join(op.devices)})")
+        else:
+            if done:
+                metrics.GPUS_DETACHED.labels(op.pool, op.model).inc(done)
+                metrics.DETACH_LATENCY.labels(self.fabric.name).observe(took)
+                self.events.emit(node_ref(op.node), NORMAL, "DetachedGPU",
+                                 f"detached {done} GPU(s) from {op.node} in {took:.1f}s ({', '.join(op.devices)})")
+        if op.state == OperationState.FAILED:
+            code = op.error.code.value if op.error else "Unknown"
+            metrics.FABRIC_ERRORS.labels(self.fabric.name, op.kind.value, code).inc()
+            self.events.emit(node_ref(op.node), WARNING, f"{op.kind.value.capitalize()}Failed",
+                             f"{op.kind.value} on {op.node} failed after {took:.1f}s "
+                             f"({done} of {op.requested} done): {op.error.message if op.error else 'unknown error'}")

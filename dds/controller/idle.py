@@ -1,0 +1,54 @@
+"""Idleness is a duration: remember since when each node has had an idle GPU, and since when it has held no work.
+
+Kept across loops by the controller (and rebuilt after a restart from scratch, which only delays a scale-down: the safe
+direction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Optional
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUsage:
+    name: str
+    fabric_gpus: int  # devices attached through the fabric and online
+    used_gpus: int  # GPUs requested by pods bound to the node
+    has_work: bool  # any pod that is not a DaemonSet or mirror pod
+
+
+@dataclass
+class IdleTracker:
+    _gpus_idle_since: dict[str, float] = field(default_factory=dict)
+    _empty_since: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, usages: Iterable[NodeUsage], now: float) -> None:
+        seen = set()
+        for usage in usages:
+            seen.add(usage.name)
+            if usage.fabric_gpus > usage.used_gpus:
+                self._gpus_idle_since.setdefault(usage.name, now)
+            else:
+                self._gpus_idle_since.pop(usage.name, None)
+            if usage.has_work:
+                self._empty_since.pop(usage.name, None)
+            else:
+                self._empty_since.setdefault(usage.name, now)
+        for gone in set(self._gpus_idle_since) - seen:
+            del self._gpus_idle_since[gone]
+        for gone in set(self._empty_since) - seen:
+            del self._empty_since[gone]
+
+    def gpus_idle_since(self, node: str) -> Optional[float]:
+        return self._gpus_idle_since.get(node)
+
+    def empty_since(self, node: str) -> Optional[float]:
+        return self._empty_since.get(node)
+
+    def reset(self, node: str) -> None:
+        """After acting on a node, idleness starts over (a detach that is still running must not be repeated)."""
+        self._gpus_idle_since.pop(node, None)
+
+    def as_dict(self) -> Mapping[str, Mapping[str, float]]:
+        return {"gpus_idle_since": dict(self._gpus_idle_since), "empty_since": dict(self._empty_since)}

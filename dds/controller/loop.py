@@ -1,0 +1,256 @@
+"""The DDS control loop: observe -> snapshot -> plan -> act -> record, once per `loop_interval`.
+
+Ownership, so DDS never races cluster-autoscaler (one owner per decision):
+
+| decision                                   | owner                                   | where                         |
+|--------------------------------------------|-----------------------------------------|-------------------------------|
+| scale-up CA asked for (case 1)             | CA's IncreaseSize -> planner            | `deciders.PlannerScaleUp`     |
+| pending pods CA did not act on (case 2)    | this loop, after `unhandled_pending_grace` | `_serve_unhandled_pending` |
+| node removal CA asked for (case 3)         | CA's DeleteNodes -> planner             | `deciders.PlannerScaleDown`   |
+| idle GPUs anywhere (case 4)                | this loop                               | `_scale_down`                 |
+| empty nodes of spec-fixed groups (case 4)  | this loop (CA never sees those nodes)   | `_scale_down`                 |
+| empty nodes of observed groups             | CA (this loop only detaches their idle GPUs) |                           |
+
+Capacity already on its way (attaches in flight, nodes provisioning) is part of every snapshot, so a pod that CA and
+this loop both see is planned once: whoever comes second finds it covered.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+from kubernetes import client
+
+from dds import metrics
+from dds.controller.executor import Executor, OperationWatcher, node_ref
+from dds.controller.observe import ClusterObserver, Observation
+from dds.fabric.base import Fabric, FabricError
+from dds.model.events import NORMAL, EventRecorder
+from dds.model.groups import TemplateMode
+from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
+from dds.planner.plan import Attach, Case, PlannerConfig, RemoveNode, Verdict
+
+log = logging.getLogger(__name__)
+
+REMOVAL_TAINT = "dds.cdi.dev/removing"
+ANN_INITIAL_GPUS_DONE = "dds.cdi.dev/initial-gpus-attached"
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    interval_seconds: float = 5.0
+    unhandled_pending_grace_seconds: float = 30.0
+    planner: PlannerConfig = PlannerConfig()
+
+
+class Controller:
+    def __init__(self, observer: ClusterObserver, executor: Executor, watcher: OperationWatcher, fabric: Fabric,
+                 api: client.ApiClient, events: EventRecorder, config: LoopConfig,
+                 clock: Callable[[], float], is_leader: Callable[[], bool] = lambda: True) -> None:
+        self.observer = observer
+        self.executor = executor
+        self.watcher = watcher
+        self.fabric = fabric
+        self._core = client.CoreV1Api(api)
+        self.events = events
+        self.config = config
+        self.clock = clock
+        self.is_leader = is_leader
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.RLock()  # one planning pass at a time (loop and CA's RPCs share the fabric)
+        self._pending_removals: dict[str, str] = {}  # node -> group id: detaching first, removal next
+        self.listeners: list[Callable[[Observation], None]] = []  # e.g. the instance tracker's reconcile
+
+    @property
+    def lock(self) -> threading.RLock:
+        return self._lock
+
+    # --- lifecycle ---
+    def start(self) -> None:
+        adopted = self.watcher.adopt_in_flight()
+        if adopted:
+            log.info("resumed %d fabric operation(s) left in flight by a previous process", adopted)
+        self._thread = threading.Thread(target=self._run, name="dds-controller", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.is_leader():
+                try:
+                    self.run_once()
+                except Exception:  # one bad loop must not end the controller; the next loop starts fresh
+                    log.exception("control loop failed; retrying in %.1fs", self.config.interval_seconds)
+            self._stop.wait(self.config.interval_seconds)
+
+    # --- one pass ---
+    def run_once(self) -> Observation:
+        with self._lock:
+            tick = getattr(self.fabric, "tick", None)
+            if callable(tick):
+                tick()
+            self.watcher.poll()
+            observation = self.observer.observe()
+            for listener in self.listeners:
+                listener(observation)
+            self._record_pools()
+            self._attach_initial_gpus(observation)
+            self._serve_unhandled_pending(observation)
+            self._scale_down(observation)
+            return observation
+
+    def _record_pools(self) -> None:
+        for pool in self.fabric.pools():
+            for model, total in pool.total.items():
+                free = pool.free.get(model, 0)
+                metrics.POOL_DEVICES.labels(pool.name, model, "free").set(free)
+                metrics.POOL_DEVICES.labels(pool.name, model, "used").set(total - free)
+
+    # --- new nodes get the GPUs their group composes at creation ---
+    def _attach_initial_gpus(self, observation: Observation) -> None:
+        snapshot = observation.snapshot
+        for node in snapshot.nodes:
+            group = snapshot.group(node.group_id) if node.group_id else None
+            if group is None or group.initial_gpus == 0 or not node.ready or node.being_deleted:
+                continue
+            if node.labels.get(ANN_INITIAL_GPUS_DONE) == "true":
+                continue
+            missing = group.initial_gpus - len(node.devices) - node.attaching
+            model = group.default_gpu_model
+            if missing > 0 and model:
+                step = Attach(node=node.name, pool=group.fabric_pool, model=model, count=missing, pods=(),
+                              reason=f"group {group.id} composes {group.initial_gpus} GPU(s) into each new node")
+                try:
+                    operation = self.executor.attach(step, key=f"initial/{node.name}/{node.provider_id}",
+                                                     case=Case.SCALE_UP)
+                except FabricError:
+                    continue
+                self.watcher.watch(operation)
+            self._core.patch_node(node.name, {"metadata": {"labels": {ANN_INITIAL_GPUS_DONE: "true"}}})
+
+    # --- case 2: pending pods CA did not (or could not) act on ---
+    def _serve_unhandled_pending(self, observation: Observation) -> None:
+        snapshot = observation.snapshot
+        grace = self.config.unhandled_pending_grace_seconds
+        waiting = [p for p in snapshot.pending_pods()
+                   if p.key in observation.unschedulable_since
+                   and observation.unschedulable_since[p.key] + grace <= snapshot.now]
+        metrics.PENDING_PODS.set(len(snapshot.pending_pods()))
+        if not waiting:
+            return
+        config = replace(self.config.planner, allow_new_nodes=False)
+        with metrics.PLAN_LATENCY.labels("scale-up").time():
+            plan = plan_scale_up(snapshot, config, waiting)
+        if not plan.attaches:
+            return
+        log.info("case 2: %d pending pod(s) unserved for over %.0fs; plan:\n%s", len(waiting), grace,
+                 render_scale_up(plan))
+        metrics.DECISIONS.labels(Case.SCALE_UP_BLOCKED.value, "gpu").inc()
+        pass_id = uuid.uuid4().hex[:8]
+        for index, step in enumerate(plan.attaches):
+            try:
+                operation = self.executor.attach(step, key=f"case2/{pass_id}/{index}", case=Case.SCALE_UP_BLOCKED)
+            except FabricError:
+                continue
+            self.watcher.watch(operation)
+        for decision in plan.decisions:
+            if decision.verdict in (Verdict.UNSCHEDULABLE, Verdict.UNSUPPORTED):
+                log.info("case 2: %s stays pending: %s", decision.pod, decision.reason)
+
+    # --- cases 3/4 driven by idleness: idle GPUs everywhere, empty nodes of spec-fixed groups ---
+    def _scale_down(self, observation: Observation) -> None:
+        snapshot = observation.snapshot
+        with metrics.PLAN_LATENCY.labels("scale-down").time():
+            plan = plan_scale_down(snapshot, replace(self.config.planner, node_removal_enabled=True))
+        owned_removals = []
+        for removal in plan.removals:
+            group = snapshot.group(removal.group)
+            if group is not None and group.template_mode == TemplateMode.SPEC_FIXED:
+                owned_removals.append(removal)
+        removing = {r.node for r in owned_removals} | set(self._pending_removals)
+        detaches = [d for d in plan.detaches
+                    if d.node in removing or self._detach_is_ours(snapshot, d.node)]
+        if not detaches and not owned_removals and not self._pending_removals:
+            return
+        if detaches or owned_removals:
+            log.info("scale-down plan:\n%s", render_scale_down(plan))
+        in_flight = {op.node for op in self.watcher.in_flight()}
+        for index, step in enumerate(detaches):
+            if step.node in in_flight:
+                continue  # a detach already runs there; idleness is judged again when it ends
+            operation = self.executor.detach(step, key=f"detach/{uuid.uuid4().hex[:8]}/{index}",
+                                             case=Case.SCALE_DOWN_BLOCKED)
+            if operation is not None:
+                self.watcher.watch(operation)
+                self.observer.idle.reset(step.node)
+        if detaches and not owned_removals:
+            metrics.DECISIONS.labels(Case.SCALE_DOWN_BLOCKED.value, "gpu").inc(len(detaches))
+        for removal in owned_removals:
+            self._pending_removals.setdefault(removal.node, removal.group)
+        self._finish_removals(observation)
+
+    def _detach_is_ours(self, snapshot, node_name: str) -> bool:
+        node = next((n for n in snapshot.nodes if n.name == node_name), None)
+        return node is not None and node.group_id is not None
+
+    def request_removal(self, node: str, group_id: str) -> None:
+        """Case 3: CA asked to delete this node; its GPUs are being released, the node goes when they are gone."""
+        with self._lock:
+            self._pending_removals.setdefault(node, group_id)
+
+    def _finish_removals(self, observation: Observation) -> None:
+        snapshot = observation.snapshot
+        for node_name, group_id in list(self._pending_removals.items()):
+            node = next((n for n in snapshot.nodes if n.name == node_name), None)
+            group = snapshot.group(group_id)
+            if node is None or group is None:
+                self._pending_removals.pop(node_name, None)
+                continue
+            if node.devices or node.detaching or node.attaching:
+                continue  # GPUs are released first
+            work = [p for p in snapshot.pods_on(node_name) if p.owner_kind not in ("DaemonSet", "Node")]
+            if work and not self._is_ca_drained(node):
+                self._pending_removals.pop(node_name, None)
+                log.info("keeping %s: it holds work again (%s)", node_name, ", ".join(p.key for p in work))
+                continue
+            if not self._cordon_and_recheck(node_name):
+                self._pending_removals.pop(node_name, None)
+                continue
+            self.executor.remove_node(
+                RemoveNode(node_name, group_id, "its GPUs are released and it holds no work"), group,
+                key=f"remove/{node_name}/{node.provider_id}", case=Case.SCALE_DOWN_BLOCKED)
+            metrics.DECISIONS.labels(Case.SCALE_DOWN_BLOCKED.value, "node").inc()
+            self._pending_removals.pop(node_name, None)
+
+    @staticmethod
+    def _is_ca_drained(node) -> bool:
+        return any(t.key == "ToBeDeletedByClusterAutoscaler" for t in node.taints)
+
+    def _cordon_and_recheck(self, node_name: str) -> bool:
+        """Taint the node NoSchedule, then look again: a pod that landed meanwhile keeps the node (and lifts the taint)."""
+        node = self._core.read_node(node_name)
+        taints = list(node.spec.taints or [])
+        if not any(t.key == REMOVAL_TAINT for t in taints):
+            taints.append(client.V1Taint(key=REMOVAL_TAINT, value="true", effect="NoSchedule"))
+            self._core.patch_node(node_name, {"spec": {"taints": [t.to_dict() for t in taints]}})
+        pods = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}").items
+        work = [p for p in pods if (p.status.phase not in ("Succeeded", "Failed"))
+                and not any(o.kind == "DaemonSet" and o.controller for o in p.metadata.owner_references or ())
+                and "kubernetes.io/config.mirror" not in (p.metadata.annotations or {})]
+        if work:
+            kept = [t for t in taints if t.key != REMOVAL_TAINT]
+            self._core.patch_node(node_name, {"spec": {"taints": [t.to_dict() for t in kept]}})
+            self.events.emit(node_ref(node_name), NORMAL, "RemovalCancelled",
+                             f"kept: pods arrived before removal ({', '.join(p.metadata.name for p in work)})")
+            return False
+        return True
+

@@ -1,0 +1,191 @@
+"""Observe: read the cluster (nodes, pods, Machines) and the fabric once, and freeze it into the planner's Snapshot.
+
+Reads are plain LISTs each loop: simple and always consistent with the apiserver; at thousands of nodes a watch cache
+would replace them (noted in the README), the planner does not change.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from kubernetes import client
+
+from dds.controller.idle import IdleTracker, NodeUsage
+from dds.fabric.base import DeviceState, Fabric, OperationKind
+from dds.kube import convert
+from dds.model.groups import NodeGroupSpec
+from dds.planner.snapshot import Device, NodeInfo, PodInfo, PoolInfo, Snapshot
+
+log = logging.getLogger(__name__)
+
+CAPI_GROUP = "cluster.x-k8s.io"
+CAPI_VERSIONS = ("v1beta1", "v1beta2")
+
+
+@dataclass(frozen=True)
+class MachineRef:
+    namespace: str
+    name: str
+    group_id: str
+    provider_id: str
+    node_name: Optional[str]
+    deleting: bool
+
+
+@dataclass(frozen=True)
+class Observation:
+    snapshot: Snapshot
+    unschedulable_since: Mapping[str, float] = field(default_factory=dict)  # pending pod key -> since
+    machines: tuple[MachineRef, ...] = ()
+
+    def node(self, name: str) -> Optional[NodeInfo]:
+        return next((n for n in self.snapshot.nodes if n.name == name), None)
+
+
+def _gpu_requests(pod: PodInfo, resource: str) -> int:
+    from dds.planner import effective_requests  # the planner owns kube-scheduler's request rule
+
+    return effective_requests(pod).get(resource)
+
+
+def _is_work(pod: PodInfo) -> bool:
+    return pod.owner_kind not in ("DaemonSet", "Node")
+
+
+class ClusterObserver:
+    def __init__(self, api: client.ApiClient, fabric: Fabric, groups: Callable[[], Sequence[NodeGroupSpec]],
+                 clock: Callable[[], float], idle: IdleTracker, gpu_model_label: str,
+                 machineset_namespaces: Sequence[str] = ()) -> None:
+        self._core = client.CoreV1Api(api)
+        self._custom = client.CustomObjectsApi(api)
+        self._fabric = fabric
+        self._groups = groups
+        self._clock = clock
+        self.idle = idle
+        self._gpu_model_label = gpu_model_label
+        self._namespaces = tuple(machineset_namespaces)
+        self._capi_version: Optional[str] = None
+
+    # --- Machines: the Cluster API link from a Node to its MachineSet (= node group) ---
+    def _list_machines(self) -> list[dict[str, Any]]:
+        versions = (self._capi_version,) if self._capi_version else CAPI_VERSIONS
+        last_error: Optional[Exception] = None
+        for version in versions:
+            try:
+                if self._namespaces:
+                    items = []
+                    for ns in self._namespaces:
+                        items += self._custom.list_namespaced_custom_object(CAPI_GROUP, version, ns, "machines")["items"]
+                else:
+                    items = self._custom.list_cluster_custom_object(CAPI_GROUP, version, "machines")["items"]
+                self._capi_version = version
+                return items
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise
+                last_error = exc
+        log.debug("no Cluster API Machines served (%s): no node belongs to a MachineSet group", last_error)
+        return []
+
+    def machines(self) -> tuple[MachineRef, ...]:
+        out = []
+        for item in self._list_machines():
+            meta = item.get("metadata", {})
+            owner = next((o for o in meta.get("ownerReferences", []) if o.get("kind") == "MachineSet"), None)
+            if owner is None:
+                continue
+            namespace = meta.get("namespace", "default")
+            node_ref = (item.get("status") or {}).get("nodeRef") or {}
+            out.append(MachineRef(
+                namespace=namespace, name=meta["name"], group_id=f"MachineSet/{namespace}/{owner['name']}",
+                provider_id=(item.get("spec") or {}).get("providerID", "") or "",
+                node_name=node_ref.get("name"),
+                deleting=bool(meta.get("deletionTimestamp"))
+                or "cluster.x-k8s.io/delete-machine" in (meta.get("annotations") or {})))
+        return tuple(out)
+
+    # --- the snapshot ---
+    def observe(self) -> Observation:
+        now = self._clock()
+        groups = tuple(self._groups())
+        group_ids = {g.id for g in groups}
+        machines = self.machines()
+        group_of_provider = {m.provider_id: m.group_id for m in machines if m.provider_id}
+        group_of_node = {m.node_name: m.group_id for m in machines if m.node_name}
+        deleting_nodes = {m.node_name for m in machines if m.deleting and m.node_name}
+
+        raw_pods = [p for p in self._core.list_pod_for_all_namespaces().items if not convert.pod_is_terminal(p)]
+        pods = tuple(convert.pod_info(p) for p in raw_pods)
+        unschedulable = {}
+        for raw, info in zip(raw_pods, pods):
+            if info.node_name is None:
+                since = convert.pod_unschedulable_since(raw)
+                if since is not None:
+                    unschedulable[info.key] = since
+
+        devices_by_node: dict[str, list[Device]] = {}
+        detaching_by_node: dict[str, list[str]] = {}
+        for d in self._fabric.devices():
+            if d.node is None:
+                continue
+            if d.state == DeviceState.ONLINE:
+                devices_by_node.setdefault(d.node, []).append(Device(d.id, d.model, d.pool, d.attached_at or 0.0))
+            elif d.state == DeviceState.DETACHING:
+                detaching_by_node.setdefault(d.node, []).append(d.id)
+        attaching_by_node: dict[str, int] = {}
+        for op in self._fabric.operations():
+            if op.kind == OperationKind.ATTACH and not op.state.done:
+                online = sum(1 for dev in devices_by_node.get(op.node, ()) if dev.id in op.devices)
+                attaching_by_node[op.node] = attaching_by_node.get(op.node, 0) + max(0, op.requested - online)
+
+        nodes = []
+        usages = []
+        pods_by_node: dict[str, list[PodInfo]] = {}
+        for pod in pods:
+            if pod.node_name:
+                pods_by_node.setdefault(pod.node_name, []).append(pod)
+        for raw in self._core.list_node().items:
+            name = raw.metadata.name
+            provider_id = raw.spec.provider_id or ""
+            group_id = group_of_provider.get(provider_id) or group_of_node.get(name)
+            if group_id not in group_ids:
+                group_id = None
+            group = next((g for g in groups if g.id == group_id), None)
+            gpu_resource = group.gpu_resource if group else "nvidia.com/gpu"
+            devices = tuple(sorted(devices_by_node.get(name, ()), key=lambda d: (d.attached_at, d.id)))
+            bound = pods_by_node.get(name, [])
+            if group is not None:
+                usages.append(NodeUsage(name=name, fabric_gpus=len(devices),
+                                        used_gpus=sum(_gpu_requests(p, gpu_resource) for p in bound),
+                                        has_work=any(_is_work(p) for p in bound)))
+            nodes.append(NodeInfo(
+                name=name, provider_id=provider_id, group_id=group_id, labels=convert.labels_of(raw),
+                taints=convert.node_taints(raw), unschedulable=bool(raw.spec.unschedulable),
+                ready=convert.node_ready(raw), allocatable=convert.node_allocatable(raw), gpu_resource=gpu_resource,
+                devices=devices, attaching=attaching_by_node.get(name, 0),
+                detaching=tuple(detaching_by_node.get(name, ())),
+                created_at=raw.metadata.creation_timestamp.timestamp() if raw.metadata.creation_timestamp else 0.0,
+                being_deleted=convert.node_marked_for_deletion(raw) or name in deleting_nodes))
+        self.idle.observe(usages, now)
+        nodes = [_with_idle(n, self.idle) for n in nodes]
+
+        # A Machine whose node is not Ready yet is still capacity to come (CA counts such nodes as upcoming too).
+        registered = {n.name for n in nodes if n.ready}
+        upcoming: dict[str, int] = {}
+        for m in machines:
+            if not m.deleting and (m.node_name is None or m.node_name not in registered):
+                upcoming[m.group_id] = upcoming.get(m.group_id, 0) + 1
+        pools = tuple(PoolInfo(p.name, dict(p.free)) for p in self._fabric.pools())
+        snapshot = Snapshot(now=now, nodes=tuple(nodes), pods=pods, groups=groups, pools=pools,
+                            upcoming_nodes=upcoming, gpu_model_label=self._gpu_model_label)
+        return Observation(snapshot=snapshot, unschedulable_since=unschedulable, machines=machines)
+
+
+def _with_idle(node: NodeInfo, idle: IdleTracker) -> NodeInfo:
+    if node.group_id is None:
+        return node
+    from dataclasses import replace
+
+    return replace(node, gpus_idle_since=idle.gpus_idle_since(node.name), empty_since=idle.empty_since(node.name))

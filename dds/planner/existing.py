@@ -1,0 +1,305 @@
+"""Placing pods on live nodes: now, or after attaching GPUs one virtual GPU at a time.
+
+`ExistingCapacity` is what the scale-up driver needs from the live cluster; `FastExisting` implements it over the
+array scratch (dds/planner/state.py), the reference planner (dds/planner/reference.py) naively. Both check first
+(`fits_now`, `fits_after_gpus` return a `Choice`) and commit second (`commit`), as the style guide asks.
+
+Attaching one GPU at a time and re-simulating stops at the first k where the pod fits. Attaching GPUs changes only the
+node's GPU capacity, and the GPU check is monotone in it, so that first k is exactly the node's GPU shortfall: the fast
+path computes it for every node at once, then *verifies* the chosen node on a fork with the k virtual GPUs attached
+through the scalar filters (and reverts). The reference literally loops k = 1, 2, ... on a rebuilt world; the tests
+check both give the same placements.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol
+
+import numpy as np
+
+from dds.model.resources import CPU, MEMORY, PODS
+from dds.planner.filters import ClusterView
+from dds.planner.plan import Reject
+from dds.planner.requests import PodRequest
+from dds.planner.scoring import Candidates, rank
+from dds.planner.snapshot import PodAffinityTerm, PodInfo
+from dds.planner.state import Choice, ClusterState, StaticTable
+
+MAX_REJECTS = 8  # rejected options listed per pod; the counts cover every node
+RUNNERS_UP = 3  # candidates that fitted but lost, listed first among the rejected options
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why the live nodes did not take a pod: counts per reason over all nodes, and the first few in detail."""
+
+    nodes: int
+    counts: tuple[tuple[str, int], ...]
+    rejects: tuple[Reject, ...]
+
+    def summary(self) -> str:
+        if not self.nodes:
+            return "no live nodes"
+        parts = ", ".join(f"{count} {reason}" for reason, count in self.counts)
+        return f"0/{self.nodes} nodes available: {parts}" if parts else f"0/{self.nodes} nodes available"
+
+
+class ExistingCapacity(Protocol):
+    cluster: ClusterView  # every pod of the plan, for pod-affinity's "does any pod match" rule
+
+    def see_elsewhere(self, pods: list[PodInfo]) -> None:
+        """Pods placed off the live nodes (nodes on their way, new nodes): affinity rules must see them too."""
+        ...
+
+    def fits_now(self, req: PodRequest) -> Optional[Choice]: ...
+
+    def fits_after_gpus(self, req: PodRequest) -> Optional[Choice]: ...
+
+    def commit(self, req: PodRequest, choice: Choice) -> None: ...
+
+    def explain(self, req: PodRequest, with_gpus: bool) -> Explanation: ...
+
+    def node_name(self, choice: Choice) -> str: ...
+
+    def pool_of(self, choice: Choice) -> Optional[str]: ...
+
+    def pool_free(self) -> dict[tuple[str, str], int]: ...
+
+
+class FastExisting:
+    def __init__(self, state: ClusterState, policy: str) -> None:
+        self.state = state
+        self.policy = policy
+        self.cluster: ClusterView = state
+        self._explained: dict[tuple, Explanation] = {}
+
+    def see_elsewhere(self, pods: list[PodInfo]) -> None:
+        self.state.elsewhere = pods
+
+    # --- choose --------------------------------------------------------------------------------------------------
+    def fits_now(self, req: PodRequest) -> Optional[Choice]:
+        s = self.state
+        table = s.static_table(req)
+        gpus = s.gpu_request(req)
+        ok = (s.target & s.static_ok_now(table) & s.fits_other_resources(s.request_vector(req))
+              & (s.gpu_free >= gpus) & s.placement_ok(req))
+        nodes = np.flatnonzero(ok)
+        if not nodes.size:
+            return None
+        attach = np.zeros(nodes.size, dtype=np.int64)
+        return self.best_verified(req, nodes, attach, s.model[nodes], gpus)
+
+    def fits_after_gpus(self, req: PodRequest) -> Optional[Choice]:
+        s = self.state
+        gpus = s.gpu_request(req)
+        shortfall = gpus - s.gpu_free
+        base = (s.attachable & s.target & (shortfall >= 1) & (shortfall <= s.free_slots)
+                & s.fits_other_resources(s.request_vector(req)))
+        if not base.any():
+            return None
+        base &= s.placement_ok(req)
+        table = s.static_table(req)
+        model = self._attach_models(table, base, shortfall)
+        nodes = np.flatnonzero(model >= 0)
+        if not nodes.size:
+            return None
+        return self.best_verified(req, nodes, shortfall[nodes], model[nodes], gpus)
+
+    def _attach_models(self, table: StaticTable, base: np.ndarray, shortfall: np.ndarray) -> np.ndarray:
+        """Per node, the model an attach would bring (-1: none fits): its own model if it holds one; otherwise its
+        group's default, then the other allowed models in name order, that the pod accepts and the pool still has."""
+        s = self.state
+        chosen = np.full(len(s.nodes), -1, dtype=np.int64)
+        if not s.models:
+            return chosen
+        nodes = np.flatnonzero(base)
+        if not nodes.size:
+            return chosen
+        rows, model, pool, short = table.row[nodes], s.model[nodes], np.maximum(s.pool[nodes], 0), shortfall[nodes]
+        holding = model != s.no_model
+        held = np.where(holding, model, 0)
+        ok = holding & table.ok[rows, held] & (s.pool_free[pool, held] >= short)
+        picked = np.where(ok, held, -1)
+        bare = ~holding
+        if bare.any():
+            preferred = s.preferred[nodes]
+            first = np.maximum(preferred, 0)
+            ok = (bare & (preferred >= 0) & s.allowed[nodes, first] & table.ok[rows, first]
+                  & (s.pool_free[pool, first] >= short))
+            picked[ok] = first[ok]
+            for m in range(len(s.models)):
+                fill = (bare & (picked < 0) & s.allowed[nodes, m] & table.ok[rows, m]
+                        & (s.pool_free[pool, m] >= short))
+                picked[fill] = m
+        chosen[nodes] = picked
+        return chosen
+
+    def best_verified(self, req: PodRequest, nodes: np.ndarray, attach: np.ndarray, models: np.ndarray,
+                        gpus: np.ndarray) -> Optional[Choice]:
+        """The best candidate the scalar filters accept (model indexes: the model each candidate would hold)."""
+        s = self.state
+        order, score = rank(self.policy, self.candidates(req, nodes, attach, gpus))
+        for rank_index, position in enumerate(order):
+            i, k = int(nodes[position]), int(attach[position])
+            model = None if int(models[position]) in (s.no_model, -1) else s.models[int(models[position])]
+            mark = s.fork()
+            s.attach(i, k, model)
+            verdict = s.verify(req, i, model)
+            s.revert(mark)
+            if verdict is None:
+                best = float(score[position])
+                runners = order[rank_index + 1:rank_index + 1 + RUNNERS_UP]
+                alternatives = tuple(self._runner_up(int(nodes[p]), float(score[p]), int(attach[p]), best)
+                                     for p in runners)
+                return Choice(node=i, attach=k, model=model, score=best, alternatives=alternatives)
+        return None
+
+    def _runner_up(self, i: int, score: float, attach: int, best: float) -> Reject:
+        what = f" after {attach} GPU{'s' if attach != 1 else ''}" if attach else ""
+        if score < best:
+            return Reject(self.state.nodes[i].name, f"fits{what} but scores lower ({self.policy} {score:.2f})")
+        return Reject(self.state.nodes[i].name, f"fits{what} with an equal {self.policy} score {score:.2f} but lost "
+                                                f"the tie-break (fewer GPUs, full slots, held model, name)")
+
+    def candidates(self, req: PodRequest, nodes: np.ndarray, attach: np.ndarray, gpus: np.ndarray) -> Candidates:
+        s = self.state
+        cpu, memory = s.resource_row[CPU], s.resource_row[MEMORY]
+        r = req.requests
+        present = s.gpu_capacity[nodes] + attach
+        in_use = s.gpu_capacity[nodes] - s.gpu_free[nodes]
+        return Candidates(
+            order=nodes, attach=attach,
+            cpu_used=s.capacity[cpu, nodes] - s.free[cpu, nodes] + r.milli_cpu, cpu_capacity=s.capacity[cpu, nodes],
+            memory_used=s.capacity[memory, nodes] - s.free[memory, nodes] + r.memory,
+            memory_capacity=s.capacity[memory, nodes],
+            gpu_request=gpus[nodes], gpu_free_before=s.gpu_free[nodes] + attach, gpu_used=in_use + gpus[nodes],
+            gpu_present=present, gpu_slots=s.gpu_capacity[nodes] + s.free_slots[nodes],
+            has_model=s.model[nodes] != s.no_model)
+
+    # --- commit --------------------------------------------------------------------------------------------------
+    def commit(self, req: PodRequest, choice: Choice) -> None:
+        s = self.state
+        s.attach(choice.node, choice.attach, choice.model)
+        if req.gpus(s.nodes[choice.node].gpu_resource):
+            s.hold_model(choice.node, choice.model)
+        s.place(choice.node, req)
+
+    def node_name(self, choice: Choice) -> str:
+        return self.state.nodes[choice.node].name
+
+    def pool_of(self, choice: Choice) -> Optional[str]:
+        return self.state.facts[choice.node].pool
+
+    def pool_free(self) -> dict[tuple[str, str], int]:
+        s = self.state
+        return {(p, m): int(s.pool_free[pi, mi]) for p, pi in s.pool_index.items() for m, mi in s.model_index.items()}
+
+    # --- explain -------------------------------------------------------------------------------------------------
+    def explain(self, req: PodRequest, with_gpus: bool) -> Explanation:
+        """First failing check per live node, counted per reason over all nodes (vectorized); details for the first
+        MAX_REJECTS nodes in name order. Pods of the same shape judged against an unchanged scratch share one."""
+        key = (_shape(req), with_gpus, self.state.version)
+        found = self._explained.get(key)
+        if found is None:
+            found = self._explain(req, with_gpus)
+            if self._explained and next(iter(self._explained))[2] != self.state.version:
+                self._explained.clear()  # the scratch changed: older explanations are stale
+            self._explained[key] = found
+        return found
+
+    def _explain(self, req: PodRequest, with_gpus: bool) -> Explanation:
+        s = self.state
+        n = len(s.nodes)
+        table = s.static_table(req)
+        gpus = s.gpu_request(req)
+        code = np.full(n, -1, dtype=np.int64)
+        makers: list[tuple[Callable[[int], Reject], np.ndarray]] = []  # (detail maker, sub-key: equal key = reason)
+        undecided = np.ones(n, dtype=bool)
+        zeros = np.zeros(n, dtype=np.int64)
+
+        def settle(mask: np.ndarray, make: Callable[[int], Reject], subkey: np.ndarray = zeros) -> None:
+            hit = mask & undecided
+            code[hit] = len(makers)
+            makers.append((make, subkey))
+            undecided[hit] = False
+
+        static_now = s.static_ok_now(table)
+        if with_gpus and s.models:
+            # A node without GPUs is judged as it would be labelled with any model it may still get.
+            bare = (s.model == s.no_model) & s.attachable
+            static_now = static_now | (bare & (table.ok[table.row, :len(s.models)] & s.allowed).any(axis=1))
+        settle(~s.target & static_now, lambda i: Reject(s.nodes[i].name, "node(s) were being removed"))
+        settle(~static_now, lambda i: s.static_reject(table, i), table.row * (s.no_model + 1) + s.model)
+        for row, amount in s.request_vector(req):
+            settle(s.free[row] < amount, lambda i, row=row, amount=amount: self._resource_reject(i, row, amount))
+        short = gpus - s.gpu_free
+        if with_gpus:
+            settle((short > 0) & ~s.attachable, lambda i: self._gpu_reject(i, gpus, "Insufficient"), s.gpu_name_of)
+            settle(short > s.free_slots, lambda i: self._gpu_reject(i, gpus, "gpu-slots-full"))
+            model = self._attach_models(table, undecided & (short > 0), short)
+            settle((short > 0) & (model < 0), lambda i: self._pool_reject(req, table, i, int(short[i])),
+                   ((s.pool + 1) * len(table.rejects) + table.row) * (s.no_model + 1) + s.model)
+        else:
+            settle(short > 0, lambda i: self._gpu_reject(i, gpus, "Insufficient"), s.gpu_name_of)
+        for reason, passing in s.placement_masks(req):
+            settle(~passing, lambda i, reason=reason: Reject(s.nodes[i].name, reason))
+        counts: Counter[str] = Counter()
+        for c, (make, subkey) in enumerate(makers):
+            hit = np.flatnonzero(code == c)
+            if not hit.size:
+                continue
+            if subkey is zeros:  # one reason for the whole family
+                counts[make(int(hit[0])).reason] += int(hit.size)
+                continue
+            keys, first, sizes = np.unique(subkey[hit], return_index=True, return_counts=True)
+            for position, size in zip(first, sizes):
+                counts[make(int(hit[position])).reason] += int(size)
+        failing = np.flatnonzero(code >= 0)[:MAX_REJECTS]
+        rejects = tuple(makers[int(code[i])][0](int(i)) for i in failing)
+        ordered = tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+        return Explanation(nodes=n, counts=ordered, rejects=rejects)
+
+    def _resource_reject(self, i: int, row: int, amount: int) -> Reject:
+        s = self.state
+        name = s.resource_names[row]
+        return Reject(s.nodes[i].name, "Too many pods" if name == PODS else f"Insufficient {name}", resource=name,
+                      requested=amount, free=int(s.free[row, i]), capacity=int(s.capacity[row, i]))
+
+    def _gpu_reject(self, i: int, gpus: np.ndarray, kind: str) -> Reject:
+        s = self.state
+        node = s.nodes[i]
+        if kind == "gpu-slots-full":
+            return Reject(node.name, "gpu-slots-full", resource=node.gpu_resource, requested=int(gpus[i]),
+                          free=int(s.gpu_free[i] + s.free_slots[i]), capacity=int(s.gpu_capacity[i] + s.free_slots[i]))
+        return Reject(node.name, f"Insufficient {node.gpu_resource}", resource=node.gpu_resource,
+                      requested=int(gpus[i]), free=int(s.gpu_free[i]),
+                      capacity=int(s.gpu_capacity[i]))
+
+    def _pool_reject(self, req: PodRequest, table: StaticTable, i: int, shortfall: int) -> Reject:
+        s = self.state
+        pool = s.facts[i].pool or "?"
+        held = s.model_name(i)
+        models = (held,) if held else tuple(s.models[m] for m in np.flatnonzero(s.allowed[i]))
+        accepted = [m for m in models if table.ok[table.row[i], s.model_index[m]]]
+        if not accepted:
+            wanted = ", ".join(models) or "none known"
+            return Reject(s.nodes[i].name, f"no GPU model the pod accepts (node takes: {wanted})")
+        p = s.pool_index[pool]
+        free = max(int(s.pool_free[p, s.model_index[m]]) for m in accepted)
+        return Reject(s.nodes[i].name, "pool-exhausted", resource=f"{pool}/{'|'.join(accepted)}", requested=shortfall,
+                      free=free)
+
+
+def _shape(req: PodRequest) -> tuple:
+    """Everything `explain` reads of a pod, as a hashable key."""
+    pod, r = req.pod, req.requests
+    return (req.static_key, (r.milli_cpu, r.memory, r.ephemeral_storage, r.pods, tuple(sorted(r.scalar.items()))),
+            pod.namespace, tuple(sorted(pod.labels.items())), pod.host_ports, _terms(pod.required_pod_affinity),
+            _terms(pod.required_pod_anti_affinity))
+
+
+def _terms(terms: tuple[PodAffinityTerm, ...]) -> tuple:
+    return tuple((tuple(sorted(t.label_selector.match_labels.items())), t.label_selector.match_expressions,
+                  t.topology_key, t.namespaces) for t in terms)

@@ -1,0 +1,245 @@
+"""Scale-down (the talk's cases 3 and 4): release idle GPUs, remove nodes only when right.
+
+- Nodes CA asked to delete (`candidates`, case 3): removed when every movable pod fits on another node (simulated on a
+  fork of the scratch, kept when it works so the next candidate cannot count on the same room), no pod is pinned, and
+  the group stays at or above its min size. Otherwise the node is kept and only its idle GPUs go (GPU-only removal).
+- DDS's own scan (case 4): a DDS node without work for its group's node cooldown is removed (when node removal is
+  enabled), its devices released first; other nodes lose GPUs idle for the group's GPU cooldown.
+- A GPU in use is never detached unless the group allows force-detach. Device choice is deterministic: newest
+  attached first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from dds.model.groups import NodeGroupSpec
+from dds.planner.existing import FastExisting
+from dds.planner.plan import Detach, Keep, PlannerConfig, RemoveNode, ScaleDownPlan
+from dds.planner.requests import RequestCache, is_work, scheduling_order
+from dds.planner.scoring import check_policy
+from dds.planner.snapshot import Device, NodeInfo, PodInfo, Snapshot
+from dds.planner.state import ClusterState
+
+
+def duration_text(seconds: float) -> str:
+    seconds = max(0.0, float(seconds))
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g}m"
+    return f"{seconds:g}s"
+
+
+@dataclass(frozen=True)
+class _Gpus:
+    """A node's fabric devices split into in use and idle (idle ones newest attached first)."""
+
+    devices: tuple[Device, ...]  # attached and not detaching
+    idle: tuple[Device, ...]
+    in_use: int
+
+
+def _gpu_usage(node: NodeInfo, pods: Sequence[PodInfo], cache: RequestCache) -> _Gpus:
+    leaving = set(node.detaching)
+    active = tuple(d for d in node.devices if d.id not in leaving)
+    used = sum(cache.get(p).gpus(node.gpu_resource) for p in pods)
+    present = max(node.allocatable.get(node.gpu_resource), len(node.devices)) - len(leaving & {d.id for d in
+                                                                                            node.devices})
+    idle_count = min(len(active), max(0, present - used))
+    newest_first = sorted(active, key=lambda d: (d.attached_at, d.id), reverse=True)
+    return _Gpus(active, tuple(newest_first[:idle_count]), min(used, len(active)))
+
+
+def _ids(devices: Sequence[Device]) -> tuple[str, ...]:
+    return tuple(d.id for d in devices)
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
+
+
+class _ScaleDown:
+    def __init__(self, snapshot: Snapshot, config: PlannerConfig) -> None:
+        self.snapshot = snapshot
+        self.config = config
+        self.cache = RequestCache()
+        self.state = ClusterState(snapshot, self.cache, None)
+        self.live = FastExisting(self.state, config.policy)
+        self.nodes = {n.name: n for n in snapshot.nodes}
+        self.pods: dict[str, list[PodInfo]] = {}
+        for pod in snapshot.pods:
+            if pod.node_name:
+                self.pods.setdefault(pod.node_name, []).append(pod)
+        self.size: dict[str, int] = {}
+        for node in snapshot.nodes:
+            if node.group_id and not node.being_deleted:
+                self.size[node.group_id] = self.size.get(node.group_id, 0) + 1
+        self.detaches: list[Detach] = []
+        self.removals: list[RemoveNode] = []
+        self.kept: list[Keep] = []
+        self.notes: list[str] = []
+        self.done: set[str] = set()
+
+    # --- helpers ---
+    def group(self, node: NodeInfo) -> Optional[NodeGroupSpec]:
+        return self.snapshot.group(node.group_id) if node.group_id else None
+
+    def usage(self, node: NodeInfo) -> _Gpus:
+        return _gpu_usage(node, self.pods.get(node.name, ()), self.cache)
+
+    def work(self, node: NodeInfo) -> list[PodInfo]:
+        return [p for p in self.pods.get(node.name, ()) if is_work(p)]
+
+    def above_min(self, group: NodeGroupSpec, node: NodeInfo) -> bool:
+        """Removing `node` keeps the group at or above its min size (removals of this plan counted). Nodes already
+        being deleted are not counted in the size, except the one asked about (CA taints its candidates first)."""
+        size = self.size.get(group.id, 0) + (1 if node.being_deleted else 0)
+        return size - 1 >= group.min_size
+
+    def keep(self, node: str, reason: str) -> None:
+        self.kept.append(Keep(node, reason))
+        self.done.add(node)
+
+    def remove(self, node: NodeInfo, group: NodeGroupSpec, usage: _Gpus, reason: str) -> None:
+        """Release the node's devices first, then remove it. In-use GPUs go only with force-detach; otherwise they are
+        released once the pods have moved (the node is being deleted then, and idle GPUs go at once)."""
+        if usage.in_use and not group.force_detach:
+            if usage.idle:
+                self.detaches.append(Detach(node.name, _ids(usage.idle), reason=(
+                    f"{node.name} is being removed: its {_gpus(len(usage.idle))} idle now are released first")))
+            reason += (f"; its {_gpus(usage.in_use)} in use are released once its pods have moved (force-detach is off "
+                       f"for {group.id})")
+        elif usage.devices:
+            force = usage.in_use > 0
+            self.detaches.append(Detach(node.name, _ids(usage.devices), force=force, reason=(
+                f"{node.name} is being removed: its {_gpus(len(usage.devices))} are released first"
+                + (f" ({_gpus(usage.in_use)} in use: force-detach is on for {group.id})" if force else ""))))
+        self.removals.append(RemoveNode(node.name, group.id, reason))
+        if not node.being_deleted:
+            self.size[group.id] = self.size.get(group.id, 0) - 1
+        self.done.add(node.name)
+
+    def release_idle(self, node: NodeInfo, usage: _Gpus, why: str) -> None:
+        if usage.idle:
+            self.detaches.append(Detach(node.name, _ids(usage.idle), reason=(
+                f"{why}: releasing its {_gpus(len(usage.idle))} idle (newest attached first)")))
+
+    # --- case 3: nodes CA asked to delete ---
+    def candidate(self, name: str) -> None:
+        node = self.nodes.get(name)
+        if node is None:
+            self.kept.append(Keep(name, "CA asked to remove it, but it is not in the snapshot"))
+            return
+        group = self.group(node)
+        if group is None:
+            self.keep(name, "CA asked to remove it, but it is not a node of a DDS group")
+            return
+        usage = self.usage(node)
+        why_not = self._why_not_removable(node, group)
+        if why_not:
+            self.keep(name, f"CA asked to remove it; it stays: {why_not}; only its idle GPUs are released")
+            self.release_idle(node, usage, f"CA asked to remove {name}, which stays")
+            return
+        work = self.work(node)
+        moves = self._move(node, work)
+        if moves is None:
+            return  # _move recorded the Keep and the GPU-only removal
+        reason = (f"CA asked to remove it and its {len(work)} pod(s) fit elsewhere ({', '.join(moves)})" if work
+                  else "CA asked to remove it and it holds no work")
+        self.remove(node, group, usage, reason)
+
+    def _why_not_removable(self, node: NodeInfo, group: NodeGroupSpec) -> str:
+        pinned = [p for p in self.work(node) if p.not_movable_reason]
+        if pinned:
+            return f"pod {pinned[0].key} cannot move ({pinned[0].not_movable_reason})"
+        if not self.config.node_removal_enabled:
+            return "node removal is disabled in this pass"
+        if not self.above_min(group, node):
+            return f"group {group.id} would go below its min size {group.min_size}"
+        return ""
+
+    def _move(self, node: NodeInfo, work: list[PodInfo]) -> Optional[list[str]]:
+        """Simulate evicting the node's pods onto the other nodes; keep the placements if all fit (the moves), else
+        revert, keep the node and release its idle GPUs (None)."""
+        if not work:
+            return []
+        state = self.state
+        mark = state.fork()
+        state.disable(state.index[node.name])
+        moves: list[str] = []
+        for pod in sorted(work, key=scheduling_order):
+            req = self.cache.get(pod)
+            choice = self.live.fits_now(req)
+            if choice is None:
+                summary = self.live.explain(req, with_gpus=False).summary()
+                state.revert(mark)
+                self.keep(node.name, f"CA asked to remove it; it stays: pod {pod.key} fits no other node ({summary}); "
+                                     f"only its idle GPUs are released")
+                self.release_idle(node, self.usage(node), f"CA asked to remove {node.name}, which stays")
+                return None
+            self.live.commit(req, choice)
+            moves.append(f"{pod.key} -> {self.live.node_name(choice)}")
+        return moves
+
+    # --- case 4: DDS's own scan ---
+    def empty_nodes(self) -> None:
+        now = self.snapshot.now
+        empty = [n for n in self.snapshot.nodes if n.name not in self.done and self.group(n) is not None
+                 and not n.being_deleted and n.empty_since is not None and not self.work(n)]
+        for node in sorted(empty, key=lambda n: (n.empty_since, n.name)):
+            group = self.group(node)
+            assert group is not None and node.empty_since is not None
+            waited, cooldown = now - node.empty_since, group.node_idle_cooldown_seconds
+            if waited < cooldown:
+                self.keep(node.name, f"empty for {duration_text(waited)}; removed after {duration_text(cooldown)}")
+                continue
+            if not self.above_min(group, node):
+                self.keep(node.name, f"empty for {duration_text(waited)}, but group {group.id} is at its min size "
+                                     f"{group.min_size}")
+                continue
+            usage = self.usage(node)
+            if usage.in_use and not group.force_detach:
+                self.keep(node.name, f"empty of work, but its pods use {_gpus(usage.in_use)} and force-detach is off "
+                                     f"for {group.id}")
+                continue
+            self.remove(node, group, usage, f"no work for {duration_text(waited)} (cooldown "
+                                            f"{duration_text(cooldown)}) and {group.id} stays at or above min size "
+                                            f"{group.min_size}")
+
+    def idle_gpus(self) -> None:
+        now = self.snapshot.now
+        for node in sorted(self.snapshot.nodes, key=lambda n: n.name):
+            group = self.group(node)
+            if node.name in self.done or group is None or not node.devices:
+                continue
+            if node.detaching:
+                continue  # a detach is already on its way; idleness is judged again once it is done
+            usage = self.usage(node)
+            if not usage.idle:
+                continue
+            if node.being_deleted:
+                self.release_idle(node, usage, f"{node.name} is being deleted")
+                continue
+            if node.gpus_idle_since is None:
+                continue
+            waited, cooldown = now - node.gpus_idle_since, group.gpu_idle_cooldown_seconds
+            if waited >= cooldown:
+                self.release_idle(node, usage, f"GPUs idle on {node.name} for {duration_text(waited)} (cooldown "
+                                               f"{duration_text(cooldown)}, {_gpus(usage.in_use)} in use stay)")
+
+
+def plan_scale_down(snapshot: Snapshot, config: PlannerConfig, candidates: Optional[Sequence[str]] = None
+                    ) -> ScaleDownPlan:
+    check_policy(config.policy)
+    run = _ScaleDown(snapshot, config)
+    for name in dict.fromkeys(candidates or ()):
+        run.candidate(name)
+    if config.node_removal_enabled:
+        run.empty_nodes()
+    else:
+        run.notes.append("node removal is disabled (CA owns it): only idle GPUs are released")
+    run.idle_gpus()
+    return ScaleDownPlan(detaches=tuple(run.detaches), removals=tuple(run.removals), kept=tuple(run.kept),
+                         notes=tuple(run.notes))

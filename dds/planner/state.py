@@ -1,0 +1,458 @@
+"""The fast planner's private scratch: every live node's free resources, GPUs and slots in arrays, changed in place
+under an undo journal (`fork` / `revert`), so a what-if costs the few entries it touches, never a rebuilt world.
+
+Vector checks only *pre-screen* candidates; the scalar filters (dds/planner/filters.py) have the last word on the node
+finally chosen (`verify`), so the two cannot silently disagree, and the reference planner cross-checks the rest.
+
+Static filter verdicts (labels, taints, flags) are cached per (pod shape, node shape, GPU model): pods with equal
+`PodRequest.static_key` share one table; nodes that look alike to that shape (same values of the label keys it reads,
+same taints and flags) share one row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+from dds.model.resources import CPU, EPHEMERAL_STORAGE, MEMORY, PODS, STANDARD
+from dds.planner.filters import (AFFINITY_UNMET, ANTI_AFFINITY_UNMET, EXISTING_ANTI_AFFINITY, FILTERS, PORTS_TAKEN,
+                                 STATIC_FILTERS, first_reject, ports_conflict, term_matches_pod)
+from dds.planner.nodes import effective_labels, gpu_facts
+from dds.planner.plan import Reject
+from dds.planner.requests import PodRequest, RequestCache
+from dds.planner.snapshot import HostPort, NodeInfo, PodAffinityTerm, PodInfo, Snapshot
+
+UNLIMITED = np.int64(2**62)  # free amount of a resource a filter never checks on that node
+
+
+@dataclass(frozen=True)
+class StaticTable:
+    """Static verdicts for one pod shape: ok[row, model column] with the first reject, per node row."""
+
+    row: np.ndarray  # node index -> row
+    ok: np.ndarray  # rows x (models + 1); the last column = "as labelled now" (no model overlay)
+    rejects: tuple[tuple[Optional[Reject], ...], ...]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where a pod goes on a live node, and what that takes."""
+
+    node: int
+    attach: int
+    model: Optional[str]
+    score: float
+    # The next best candidates that were not chosen, as rejected options ("lower score", "lost the tie-break").
+    alternatives: tuple[Reject, ...] = ()
+
+
+class FastNodeView:
+    """A live node of the scratch, read by the scalar filters (optionally as if it held `model`)."""
+
+    def __init__(self, state: "ClusterState", index: int, model: Optional[str] = None) -> None:
+        node = state.nodes[index]
+        self._state, self._i = state, index
+        self.name = node.name
+        held = state.model_name(index)
+        self.labels = effective_labels(node.labels, model or held, state.label)
+        self.taints = node.taints
+        self.unschedulable = node.unschedulable
+        self.ready = node.ready
+        self.being_deleted = node.being_deleted
+        self.gpu_resource = node.gpu_resource
+
+    def free(self, resource: str) -> int:
+        if resource == self.gpu_resource:
+            return int(self._state.gpu_free[self._i])
+        row = self._state.resource_row.get(resource)
+        return 0 if row is None else int(self._state.free[row, self._i])
+
+    def capacity(self, resource: str) -> int:
+        if resource == self.gpu_resource:
+            return int(self._state.gpu_capacity[self._i])
+        row = self._state.resource_row.get(resource)
+        return 0 if row is None else int(self._state.capacity[row, self._i])
+
+    def host_ports(self) -> Iterable[HostPort]:
+        return self._state.ports[self._i]
+
+    def pods(self) -> Iterable[PodInfo]:
+        return self._state.pods[self._i]
+
+
+class ClusterState:
+    """Live nodes of a snapshot as mutable arrays. Node i is the i-th node in name order."""
+
+    def __init__(self, snapshot: Snapshot, cache: RequestCache, config_groups: Optional[Sequence[str]],
+                 extra_pods: Sequence[PodInfo] = ()) -> None:
+        self.snapshot = snapshot
+        self.cache = cache
+        self.label = snapshot.gpu_model_label
+        self.nodes: tuple[NodeInfo, ...] = tuple(sorted(snapshot.nodes, key=lambda n: n.name))
+        self.index = {n.name: i for i, n in enumerate(self.nodes)}
+        self.facts = tuple(gpu_facts(node, snapshot, config_groups) for node in self.nodes)
+        self._init_models_and_pools()
+        self._init_resources(extra_pods)
+        self._init_gpus()
+        self._init_pods()
+        self._undo: list[Callable[[], None]] = []
+        self._version = 0  # bumped by every change: keys caches of derived data
+        self._masks_key: tuple[int, int] = (0, -1)
+        self._masks: list[tuple[str, np.ndarray]] = []
+        self._tables: dict[tuple, StaticTable] = {}
+        self._label_codes: dict[str, np.ndarray] = {}
+        # Node shape for the static filters apart from labels: taints and flags, as a small integer per node.
+        shapes: dict[tuple, int] = {}
+        self._flags = np.array([shapes.setdefault((n.taints, n.unschedulable, n.ready, n.being_deleted), len(shapes))
+                                for n in self.nodes], dtype=np.int64)
+
+    # --- construction ------------------------------------------------------------------------------------------------
+    def _init_models_and_pools(self) -> None:
+        snapshot = self.snapshot
+        models = {m for f in self.facts for m in f.allowed_models} | {m for p in snapshot.pools for m in p.free}
+        models |= {m for g in snapshot.groups for m in g.gpu_models}
+        self.models: tuple[str, ...] = tuple(sorted(m for m in models if m))
+        self.model_index = {m: i for i, m in enumerate(self.models)}
+        self.no_model = len(self.models)
+        self.pool_index = {p: i for i, p in enumerate(sorted({p.name for p in snapshot.pools}))}
+        self.pool_free = np.zeros((len(self.pool_index), max(1, len(self.models))), dtype=np.int64)
+        for p in snapshot.pools:
+            for model, count in p.free.items():
+                if model in self.model_index:
+                    self.pool_free[self.pool_index[p.name], self.model_index[model]] = max(0, int(count))
+
+    def _init_resources(self, extra_pods: Sequence[PodInfo]) -> None:
+        """The standard four resources and every extended resource any node or pod mentions, one row each."""
+        scalars: set[str] = set()
+        for node in self.nodes:
+            scalars.update(node.allocatable.scalar)
+        for pod in tuple(self.snapshot.pods) + tuple(extra_pods):
+            scalars.update(self.cache.requests(pod).scalar)
+        self.resource_names: tuple[str, ...] = STANDARD + tuple(sorted(scalars - set(STANDARD)))
+        self.resource_row = {r: i for i, r in enumerate(self.resource_names)}
+        capacity = np.zeros((len(self.resource_names), len(self.nodes)), dtype=np.int64)
+        for i, node in enumerate(self.nodes):
+            a = node.allocatable
+            capacity[0:4, i] = (a.milli_cpu, a.memory, a.ephemeral_storage, a.pods)
+            for name, amount in a.scalar.items():
+                capacity[self.resource_row[name], i] = amount
+            gpu_row = self.resource_row.get(node.gpu_resource)
+            if gpu_row is not None:
+                # The node's GPU resource is judged by the GPU arrays (attaches change it), never by this row.
+                capacity[gpu_row, i] = UNLIMITED
+        self.capacity = capacity
+        self.free = capacity.copy()
+        self.gpu_names = tuple(sorted({node.gpu_resource for node in self.nodes}))
+        gpu_name_index = {g: i for i, g in enumerate(self.gpu_names)}
+        self.gpu_name_of = np.array([gpu_name_index[node.gpu_resource] for node in self.nodes], dtype=np.int64)
+
+    def _init_gpus(self) -> None:
+        facts, n = self.facts, len(self.nodes)
+        self.gpu_capacity = np.array([f.capacity for f in facts], dtype=np.int64)
+        self.gpu_free = self.gpu_capacity.copy()
+        self.free_slots = np.array([f.free_slots for f in facts], dtype=np.int64)
+        self.attachable = np.array([f.attachable for f in facts], dtype=bool)
+        self.target = np.array([node.ready and not node.being_deleted for node in self.nodes], dtype=bool)
+        self.model = np.array([self.model_index.get(f.model, self.no_model) if f.model else self.no_model
+                               for f in facts], dtype=np.int64)
+        self.pool = np.array([self.pool_index.get(f.pool, -1) if f.pool else -1 for f in facts], dtype=np.int64)
+        # allowed[i, m]: node i may take model m (its group's models; or its own once it holds one).
+        self.allowed = np.zeros((n, max(1, len(self.models))), dtype=bool)
+        self.preferred = np.full(n, -1, dtype=np.int64)  # the group's default model, tried first
+        for i, f in enumerate(facts):
+            for m in f.allowed_models:
+                if m in self.model_index:
+                    self.allowed[i, self.model_index[m]] = True
+            if f.allowed_models and f.allowed_models[0] in self.model_index:
+                self.preferred[i] = self.model_index[f.allowed_models[0]]
+
+    def _init_pods(self) -> None:
+        n = len(self.nodes)
+        self.pods: list[list[PodInfo]] = [[] for _ in range(n)]
+        self.ports: list[list[HostPort]] = [[] for _ in range(n)]
+        self.port_holders: list[int] = []  # nodes with host ports in use (repeats allowed)
+        # Required anti-affinity terms of pods on live nodes, indexed by the (namespace, key, value) of their first
+        # matchLabels entry (a pod can only be matched by terms its own labels appear in); the rest unindexed.
+        self.guards_by_label: dict[tuple[str, str, str], list[tuple[int, PodInfo, PodAffinityTerm]]] = {}
+        self.guards_unindexed: list[tuple[int, PodInfo, PodAffinityTerm]] = []
+        self.all_pods: list[PodInfo] = []  # every pod on a live node (bound or placed by the plan)...
+        self.pod_node: list[int] = []  # ...and that node
+        self.by_label: dict[tuple[str, str, str], list[int]] = {}  # (namespace, key, value) -> positions in all_pods
+        self.elsewhere: list[PodInfo] = []  # pods the plan puts on nodes that are not live (shared by the driver)
+        # Bound pods' requests, summed per node in one vector step per resource (per-pod array writes are slow).
+        where: list[int] = []
+        amounts: list[list[int]] = [[] for _ in self.resource_names]
+        gpus: list[int] = []
+        for pod in self.snapshot.pods:
+            i = self.index.get(pod.node_name) if pod.node_name else None
+            if i is None:
+                continue
+            requests = self.cache.requests(pod)
+            gpu = self.nodes[i].gpu_resource
+            where.append(i)
+            for row, name in enumerate(self.resource_names):
+                amounts[row].append(0 if name == gpu else requests.get(name))
+            amounts[self.resource_row[PODS]][-1] = 1
+            gpus.append(requests.get(gpu))
+            self._record_pod(i, pod, journal=False)
+        if where:
+            index = np.array(where, dtype=np.int64)
+            for row in range(len(self.resource_names)):
+                np.subtract.at(self.free[row], index, np.array(amounts[row], dtype=np.int64))
+            np.subtract.at(self.gpu_free, index, np.array(gpus, dtype=np.int64))
+
+    def _record_pod(self, i: int, pod: PodInfo, journal: bool = True) -> None:
+        add = self._append if journal else (lambda items, value: items.append(value))
+        add(self.pods[i], pod)
+        for port in pod.host_ports:
+            if port.port > 0:
+                add(self.ports[i], port)
+                add(self.port_holders, i)
+        for term in pod.required_pod_anti_affinity:
+            labels = term.label_selector.match_labels
+            if labels:
+                key, value = next(iter(labels.items()))
+                for ns in term.namespaces or (pod.namespace,):
+                    add(self.guards_by_label.setdefault((ns, key, value), []), (i, pod, term))
+            else:
+                add(self.guards_unindexed, (i, pod, term))
+        position = len(self.all_pods)
+        add(self.all_pods, pod)
+        add(self.pod_node, i)
+        for key, value in pod.labels.items():
+            add(self.by_label.setdefault((pod.namespace, key, value), []), position)
+
+    # --- journal ---------------------------------------------------------------------------------------------------
+    def fork(self) -> int:
+        return len(self._undo)
+
+    def revert(self, mark: int) -> None:
+        self._version += 1
+        while len(self._undo) > mark:
+            self._undo.pop()()
+
+    def _set(self, array: np.ndarray, key: object, value: object) -> None:
+        self._version += 1
+        old = array[key]
+        array[key] = value
+        self._undo.append(lambda: array.__setitem__(key, old))
+
+    def _append(self, items: list, value: object) -> None:
+        self._version += 1
+        items.append(value)
+        self._undo.append(items.pop)
+
+    # --- reading -----------------------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """Changes whenever the scratch does (caches of derived data key on it)."""
+        return self._version
+
+    def model_name(self, i: int) -> Optional[str]:
+        m = int(self.model[i])
+        return None if m == self.no_model else self.models[m]
+
+    def view(self, i: int, model: Optional[str] = None) -> FastNodeView:
+        return FastNodeView(self, i, model)
+
+    def matching_positions(self, term: PodAffinityTerm, namespace: str) -> list[int]:
+        """Positions in all_pods of the live pods an affinity term matches (label index first, then the full rule)."""
+        namespaces = term.namespaces or (namespace,)
+        selector = term.label_selector
+        if not selector.match_labels:
+            return [p for p in range(len(self.all_pods)) if term_matches_pod(term, namespace, self.all_pods[p])]
+        found: list[int] = []
+        for ns in namespaces:
+            hits: Optional[set[int]] = None
+            for key, value in selector.match_labels.items():
+                positions = set(self.by_label.get((ns, key, value), ()))
+                hits = positions if hits is None else hits & positions
+            found.extend(sorted(hits or ()))
+        if selector.match_expressions:  # the index covers matchLabels exactly; expressions still need the full rule
+            found = [p for p in found if term_matches_pod(term, namespace, self.all_pods[p])]
+        return found
+
+    def any_pod_matches(self, term: PodAffinityTerm, namespace: str) -> bool:
+        return bool(self.matching_positions(term, namespace)) or any(
+            term_matches_pod(term, namespace, pod) for pod in self.elsewhere)
+
+    def request_vector(self, req: PodRequest) -> list[tuple[int, int]]:
+        """(resource row, amount) for every resource the pod requests, the pod count included."""
+        r = req.requests
+        rows = [(self.resource_row[PODS], 1)]
+        for name, amount in ((CPU, r.milli_cpu), (MEMORY, r.memory), (EPHEMERAL_STORAGE, r.ephemeral_storage)):
+            if amount:
+                rows.append((self.resource_row[name], amount))
+        rows += [(self.resource_row[name], amount) for name, amount in r.scalar.items() if amount > 0]
+        return rows
+
+    def gpu_request(self, req: PodRequest) -> np.ndarray:
+        """GPUs the pod requests on each node (nodes may name their GPU resource differently)."""
+        per_name = np.array([req.gpus(name) for name in self.gpu_names] or [0], dtype=np.int64)
+        if len(per_name) == 1:
+            return np.full(len(self.nodes), per_name[0], dtype=np.int64)
+        return per_name[self.gpu_name_of]
+
+    def fits_other_resources(self, rows: list[tuple[int, int]]) -> np.ndarray:
+        ok = np.ones(len(self.nodes), dtype=bool)
+        for row, amount in rows:
+            ok &= self.free[row] >= amount
+        return ok
+
+    def placement_masks(self, req: PodRequest) -> list[tuple[str, np.ndarray]]:
+        """Pre-screen of the placement filters, in their order: (reason, nodes passing). Computed from the pods (few
+        hold ports or anti-affinity), not node by node; `verify` still runs the scalar filters on the chosen node.
+        Cached until the scratch changes (a pod is judged for fitting and explained against the same state)."""
+        key = (id(req.pod), self._version)
+        if self._masks_key != key:
+            self._masks = self._placement_masks(req)
+            self._masks_key = key
+        return self._masks
+
+    def _placement_masks(self, req: PodRequest) -> list[tuple[str, np.ndarray]]:
+        n, pod, out = len(self.nodes), req.pod, []
+        wanted = [p for p in pod.host_ports if p.port > 0]
+        if wanted:
+            ok = np.ones(n, dtype=bool)
+            for i in set(self.port_holders):
+                if any(ports_conflict(used, w) for used in self.ports[i] for w in wanted):
+                    ok[i] = False
+            out.append((PORTS_TAKEN, ok))
+        if pod.required_pod_affinity:
+            ok = np.ones(n, dtype=bool)
+            for term in pod.required_pod_affinity:
+                hosts = [self.pod_node[p] for p in self.matching_positions(term, pod.namespace)]
+                if hosts:
+                    on = np.zeros(n, dtype=bool)
+                    on[hosts] = True
+                    ok &= on
+                elif self.any_pod_matches(term, pod.namespace) or not term_matches_pod(term, pod.namespace, pod):
+                    ok[:] = False  # matching pods exist only off the live nodes, or the pod does not match itself
+            out.append((AFFINITY_UNMET, ok))
+        if pod.required_pod_anti_affinity:
+            ok = np.ones(n, dtype=bool)
+            for term in pod.required_pod_anti_affinity:
+                for p in self.matching_positions(term, pod.namespace):
+                    ok[self.pod_node[p]] = False
+            out.append((ANTI_AFFINITY_UNMET, ok))
+        guards = list(self.guards_unindexed)
+        for key, value in pod.labels.items():
+            guards += self.guards_by_label.get((pod.namespace, key, value), ())
+        if guards:
+            ok = np.ones(n, dtype=bool)
+            for i, other, term in guards:
+                if term_matches_pod(term, other.namespace, pod):
+                    ok[i] = False
+            out.append((EXISTING_ANTI_AFFINITY, ok))
+        return out
+
+    def placement_ok(self, req: PodRequest) -> np.ndarray:
+        ok = np.ones(len(self.nodes), dtype=bool)
+        for _, mask in self.placement_masks(req):
+            ok &= mask
+        return ok
+
+    # --- static verdicts ---------------------------------------------------------------------------------------------
+    def static_table(self, req: PodRequest) -> StaticTable:
+        key = req.static_key
+        table = self._tables.get(key)
+        if table is None:
+            table = self._build_static_table(req)
+            self._tables[key] = table
+        return table
+
+    def _codes(self, key: str) -> np.ndarray:
+        """Per node, a small integer for its value of label `key` (-1 = no such label)."""
+        codes = self._label_codes.get(key)
+        if codes is None:
+            values: dict[str, int] = {}
+            codes = np.array([values.setdefault(n.labels[key], len(values)) if key in n.labels else -1
+                              for n in self.nodes], dtype=np.int64)
+            self._label_codes[key] = codes
+        return codes
+
+    def _build_static_table(self, req: PodRequest) -> StaticTable:
+        """Nodes alike to this pod shape (same values of the labels it reads, same taints and flags, and the same name
+        if it selects by name) get one row, judged once per GPU model column by the scalar static filters."""
+        n = len(self.nodes)
+        model_sensitive = self.label in req.label_keys  # only then does a model overlay change a verdict
+        columns = [self._flags] + [self._codes(k) for k in sorted(req.label_keys)]
+        if req.uses_node_name:
+            columns.append(np.arange(n, dtype=np.int64))
+        if n:
+            _, first, row_of = np.unique(np.stack(columns, axis=1), axis=0, return_index=True, return_inverse=True)
+            row_of = row_of.reshape(-1)
+        else:
+            first, row_of = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        width = len(self.models) + 1
+        ok_rows, reject_rows = [], []
+        for representative in first:
+            node = self.nodes[int(representative)]
+            if model_sensitive:
+                verdicts = [first_reject(STATIC_FILTERS, req, _static_view(node, model, self.label), self)
+                            for model in self.models + (None,)]
+            else:
+                verdicts = [first_reject(STATIC_FILTERS, req, _static_view(node, None, self.label), self)] * width
+            ok_rows.append([v is None for v in verdicts])
+            reject_rows.append(tuple(verdicts))
+        return StaticTable(row_of.astype(np.int64), np.array(ok_rows, dtype=bool).reshape(len(ok_rows), width),
+                           tuple(reject_rows))
+
+    def static_ok_now(self, table: StaticTable) -> np.ndarray:
+        """Static verdict per node as it is (its own model if it holds one)."""
+        return table.ok[table.row, self.model]
+
+    def static_reject(self, table: StaticTable, i: int, model_column: Optional[int] = None) -> Optional[Reject]:
+        column = int(self.model[i]) if model_column is None else model_column
+        found = table.rejects[int(table.row[i])][column]
+        if found is None:
+            return None
+        return Reject(self.nodes[i].name, found.reason, found.resource, found.requested, found.free, found.capacity)
+
+    # --- changes -----------------------------------------------------------------------------------------------------
+    def attach(self, i: int, count: int, model: Optional[str]) -> None:
+        """Virtually attach `count` GPUs of `model` to node i, taking them from its pool."""
+        if count <= 0:
+            return
+        m = self.model_index[model] if model is not None else None
+        if m is not None and int(self.model[i]) == self.no_model:
+            self._set(self.model, i, m)
+        self._set(self.gpu_capacity, i, self.gpu_capacity[i] + count)
+        self._set(self.gpu_free, i, self.gpu_free[i] + count)
+        self._set(self.free_slots, i, self.free_slots[i] - count)
+        if m is not None and self.pool[i] >= 0:
+            key = (int(self.pool[i]), m)
+            self._set(self.pool_free, key, self.pool_free[key] - count)
+
+    def hold_model(self, i: int, model: Optional[str]) -> None:
+        """A GPU pod on a node with GPUs but no known model fixes the model it is judged by."""
+        if model is not None and int(self.model[i]) == self.no_model:
+            self._set(self.model, i, self.model_index[model])
+
+    def place(self, i: int, req: PodRequest) -> None:
+        for row, amount in self.request_vector(req):
+            self._set(self.free, (row, i), self.free[row, i] - amount)
+        self._set(self.gpu_free, i, self.gpu_free[i] - req.gpus(self.nodes[i].gpu_resource))
+        self._record_pod(i, req.pod)
+
+    def disable(self, i: int) -> None:
+        """Node i takes nothing more (it is being removed in this what-if)."""
+        self._set(self.target, i, False)
+        self._set(self.attachable, i, False)
+
+    # --- verification by the scalar filters ---------------------------------------------------------------------------
+    def verify(self, req: PodRequest, i: int, model: Optional[str]) -> Optional[Reject]:
+        """The scalar filters' verdict on node i as it stands (after any virtual attach)."""
+        return first_reject(FILTERS, req, self.view(i, model), self)
+
+
+def _static_view(node: NodeInfo, model: Optional[str], label: str) -> FastNodeView:
+    """A node as the static filters see it, optionally as if it held `model` (no resources needed)."""
+    view = FastNodeView.__new__(FastNodeView)
+    view.name, view.taints = node.name, node.taints
+    view.labels = effective_labels(node.labels, model, label)
+    view.unschedulable, view.ready, view.being_deleted = node.unschedulable, node.ready, node.being_deleted
+    view.gpu_resource = node.gpu_resource
+    return view

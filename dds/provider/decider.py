@@ -1,0 +1,102 @@
+"""Who decides what an IncreaseSize or DeleteNodes really does. The servicer validates CA's call and hands it here.
+
+The narrow interface lets the planner-backed deciders (dds/controller/deciders.py: GPUs first, nodes when needed)
+replace the defaults below, which only add and remove whole nodes through a `NodeProvisioner`.
+
+Contract for implementations:
+- `increase` answers well within CA's gRPC deadline (default 5 s): it records one in-flight instance per unit of
+  `delta` in the tracker before returning (CA reads TargetSize right after) and starts slow work asynchronously.
+  It raises `ScaleUpRefused` when nothing can be done (CA backs the group off).
+- `delete_nodes` receives live nodes of the group and placeholders of instances the registry has already dropped;
+  it starts their removal and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Protocol, Sequence
+
+from dds import metrics
+from dds.model.groups import NodeGroupSpec
+from dds.nodes.base import MachinePhase, NodeProvisioner
+from dds.provider.instances import ERROR_CLASS_OTHER, InstanceKind, InstanceRecord, InstanceTracker
+from dds.provider.registry import DeleteTarget, Placeholder
+
+log = logging.getLogger(__name__)
+
+
+class ScaleUpRefused(Exception):
+    """Nothing can be added to the group now; the message says why (shown to the CA operator)."""
+
+
+
+
+class ScaleUpDecider(Protocol):
+    def increase(self, group: NodeGroupSpec, delta: int, request_key: str) -> Sequence[InstanceRecord]: ...
+
+
+class ScaleDownDecider(Protocol):
+    def delete_nodes(self, group: NodeGroupSpec, nodes: Sequence[DeleteTarget], request_key: str) -> None: ...
+
+
+InstanceFactoryFn = Callable[[NodeGroupSpec, InstanceKind, str, str], InstanceRecord]
+
+
+class AddNodesDecider:
+    """Default scale-up: every unit of `delta` is a whole node from the provisioner (no GPU planning)."""
+
+    def __init__(self, provisioner: NodeProvisioner, tracker: InstanceTracker, new_instance: InstanceFactoryFn) -> None:
+        self._provisioner = provisioner
+        self._tracker = tracker
+        self._new_instance = new_instance
+
+    def increase(self, group: NodeGroupSpec, delta: int, request_key: str) -> Sequence[InstanceRecord]:
+        reason = f"cluster-autoscaler asked for {delta} node(s); this decider adds whole nodes"
+        records = [self._tracker.add(self._new_instance(group, InstanceKind.NODE, reason, request_key))
+                   for _ in range(delta)]
+        try:
+            self._provisioner.add_nodes(group, delta, key=request_key)
+        except Exception as exc:
+            for record in records:
+                self._tracker.remove(record.id)
+            raise ScaleUpRefused(f"node backend did not accept {delta} node(s) for {group.id}: {exc}") from exc
+        metrics.NODES_ADDED.labels(group.id).inc(delta)
+        log.info("adding %d node(s) to %s (request %s): %s", delta, group.id, request_key, reason)
+        return records
+
+    def reconcile(self, groups: Sequence[NodeGroupSpec]) -> None:
+        """Complete node instances whose machine is running, fail those whose machine failed (called on Refresh)."""
+        for group in groups:
+            records = [r for r in self._tracker.list(group.id) if r.kind == InstanceKind.NODE and not r.failed]
+            if not records:
+                continue
+            machines = self._provisioner.machines(group)
+            failed = [m for m in machines if m.phase == MachinePhase.FAILED]
+            provisioning = sum(1 for m in machines if m.phase == MachinePhase.PROVISIONING)
+            # Oldest instances first: a machine does not say which request made it, so match by count.
+            for record, machine in zip(records, failed):
+                self._tracker.fail(record.id, "MachineFailed", machine.error or f"machine {machine.name} failed",
+                                   ERROR_CLASS_OTHER)
+            waiting = records[len(failed):]
+            for record in waiting[: max(0, len(waiting) - provisioning)]:
+                self._tracker.complete(record.id)
+                log.info("instance %s of %s is done: its node is up", record.id, group.id)
+
+
+class RemoveNodesDecider:
+    """Default scale-down: remove exactly the live nodes CA named."""
+
+    def __init__(self, provisioner: NodeProvisioner) -> None:
+        self._provisioner = provisioner
+
+    def delete_nodes(self, group: NodeGroupSpec, nodes: Sequence[DeleteTarget], request_key: str) -> None:
+        for node in nodes:
+            if isinstance(node, Placeholder):
+                # The provisioner has no "cancel this request" call: a node already asked for may still arrive;
+                # DDS's own scale-down removes it once it is empty.
+                log.info("CA gave up on %s of %s (%s)", node.name, group.id, node.reason or "no reason given")
+                continue
+            self._provisioner.remove_node(group, node.name, key=f"{request_key}/{node.name}")
+            metrics.NODES_REMOVED.labels(group.id).inc()
+            log.info("removing node %s of %s (request %s): cluster-autoscaler found it unneeded",
+                     node.name, group.id, request_key)

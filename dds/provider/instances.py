@@ -1,0 +1,250 @@
+"""In-flight instances: the units of work DDS reports to cluster-autoscaler through TargetSize and NodeGroupNodes.
+
+One instance stands for one unit of an IncreaseSize `delta`: a node being provisioned (`InstanceKind.NODE`) or GPUs
+being attached in place of a node (`InstanceKind.GPU`). It is listed to CA as `instanceCreating` until its work is done
+(then it is dropped: `complete`) or has failed (it stays listed with errorInfo until CA deletes its placeholder).
+
+The tracker is the only owner of these records. Every change is written through a `StateStore` so that a restarted
+DDS lists the same instances (CA would otherwise see its scale-up vanish and count the group size as wrong).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import asdict, dataclass, replace
+from enum import Enum
+from typing import Any, Callable, Mapping, MutableMapping, Optional, Protocol
+
+from dds import metrics
+from dds.model.groups import NodeGroupSpec
+
+log = logging.getLogger(__name__)
+
+ERROR_CLASS_OUT_OF_RESOURCES = 1
+ERROR_CLASS_OTHER = 99
+INSTANCE_ID_SCHEME = "dds://"
+
+
+class InstanceKind(str, Enum):
+    NODE = "node"  # a whole node, through the node backend
+    GPU = "gpu"  # GPUs attached to existing nodes instead of a node
+
+
+class InstanceState(str, Enum):
+    CREATING = "creating"
+    DELETING = "deleting"
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRecord:
+    id: str  # dds://<group-id>/<kind>/<short-uuid>; CA uses it as the placeholder node's name and providerID
+    group_id: str
+    kind: InstanceKind
+    state: InstanceState = InstanceState.CREATING
+    created_at: float = 0.0
+    error_code: str = ""  # empty = no error
+    error_message: str = ""
+    error_class: int = 0  # ERROR_CLASS_OUT_OF_RESOURCES | ERROR_CLASS_OTHER when failed
+    reason: str = ""  # why DDS started this work, for humans
+    request_key: str = ""  # the IncreaseSize call it answers (idempotency key of the work it started)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.error_code)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["kind"] = self.kind.value
+        data["state"] = self.state.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "InstanceRecord":
+        fields = dict(data)
+        fields["kind"] = InstanceKind(fields["kind"])
+        fields["state"] = InstanceState(fields.get("state", InstanceState.CREATING.value))
+        return cls(**fields)
+
+
+def instance_id(group_id: str, kind: InstanceKind, short_uuid: str) -> str:
+    return f"{INSTANCE_ID_SCHEME}{group_id}/{kind.value}/{short_uuid}"
+
+
+def group_of_instance_id(value: str) -> Optional[str]:
+    """The group id inside an instance id, or None when `value` is not one of ours (a placeholder CA made from it)."""
+    if not value.startswith(INSTANCE_ID_SCHEME):
+        return None
+    parts = value[len(INSTANCE_ID_SCHEME):].rsplit("/", 2)
+    if len(parts) != 3 or parts[1] not in {k.value for k in InstanceKind} or not parts[0]:
+        return None
+    return parts[0]
+
+
+class InstanceFactory:
+    """Makes new records: `factory(group, kind, reason, request_key)`, ids from a short uuid, times from `clock`."""
+
+    def __init__(self, clock: Callable[[], float], short_id: Callable[[], str] = lambda: uuid.uuid4().hex[:10]) -> None:
+        self._clock = clock
+        self._short_id = short_id
+
+    def __call__(self, group: NodeGroupSpec, kind: InstanceKind, reason: str, request_key: str) -> InstanceRecord:
+        return InstanceRecord(id=instance_id(group.id, kind, self._short_id()), group_id=group.id, kind=kind,
+                              created_at=self._clock(), reason=reason, request_key=request_key)
+
+
+# --- persistence ---
+
+Document = MutableMapping[str, dict[str, Any]]  # instance id -> InstanceRecord.to_json()
+
+
+class StateStore(Protocol):
+    """Where the tracker keeps its records between processes. `update` is a read-modify-write of the whole document,
+    atomic against other writers (optimistic concurrency in the ConfigMap store)."""
+
+    def load(self) -> dict[str, dict[str, Any]]: ...
+
+    def update(self, mutate: Callable[[Document], None]) -> None: ...
+
+
+class MemoryStateStore:
+    """Keeps the document in this process (no cluster, tests). Lost on exit, by design."""
+
+    def __init__(self, initial: Optional[Mapping[str, dict[str, Any]]] = None) -> None:
+        self._document: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (initial or {}).items()}
+        self._lock = threading.Lock()
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return {k: dict(v) for k, v in self._document.items()}
+
+    def update(self, mutate: Callable[[Document], None]) -> None:
+        with self._lock:
+            document = {k: dict(v) for k, v in self._document.items()}
+            mutate(document)
+            self._document = document
+
+
+class InstanceTracker:
+    """Thread-safe set of in-flight instances, written through to a `StateStore`.
+
+    Memory is the truth for this process: a failed write is logged and the whole set is written again with the next
+    change (or `flush()`), so a slow or briefly unavailable store never fails a CA call.
+    """
+
+    def __init__(self, store: Optional[StateStore] = None) -> None:
+        self._store: StateStore = store or MemoryStateStore()
+        self._lock = threading.RLock()
+        self._records: dict[str, InstanceRecord] = {}
+        self._unsynced = False
+        self._load()
+
+    def _load(self) -> None:
+        for key, data in self._store.load().items():
+            try:
+                record = InstanceRecord.from_json(data)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("dropping unreadable stored instance %s: %s", key, exc)
+                self._unsynced = True
+                continue
+            self._records[record.id] = record
+        if self._records:
+            log.info("resumed %d in-flight instance(s) left by a previous process", len(self._records))
+        self._update_gauges({r.group_id for r in self._records.values()})
+
+    # --- reads ---
+    def get(self, instance_id: str) -> Optional[InstanceRecord]:
+        with self._lock:
+            return self._records.get(instance_id)
+
+    def list(self, group_id: Optional[str] = None) -> tuple[InstanceRecord, ...]:
+        """Records of one group (or all), oldest first."""
+        with self._lock:
+            records = [r for r in self._records.values() if group_id is None or r.group_id == group_id]
+        return tuple(sorted(records, key=lambda r: (r.created_at, r.id)))
+
+    def count(self, group_id: str) -> int:
+        with self._lock:
+            return sum(1 for r in self._records.values() if r.group_id == group_id)
+
+    # --- changes ---
+    def add(self, record: InstanceRecord) -> InstanceRecord:
+        with self._lock:
+            if record.id in self._records:
+                raise ValueError(f"instance {record.id} is already tracked")
+            self._records[record.id] = record
+            self._persist(upsert=record)
+        return record
+
+    def complete(self, instance_id: str) -> Optional[InstanceRecord]:
+        """The work is done (node up, GPUs attached): stop listing it."""
+        return self.remove(instance_id)
+
+    def remove(self, instance_id: str) -> Optional[InstanceRecord]:
+        with self._lock:
+            record = self._records.pop(instance_id, None)
+            if record is not None:
+                self._persist(delete=record)
+        return record
+
+    def fail(self, instance_id: str, code: str, message: str, klass: int) -> Optional[InstanceRecord]:
+        """Keep listing it, with errorInfo: CA records a failed scale-up, backs off and deletes the placeholder."""
+        if not code:
+            raise ValueError(f"instance {instance_id}: a failure needs a non-empty error code")
+        return self._change(instance_id, error_code=code, error_message=message, error_class=klass)
+
+    def set_state(self, instance_id: str, state: InstanceState) -> Optional[InstanceRecord]:
+        return self._change(instance_id, state=state)
+
+    def flush(self) -> None:
+        """Write the whole set if an earlier write failed (call it from a periodic loop)."""
+        with self._lock:
+            if self._unsynced:
+                self._persist()
+
+    # --- internals ---
+    def _change(self, instance_id: str, **changes: Any) -> Optional[InstanceRecord]:
+        with self._lock:
+            record = self._records.get(instance_id)
+            if record is None:
+                return None
+            record = replace(record, **changes)
+            self._records[instance_id] = record
+            self._persist(upsert=record)
+        return record
+
+    def _persist(self, upsert: Optional[InstanceRecord] = None, delete: Optional[InstanceRecord] = None) -> None:
+        """Called with the lock held."""
+        resync = self._unsynced or (upsert is None and delete is None)
+        snapshot = {r.id: r.to_json() for r in self._records.values()}
+
+        def mutate(document: Document) -> None:
+            if resync:
+                document.clear()
+                document.update(snapshot)
+                return
+            if upsert is not None:
+                document[upsert.id] = upsert.to_json()
+            if delete is not None:
+                document.pop(delete.id, None)
+
+        try:
+            self._store.update(mutate)
+            self._unsynced = False
+        except Exception as exc:  # the store is an edge (apiserver): never fail the caller for it, retry later
+            self._unsynced = True
+            log.error("could not save in-flight instances (kept in memory, retried on the next change): %s", exc)
+        groups = {r.group_id for r in (upsert, delete) if r is not None}
+        self._update_gauges(groups)
+
+    def _update_gauges(self, group_ids: set[str]) -> None:
+        for group_id in group_ids:
+            counts: dict[tuple[str, str], int] = {}
+            for r in self._records.values():
+                if r.group_id == group_id:
+                    state = "failed" if r.failed else r.state.value
+                    counts[(r.kind.value, state)] = counts.get((r.kind.value, state), 0) + 1
+            for kind in InstanceKind:
+                for state in ("creating", "deleting", "failed"):
+                    metrics.INSTANCES.labels(group_id, kind.value, state).set(counts.get((kind.value, state), 0))

@@ -1,0 +1,318 @@
+"""What DDS tells cluster-autoscaler about its node groups: membership, sizes and in-flight instances.
+
+DDS node groups are normally *spec-fixed*: CA must always simulate a new node with the template (max GPUs), never
+with the shape of a live node (which has only the GPUs attached now). CA prefers a live "good" node of a group as its
+template and caches it for good, so the only way to make it use the template is to never map a live node to the
+group. DDS then owns those nodes' scale-down, and the group's size as CA sees it is only the work still in flight.
+
+Node membership (`group_for_node`):
+
+| node CA asks about                                                      | answer                 |
+|-------------------------------------------------------------------------|------------------------|
+| name or providerID is an instance DDS lists                             | that instance's group  |
+| CA placeholder (fake-node-reason annotation, or an instance-id name) of a served group, instance already gone | that group |
+| live node of a spec-fixed group (cluster view, else the node-group label) | "" (not autoscaled)  |
+| live node of an observed group                                          | the group              |
+| anything else                                                           | "" (not autoscaled)    |
+
+Sizes (what CA's arithmetic needs: target + delta <= max, and every unit of target is listed):
+
+| mode       | TargetSize                          | minSize           | maxSize                                  |
+|------------|-------------------------------------|-------------------|------------------------------------------|
+| spec-fixed | listed instances                    | 0                 | max(0, max_size - live nodes of the group) |
+| observed   | live nodes + listed instances       | configured min    | configured max                           |
+
+NodeGroupNodes lists the in-flight instances (state creating, errorInfo when failed) and, for observed groups, the
+live nodes (running, id = the node's providerID).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Protocol, Sequence, Union
+
+from dds.model.groups import LABEL_NODE_GROUP, NodeGroupSpec, TemplateMode
+from dds.provider.instances import InstanceRecord, InstanceTracker, group_of_instance_id
+from dds.provider.sources import NodeGroupCatalog
+from dds.provider.template import node_group_label_value
+
+log = logging.getLogger(__name__)
+
+FAKE_NODE_REASON = "k8s.io/cluster-autoscaler/fake-node-reason"
+
+
+# --- errors the servicer maps to gRPC status codes ---
+
+class RegistryError(Exception):
+    """A request the registry refuses; the message says what was wrong and is shown to CA."""
+
+
+class UnknownGroup(RegistryError):
+    pass
+
+
+class InvalidRequest(RegistryError):
+    pass
+
+
+class PreconditionFailed(RegistryError):
+    pass
+
+
+# --- nodes ---
+
+@dataclass(frozen=True)
+class LiveNode:
+    """A registered Kubernetes node as the cluster view reports it."""
+
+    name: str
+    provider_id: str = ""
+    group_id: Optional[str] = None  # None: not in any DDS group
+    ready: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
+class Placeholder:
+    """A node CA made up for one of our instances (failed or never registered): name = providerID = instance id.
+    `instance` is the record the registry dropped for it (None when it was already gone)."""
+
+    name: str
+    provider_id: str
+    reason: str = ""  # CA's fake-node-reason annotation (create-error, unregistered), if any
+    instance: Optional[InstanceRecord] = None
+
+
+DeleteTarget = Union[LiveNode, Placeholder]
+
+
+@dataclass(frozen=True)
+class RequestNode:
+    """A node as CA sends it (ExternalGrpcNode)."""
+
+    name: str = ""
+    provider_id: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def placeholder_reason(self) -> Optional[str]:
+        return self.annotations.get(FAKE_NODE_REASON)
+
+    def describe(self) -> str:
+        if self.provider_id and self.provider_id != self.name:
+            return f"{self.name or '(no name)'} (providerID {self.provider_id})"
+        return self.name or self.provider_id or "(unnamed node)"
+
+
+class ClusterView(Protocol):
+    """Live nodes, with the DDS group each belongs to (the cluster one maps them through Cluster API Machines)."""
+
+    def nodes(self) -> Sequence[LiveNode]: ...
+
+
+class StaticClusterView:
+    """A fixed set of nodes (no cluster; tests). Empty by default."""
+
+    def __init__(self, nodes: Sequence[LiveNode] = ()) -> None:
+        self._nodes = tuple(nodes)
+        self._lock = threading.Lock()
+
+    def set_nodes(self, nodes: Sequence[LiveNode]) -> None:
+        with self._lock:
+            self._nodes = tuple(nodes)
+
+    def nodes(self) -> Sequence[LiveNode]:
+        with self._lock:
+            return self._nodes
+
+
+@dataclass(frozen=True)
+class GroupView:
+    spec: NodeGroupSpec
+    min_size: int
+    max_size: int
+    target_size: int
+    live_nodes: int
+
+    def debug(self) -> str:
+        spec = self.spec
+        gpus = f"{spec.initial_gpus}..{spec.max_gpus_per_node} {spec.gpu_resource}"
+        models = ",".join(spec.gpu_models) or "any model"
+        return (f"{spec.template_mode.value} group from {spec.source.describe()}: {self.live_nodes} live node(s) of "
+                f"{spec.min_size}..{spec.max_size}, {gpus} per node ({models}) from pool {spec.fabric_pool}")
+
+
+Reconciler = Callable[[Sequence[NodeGroupSpec]], None]
+
+
+class Registry:
+    def __init__(self, catalog: NodeGroupCatalog, cluster: ClusterView, tracker: InstanceTracker,
+                 reconcilers: Sequence[Reconciler] = ()) -> None:
+        self.catalog = catalog
+        self.cluster = cluster
+        self.tracker = tracker
+        self.reconcilers = list(reconcilers)
+        # Held from IncreaseSize's size check to the decider's instances being recorded, so two concurrent
+        # increases cannot both pass the max-size check.
+        self.scale_lock = threading.RLock()
+
+    # --- groups ---
+    def refresh(self) -> None:
+        """Re-read the groups and let in-flight work report progress. Never raises: CA aborts its loop on an error."""
+        self.catalog.refresh()
+        groups = self.catalog.groups()
+        for reconcile in self.reconcilers:
+            try:
+                reconcile(groups)
+            except Exception:
+                log.exception("reconciling in-flight instances failed; retried on the next Refresh")
+        self.tracker.flush()
+
+    def groups(self) -> tuple[NodeGroupSpec, ...]:
+        return self.catalog.groups()
+
+    def require(self, group_id: str) -> NodeGroupSpec:
+        if not group_id:
+            raise InvalidRequest("node group id is empty")
+        group = self.catalog.group(group_id)
+        if group is None:
+            known = ", ".join(s.id for s in self.catalog.groups()) or "none"
+            raise UnknownGroup(f"node group {group_id!r} is not served by DDS (served: {known})")
+        return group
+
+    def view(self, group: NodeGroupSpec, live: Optional[int] = None) -> GroupView:
+        live_count = len(self.live_nodes(group)) if live is None else live
+        in_flight = self.tracker.count(group.id)
+        if group.template_mode == TemplateMode.SPEC_FIXED:
+            return GroupView(group, 0, max(0, group.max_size - live_count), in_flight, live_count)
+        return GroupView(group, group.min_size, group.max_size, live_count + in_flight, live_count)
+
+    def views(self) -> list[GroupView]:
+        counts: dict[str, int] = {}
+        for node in self.cluster.nodes():
+            if node.group_id:
+                counts[node.group_id] = counts.get(node.group_id, 0) + 1
+        return [self.view(group, counts.get(group.id, 0)) for group in self.groups()]
+
+    def live_nodes(self, group: NodeGroupSpec) -> list[LiveNode]:
+        return [n for n in self.cluster.nodes() if n.group_id == group.id]
+
+    def instances(self, group: NodeGroupSpec) -> tuple[InstanceRecord, ...]:
+        return self.tracker.list(group.id)
+
+    # --- membership ---
+    def group_for_node(self, node: RequestNode) -> Optional[NodeGroupSpec]:
+        if not node.name and not node.provider_id:
+            raise InvalidRequest("node has neither a name nor a providerID")
+        instance = self._instance_of(node)
+        if instance is not None:
+            return self.catalog.group(instance.group_id)
+        placeholder_group = self._placeholder_group_id(node)
+        if placeholder_group is not None:
+            return self.catalog.group(placeholder_group)
+        group = self._group_of_live(node)
+        if group is None or group.template_mode == TemplateMode.SPEC_FIXED:
+            return None
+        return group
+
+    def _instance_of(self, node: RequestNode) -> Optional[InstanceRecord]:
+        return (self.tracker.get(node.provider_id) if node.provider_id else None) or \
+            (self.tracker.get(node.name) if node.name else None)
+
+    @staticmethod
+    def _placeholder_group_id(node: RequestNode) -> Optional[str]:
+        # CA keeps sending a placeholder after DDS dropped its instance (once per loop while it was listed, and from
+        # its caches): the group is still encoded in the instance id it was made from.
+        for candidate in (node.provider_id, node.name):
+            group_id = group_of_instance_id(candidate) if candidate else None
+            if group_id is not None:
+                return group_id
+        return None
+
+    def _live(self, node: RequestNode) -> Optional[LiveNode]:
+        nodes = self.cluster.nodes()
+        if node.provider_id:
+            match = next((n for n in nodes if n.provider_id == node.provider_id), None)
+            if match is not None:
+                return match
+        return next((n for n in nodes if node.name and n.name == node.name), None)
+
+    def _group_of_live(self, node: RequestNode) -> Optional[NodeGroupSpec]:
+        live = self._live(node)
+        if live is not None:
+            return self.catalog.group(live.group_id) if live.group_id else None
+        label = node.labels.get(LABEL_NODE_GROUP)
+        if label:
+            return next((g for g in self.groups() if node_group_label_value(g.id) == label), None)
+        return None
+
+    # --- scaling checks ---
+    def check_increase(self, group: NodeGroupSpec, delta: int) -> GroupView:
+        if delta <= 0:
+            raise InvalidRequest(f"size increase of {group.id} must be positive, got delta {delta}")
+        view = self.view(group)
+        if view.target_size + delta > view.max_size:
+            detail = (f" (max size {group.max_size} minus {view.live_nodes} live node(s) DDS manages itself)"
+                      if group.template_mode == TemplateMode.SPEC_FIXED else "")
+            raise InvalidRequest(f"size increase of {group.id} too large: target size {view.target_size} + delta "
+                                 f"{delta} = {view.target_size + delta} exceeds max size {view.max_size}{detail}")
+        return view
+
+    def resolve_deletions(self, group: NodeGroupSpec, nodes: Sequence[RequestNode]) -> list[DeleteTarget]:
+        """Check every node belongs to `group` (else nothing is changed), then drop the instances of placeholders."""
+        if not nodes:
+            raise InvalidRequest(f"delete nodes of {group.id}: no nodes given")
+        targets = [self._deletion_target(group, node) for node in nodes]
+        resolved: list[DeleteTarget] = []
+        for target in targets:
+            if isinstance(target, Placeholder) and target.instance is not None:
+                dropped = self.tracker.remove(target.instance.id)
+                log.info("dropping instance %s of %s: cluster-autoscaler deleted its placeholder (%s)",
+                         target.instance.id, group.id, target.reason or "no reason given")
+                target = Placeholder(target.name, target.provider_id, target.reason, dropped)
+            resolved.append(target)
+        return resolved
+
+    def _deletion_target(self, group: NodeGroupSpec, node: RequestNode) -> DeleteTarget:
+        if not node.name and not node.provider_id:
+            raise InvalidRequest(f"delete nodes of {group.id}: a node has neither a name nor a providerID")
+        instance = self._instance_of(node)
+        if instance is not None:
+            if instance.group_id != group.id:
+                raise PreconditionFailed(f"node {node.describe()} is an instance of node group {instance.group_id}, "
+                                         f"not of {group.id}")
+            return Placeholder(node.name, node.provider_id, node.placeholder_reason or "", instance)
+        placeholder_group = self._placeholder_group_id(node)
+        if placeholder_group is not None:
+            if placeholder_group != group.id:
+                raise PreconditionFailed(f"node {node.describe()} is a placeholder of node group {placeholder_group}, "
+                                         f"not of {group.id}")
+            return Placeholder(node.name, node.provider_id, node.placeholder_reason or "", None)
+        live = self._live(node)
+        if live is None or live.group_id != group.id:
+            owner = f"node group {live.group_id}" if live is not None and live.group_id else "no DDS node group"
+            raise PreconditionFailed(f"node {node.describe()} belongs to {owner}, not to {group.id}")
+        if group.template_mode == TemplateMode.SPEC_FIXED:
+            raise PreconditionFailed(f"node {node.describe()} is in spec-fixed group {group.id}, whose nodes DDS "
+                                     "scales down itself (they are not autoscaled by cluster-autoscaler)")
+        return live
+
+    def decrease_target(self, group: NodeGroupSpec, delta: int) -> list[InstanceRecord]:
+        """Forget `-delta` requested instances that have no node yet (newest first); never touches live nodes."""
+        if delta >= 0:
+            raise InvalidRequest(f"size decrease of {group.id} must be negative, got delta {delta}")
+        instances = list(self.tracker.list(group.id))
+        if -delta > len(instances):
+            view = self.view(group)
+            raise PreconditionFailed(
+                f"cannot decrease target size of {group.id} by {-delta}: only {len(instances)} requested instance(s) "
+                f"have no node yet (target size {view.target_size}, {view.live_nodes} live node(s)); "
+                "delete registered nodes with DeleteNodes")
+        removed = []
+        for record in sorted(instances, key=lambda r: (r.created_at, r.id), reverse=True)[:-delta]:
+            if self.tracker.remove(record.id) is not None:
+                removed.append(record)
+        return removed

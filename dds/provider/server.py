@@ -1,0 +1,113 @@
+"""The gRPC server cluster-autoscaler connects to: the CloudProvider servicer, the standard health service, and
+mutual TLS (plaintext only when asked for with `insecure`).
+
+`build_server` takes already-built parts (registry, deciders), so the no-cluster mode (`dds serve --node-groups`)
+and the cluster mode (fabric, planner, controller loop) share it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from dds.config import Settings
+from dds.provider.decider import ScaleDownDecider, ScaleUpDecider
+from dds.provider.gen.externalgrpc import externalgrpc_pb2, externalgrpc_pb2_grpc
+from dds.provider.registry import Registry
+from dds.provider.servicer import CloudProviderServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = externalgrpc_pb2.DESCRIPTOR.services_by_name["CloudProvider"].full_name
+
+
+class ServerConfigError(ValueError):
+    """Settings that cannot make a server (missing TLS files, bad listen address); the message names the setting."""
+
+
+def _read(setting: str, path: Optional[Path]) -> bytes:
+    if path is None:
+        raise ServerConfigError(f"{setting} is not set: mutual TLS needs tls_cert, tls_key and tls_ca "
+                                "(or pass --insecure for plaintext)")
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ServerConfigError(f"{setting} {path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def server_credentials(settings: Settings) -> grpc.ServerCredentials:
+    """Mutual TLS: our certificate and key, and the CA that client certificates must be signed by (required)."""
+    cert = _read("tls_cert", settings.tls_cert)
+    key = _read("tls_key", settings.tls_key)
+    client_ca = _read("tls_ca", settings.tls_ca)
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca, require_client_auth=True)
+
+
+@dataclass
+class ProviderServer:
+    server: grpc.Server
+    health: health.HealthServicer
+    address: str
+    port: int = 0
+    _stopped: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> int:
+        self.server.start()
+        for service in ("", SERVICE_NAME):
+            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("CloudProvider gRPC server listening on %s", self.address)
+        return self.port
+
+    def stop(self, grace_seconds: float = 5.0) -> None:
+        """Report NOT_SERVING, let calls in progress finish for up to `grace_seconds`, then stop."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace_seconds).wait()
+        log.info("CloudProvider gRPC server stopped")
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self.server.wait_for_termination(timeout)
+
+
+def build_server(settings: Settings, registry: Registry, scale_up: ScaleUpDecider, scale_down: ScaleDownDecider,
+                 *, max_workers: int = 16, new_request_key: Optional[Callable[[], str]] = None) -> ProviderServer:
+    """A server bound to `settings.listen` (port 0 = any free port; see `.port`), not yet started."""
+    from concurrent import futures
+
+    servicer = CloudProviderServicer(registry, scale_up, scale_down, settings.gpu_label, new_request_key)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dds-grpc"),
+                         options=[("grpc.so_reuseport", 0)])
+    externalgrpc_pb2_grpc.add_CloudProviderServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for service in ("", SERVICE_NAME):
+        health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    if ":" not in settings.listen:
+        raise ServerConfigError(f"listen {settings.listen!r} is not host:port")
+    if settings.insecure:
+        log.warning("serving gRPC WITHOUT TLS on %s (--insecure): anyone who can reach it can scale the cluster",
+                    settings.listen)
+        port = _bind(settings.listen, lambda: server.add_insecure_port(settings.listen))
+    else:
+        credentials = server_credentials(settings)
+        port = _bind(settings.listen, lambda: server.add_secure_port(settings.listen, credentials))
+    host = settings.listen.rsplit(":", 1)[0]
+    return ProviderServer(server=server, health=health_servicer, address=f"{host}:{port}", port=port)
+
+
+def _bind(listen: str, add_port: Callable[[], int]) -> int:
+    try:
+        port = add_port()
+    except RuntimeError as exc:  # grpc raises RuntimeError when it cannot bind
+        raise ServerConfigError(f"listen {listen}: cannot bind: {exc}") from exc
+    if port == 0:
+        raise ServerConfigError(f"listen {listen}: cannot bind (address in use or not local?)")
+    return port

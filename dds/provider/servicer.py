@@ -1,0 +1,303 @@
+"""The externalgrpc CloudProvider servicer: decode CA's request, call the registry or a decider, encode the answer.
+
+| RPC                          | answered from                     | notes                                                      |
+|------------------------------|-----------------------------------|------------------------------------------------------------|
+| Refresh                      | registry.refresh()                | start of every CA loop; never fails (last good groups kept) |
+| NodeGroups                   | registry.views()                  | cached by CA until the next Refresh                         |
+| NodeGroupForNode             | registry.group_for_node()         | id "" = not autoscaled (every live node of a spec-fixed group) |
+| NodeGroupTargetSize          | registry.view()                   | an error here aborts CA's loop: only for unknown groups     |
+| NodeGroupIncreaseSize        | registry check, ScaleUpDecider    | answers within CA's deadline; TargetSize includes it at once |
+| NodeGroupDeleteNodes         | registry check, ScaleDownDecider  | placeholders drop their instance                            |
+| NodeGroupDecreaseTargetSize  | registry.decrease_target()        | only instances with no node yet                             |
+| NodeGroupNodes               | in-flight instances (+ live nodes of observed groups) |                                         |
+| NodeGroupTemplateNodeInfo    | template.build_template_node()    | optional RPC; fills nodeBytes (2) and legacy nodeInfo (1)   |
+| NodeGroupGetOptions          | CA's defaults + group overrides   | optional RPC; fills duration pairs 8/3, 9/4, 10/5           |
+| GPULabel, GetAvailableGPUTypes | settings, the groups' models    | cached by CA for its lifetime                               |
+| PricingNodePrice, PricingPodPrice | -                            | UNIMPLEMENTED: the only code CA reads as "not provided"     |
+| Cleanup                      | flushes the instance store        | CA is shutting down                                         |
+
+Error codes (`status_for`): unknown group NOT_FOUND, bad argument INVALID_ARGUMENT, a node of another group or a
+decrease below the registered nodes FAILED_PRECONDITION, a scale-up nothing can serve RESOURCE_EXHAUSTED, anything
+unexpected INTERNAL. Every message says what was wrong.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import logging
+import uuid
+from typing import Any, Callable, Optional
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+
+from dds import metrics
+from dds.model.groups import NodeGroupSpec, TemplateMode
+from dds.provider.decider import ScaleDownDecider, ScaleUpDecider, ScaleUpRefused
+from dds.provider.gen.externalgrpc import externalgrpc_pb2 as pb
+from dds.provider.gen.externalgrpc import externalgrpc_pb2_grpc as pb_grpc
+from dds.provider.instances import InstanceRecord, InstanceState
+from dds.provider.registry import (InvalidRequest, Placeholder, PreconditionFailed, Registry, RegistryError,
+                                   RequestNode, UnknownGroup)
+from dds.provider.template import build_template_node
+
+log = logging.getLogger(__name__)
+
+_NANOS = 1_000_000_000
+_STATE = {InstanceState.CREATING: pb.InstanceStatus.instanceCreating,
+          InstanceState.DELETING: pb.InstanceStatus.instanceDeleting}
+
+
+class NotProvided(Exception):
+    """An optional RPC DDS does not provide (answered UNIMPLEMENTED)."""
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    """The one place typed errors become gRPC status codes."""
+    if isinstance(exc, UnknownGroup):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, InvalidRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, PreconditionFailed):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(exc, ScaleUpRefused):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(exc, NotProvided):
+        return grpc.StatusCode.UNIMPLEMENTED
+    if isinstance(exc, RegistryError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return grpc.StatusCode.INTERNAL
+
+
+def _rpc(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Metrics, a debug line per call, and errors turned into a status with a message."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(self: "CloudProviderServicer", request: Any, context: grpc.ServicerContext) -> Any:
+        with metrics.GRPC_LATENCY.labels(name).time():
+            log.debug("%s(%s)", name, _one_line(request))
+            try:
+                return method(self, request, context)
+            except Exception as exc:
+                code = status_for(exc)
+                if code == grpc.StatusCode.INTERNAL:
+                    log.exception("%s failed unexpectedly", name)
+                    message = f"{name} failed inside DDS: {type(exc).__name__}: {exc}"
+                else:
+                    log.log(logging.DEBUG if code == grpc.StatusCode.UNIMPLEMENTED else logging.WARNING,
+                            "%s refused (%s): %s", name, code.name, exc)
+                    message = str(exc)
+        metrics.GRPC_ERRORS.labels(name, code.name).inc()
+        context.abort(code, message)
+
+    return wrapper
+
+
+def _one_line(request: Any) -> str:
+    text = " ".join(str(request).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _request_node(node: pb.ExternalGrpcNode) -> RequestNode:
+    return RequestNode(name=node.name, provider_id=node.providerID, labels=dict(node.labels),
+                       annotations=dict(node.annotations))
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    value = duration_pb2.Duration()
+    value.FromNanoseconds(int(round(seconds * _NANOS)))
+    return value
+
+
+def deletion_key(group_id: str, nodes: list[RequestNode]) -> str:
+    """The same DeleteNodes call (CA repeats them every loop for placeholders) always gets the same key."""
+    names = sorted(f"{n.name}|{n.provider_id}" for n in nodes)
+    digest = hashlib.sha256("\n".join([group_id, *names]).encode()).hexdigest()[:16]
+    return f"delete/{digest}"
+
+
+class CloudProviderServicer(pb_grpc.CloudProviderServicer):
+    def __init__(self, registry: Registry, scale_up: ScaleUpDecider, scale_down: ScaleDownDecider, gpu_label: str,
+                 new_request_key: Optional[Callable[[], str]] = None) -> None:
+        self.registry = registry
+        self.scale_up = scale_up
+        self.scale_down = scale_down
+        self.gpu_label = gpu_label
+        self._new_request_key = new_request_key or (lambda: f"increase/{uuid.uuid4().hex[:16]}")
+        self._template_names = itertools.count()
+
+    # --- groups and membership ---
+    @_rpc
+    def Refresh(self, request: pb.RefreshRequest, context: grpc.ServicerContext) -> pb.RefreshResponse:
+        try:
+            self.registry.refresh()
+        except Exception:  # an error here aborts CA's whole loop: log it, answer success with the last good state
+            log.exception("refresh failed; serving the last good node groups")
+        return pb.RefreshResponse()
+
+    @_rpc
+    def NodeGroups(self, request: pb.NodeGroupsRequest, context: grpc.ServicerContext) -> pb.NodeGroupsResponse:
+        return pb.NodeGroupsResponse(nodeGroups=[
+            pb.NodeGroup(id=v.spec.id, minSize=v.min_size, maxSize=v.max_size, debug=v.debug())
+            for v in self.registry.views()])
+
+    @_rpc
+    def NodeGroupForNode(self, request: pb.NodeGroupForNodeRequest,
+                         context: grpc.ServicerContext) -> pb.NodeGroupForNodeResponse:
+        if not request.HasField("node"):
+            raise InvalidRequest("NodeGroupForNode: node is missing")
+        group = self.registry.group_for_node(_request_node(request.node))
+        if group is None:
+            return pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id=""))
+        view = self.registry.view(group)
+        return pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(
+            id=group.id, minSize=view.min_size, maxSize=view.max_size, debug=view.debug()))
+
+    @_rpc
+    def GPULabel(self, request: pb.GPULabelRequest, context: grpc.ServicerContext) -> pb.GPULabelResponse:
+        return pb.GPULabelResponse(label=self.gpu_label)
+
+    @_rpc
+    def GetAvailableGPUTypes(self, request: pb.GetAvailableGPUTypesRequest,
+                             context: grpc.ServicerContext) -> pb.GetAvailableGPUTypesResponse:
+        models = sorted({model for group in self.registry.groups() for model in group.gpu_models})
+        return pb.GetAvailableGPUTypesResponse(gpuTypes={model: any_pb2.Any() for model in models})
+
+    # --- sizes and instances ---
+    @_rpc
+    def NodeGroupTargetSize(self, request: pb.NodeGroupTargetSizeRequest,
+                            context: grpc.ServicerContext) -> pb.NodeGroupTargetSizeResponse:
+        group = self.registry.require(request.id)
+        return pb.NodeGroupTargetSizeResponse(targetSize=self.registry.view(group).target_size)
+
+    @_rpc
+    def NodeGroupIncreaseSize(self, request: pb.NodeGroupIncreaseSizeRequest,
+                              context: grpc.ServicerContext) -> pb.NodeGroupIncreaseSizeResponse:
+        group = self.registry.require(request.id)
+        key = self._new_request_key()
+        with self.registry.scale_lock:
+            before = self.registry.check_increase(group, request.delta)
+            records = list(self.scale_up.increase(group, request.delta, key))
+        if len(records) != request.delta:
+            log.warning("scale-up of %s (request %s): asked for %d unit(s), %d instance(s) recorded",
+                        group.id, key, request.delta, len(records))
+        log.info("scale-up of %s by %d (target %d -> %d, request %s): %s", group.id, request.delta,
+                 before.target_size, self.registry.view(group).target_size, key, _reasons(records))
+        return pb.NodeGroupIncreaseSizeResponse()
+
+    @_rpc
+    def NodeGroupDeleteNodes(self, request: pb.NodeGroupDeleteNodesRequest,
+                             context: grpc.ServicerContext) -> pb.NodeGroupDeleteNodesResponse:
+        group = self.registry.require(request.id)
+        nodes = [_request_node(n) for n in request.nodes]
+        targets = self.registry.resolve_deletions(group, nodes)
+        key = deletion_key(group.id, nodes)
+        self.scale_down.delete_nodes(group, targets, key)
+        placeholders = sum(1 for t in targets if isinstance(t, Placeholder))
+        log.info("delete nodes of %s (request %s): %d live node(s) handed to the scale-down decider, %d "
+                 "placeholder(s) of abandoned instances dropped: %s", group.id, key, len(targets) - placeholders,
+                 placeholders, ", ".join(n.describe() for n in nodes))
+        return pb.NodeGroupDeleteNodesResponse()
+
+    @_rpc
+    def NodeGroupDecreaseTargetSize(self, request: pb.NodeGroupDecreaseTargetSizeRequest,
+                                    context: grpc.ServicerContext) -> pb.NodeGroupDecreaseTargetSizeResponse:
+        group = self.registry.require(request.id)
+        with self.registry.scale_lock:
+            removed = self.registry.decrease_target(group, request.delta)
+        log.info("target size of %s decreased by %d: forgot instance(s) %s (work already started may still "
+                 "complete)", group.id, -request.delta, ", ".join(r.id for r in removed))
+        return pb.NodeGroupDecreaseTargetSizeResponse()
+
+    @_rpc
+    def NodeGroupNodes(self, request: pb.NodeGroupNodesRequest,
+                       context: grpc.ServicerContext) -> pb.NodeGroupNodesResponse:
+        group = self.registry.require(request.id)
+        instances = [_instance(r) for r in self.registry.instances(group)]
+        if group.template_mode == TemplateMode.OBSERVED:
+            instances += [pb.Instance(id=n.provider_id,
+                                      status=pb.InstanceStatus(instanceState=pb.InstanceStatus.instanceRunning))
+                          for n in self.registry.live_nodes(group) if n.provider_id]
+        return pb.NodeGroupNodesResponse(instances=instances)
+
+    # --- optional RPCs ---
+    @_rpc
+    def NodeGroupTemplateNodeInfo(self, request: pb.NodeGroupTemplateNodeInfoRequest,
+                                  context: grpc.ServicerContext) -> pb.NodeGroupTemplateNodeInfoResponse:
+        group = self.registry.require(request.id)
+        node = build_template_node(group, self.gpu_label, next(self._template_names))
+        response = pb.NodeGroupTemplateNodeInfoResponse(nodeBytes=node.SerializeToString(deterministic=True))
+        response.nodeInfo.CopyFrom(node)  # the same Node for 1.34.0/1.34.1, which read only field 1
+        return response
+
+    @_rpc
+    def NodeGroupGetOptions(self, request: pb.NodeGroupAutoscalingOptionsRequest,
+                            context: grpc.ServicerContext) -> pb.NodeGroupAutoscalingOptionsResponse:
+        group = self.registry.require(request.id)
+        if not request.HasField("defaults"):
+            raise InvalidRequest(f"options of {group.id}: the request carries no defaults to apply overrides to")
+        return pb.NodeGroupAutoscalingOptionsResponse(nodeGroupAutoscalingOptions=group_options(group, request.defaults))
+
+    @_rpc
+    def PricingNodePrice(self, request: pb.PricingNodePriceRequest,
+                         context: grpc.ServicerContext) -> pb.PricingNodePriceResponse:
+        raise NotProvided("DDS has no pricing model: node prices are not provided")
+
+    @_rpc
+    def PricingPodPrice(self, request: pb.PricingPodPriceRequest,
+                        context: grpc.ServicerContext) -> pb.PricingPodPriceResponse:
+        raise NotProvided("DDS has no pricing model: pod prices are not provided")
+
+    @_rpc
+    def Cleanup(self, request: pb.CleanupRequest, context: grpc.ServicerContext) -> pb.CleanupResponse:
+        log.info("cluster-autoscaler is shutting down (Cleanup)")
+        self.registry.tracker.flush()
+        return pb.CleanupResponse()
+
+
+def _instance(record: InstanceRecord) -> pb.Instance:
+    status = pb.InstanceStatus(instanceState=_STATE[record.state])
+    if record.failed:
+        status.errorInfo.CopyFrom(pb.InstanceErrorInfo(errorCode=record.error_code, errorMessage=record.error_message,
+                                                       instanceErrorClass=record.error_class))
+    return pb.Instance(id=record.id, status=status)
+
+
+def _reasons(records: list[InstanceRecord]) -> str:
+    described = sorted({f"{r.kind.value}: {r.reason}" for r in records})
+    return "; ".join(described) or "no instance recorded"
+
+
+def group_options(group: NodeGroupSpec, defaults: pb.NodeGroupAutoscalingOptions) -> pb.NodeGroupAutoscalingOptions:
+    """CA's defaults with the group's overrides. The answer replaces CA's defaults entirely, so everything is echoed;
+    each duration is written to both its current field and its legacy twin (1.34.x dereferences the legacy one)."""
+    overrides = group.options
+    options = pb.NodeGroupAutoscalingOptions()
+    options.CopyFrom(defaults)
+    if overrides.scale_down_utilization_threshold is not None:
+        options.scaleDownUtilizationThreshold = overrides.scale_down_utilization_threshold
+    if overrides.scale_down_gpu_utilization_threshold is not None:
+        options.scaleDownGpuUtilizationThreshold = overrides.scale_down_gpu_utilization_threshold
+    if overrides.zero_or_max_node_scaling is not None:
+        options.zeroOrMaxNodeScaling = overrides.zero_or_max_node_scaling
+    if overrides.ignore_daemonsets_utilization is not None:
+        options.ignoreDaemonSetsUtilization = overrides.ignore_daemonsets_utilization
+    for current, legacy, override in (
+            ("scaleDownUnneededDuration", "scaleDownUnneededTime", overrides.scale_down_unneeded_seconds),
+            ("scaleDownUnreadyDuration", "scaleDownUnreadyTime", overrides.scale_down_unready_seconds),
+            ("MaxNodeProvisionDuration", "MaxNodeProvisionTime", overrides.max_node_provision_seconds)):
+        seconds = override if override is not None else _default_seconds(defaults, current, legacy)
+        getattr(options, current).CopyFrom(_duration(seconds))
+        getattr(options, legacy).duration = int(round(seconds * _NANOS))
+    return options
+
+
+def _default_seconds(defaults: pb.NodeGroupAutoscalingOptions, current: str, legacy: str) -> float:
+    if defaults.HasField(current):
+        return getattr(defaults, current).ToNanoseconds() / _NANOS
+    if defaults.HasField(legacy):
+        return getattr(defaults, legacy).duration / _NANOS
+    return 0.0

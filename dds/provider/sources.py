@@ -1,0 +1,480 @@
+"""Where node groups come from: Cluster API MachineSets opted in with `dds.cdi.dev/enabled: "true"`, or a YAML file
+with the same annotations (no cluster).
+
+Both are read through one parser (`parse_group`), so a key means the same thing wherever it is written:
+
+| key (annotation)                                                 | NodeGroupSpec field              | default          |
+|------------------------------------------------------------------|----------------------------------|------------------|
+| cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size      | min_size                         | 0                |
+| cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size      | max_size                         | required         |
+| capacity.cluster-autoscaler.kubernetes.io/cpu, memory            | milli_cpu, memory                | required         |
+| capacity.cluster-autoscaler.kubernetes.io/ephemeral-disk         | ephemeral_storage                | 100Gi            |
+| capacity.cluster-autoscaler.kubernetes.io/maxPods                | max_pods                         | 110              |
+| capacity.cluster-autoscaler.kubernetes.io/gpu-count              | initial_gpus (a new node's GPUs) | 0                |
+| capacity.cluster-autoscaler.kubernetes.io/gpu-type               | gpu_resource, if ours is absent  | nvidia.com/gpu   |
+| capacity.cluster-autoscaler.kubernetes.io/labels (`k=v,k2=v2`)   | labels                           | none             |
+| capacity.cluster-autoscaler.kubernetes.io/taints (`k=v:Effect`)  | taints (after spec.template.spec.taints) | none     |
+| dds.cdi.dev/max-gpus-per-node                                    | max_gpus_per_node                | gpu-count        |
+| dds.cdi.dev/gpu-resource                                         | gpu_resource                     | see gpu-type     |
+| dds.cdi.dev/gpu-models (comma-separated, first = default)        | gpu_models                       | any model        |
+| dds.cdi.dev/fabric-pool                                          | fabric_pool                      | default          |
+| dds.cdi.dev/template-mode (spec-fixed, observed)                 | template_mode                    | spec-fixed       |
+| dds.cdi.dev/gpu-idle-cooldown, node-idle-cooldown (10m, 600)     | *_cooldown_seconds               | 10m              |
+| dds.cdi.dev/force-detach (true, false)                           | force_detach                     | false            |
+| cluster.x-k8s.io/autoscaling-options-<option>                    | options (CA's per-group options) | CA's defaults    |
+
+Options as cluster-autoscaler's clusterapi provider names them: scaledownutilizationthreshold,
+scaledowngpuutilizationthreshold (0..1), scaledownunneededtime, scaledownunreadytime, maxnodeprovisiontime (Go
+durations such as `10m0s`); DDS also reads zeroormaxnodescaling and ignoredaemonsetsutilization (true/false).
+maxnodestartuptime is accepted and ignored: no released externalgrpc client has a field for it.
+
+A malformed group is reported (log line and Event naming the object and the key, metric
+`dds_node_group_config_errors_total`) and skipped; the others keep working. A source that cannot be read at all
+(apiserver down, file unreadable) keeps the last good groups.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, TypeVar
+
+import yaml
+from pydantic import ValidationError
+
+from dds import metrics
+from dds.kube.machinesets import MachineSetLister, MachineSetObject, MachineSetReadError
+from dds.model import groups as g
+from dds.model.events import WARNING, EventRecorder, ObjectRef
+from dds.model.groups import NodeGroupSpec, OptionOverrides, SourceRef, Taint, TemplateMode
+from dds.model.quantity import QuantityError, to_int, to_milli
+
+log = logging.getLogger(__name__)
+
+CAP_CPU = g.ANN_CAPACITY_PREFIX + "cpu"
+CAP_MEMORY = g.ANN_CAPACITY_PREFIX + "memory"
+CAP_EPHEMERAL_DISK = g.ANN_CAPACITY_PREFIX + "ephemeral-disk"
+CAP_MAX_PODS = g.ANN_CAPACITY_PREFIX + "maxPods"
+CAP_GPU_COUNT = g.ANN_CAPACITY_PREFIX + "gpu-count"
+CAP_GPU_TYPE = g.ANN_CAPACITY_PREFIX + "gpu-type"
+CAP_LABELS = g.ANN_CAPACITY_PREFIX + "labels"
+CAP_TAINTS = g.ANN_CAPACITY_PREFIX + "taints"
+
+OPT_SCALE_DOWN_UTILIZATION = g.ANN_OPTIONS_PREFIX + "scaledownutilizationthreshold"
+OPT_SCALE_DOWN_GPU_UTILIZATION = g.ANN_OPTIONS_PREFIX + "scaledowngpuutilizationthreshold"
+OPT_SCALE_DOWN_UNNEEDED = g.ANN_OPTIONS_PREFIX + "scaledownunneededtime"
+OPT_SCALE_DOWN_UNREADY = g.ANN_OPTIONS_PREFIX + "scaledownunreadytime"
+OPT_MAX_NODE_PROVISION = g.ANN_OPTIONS_PREFIX + "maxnodeprovisiontime"
+OPT_ZERO_OR_MAX = g.ANN_OPTIONS_PREFIX + "zeroormaxnodescaling"
+OPT_IGNORE_DAEMONSETS = g.ANN_OPTIONS_PREFIX + "ignoredaemonsetsutilization"
+
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+T = TypeVar("T")
+
+
+# --- errors and results ---
+
+@dataclass(frozen=True)
+class GroupConfigError:
+    """One bad key of one group definition."""
+
+    source: SourceRef
+    group_id: str
+    key: str  # the annotation (or YAML key) at fault
+    message: str
+
+    def describe(self) -> str:
+        return f"node group {self.group_id or '?'} ({self.source.describe()}): {self.key}: {self.message}"
+
+
+@dataclass(frozen=True)
+class SourceRead:
+    groups: tuple[NodeGroupSpec, ...]
+    errors: tuple[GroupConfigError, ...] = ()
+
+
+class SourceUnavailable(Exception):
+    """The source could not be read at all (not one bad group): keep what was read before."""
+
+
+class NodeGroupSource(Protocol):
+    kind: str  # label value of the config-error metric: "machineset" | "file"
+
+    def read(self) -> SourceRead: ...
+
+
+# --- parsing ---
+
+def parse_duration(text: str) -> float:
+    """A Go duration ("10m0s", "1h30m", "500ms") or a plain number of seconds, as seconds."""
+    value = text.strip()
+    if not value:
+        raise ValueError("empty duration")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = _parse_go_duration(value)
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
+        raise ValueError(f"not a non-negative duration: {text!r}")
+    return seconds
+
+
+def _parse_go_duration(value: str) -> float:
+    body = value[1:] if value[0] in "+-" else value
+    if value.startswith("-"):
+        raise ValueError(f"negative duration: {value!r}")
+    position, total = 0, 0.0
+    for match in _GO_DURATION.finditer(body):
+        if match.start() != position:
+            break
+        total += float(match.group(1)) * _GO_UNITS[match.group(2)]
+        position = match.end()
+    if position != len(body) or position == 0:
+        raise ValueError(f"not a duration (e.g. 10m, 1h30m, 90s): {value!r}")
+    return total
+
+
+@dataclass
+class GroupInput:
+    """A group definition before validation: an id, its annotations and what the MachineSet adds."""
+
+    id: str
+    annotations: Mapping[str, str]
+    source: SourceRef
+    replicas: Optional[int] = None  # None: not set (v1beta2 defaulting pending, or the file omits it)
+    template_taints: tuple[Mapping[str, str], ...] = ()
+
+
+class _Fields:
+    """Reads typed values out of an annotation map, collecting every error instead of stopping at the first."""
+
+    def __init__(self, item: GroupInput) -> None:
+        self.item = item
+        self.errors: list[GroupConfigError] = []
+
+    def error(self, key: str, message: str) -> None:
+        self.errors.append(GroupConfigError(self.item.source, self.item.id, key, message))
+
+    def raw(self, key: str) -> Optional[str]:
+        value = self.item.annotations.get(key)
+        return None if value is None else str(value).strip()
+
+    def get(self, key: str, convert: Callable[[str], T], default: T, expected: str) -> T:
+        value = self.raw(key)
+        if value is None or value == "":
+            return default
+        try:
+            return convert(value)
+        except (ValueError, QuantityError) as exc:
+            detail = str(exc) if isinstance(exc, QuantityError) else ""
+            self.error(key, f"{value!r} is not {expected}" + (f" ({detail})" if detail and value not in detail else ""))
+            return default
+
+    def required(self, key: str, convert: Callable[[str], T], expected: str) -> Optional[T]:
+        if not self.raw(key):
+            self.error(key, f"missing; set it to {expected}")
+            return None
+        return self.get(key, convert, None, expected)  # type: ignore[arg-type]
+
+
+def _count(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError("negative")
+    return number
+
+
+def _bool(value: str) -> bool:
+    lowered = value.lower()
+    if lowered not in ("true", "false"):
+        raise ValueError(value)
+    return lowered == "true"
+
+
+def _fraction(value: str) -> float:
+    number = float(value)
+    if not 0.0 <= number <= 1.0:
+        raise ValueError(value)
+    return number
+
+
+def _positive_quantity(convert: Callable[[str], int]) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        number = convert(value)
+        if number <= 0:
+            raise ValueError(value)
+        return number
+    return parse
+
+
+def _labels(value: str) -> dict[str, str]:
+    labels = {}
+    for entry in filter(None, (part.strip() for part in value.split(","))):
+        key, sep, label_value = entry.partition("=")
+        if not sep or not key:
+            raise ValueError(f"label {entry!r} is not key=value")
+        labels[key] = label_value
+    return labels
+
+
+def _taint(entry: str) -> Taint:
+    key_value, sep, effect = entry.rpartition(":")
+    if not sep or effect not in TAINT_EFFECTS:
+        raise ValueError(f"taint {entry!r} is not key=value:Effect with Effect one of {', '.join(TAINT_EFFECTS)}")
+    key, _, value = key_value.partition("=")
+    if not key:
+        raise ValueError(f"taint {entry!r} has no key")
+    return Taint(key=key, value=value, effect=effect)
+
+
+def _taints(value: str) -> tuple[Taint, ...]:
+    return tuple(_taint(entry) for entry in filter(None, (part.strip() for part in value.split(","))))
+
+
+def _models(value: str) -> tuple[str, ...]:
+    return tuple(filter(None, (part.strip() for part in value.split(","))))
+
+
+def _template_mode(value: str) -> TemplateMode:
+    return TemplateMode(value)
+
+
+def _merge_taints(from_spec: Sequence[Mapping[str, str]], from_annotation: Sequence[Taint],
+                  fields: _Fields) -> tuple[Taint, ...]:
+    """spec.template.spec.taints first, an annotation taint replaces one with the same key and effect (CA's rule)."""
+    merged: list[Taint] = []
+    for raw in from_spec:
+        try:
+            merged.append(Taint(key=str(raw.get("key", "")), value=str(raw.get("value", "") or ""),
+                                effect=str(raw.get("effect", ""))))
+        except ValidationError as exc:
+            fields.error("spec.template.spec.taints", f"unreadable taint {dict(raw)}: {exc.errors()[0]['msg']}")
+    for taint in from_annotation:
+        merged = [t for t in merged if (t.key, t.effect) != (taint.key, taint.effect)] + [taint]
+    return tuple(merged)
+
+
+def parse_group(item: GroupInput) -> tuple[Optional[NodeGroupSpec], tuple[GroupConfigError, ...]]:
+    """Validate one definition: the spec, or None and every error found (each naming the key at fault)."""
+    f = _Fields(item)
+    if not item.id.strip():
+        f.error("id", "missing")
+    max_size = f.required(g.ANN_CAPI_MAX, _count, "a whole number >= 0")
+    min_size = f.get(g.ANN_CAPI_MIN, _count, 0, "a whole number >= 0")
+    milli_cpu = f.required(CAP_CPU, _positive_quantity(to_milli), "a positive CPU quantity such as 16 or 15500m")
+    memory = f.required(CAP_MEMORY, _positive_quantity(to_int), "a positive memory quantity such as 64Gi")
+    ephemeral = f.get(CAP_EPHEMERAL_DISK, to_int, 100 * 2**30, "a storage quantity such as 100Gi")
+    max_pods = f.get(CAP_MAX_PODS, _positive_quantity(_count), 110, "a whole number > 0")
+    initial_gpus = f.get(CAP_GPU_COUNT, _count, 0, "a whole number >= 0")
+    max_gpus = f.get(g.ANN_MAX_GPUS, _count, initial_gpus, "a whole number >= 0")
+    gpu_resource = f.raw(g.ANN_GPU_RESOURCE) or f.raw(CAP_GPU_TYPE) or g.DEFAULT_GPU_RESOURCE
+    labels = f.get(CAP_LABELS, _labels, {}, "a list of key=value separated by commas")
+    annotation_taints = f.get(CAP_TAINTS, _taints, (), "a list of key=value:Effect separated by commas")
+    taints = _merge_taints(item.template_taints, annotation_taints, f)
+    mode = f.get(g.ANN_TEMPLATE_MODE, _template_mode, TemplateMode.SPEC_FIXED,
+                 "a template mode (" + ", ".join(m.value for m in TemplateMode) + ")")
+    options = OptionOverrides(
+        scale_down_utilization_threshold=f.get(OPT_SCALE_DOWN_UTILIZATION, _fraction, None, "a number in 0..1"),
+        scale_down_gpu_utilization_threshold=f.get(OPT_SCALE_DOWN_GPU_UTILIZATION, _fraction, None, "a number in 0..1"),
+        scale_down_unneeded_seconds=f.get(OPT_SCALE_DOWN_UNNEEDED, parse_duration, None, "a duration such as 10m0s"),
+        scale_down_unready_seconds=f.get(OPT_SCALE_DOWN_UNREADY, parse_duration, None, "a duration such as 20m0s"),
+        max_node_provision_seconds=f.get(OPT_MAX_NODE_PROVISION, parse_duration, None, "a duration such as 15m0s"),
+        zero_or_max_node_scaling=f.get(OPT_ZERO_OR_MAX, _bool, None, "true or false"),
+        ignore_daemonsets_utilization=f.get(OPT_IGNORE_DAEMONSETS, _bool, None, "true or false"))
+    if max_size is not None and min_size > max_size:
+        f.error(g.ANN_CAPI_MIN, f"min size {min_size} is above max size {max_size}")
+    if initial_gpus > max_gpus:
+        f.error(g.ANN_MAX_GPUS, f"max GPUs per node {max_gpus} is below the GPUs a new node boots with "
+                                f"({CAP_GPU_COUNT} = {initial_gpus})")
+    if f.errors or max_size is None or milli_cpu is None or memory is None:
+        return None, tuple(f.errors)
+    replicas = item.replicas if item.replicas is not None else min_size
+    try:
+        spec = NodeGroupSpec(
+            id=item.id, min_size=min_size, max_size=max_size, replicas=replicas, milli_cpu=milli_cpu, memory=memory,
+            ephemeral_storage=ephemeral, max_pods=max_pods, labels=labels, taints=taints, gpu_resource=gpu_resource,
+            gpu_models=f.get(g.ANN_GPU_MODELS, _models, (), "a list of GPU models separated by commas"),
+            initial_gpus=initial_gpus, max_gpus_per_node=max_gpus,
+            fabric_pool=f.raw(g.ANN_FABRIC_POOL) or "default", template_mode=mode,
+            gpu_idle_cooldown_seconds=f.get(g.ANN_GPU_IDLE_COOLDOWN, parse_duration, 600.0, "a duration such as 10m"),
+            node_idle_cooldown_seconds=f.get(g.ANN_NODE_IDLE_COOLDOWN, parse_duration, 600.0, "a duration such as 10m"),
+            force_detach=f.get(g.ANN_FORCE_DETACH, _bool, False, "true or false"),
+            options=options, source=item.source)
+    except ValidationError as exc:
+        for problem in exc.errors():
+            where = ".".join(str(part) for part in problem["loc"]) or "definition"
+            f.error(where, problem["msg"])
+        return None, tuple(f.errors)
+    if f.errors:
+        return None, tuple(f.errors)
+    return spec, ()
+
+
+# --- MachineSets ---
+
+def group_input_from_machineset(machineset: MachineSetObject) -> GroupInput:
+    source = SourceRef(kind="MachineSet", name=machineset.name, namespace=machineset.namespace,
+                       api_version=machineset.api_version, uid=machineset.uid)
+    return GroupInput(id=machineset.group_id, annotations=machineset.annotations, source=source,
+                      replicas=machineset.replicas, template_taints=machineset.template_taints)
+
+
+def opted_in(annotations: Mapping[str, str]) -> bool:
+    return str(annotations.get(g.ANN_ENABLED, "")).strip().lower() == "true"
+
+
+class MachineSetSource:
+    kind = "machineset"
+
+    def __init__(self, lister: MachineSetLister) -> None:
+        self._lister = lister
+
+    def read(self) -> SourceRead:
+        try:
+            machinesets = self._lister.list()
+        except MachineSetReadError as exc:
+            raise SourceUnavailable(str(exc)) from exc
+        return _parse_all(group_input_from_machineset(m) for m in machinesets if opted_in(m.annotations))
+
+
+# --- YAML file ---
+
+class FileSource:
+    """`nodeGroups:` entries with `id`, optional `replicas` and `annotations` (see examples/node-groups.yaml)."""
+
+    kind = "file"
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def read(self) -> SourceRead:
+        try:
+            document = yaml.safe_load(self.path.read_text())
+        except OSError as exc:
+            raise SourceUnavailable(f"{self.path}: cannot read: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise SourceUnavailable(f"{self.path}: not valid YAML: {exc}") from exc
+        entries = (document or {}).get("nodeGroups") if isinstance(document, dict) else None
+        if not isinstance(entries, list):
+            raise SourceUnavailable(f"{self.path}: the top level must be a mapping with a `nodeGroups` list")
+        inputs: list[GroupInput] = []
+        errors: list[GroupConfigError] = []
+        for index, entry in enumerate(entries):
+            parsed = self._entry(index, entry)
+            if isinstance(parsed, GroupConfigError):
+                errors.append(parsed)
+            else:
+                inputs.append(parsed)
+        result = _parse_all(inputs)
+        return SourceRead(result.groups, tuple(errors) + result.errors)
+
+    def _entry(self, index: int, entry: Any) -> GroupInput | GroupConfigError:
+        source = SourceRef(kind="File", name=f"{self.path}#nodeGroups[{index}]")
+        if not isinstance(entry, dict):
+            return GroupConfigError(source, "", f"nodeGroups[{index}]", "must be a mapping with id and annotations")
+        group_id = str(entry.get("id") or "").strip()
+        unknown = sorted(set(entry) - {"id", "replicas", "annotations"})
+        if unknown:
+            return GroupConfigError(source, group_id, f"nodeGroups[{index}].{unknown[0]}",
+                                    "unknown key; an entry has id, replicas and annotations")
+        annotations = entry.get("annotations") or {}
+        if not isinstance(annotations, dict):
+            return GroupConfigError(source, group_id, f"nodeGroups[{index}].annotations", "must be a mapping")
+        replicas = entry.get("replicas")
+        if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0):
+            return GroupConfigError(source, group_id, f"nodeGroups[{index}].replicas",
+                                    f"{replicas!r} is not a whole number >= 0")
+        return GroupInput(id=group_id, annotations={str(k): _scalar(v) for k, v in annotations.items()},
+                          source=SourceRef(kind="File", name=f"{self.path}#{group_id or index}"), replicas=replicas)
+
+
+def _scalar(value: Any) -> str:
+    # YAML turns `true` and `4` into bool and int; annotations are strings, so normalise to what a user would write.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def _parse_all(inputs: Any) -> SourceRead:
+    groups: list[NodeGroupSpec] = []
+    errors: list[GroupConfigError] = []
+    seen: set[str] = set()
+    for item in inputs:
+        spec, problems = parse_group(item)
+        if spec is not None and spec.id in seen:
+            problems = (GroupConfigError(item.source, item.id, "id", "defined twice; the first definition is used"),)
+            spec = None
+        errors.extend(problems)
+        if spec is not None:
+            seen.add(spec.id)
+            groups.append(spec)
+    return SourceRead(tuple(sorted(groups, key=lambda s: s.id)), tuple(errors))
+
+
+# --- the catalog: last good groups, errors reported once ---
+
+def _event_target(error: GroupConfigError) -> ObjectRef:
+    source = error.source
+    return ObjectRef(kind=source.kind, name=source.name, namespace=source.namespace,
+                     api_version=source.api_version or ("v1" if source.kind != "MachineSet" else "cluster.x-k8s.io/v1beta1"),
+                     uid=source.uid)
+
+
+@dataclass
+class NodeGroupCatalog:
+    """The groups served to CA. `refresh()` re-reads the source: a transient failure keeps the last good groups, a
+    malformed group is reported once (until its definition changes) and skipped."""
+
+    source: NodeGroupSource
+    events: EventRecorder
+    _groups: tuple[NodeGroupSpec, ...] = ()
+    _reported: frozenset[GroupConfigError] = frozenset()
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    last_error: Optional[str] = None  # why the last refresh kept the previous groups
+
+    def groups(self) -> tuple[NodeGroupSpec, ...]:
+        return self._groups
+
+    def group(self, group_id: str) -> Optional[NodeGroupSpec]:
+        return next((s for s in self._groups if s.id == group_id), None)
+
+    def refresh(self) -> bool:
+        """True when the source was read (even if some groups were malformed)."""
+        try:
+            result = self.source.read()
+        except SourceUnavailable as exc:
+            with self._lock:
+                self.last_error = str(exc)
+            log.warning("node groups not re-read, keeping the %d last good group(s): %s", len(self._groups), exc)
+            return False
+        self._report(result.errors)
+        with self._lock:
+            previous = {s.id for s in self._groups}
+            self._groups = result.groups
+            self.last_error = None
+        current = {s.id for s in result.groups}
+        for added in sorted(current - previous):
+            log.info("serving node group %s", added)
+        for removed in sorted(previous - current):
+            log.info("node group %s is no longer served", removed)
+        metrics.NODE_GROUPS.set(len(result.groups))
+        return True
+
+    def _report(self, errors: Sequence[GroupConfigError]) -> None:
+        current = frozenset(errors)
+        for error in sorted(current - self._reported, key=lambda e: (e.group_id, e.key)):
+            log.warning("skipping malformed %s", error.describe())
+            metrics.NODE_GROUP_CONFIG_ERRORS.labels(self.source.kind).inc()
+            try:
+                self.events.emit(_event_target(error), WARNING, "InvalidNodeGroup",
+                                 f"{error.key}: {error.message}; the group is not served until this is fixed")
+            except Exception as exc:  # an Event is best effort: never let it stop the other groups
+                log.warning("could not record an Event for %s: %s", error.describe(), exc)
+        self._reported = current

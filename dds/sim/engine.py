@@ -1,0 +1,655 @@
+"""A discrete-event simulation of a GPU cluster run by one policy, driven by the production planner.
+
+Virtual time only: every component reads `Simulation.now` through the injected clock; nothing sleeps or reads the wall.
+
+What happens, in the order the production pieces do it:
+
+- **Scheduler step** (kube-scheduler's role), whenever something that can make a pod fit has happened (an arrival, a
+  job ending, a GPU coming online, a node becoming Ready): the pending pods, oldest first, go to `plan_scale_up` on a
+  snapshot of what exists *now* (no attaches in flight, no nodes coming, no pool to draw from, no new nodes allowed);
+  every pod the planner says FITS_NOW is bound to the node it chose. One call per step binds the whole batch.
+- **Scale step** (the DDS loop / CA scan), every `Timing.loop_interval_s` while there is something to decide:
+  idleness is observed (`dds.controller.idle.IdleTracker`, as in production), `plan_scale_up` is called for the pods
+  still pending on the full snapshot (attaches in flight and nodes provisioning count as capacity to come), its
+  attaches go to the fabric and its new nodes to the provisioner (ready after `Timing.node_provision_s`);
+  `plan_scale_down` then detaches idle GPUs past their cooldown and removes empty nodes above the group minimum (GPUs
+  released first, node removed when they are gone).
+- **Fabric**: attaches and detaches complete after their latency on the virtual clock (dds/sim/fabric.py).
+
+Steps that cannot change anything are skipped (no pending pods, no idle GPUs, nothing in flight), and the scale step
+fast-forwards to the next cooldown expiry, so long quiet stretches of a trace cost nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+from enum import IntEnum
+from typing import Callable, Optional
+
+from dds.controller.idle import IdleTracker, NodeUsage
+from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, FabricDevice, FabricError, OperationKind,
+                             OperationState)
+from dds.model.groups import NodeGroupSpec
+from dds.model.resources import Resources
+from dds.planner import plan_scale_down, plan_scale_up
+from dds.planner.plan import PlannerConfig, Verdict
+from dds.planner.snapshot import ContainerRequests, Device, NodeInfo, PodInfo, PoolInfo, Snapshot
+from dds.sim.fabric import build_sim_fabric
+from dds.sim.policies import Layout, Mode, Policy
+from dds.sim.scenario import Scenario, concentrated_layout
+from dds.sim.trace import Job
+
+POD_NAMESPACE = "sim"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+Progress = Callable[[int, int], None]
+
+
+class _Kind(IntEnum):
+    """Event kinds; at equal times they run in this order (the scale step sees everything that happened at t)."""
+
+    FINISH = 0
+    OPERATION_DUE = 1
+    NODE_READY = 2
+    ARRIVAL = 3
+    LOOP = 4
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    name: str
+    arrival_s: float
+    gpus: int
+    start_s: Optional[float]  # None: never started (unschedulable, or the run ended first)
+    finish_s: Optional[float]
+    node: Optional[str]
+
+    @property
+    def wait_s(self) -> Optional[float]:
+        return None if self.start_s is None else self.start_s - self.arrival_s
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """The cluster after everything that happened at `t_s`."""
+
+    t_s: float
+    gpus_used: int  # GPUs requested by running jobs
+    gpus_present: int  # GPUs held by nodes: fixed ones, and attached ones until their detach completes
+    pending: int
+    nodes: int
+
+
+@dataclass
+class Counters:
+    gpus_attached: int = 0
+    gpus_detached: int = 0
+    gpus_reallocated: int = 0  # attached to a node other than the one they last served
+    attach_failures: int = 0
+    nodes_added: int = 0
+    nodes_removed: int = 0
+    scheduler_steps: int = 0
+    scale_steps: int = 0
+
+
+@dataclass(frozen=True)
+class SimResult:
+    scenario: str
+    policy: str
+    jobs: tuple[JobRecord, ...]
+    timeline: tuple[Sample, ...]
+    counters: Counters
+    end_s: float
+    total_pool_gpus: int
+
+
+@dataclass
+class _Node:
+    name: str
+    group: NodeGroupSpec
+    created_at: float
+    fixed_gpus: int  # GPUs that are part of the server (node-only, static); never detached
+    pods: dict[str, "_Pod"] = field(default_factory=dict)
+    removing: bool = False
+    # Sums of the requests of the pods bound here, kept as pods come and go.
+    used_cpu: int = 0
+    used_memory: int = 0
+    used_gpus: int = 0
+
+    def bind(self, pod: "_Pod") -> None:
+        self.pods[pod.job.name] = pod
+        self.used_cpu += pod.job.milli_cpu
+        self.used_memory += pod.job.memory
+        self.used_gpus += pod.job.gpus
+
+    def release(self, pod: "_Pod") -> None:
+        if self.pods.pop(pod.job.name, None) is not None:
+            self.used_cpu -= pod.job.milli_cpu
+            self.used_memory -= pod.job.memory
+            self.used_gpus -= pod.job.gpus
+
+
+@dataclass
+class _Pod:
+    job: Job
+    info: PodInfo
+    node: Optional[str] = None
+    start_s: Optional[float] = None
+    finish_s: Optional[float] = None
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario, policy: Policy, *, progress: Optional[Progress] = None,
+                 batch_solver: str = "greedy", exhaustive: bool = False) -> None:
+        """`exhaustive`: ask the planner at every step about every pending pod on the whole cluster, without the
+        shortcuts that skip questions whose answer cannot change (slow; the reference the shortcuts are tested
+        against)."""
+        self.scenario = scenario
+        self._exhaustive = exhaustive
+        self.policy = policy
+        self.now = 0.0
+        self._clock = lambda: self.now
+        self._timing = scenario.timing
+        self._cluster = scenario.cluster
+        self._groups = self._planner_groups()
+        self._progress = progress
+        self._batch_solver = batch_solver
+        self._gpu_resource = self._groups[0].gpu_resource if self._groups else "nvidia.com/gpu"
+        self.fabric = build_sim_fabric(self._cluster.pools, self._clock, self._timing.attach_s, self._timing.detach_s)
+        self.counters = Counters()
+        self._idle = IdleTracker()
+        self._events: list[tuple[float, int, int, object]] = []
+        self._seq = itertools.count()
+        self._nodes: dict[str, _Node] = {}
+        self._node_names = itertools.count()
+        self._provisioning: dict[str, int] = {}  # group id -> nodes on their way
+        self._pods: dict[str, _Pod] = {}
+        self._pending: dict[str, _Pod] = {}  # insertion order = arrival order
+        self._ops_in_flight: dict[str, str] = {}  # operation key -> node
+        self._op_ids = itertools.count()
+        self._last_node_of_device: dict[str, str] = {}
+        self._loop_at: Optional[float] = None
+        # Binding is incremental: when no capacity appeared since the last scheduler step, every pod that did not fit
+        # then still does not, so only the pods that arrived since are offered to the planner.
+        self._capacity_changed = False
+        self._arrived: list[_Pod] = []
+        # The planner is deterministic and scale-up does not read the clock: when nothing moved since the last pass
+        # (no arrival, no job end, no operation done, no node come or gone, no action of ours) it would plan the same.
+        self._changed_since_scale_up = True
+        self._node_infos: dict[str, tuple[tuple, NodeInfo]] = {}
+        self._allocatable: dict[tuple[str, int], Resources] = {}
+        self._group_versions: dict[tuple[str, int], NodeGroupSpec] = {}
+        self._slot_limits = {p.name: p.max_slots_per_node for p in self._cluster.pools}
+        self._fabric_calls = 0
+        self._device_listing: Optional[tuple[tuple[float, int], tuple[FabricDevice, ...]]] = None
+        self._gpus_held = 0  # attached GPUs not yet released (fixed GPUs are counted from the nodes)
+        self._timeline: list[Sample] = []
+        self._finished = 0
+
+    # --- setup ---
+    def _planner_groups(self) -> tuple[NodeGroupSpec, ...]:
+        groups = self._cluster.groups
+        if self.policy.mode == Mode.NODE_ONLY:
+            # Without composability a new server is a fixed box: CA's template is the group at its full GPU count.
+            return tuple(g.model_copy(update={"initial_gpus": g.max_gpus_per_node}) for g in groups)
+        return groups
+
+    def _start_cluster(self) -> None:
+        for group in self._groups:
+            layout = (concentrated_layout(self._cluster, group.id) if self.policy.layout == Layout.CONCENTRATED
+                      else self._cluster.layout(group.id))
+            for gpus in layout:
+                node = self._add_node(group, fixed_gpus=0 if self.policy.moves_gpus else gpus)
+                if self.policy.moves_gpus and gpus:
+                    self._preattach(node, gpus)
+        self.fabric.tick()
+        for device in self.fabric.devices():
+            if device.node is not None:
+                self._last_node_of_device[device.id] = device.node
+                self._gpus_held += 1
+        for job in self.scenario.jobs:
+            pod = _Pod(job, pod_info(job, self._gpu_resource, self._cluster.gpu_model_label))
+            self._pods[job.name] = pod
+            self._push(job.arrival_s, _Kind.ARRIVAL, job.name)
+
+    def _preattach(self, node: _Node, gpus: int) -> None:
+        """The composable policies start from the same layout as the static one: attached before time 0."""
+        group = node.group
+        model = group.default_gpu_model or _first_model(self._cluster.pool(group.fabric_pool).devices)
+        saved, self.now = self.now, -self._timing.attach_s
+        self.fabric.attach(AttachRequest(key=f"preconfigured/{node.name}", node=node.name, pool=group.fabric_pool,
+                                         model=model, count=gpus, reason="preconfigured layout"))
+        self.now = saved
+
+    def _add_node(self, group: NodeGroupSpec, fixed_gpus: int) -> _Node:
+        name = f"{group.id.rsplit('/', 1)[-1]}-{next(self._node_names)}"
+        node = _Node(name=name, group=group, created_at=self.now, fixed_gpus=fixed_gpus)
+        self._nodes[name] = node
+        return node
+
+    # --- the event loop ---
+    def run(self) -> SimResult:
+        self._start_cluster()
+        total = len(self.scenario.jobs)
+        while self._events:
+            t = self._events[0][0]
+            self.now = max(self.now, t)
+            loop_due = False
+            while self._events and self._events[0][0] <= t:
+                _, kind, _, payload = heapq.heappop(self._events)
+                if kind == _Kind.LOOP:
+                    loop_due = loop_due or payload == self._loop_at
+                else:
+                    self._handle(_Kind(kind), payload)
+            self._collect_operations()
+            if self._capacity_changed or self._arrived:
+                self._schedule_pending()
+            if loop_due:
+                self._loop_at = None
+                self._scale()
+                self._collect_operations()
+                if self._capacity_changed or self._arrived:
+                    self._schedule_pending()
+                self._arm_after_scale()
+            self._sample()
+            if self._progress is not None:
+                self._progress(self._finished, total)
+        return self._result()
+
+    def _push(self, t: float, kind: _Kind, payload: object) -> None:
+        heapq.heappush(self._events, (t, int(kind), next(self._seq), payload))
+
+    def _arm_loop(self, at: float) -> None:
+        """Schedule a scale step at the first loop tick at or after `at` (ticks sit on a fixed grid, like a loop's)."""
+        if self.policy.mode not in (Mode.DDS, Mode.NODE_ONLY):
+            return
+        interval = self._timing.loop_interval_s
+        tick = math.ceil(round(at / interval, 9)) * interval
+        if self._loop_at is not None and self._loop_at <= tick:
+            return
+        self._loop_at = tick
+        self._push(tick, _Kind.LOOP, tick)
+
+    def _handle(self, kind: _Kind, payload: object) -> None:
+        self._changed_since_scale_up = True
+        if kind == _Kind.ARRIVAL:
+            pod = self._pods[str(payload)]
+            self._pending[pod.job.name] = pod
+            self._arrived.append(pod)
+        elif kind == _Kind.FINISH:
+            self._finish(self._pods[str(payload)])
+        elif kind == _Kind.NODE_READY:
+            self._node_ready(str(payload))
+        # OPERATION_DUE needs nothing here: `_collect_operations` runs after every batch of events.
+        self._arm_loop(self.now)
+
+    def _finish(self, pod: _Pod) -> None:
+        node = self._nodes[pod.node] if pod.node else None
+        if node is not None:
+            node.release(pod)
+        pod.finish_s = self.now
+        self._finished += 1
+        self._capacity_changed = True
+
+    def _node_ready(self, group_id: str) -> None:
+        self._provisioning[group_id] -= 1
+        group = next(g for g in self._groups if g.id == group_id)
+        fixed = group.max_gpus_per_node if self.policy.mode == Mode.NODE_ONLY else 0
+        node = self._add_node(group, fixed_gpus=fixed)
+        if self.policy.moves_gpus and group.initial_gpus and group.default_gpu_model:
+            # The controller composes a group's initial GPUs into each new node as soon as it is up.
+            self._attach(node.name, group.fabric_pool, group.default_gpu_model, group.initial_gpus, "initial GPUs")
+        self._capacity_changed = True
+
+    # --- scheduler step: bind what fits now, using the planner's own fit logic ---
+    def _schedule_pending(self) -> None:
+        candidates = (list(self._pending.values()) if self._capacity_changed
+                      else [p for p in self._arrived if p.job.name in self._pending])
+        self._capacity_changed = False
+        self._arrived.clear()
+        if self._exhaustive:
+            candidates, roomy = list(self._pending.values()), set(self._nodes)
+        else:
+            candidates, roomy = self._with_room_somewhere(candidates)
+        if not candidates:
+            return
+        self.counters.scheduler_steps += 1
+        # Only nodes with room for at least one candidate can take one (sim pods carry no affinity to other pods), so
+        # the planner is shown just those: a busy cluster costs it a few nodes, not all of them.
+        snapshot = self._snapshot(capacity_to_come=False, only=roomy)
+        # groups=(): no attach and no new node is considered, so pods that do not fit now are rejected cheaply.
+        config = PlannerConfig(policy=self.policy.planner_policy, batch_solver="greedy", allow_new_nodes=False,
+                               groups=())
+        plan = plan_scale_up(snapshot, config, [p.info for p in candidates])
+        for decision in plan.decisions:
+            if decision.verdict == Verdict.FITS_NOW and decision.node is not None:
+                self._bind(self._pods[decision.pod.partition("/")[2]], decision.node)
+
+    def _with_room_somewhere(self, pods: list[_Pod]) -> tuple[list[_Pod], set[str]]:
+        """The pods whose raw cpu/memory/GPU request some node has free, and those nodes. Only a necessary condition
+        (taints, selectors and the rest stay the planner's to judge): it spares the planner work that cannot bind."""
+        online: dict[str, int] = {}
+        for device in self._devices():
+            if device.node is not None and device.state == DeviceState.ONLINE:
+                online[device.node] = online.get(device.node, 0) + 1
+        room = []
+        for node in self._nodes.values():
+            if node.removing:
+                continue
+            cpu = node.group.milli_cpu - node.used_cpu
+            memory = node.group.memory - node.used_memory
+            gpus = node.fixed_gpus + online.get(node.name, 0) - node.used_gpus
+            if len(node.pods) < node.group.max_pods:
+                room.append((node.name, cpu, memory, gpus))
+        hosts: dict[tuple[int, int, int], list[str]] = {}  # jobs come in few shapes: judge each shape once
+        kept = []
+        for pod in pods:
+            shape = (pod.job.milli_cpu, pod.job.memory, pod.job.gpus)
+            if shape not in hosts:
+                hosts[shape] = [n for n, c, m, g in room if shape[0] <= c and shape[1] <= m and shape[2] <= g]
+            if hosts[shape]:
+                kept.append(pod)
+        return kept, {name for names in hosts.values() for name in names}
+
+    def _bind(self, pod: _Pod, node_name: str) -> None:
+        node = self._nodes[node_name]
+        del self._pending[pod.job.name]
+        pod.node, pod.start_s = node_name, self.now
+        pod.info = replace(pod.info, node_name=node_name)
+        node.bind(pod)
+        self._push(self.now + pod.job.duration_s, _Kind.FINISH, pod.job.name)
+        self._arm_loop(self.now)  # idleness changed
+
+    # --- scale step: the production planner decides, the fabric and provisioner act ---
+    def _scale(self) -> None:
+        self.counters.scale_steps += 1
+        self._observe_idleness()
+        snapshot = self._snapshot(capacity_to_come=True)
+        if self._pending and (self._exhaustive or (self._changed_since_scale_up and self._scale_up_could_act())):
+            self._changed_since_scale_up = False
+            self._scale_up(snapshot)
+        self._scale_down(snapshot)
+        self._finish_removals()
+
+    def _scale_up_could_act(self) -> bool:
+        """A scale-up can only attach from a pool with free devices or add a node to a group below its max size.
+        When neither exists the planner cannot act, however long the queue: spare it the pass."""
+        if self.policy.moves_gpus and any(sum(p.free.values()) for p in self.fabric.pools()):
+            return True
+        live: dict[str, int] = {}
+        for node in self._nodes.values():
+            live[node.group.id] = live.get(node.group.id, 0) + 1
+        return any(live.get(g.id, 0) + self._provisioning.get(g.id, 0) < g.max_size for g in self._groups)
+
+    def _scale_up(self, snapshot: Snapshot) -> None:
+        config = PlannerConfig(policy=self.policy.planner_policy, batch_solver=self._batch_solver,
+                               allow_new_nodes=True)
+        plan = plan_scale_up(snapshot, config, [p.info for p in self._pending.values()])
+        if not plan.is_empty:
+            self._changed_since_scale_up = True
+        for step in plan.attaches:
+            self._attach(step.node, step.pool, step.model, step.count, step.reason)
+        for step in plan.new_nodes:
+            self._provisioning[step.group] = self._provisioning.get(step.group, 0) + step.count
+            self.counters.nodes_added += step.count
+            for _ in range(step.count):
+                self._push(self.now + self._timing.node_provision_s, _Kind.NODE_READY, step.group)
+
+    def _attach(self, node: str, pool: str, model: str, count: int, reason: str) -> None:
+        key = f"attach/{next(self._op_ids)}"
+        try:
+            self._fabric_calls += 1
+            operation = self.fabric.attach(AttachRequest(key=key, node=node, pool=pool, model=model, count=count,
+                                                         reason=reason))
+        except FabricError:
+            # The planner only plans what the pool holds, so a refusal means the two disagree: count it, replan later.
+            self.counters.attach_failures += 1
+            return
+        self._track(operation.key, node, self._timing.attach_s)
+
+    def _cooldown_over_somewhere(self) -> bool:
+        """Whether some node's GPUs or the node itself have been idle past their cooldown: the planner releases nothing
+        before that (a necessary condition only; what goes is the planner's decision)."""
+        for node in self._nodes.values():
+            since = self._idle.gpus_idle_since(node.name)
+            if since is not None and since + node.group.gpu_idle_cooldown_seconds <= self.now:
+                return True
+            empty = self._idle.empty_since(node.name)
+            if empty is not None and empty + node.group.node_idle_cooldown_seconds <= self.now:
+                return True
+        return False
+
+    def _scale_down(self, snapshot: Snapshot) -> None:
+        if not (self._exhaustive or self._cooldown_over_somewhere()):
+            return
+        config = PlannerConfig(policy=self.policy.planner_policy, node_removal_enabled=True)
+        plan = plan_scale_down(snapshot, config)
+        busy = set(self._ops_in_flight.values())
+        for step in plan.detaches:
+            if step.node in busy:
+                continue  # one operation per node at a time, as the controller does
+            if self._detach(step.node, step.device_ids, step.force, step.reason):
+                self._idle.reset(step.node)
+                busy.add(step.node)
+        for removal in plan.removals:
+            node = self._nodes.get(removal.node)
+            if node is not None and not node.pods:
+                node.removing = True  # cordoned: nothing new lands; removed once its GPUs are released
+
+    def _detach(self, node: str, device_ids: tuple[str, ...], force: bool, reason: str) -> bool:
+        key = f"detach/{next(self._op_ids)}"
+        try:
+            self._fabric_calls += 1
+            operation = self.fabric.detach(DetachRequest(key=key, node=node, device_ids=device_ids, force=force,
+                                                         reason=reason))
+        except FabricError:
+            return False  # e.g. a device went away meanwhile; the next scale step looks again
+        self._track(operation.key, node, self._timing.detach_s)
+        return True
+
+    def _finish_removals(self) -> None:
+        """A node being removed releases its GPUs first; it goes once none is left on it."""
+        busy = set(self._ops_in_flight.values())
+        for node in [n for n in self._nodes.values() if n.removing]:
+            if node.name in busy:
+                continue
+            devices = [d for d in self._devices() if d.node == node.name]
+            online = tuple(d.id for d in devices if d.state == DeviceState.ONLINE)
+            if online:
+                self._detach(node.name, online, force=False, reason="the node is being removed")
+            elif not devices:
+                del self._nodes[node.name]
+                self.counters.nodes_removed += 1
+                self._changed_since_scale_up = True
+
+    def _track(self, key: str, node: str, latency_s: float) -> None:
+        """Follow an operation; look at it again when its latency has passed (the scale step polls it after that)."""
+        self._ops_in_flight[key] = node
+        self._push(self.now + latency_s, _Kind.OPERATION_DUE, key)
+
+    def _collect_operations(self) -> None:
+        for key in list(self._ops_in_flight):
+            operation = self.fabric.operation(key)
+            if operation is None or not operation.state.done:
+                continue
+            node = self._ops_in_flight.pop(key)
+            self._changed_since_scale_up = True
+            if operation.kind == OperationKind.ATTACH:
+                self.counters.gpus_attached += len(operation.devices)
+                for device_id in operation.devices:
+                    previous = self._last_node_of_device.get(device_id)
+                    if previous is not None and previous != node:
+                        self.counters.gpus_reallocated += 1
+                    self._last_node_of_device[device_id] = node
+                if operation.state == OperationState.FAILED:
+                    self.counters.attach_failures += 1
+                self._gpus_held += len(operation.devices)
+                self._capacity_changed = True
+            else:
+                self.counters.gpus_detached += len(operation.devices)
+                self._gpus_held -= len(operation.devices)
+            self._arm_loop(self.now)
+        forget = getattr(self.fabric, "forget_finished", None)
+        if callable(forget) and not self._ops_in_flight:
+            forget()
+
+    def _arm_after_scale(self) -> None:
+        """Keep stepping while something is on its way; otherwise sleep until a cooldown can expire."""
+        busy = (self._ops_in_flight or any(self._provisioning.values())
+                or any(n.removing for n in self._nodes.values()))
+        if busy:
+            self._arm_loop(self.now + self._timing.loop_interval_s)
+            return
+        expiry = self._next_cooldown_expiry()
+        if expiry is not None:
+            self._arm_loop(max(expiry, self.now + self._timing.loop_interval_s))
+
+    def _next_cooldown_expiry(self) -> Optional[float]:
+        times = []
+        for node in self._nodes.values():
+            since = self._idle.gpus_idle_since(node.name)
+            if since is not None:
+                times.append(since + node.group.gpu_idle_cooldown_seconds)
+            empty = self._idle.empty_since(node.name)
+            if empty is not None and self._above_min(node.group):
+                times.append(empty + node.group.node_idle_cooldown_seconds)
+        # An expiry already past that the planner did not act on will not be acted on until something changes (and
+        # every change arms the loop again): waiting for it would tick for ever.
+        future = [t for t in times if t > self.now]
+        return min(future) if future else None
+
+    def _above_min(self, group: NodeGroupSpec) -> bool:
+        return sum(1 for n in self._nodes.values() if n.group.id == group.id and not n.removing) > group.min_size
+
+    # --- the planner's view ---
+    def _observe_idleness(self) -> None:
+        online = self._online_devices()
+        self._idle.observe([NodeUsage(name=n.name, fabric_gpus=len(online.get(n.name, ())), used_gpus=n.used_gpus,
+                                      has_work=bool(n.pods)) for n in self._nodes.values()], self.now)
+
+    def _devices(self) -> tuple[FabricDevice, ...]:
+        """The fabric's devices, listed once per instant: they only change with time or with our own calls."""
+        key = (self.now, self._fabric_calls)
+        if self._device_listing is None or self._device_listing[0] != key:
+            self._device_listing = (key, self.fabric.devices())
+        return self._device_listing[1]
+
+    def _online_devices(self) -> dict[str, list[Device]]:
+        online: dict[str, list[Device]] = {}
+        for d in self._devices():
+            if d.node is not None and d.state == DeviceState.ONLINE:
+                online.setdefault(d.node, []).append(Device(d.id, d.model, d.pool, d.attached_at or 0.0))
+        return online
+
+    def _snapshot(self, capacity_to_come: bool, only: Optional[set[str]] = None) -> Snapshot:
+        """Now as the cluster would show it. Without capacity to come: what a pod could be bound to this instant.
+        `only`: just these nodes (and their pods)."""
+        online: dict[str, list[Device]] = {}
+        detaching: dict[str, list[str]] = {}
+        for d in self._devices():
+            if d.node is None:
+                continue
+            if d.state == DeviceState.ONLINE:
+                online.setdefault(d.node, []).append(Device(d.id, d.model, d.pool, d.attached_at or 0.0))
+            elif d.state == DeviceState.DETACHING:
+                detaching.setdefault(d.node, []).append(d.id)
+        attaching: dict[str, int] = {}
+        if capacity_to_come:
+            for key, node in self._ops_in_flight.items():
+                operation = self.fabric.operation(key)
+                if operation is not None and operation.kind == OperationKind.ATTACH and not operation.state.done:
+                    attaching[node] = attaching.get(node, 0) + operation.requested
+        shown = [n for n in self._nodes.values() if only is None or n.name in only]
+        nodes = tuple(self._node_info(n, online.get(n.name, []), detaching.get(n.name, []), attaching.get(n.name, 0))
+                      for n in shown)
+        pods = tuple(p.info for n in shown for p in n.pods.values()) + tuple(p.info for p in self._pending.values())
+        # The pools are always shown; when nothing may be drawn from them (binding, fixed-GPU policies) as empty.
+        drawable = capacity_to_come and self.policy.moves_gpus
+        pools = tuple(PoolInfo(p.name, dict(p.free) if drawable else {m: 0 for m in p.total},
+                               max_slots_per_node=self._slot_limits.get(p.name))
+                      for p in self.fabric.pools())
+        upcoming = {g: c for g, c in self._provisioning.items() if c > 0} if capacity_to_come else {}
+        return Snapshot(now=self.now, nodes=nodes, pods=pods, groups=self._groups_as_now(), pools=pools,
+                        upcoming_nodes=upcoming, gpu_model_label=self._cluster.gpu_model_label)
+
+    def _groups_as_now(self) -> tuple[NodeGroupSpec, ...]:
+        """The groups with `replicas` = their live nodes (nodes on their way are `upcoming_nodes`, counted apart)."""
+        live: dict[str, int] = {}
+        for node in self._nodes.values():
+            live[node.group.id] = live.get(node.group.id, 0) + 1
+        out = []
+        for group in self._groups:
+            key = (group.id, live.get(group.id, 0))
+            cached = self._group_versions.get(key)
+            if cached is None:
+                cached = self._group_versions[key] = group.model_copy(update={"replicas": key[1]})
+            out.append(cached)
+        return tuple(out)
+
+    def _node_info(self, node: _Node, devices: list[Device], detaching: list[str], attaching: int) -> NodeInfo:
+        # Most nodes do not change between two steps: reuse the NodeInfo built last time when nothing it holds moved.
+        key = (tuple(d.id for d in devices), tuple(detaching), attaching, node.removing,
+               self._idle.gpus_idle_since(node.name), self._idle.empty_since(node.name))
+        cached = self._node_infos.get(node.name)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        info = self._build_node_info(node, devices, detaching, attaching)
+        self._node_infos[node.name] = (key, info)
+        return info
+
+    def _build_node_info(self, node: _Node, devices: list[Device], detaching: list[str], attaching: int) -> NodeInfo:
+        group = node.group
+        gpus = node.fixed_gpus + len(devices)
+        allocatable = self._allocatable.get((group.id, gpus))
+        if allocatable is None:
+            allocatable = self._allocatable[(group.id, gpus)] = group.node_allocatable(gpus)
+        labels = dict(group.labels)
+        labels[HOSTNAME_LABEL] = node.name
+        model = devices[0].model if devices else (group.default_gpu_model if node.fixed_gpus else None)
+        if model and gpus:
+            labels[self._cluster.gpu_model_label] = model  # what GPU feature discovery would label
+        return NodeInfo(
+            name=node.name, provider_id=f"sim://{node.name}", group_id=group.id, labels=labels,
+            unschedulable=node.removing, allocatable=allocatable, gpu_resource=group.gpu_resource,
+            devices=tuple(sorted(devices, key=lambda d: (d.attached_at, d.id))), attaching=attaching,
+            detaching=tuple(detaching), created_at=node.created_at,
+            gpus_idle_since=self._idle.gpus_idle_since(node.name), empty_since=self._idle.empty_since(node.name),
+            being_deleted=node.removing)
+
+    # --- results ---
+    def _sample(self) -> None:
+        sample = Sample(t_s=self.now, gpus_used=sum(n.used_gpus for n in self._nodes.values()),
+                        gpus_present=self._gpus_held + sum(n.fixed_gpus for n in self._nodes.values()),
+                        pending=len(self._pending), nodes=len(self._nodes))
+        if self._timeline and self._timeline[-1].t_s == sample.t_s:
+            self._timeline[-1] = sample
+        elif not self._timeline or replace(self._timeline[-1], t_s=sample.t_s) != sample:
+            self._timeline.append(sample)
+
+    def _result(self) -> SimResult:
+        jobs = tuple(JobRecord(name=p.job.name, arrival_s=p.job.arrival_s, gpus=p.job.gpus, start_s=p.start_s,
+                               finish_s=p.finish_s, node=p.node) for p in self._pods.values())
+        return SimResult(scenario=self.scenario.name, policy=self.policy.name, jobs=jobs,
+                         timeline=tuple(self._timeline), counters=self.counters, end_s=self.now,
+                         total_pool_gpus=self._cluster.total_gpus())
+
+
+def pod_info(job: Job, gpu_resource: str, gpu_model_label: str) -> PodInfo:
+    """A job as the pod the planner sees: one container, a Job owner, created when it arrives."""
+    scalar = {gpu_resource: job.gpus} if job.gpus else {}
+    selector = {gpu_model_label: job.gpu_model} if job.gpu_model else {}
+    return PodInfo(namespace=POD_NAMESPACE, name=job.name, uid=f"sim-{job.name}",
+                   containers=(ContainerRequests(Resources(milli_cpu=job.milli_cpu, memory=job.memory,
+                                                           scalar=scalar)),),
+                   owner_kind="Job", created_at=job.arrival_s, node_selector=selector)
+
+
+def _first_model(devices: dict[str, int]) -> str:
+    return sorted(devices)[0]
+
+
+def simulate(scenario: Scenario, policy: Policy, progress: Optional[Progress] = None, batch_solver: str = "greedy",
+             exhaustive: bool = False) -> SimResult:
+    return Simulation(scenario, policy, progress=progress, batch_solver=batch_solver, exhaustive=exhaustive).run()

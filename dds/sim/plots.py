@@ -1,0 +1,63 @@
+"""PNG plots of a comparison: wait-time CDF per policy, GPUs in use (and held) over time per policy.
+
+matplotlib with the Agg backend (files only, no display); imported lazily so the rest of `dds` does not need it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from dds.sim.engine import SimResult
+
+
+def _pyplot():  # type: ignore[no-untyped-def]
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise RuntimeError("plots need matplotlib: pip install 'dds[sim]' (or --no-plots)") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def wait_cdf(results: Sequence[SimResult], path: Path, title: str) -> Path:
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for result in results:
+        waits = sorted(j.wait_s / 60.0 for j in result.jobs if j.wait_s is not None)
+        if not waits:
+            continue
+        total = len(result.jobs)  # jobs that never ran keep the curve below 1: visible, not hidden
+        axes.step(waits, [(i + 1) / total for i in range(len(waits))], where="post", label=result.policy)
+    axes.set_xlabel("wait time (minutes)")
+    axes.set_ylabel("fraction of jobs started")
+    axes.set_ylim(0, 1.02)
+    axes.set_title(f"{title}: job wait time CDF")
+    axes.grid(True, alpha=0.3)
+    axes.legend(loc="lower right", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def gpus_over_time(results: Sequence[SimResult], path: Path, title: str) -> Path:
+    plt = _pyplot()
+    rows = len(results)
+    figure, axes_list = plt.subplots(rows, 1, figsize=(9, 1.7 * rows + 1), sharex=True, squeeze=False)
+    for axes, result in zip((a[0] for a in axes_list), results):
+        times = [s.t_s / 3600.0 for s in result.timeline]
+        axes.step(times, [s.gpus_present for s in result.timeline], where="post", color="0.6", label="on nodes")
+        axes.step(times, [s.gpus_used for s in result.timeline], where="post", label="in use")
+        axes.set_ylabel(result.policy, rotation=0, ha="right", va="center", fontsize="small")
+        axes.grid(True, alpha=0.3)
+    first = axes_list[0][0]
+    first.set_title(f"{title}: GPUs in use / on nodes over time")
+    first.legend(loc="upper right", fontsize="x-small")
+    axes_list[-1][0].set_xlabel("time (hours)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

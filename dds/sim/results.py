@@ -1,0 +1,175 @@
+"""From raw simulation results to what people compare: one summary row per policy, as a table and as CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Optional, Sequence
+
+from dds.sim.engine import SimResult
+
+# Fallback references for the mean-wait comparison, when the scenario's own baseline is absent or left jobs unrun
+# (its mean would then leave out the hardest jobs and flatter it).
+BASELINE_ORDER = ("static", "node-only", "static-concentrated")
+
+
+@dataclass(frozen=True)
+class Summary:
+    policy: str
+    jobs: int
+    never_started: int  # jobs that no node could ever run under this policy (e.g. 8 GPUs on 4-GPU nodes)
+    wait_mean_s: Optional[float]  # over the jobs that started
+    wait_p50_s: Optional[float]
+    wait_p95_s: Optional[float]
+    makespan_s: float  # first arrival to last finish
+    gpu_utilization: float  # GPU-seconds used by jobs / GPU-seconds present on nodes
+    gpus_present_avg: float  # GPUs visible on nodes, time-averaged (what was powered and held)
+    gpus_attached: int
+    gpus_detached: int
+    gpus_reallocated: int
+    nodes_added: int
+    nodes_removed: int
+    wait_vs_baseline: Optional[float] = None  # mean wait relative to the baseline policy: -0.3 = 30% shorter
+
+
+def percentile(values: Sequence[float], fraction: float) -> Optional[float]:
+    """Linear interpolation between closest ranks (numpy's default), None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * fraction
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(result: SimResult) -> Summary:
+    waits = [j.wait_s for j in result.jobs if j.wait_s is not None]
+    start = min((j.arrival_s for j in result.jobs), default=0.0)
+    end = max((j.finish_s for j in result.jobs if j.finish_s is not None), default=start)
+    used, present = _gpu_seconds(result, start, end)
+    span = max(end - start, 0.0)
+    return Summary(
+        policy=result.policy, jobs=len(result.jobs), never_started=len(result.jobs) - len(waits),
+        wait_mean_s=sum(waits) / len(waits) if waits else None,
+        wait_p50_s=percentile(waits, 0.50), wait_p95_s=percentile(waits, 0.95), makespan_s=span,
+        gpu_utilization=used / present if present else 0.0, gpus_present_avg=present / span if span else 0.0,
+        gpus_attached=result.counters.gpus_attached, gpus_detached=result.counters.gpus_detached,
+        gpus_reallocated=result.counters.gpus_reallocated, nodes_added=result.counters.nodes_added,
+        nodes_removed=result.counters.nodes_removed)
+
+
+def _gpu_seconds(result: SimResult, start: float, end: float) -> tuple[float, float]:
+    """Integrate the step functions of GPUs used and present over [start, end]."""
+    used = present = 0.0
+    timeline = result.timeline
+    for current, following in zip(timeline, timeline[1:] + (None,)):
+        left = max(current.t_s, start)
+        right = min(following.t_s if following is not None else end, end)
+        if right > left:
+            used += current.gpus_used * (right - left)
+            present += current.gpus_present * (right - left)
+    return used, present
+
+
+def compare(results: Sequence[SimResult], baseline: str = "static") -> tuple[Summary, ...]:
+    """One summary per result, each with its mean wait relative to the baseline (see `baseline_name`)."""
+    summaries = [summarize(r) for r in results]
+    name = baseline_name(summaries, baseline)
+    reference = next((s for s in summaries if s.policy == name), None)
+    if reference is None or not reference.wait_mean_s:
+        return tuple(summaries)  # no fair reference, or one with no wait at all: no ratio to show
+    baseline = reference
+    out = []
+    for s in summaries:
+        ratio = None if s.wait_mean_s is None else s.wait_mean_s / baseline.wait_mean_s - 1.0
+        out.append(Summary(**{**asdict(s), "wait_vs_baseline": ratio}))
+    return tuple(out)
+
+
+def baseline_name(summaries: Sequence[Summary], preferred: str = "static") -> Optional[str]:
+    """The preferred baseline if it ran, and ran every job; else the first of BASELINE_ORDER that did."""
+    complete = {s.policy for s in summaries if s.never_started == 0}
+    return next((name for name in (preferred,) + BASELINE_ORDER if name in complete), None)
+
+
+# --- rendering ---
+
+_COLUMNS = (
+    ("policy", "policy", "{}"),
+    ("wait_mean_s", "wait mean", "{:.0f}s"),
+    ("wait_p50_s", "p50", "{:.0f}s"),
+    ("wait_p95_s", "p95", "{:.0f}s"),
+    ("wait_vs_baseline", "vs base", "{:+.0%}"),
+    ("never_started", "never ran", "{}"),
+    ("makespan_s", "makespan", "{:.0f}s"),
+    ("gpu_utilization", "GPU util", "{:.0%}"),
+    ("gpus_present_avg", "GPUs held", "{:.1f}"),
+    ("gpus_attached", "attach", "{}"),
+    ("gpus_detached", "detach", "{}"),
+    ("gpus_reallocated", "realloc", "{}"),
+    ("nodes_added", "+nodes", "{}"),
+    ("nodes_removed", "-nodes", "{}"),
+)
+
+
+def render_table(summaries: Sequence[Summary]) -> str:
+    rows = [[title for _, title, _ in _COLUMNS]]
+    for s in summaries:
+        rows.append([_cell(getattr(s, name), fmt) for name, _, fmt in _COLUMNS])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines = []
+    for index, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _cell(value: object, fmt: str) -> str:
+    if value is None:
+        return "-"
+    return fmt.format(value)
+
+
+def summaries_csv(summaries: Sequence[Summary]) -> str:
+    out = io.StringIO()
+    names = [f.name for f in fields(Summary)]
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(names)
+    for s in summaries:
+        writer.writerow(["" if getattr(s, n) is None else _csv_value(getattr(s, n)) for n in names])
+    return out.getvalue()
+
+
+def jobs_csv(results: Sequence[SimResult]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["policy", "job", "arrival_s", "gpus", "start_s", "finish_s", "wait_s", "node"])
+    for result in results:
+        for job in result.jobs:
+            writer.writerow([result.policy, job.name, _csv_value(job.arrival_s), job.gpus,
+                             _csv_value(job.start_s), _csv_value(job.finish_s), _csv_value(job.wait_s),
+                             job.node or ""])
+    return out.getvalue()
+
+
+def timeline_csv(results: Sequence[SimResult]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["policy", "t_s", "gpus_used", "gpus_present", "pending", "nodes"])
+    for result in results:
+        for sample in result.timeline:
+            writer.writerow([result.policy, _csv_value(sample.t_s), sample.gpus_used, sample.gpus_present,
+                             sample.pending, sample.nodes])
+    return out.getvalue()
+
+
+def _csv_value(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.3f}".rstrip("0").rstrip(".") if value == value else "nan"
+    return str(value)

@@ -1,0 +1,202 @@
+"""manifests/: what a user applies. Rendered with the small in-test kustomize walk, checked for the promises the
+operations guide makes, and applied to the real apiserver with server-side dry-run (dryRun=All)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
+
+from dds.commands import certs as certs_command
+from dds.config import Settings
+from .kustomize import render
+
+ROOT = Path(__file__).resolve().parents[3]
+MANIFESTS = ROOT / "manifests"
+FIELD_MANAGER = "dds-manifest-test"
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[dict[str, Any]]:
+    """DDS and cluster-autoscaler (the root kustomization without the CRDs, which are checked on their own below)."""
+    return render(MANIFESTS / "dds") + render(MANIFESTS / "cluster-autoscaler")
+
+
+def test_the_root_kustomization_includes_the_crds_and_both_deployments() -> None:
+    objects = render(MANIFESTS)
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert {("Deployment", "dds"), ("Deployment", "cluster-autoscaler"), ("Namespace", "dds-system")} <= kinds
+    crd_groups = {o["spec"]["group"] for o in objects if o["kind"] == "CustomResourceDefinition"}
+    assert {"cluster.x-k8s.io", "cro.hpsys.ibm.ie.com"} <= crd_groups
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind} {name}, found {len(matches)}"
+    return matches[0]
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    [only] = deployment["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+# --- what the rendered manifests promise (no cluster needed) ---
+
+def test_the_dds_image_is_the_kustomize_placeholder(rendered: list[dict[str, Any]]) -> None:
+    assert container(find(rendered, "Deployment", "dds"))["image"] == "ghcr.io/dds-project/dds:0.1.0"
+
+
+def test_no_rbac_rule_uses_a_wildcard(rendered: list[dict[str, Any]]) -> None:
+    for role in (o for o in rendered if o["kind"] in ("ClusterRole", "Role")):
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(field, []), f"{role['kind']} {role['metadata']['name']}: {rule}"
+
+
+def grants(role: dict[str, Any]) -> dict[str, set[str]]:
+    """(group/resource[:names]) -> verbs, flattened over rules."""
+    table: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        names = ":" + ",".join(rule["resourceNames"]) if rule.get("resourceNames") else ""
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                table.setdefault(f"{group or 'core'}/{resource}{names}", set()).update(rule["verbs"])
+    return table
+
+
+def test_dds_cluster_role_is_exactly_the_documented_least_privilege(rendered: list[dict[str, Any]]) -> None:
+    read = {"get", "list", "watch"}
+    assert grants(find(rendered, "ClusterRole", "dds")) == {
+        "cluster.x-k8s.io/machinesets": read | {"patch", "update"},
+        "cluster.x-k8s.io/machines": read | {"patch", "update"},
+        "cluster.x-k8s.io/machinesets/scale": {"get", "patch", "update"},
+        "core/nodes": read | {"patch"},
+        "core/nodes/status": {"patch"},
+        "core/pods": read,
+        "core/events": {"create", "patch"},
+        "cro.hpsys.ibm.ie.com/composabilityrequests": read | {"create", "update", "patch", "delete"},
+        "cro.hpsys.ibm.ie.com/composabilityrequests/status": {"get"},
+        "cro.hpsys.ibm.ie.com/composableresources": read,
+    }
+
+
+def test_dds_namespaced_role_covers_its_lease_and_state(rendered: list[dict[str, Any]]) -> None:
+    role = find(rendered, "Role", "dds")
+    assert role["metadata"]["namespace"] == "dds-system"
+    assert grants(role) == {
+        "coordination.k8s.io/leases": {"create"},
+        "coordination.k8s.io/leases:dds-leader": {"get", "update"},
+        "core/configmaps": {"get", "list", "watch", "create", "update", "patch"},
+    }
+
+
+def test_settings_config_map_is_valid_for_dds(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    settings_file = tmp_path / "settings.yaml"
+    settings_file.write_text(find(rendered, "ConfigMap", "dds-settings")["data"]["settings.yaml"])
+    settings = Settings.load(settings_file)
+    assert settings.leader_election and settings.in_cluster
+    assert settings.metrics_listen.endswith(":8087") and settings.listen.endswith(":8086")
+    deployment = find(rendered, "Deployment", "dds")
+    mounts = {m["name"]: m["mountPath"] for m in container(deployment)["volumeMounts"]}
+    assert str(settings.tls_cert).startswith(mounts["tls"] + "/"), "the TLS paths point into the mounted Secret"
+
+
+def test_dds_deployment_runs_two_hardened_replicas_with_probes(rendered: list[dict[str, Any]]) -> None:
+    deployment = find(rendered, "Deployment", "dds")
+    spec = deployment["spec"]["template"]["spec"]
+    dds = container(deployment)
+    assert deployment["spec"]["replicas"] == 2
+    assert (dds["livenessProbe"]["httpGet"]["path"], dds["readinessProbe"]["httpGet"]["path"]) == ("/healthz", "/readyz")
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert dds["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {v["name"]: v.get("secret", {}).get("secretName") for v in spec["volumes"]}["tls"] == "dds-tls"
+
+
+def test_dds_service_exposes_grpc_and_metrics(rendered: list[dict[str, Any]]) -> None:
+    ports = {p["name"]: p["port"] for p in find(rendered, "Service", "dds")["spec"]["ports"]}
+    assert ports == {"grpc": 8086, "metrics": 8087}
+
+
+def test_cluster_autoscaler_reads_the_cloud_config_dds_certs_writes(rendered: list[dict[str, Any]],
+                                                                    tmp_path: Path) -> None:
+    deployment = find(rendered, "Deployment", "cluster-autoscaler")
+    ca = container(deployment)
+    assert "--cloud-provider=externalgrpc" in ca["command"]
+    assert "--cloud-config=/config/cloud-config.yaml" in ca["command"]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    [mount] = [m for m in ca["volumeMounts"] if m["mountPath"] == "/config"]
+    secret_name = volumes[mount["name"]]["secret"]["secretName"]
+
+    _, ca_secret = certs_secrets(tmp_path)
+    assert ca_secret["metadata"]["name"] == secret_name
+    cloud_config = yaml.safe_load(ca_secret["stringData"]["cloud-config.yaml"])
+    assert cloud_config["address"] == "dds.dds-system.svc:8086"
+    for key in ("cert", "key", "cacert"):
+        assert Path(cloud_config[key]).name in ca_secret["stringData"] and cloud_config[key].startswith("/config/")
+
+
+def certs_secrets(out: Path) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser()
+    certs_command.register(parser.add_subparsers())
+    args = parser.parse_args(["certs", "--out", str(out), "--dns", "dds.dds-system.svc", "--files-dir", "/config"])
+    assert args.func(args) == 0
+    return list(yaml.safe_load_all((out / "secrets.yaml").read_text()))
+
+
+# --- the real apiserver accepts every object (server-side apply, dryRun=All) ---
+
+def dry_run_apply(dynamic: DynamicClient, objects: list[dict[str, Any]]) -> list[str]:
+    problems = []
+    for obj in objects:
+        try:
+            resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        except ResourceNotFoundError:
+            problems.append(f"{obj['kind']} {obj['metadata']['name']}: the apiserver serves no "
+                            f"{obj['apiVersion']} {obj['kind']} (is its CRD installed?)")
+            continue
+        try:
+            dynamic.server_side_apply(resource, body=obj, namespace=obj["metadata"].get("namespace"),
+                                      field_manager=FIELD_MANAGER, dry_run="All")
+        except DynamicApiError as error:
+            problems.append(f"{obj['kind']} {obj['metadata']['name']}: {error.status} {error.summary()}")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def dynamic(control_plane: Any) -> DynamicClient:
+    api = control_plane.api_client()
+    namespace = yaml.safe_load((MANIFESTS / "dds" / "namespace.yaml").read_text())
+    try:  # namespaced dry-runs need the namespace to exist for real
+        client.CoreV1Api(api).create_namespace(namespace)
+    except client.ApiException as error:
+        if error.status != 409:
+            raise
+    return DynamicClient(api)
+
+
+@pytest.mark.integration
+def test_every_manifest_is_accepted_by_the_apiserver(dynamic: DynamicClient) -> None:
+    assert dry_run_apply(dynamic, render(MANIFESTS)) == []
+
+
+@pytest.mark.integration
+def test_the_example_machineset_is_accepted_by_the_apiserver(dynamic: DynamicClient) -> None:
+    assert dry_run_apply(dynamic, render(MANIFESTS / "examples")) == []
+
+
+@pytest.mark.integration
+def test_the_secrets_dds_certs_writes_are_accepted(dynamic: DynamicClient, tmp_path: Path) -> None:
+    assert dry_run_apply(dynamic, certs_secrets(tmp_path)) == []
+
+
+@pytest.mark.integration
+def test_the_demo_pod_is_accepted(dynamic: DynamicClient) -> None:
+    pod = yaml.safe_load((MANIFESTS / "examples" / "demo-pod.yaml").read_text())
+    assert dry_run_apply(dynamic, [pod]) == []

@@ -1,0 +1,158 @@
+"""In-flight instances: tracking, persistence across a restart, and the ConfigMap store's concurrency."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes import client
+
+from dds.kube.state import DATA_KEY, ConfigMapStateStore
+from dds.provider.instances import (ERROR_CLASS_OTHER, InstanceFactory, InstanceKind, InstanceState, InstanceTracker,
+                                    MemoryStateStore, group_of_instance_id)
+
+from .conftest import FakeClock, make_group
+
+
+def new_records(count, kind=InstanceKind.GPU, clock=None):
+    clock = clock or FakeClock()
+    ids = iter(range(1000))
+    factory = InstanceFactory(clock, short_id=lambda: f"u{next(ids)}")
+    return [factory(make_group(), kind, "pods gpu-job-1 fit with 1 more A30 on gpu-1", "increase/k1")
+            for _ in range(count)]
+
+
+def test_records_survive_a_restart_through_the_store():
+    store = MemoryStateStore()
+    tracker = InstanceTracker(store)
+    first, second, third = new_records(3)
+    for record in (first, second, third):
+        tracker.add(record)
+    tracker.fail(second.id, "OutOfResources", "pool default is empty", 1)
+    tracker.complete(third.id)
+
+    restarted = InstanceTracker(store)
+    assert restarted.list(first.group_id) == tracker.list(first.group_id)
+    assert restarted.get(second.id).failed and restarted.get(second.id).error_class == 1
+    assert restarted.get(third.id) is None and restarted.count(first.group_id) == 2
+
+
+def test_ids_name_their_group_and_kind():
+    (record,) = new_records(1, InstanceKind.NODE)
+    assert record.id == "dds://MachineSet/default/gpu-workers/node/u0"
+    assert group_of_instance_id(record.id) == "MachineSet/default/gpu-workers"
+    assert group_of_instance_id("aws:///us-east-1a/i-0abc") is None
+    assert group_of_instance_id("dds://MachineSet/default/x/disk/u1") is None
+
+
+def test_adding_the_same_instance_twice_is_an_error():
+    tracker = InstanceTracker()
+    (record,) = new_records(1)
+    tracker.add(record)
+    with pytest.raises(ValueError, match="already tracked"):
+        tracker.add(record)
+
+
+def test_failure_needs_a_code():
+    tracker = InstanceTracker()
+    (record,) = new_records(1)
+    tracker.add(record)
+    with pytest.raises(ValueError, match="non-empty error code"):
+        tracker.fail(record.id, "", "no code", ERROR_CLASS_OTHER)
+
+
+class FlakyStore(MemoryStateStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+
+    def update(self, mutate):
+        if self.down:
+            raise ConnectionError("apiserver unreachable")
+        super().update(mutate)
+
+
+def test_a_store_outage_never_fails_the_caller_and_heals_on_the_next_write():
+    store = FlakyStore()
+    tracker = InstanceTracker(store)
+    first, second = new_records(2)
+    store.down = True
+    tracker.add(first)  # no exception: CA's IncreaseSize must still answer
+    assert tracker.get(first.id) == first
+    store.down = False
+    tracker.add(second)
+    assert set(store.load()) == {first.id, second.id}
+
+
+def test_state_transitions_are_kept():
+    tracker = InstanceTracker()
+    (record,) = new_records(1)
+    tracker.add(record)
+    assert tracker.set_state(record.id, InstanceState.DELETING).state == InstanceState.DELETING
+    assert tracker.set_state("dds://nope/gpu/x", InstanceState.DELETING) is None
+
+
+# --- the ConfigMap store against a fake CoreV1Api that enforces resourceVersion ---
+
+class FakeCore:
+    def __init__(self) -> None:
+        self.config_map: client.V1ConfigMap | None = None
+        self.version = 0
+        self.conflict_next_replace = False
+        self.writes = 0
+
+    def read_namespaced_config_map(self, name, namespace):
+        if self.config_map is None:
+            raise client.ApiException(status=404, reason="Not Found")
+        return self.config_map
+
+    def create_namespaced_config_map(self, namespace, body):
+        if self.config_map is not None:
+            raise client.ApiException(status=409, reason="AlreadyExists")
+        self._store(body)
+
+    def replace_namespaced_config_map(self, name, namespace, body):
+        if self.conflict_next_replace:
+            # someone else wrote in between: their change lands, ours is refused
+            self.conflict_next_replace = False
+            data = json.loads(self.config_map.data[DATA_KEY])
+            data["dds://other/gpu/x"] = {"id": "dds://other/gpu/x", "group_id": "other", "kind": "gpu"}
+            self._store(client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+                                           data={DATA_KEY: json.dumps(data)}))
+            raise client.ApiException(status=409, reason="Conflict")
+        if body.metadata.resource_version != self.config_map.metadata.resource_version:
+            raise client.ApiException(status=409, reason="Conflict")
+        self._store(body)
+
+    def _store(self, body):
+        self.version += 1
+        self.writes += 1
+        body.metadata.resource_version = str(self.version)
+        self.config_map = body
+
+
+def configmap_store(core):
+    store = ConfigMapStateStore(client.ApiClient(), "dds-system", "dds-instances")
+    store._core = core
+    return store
+
+
+def test_configmap_store_creates_then_updates_with_optimistic_concurrency():
+    core = FakeCore()
+    store = configmap_store(core)
+    tracker = InstanceTracker(store)
+    first, second = new_records(2)
+    tracker.add(first)
+    core.conflict_next_replace = True
+    tracker.add(second)  # the first replace conflicts: re-read, re-apply, write again
+    stored = json.loads(core.config_map.data[DATA_KEY])
+    assert set(stored) == {first.id, second.id, "dds://other/gpu/x"}  # the other writer's change is kept
+
+    restarted = InstanceTracker(configmap_store(core))
+    assert restarted.get(second.id) == second
+
+
+def test_configmap_with_garbage_starts_empty():
+    core = FakeCore()
+    core._store(client.V1ConfigMap(metadata=client.V1ObjectMeta(name="dds-instances"), data={DATA_KEY: "{not json"}))
+    assert configmap_store(core).load() == {}
