@@ -1,0 +1,57 @@
+"""Build the fabric backend that settings.fabric names.
+
+| settings.fabric          | backend                        | needs api_client | state                                         |
+|--------------------------|--------------------------------|------------------|-----------------------------------------------|
+| simulated (default)      | SimulatedFabric                | no (optional)    | ConfigMap settings.simulated_fabric.state_configmap in settings.namespace with a client, else in memory |
+| composability-request    | ComposabilityRequestFabric     | yes              | the ComposabilityRequests themselves          |
+| redfish                  | RedfishFabric                  | no (optional)    | operation log in ConfigMap `<state_configmap>-redfish` with a client, else in memory |
+
+Without an API client the in-memory state does not survive a restart: fine for `dds serve` on a YAML file and the trace
+simulator, not for a cluster (the lead passes a client there).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Optional
+
+from kubernetes import client
+
+from dds.config import FabricBackend, Settings
+from dds.fabric.base import Fabric
+from dds.fabric.composability import ComposabilityRequestFabric
+from dds.fabric.redfish import RedfishFabric
+from dds.fabric.simulated import SimulatedFabric, VisibilityHook
+from dds.fabric.state import FabricStateStore, InMemoryFabricStateStore
+from dds.fabric.state_configmap import ConfigMapFabricStateStore
+
+log = logging.getLogger(__name__)
+
+REDFISH_LOG_SUFFIX = "-redfish"
+
+
+def build_fabric(settings: Settings, *, clock: Callable[[], float], api_client: Optional[client.ApiClient] = None,
+                 on_node_devices_changed: Optional[VisibilityHook] = None) -> Fabric:
+    backend = settings.fabric
+    if backend == FabricBackend.SIMULATED:
+        store = _store(settings, api_client, settings.simulated_fabric.state_configmap)
+        return SimulatedFabric(settings.simulated_fabric, clock=clock, store=store,
+                               on_node_devices_changed=on_node_devices_changed)
+    if backend == FabricBackend.COMPOSABILITY_REQUEST:
+        if api_client is None:
+            raise ValueError("fabric composability-request needs a cluster: pass --kubeconfig or --in-cluster")
+        if on_node_devices_changed is not None:
+            log.info("fabric composability-request: the CDI operator makes devices visible on nodes itself")
+        return ComposabilityRequestFabric(api_client, settings.composability, settings.simulated_fabric.pools,
+                                          clock=clock)
+    if backend == FabricBackend.REDFISH:
+        store = _store(settings, api_client, settings.simulated_fabric.state_configmap + REDFISH_LOG_SUFFIX)
+        return RedfishFabric(settings.redfish, clock=clock, store=store, pools=settings.simulated_fabric.pools)
+    raise ValueError(f"fabric: unknown backend {backend!r}")
+
+
+def _store(settings: Settings, api_client: Optional[client.ApiClient], name: str) -> FabricStateStore:
+    if api_client is None:
+        log.warning("fabric %s: no cluster, so its state is kept in memory and lost on restart", settings.fabric.value)
+        return InMemoryFabricStateStore()
+    return ConfigMapFabricStateStore(api_client, settings.namespace, name)

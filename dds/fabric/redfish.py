@@ -1,0 +1,527 @@
+"""The Redfish backend: compose GPU resource blocks into a node's ComputerSystem through a DMTF CompositionService.
+
+Discovery (every query reads the service; what never changes — a block's model and zone — is cached):
+- ServiceRoot -> `CompositionService` -> `ResourceBlocks`. A block is a GPU when one of its `Processors` has
+  `ProcessorType: GPU`; the device model is that Processor's `Model`. The device id is the block's `Id`.
+- Pool: the `Id` of the first Zone in the block's `Links.Zones` (a ResourceZone of the CompositionService), or
+  "default" when the block names no zone. Node groups name it in their fabric-pool annotation.
+- Node -> system: the ComputerSystem whose `HostName` equals the Kubernetes node name, else the one whose `Name` does
+  (a node's name is normally its host name). A system reports its devices under its HostName, or its Name when HostName
+  is empty.
+- Device state from the block's `CompositionStatus.CompositionState`: Composing -> attaching, Composed /
+  ComposedAndAvailable -> online, Failed -> failed; Unused and linked to no system -> free in the pool.
+
+Changes: the `#ComputerSystem.AddResourceBlock` / `#ComputerSystem.RemoveResourceBlock` actions when the system
+advertises them (ComputerSystem v1_6_0+), else a PATCH of the system's whole `Links.ResourceBlocks`. Redfish has no
+per-node slot count: the configured pools' `max_slots_per_node` is enforced here, and a service's own refusal
+(Base ResourceExhaustion) also reads as SlotsFull. Redfish has no notion of a device being in use either, so `force` on
+detach has nothing to override.
+
+Crash safety: an operation is written to the `FabricStateStore` with the blocks it will touch (each `planned`) *before*
+any request to the service and before `attach`/`detach` return; each block moves to `requested` once the service
+accepted the change. Every later call drives unfinished operations: a `planned` block already linked to the system is
+taken as done (the request went through before a crash), an untouched one is requested again. So each block is composed
+exactly once or not at all, whichever process finishes the operation. A 5xx or connection error leaves the block
+`planned` for the next call (at most `MAX_ATTEMPTS` tries); a 4xx fails that block with the service's message.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Optional, Sequence
+
+import requests
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from dds.config import PoolSpec, RedfishSettings
+from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, FabricDevice, FabricError, Operation,
+                             OperationKind, OperationState, PoolState)
+from dds.fabric.state import Document, FabricStateStore, StateConflict, StateStoreError
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+STATE_SCHEMA = 1
+MAX_ATTEMPTS = 3
+FINISHED_RETENTION_SECONDS = 3600.0
+DEFAULT_POOL = "default"
+ADD_ACTION = "#ComputerSystem.AddResourceBlock"
+REMOVE_ACTION = "#ComputerSystem.RemoveResourceBlock"
+_ONLINE_STATES = {"Composed", "ComposedAndAvailable"}
+
+# Per-block progress inside an operation.
+PLANNED, REQUESTED, REJECTED = "planned", "requested", "rejected"
+
+
+class RedfishHTTPError(Exception):
+    def __init__(self, status: int, message_id: str, message: str):
+        super().__init__(f"HTTP {status} {message_id}: {message}")
+        self.status = status
+        self.message_id = message_id
+        self.message = message
+
+
+@dataclass(frozen=True)
+class _Block:
+    id: str
+    uri: str
+    model: str
+    pool: str
+    state: str  # CompositionState
+    system_uri: Optional[str]
+
+
+@dataclass(frozen=True)
+class _System:
+    uri: str
+    node: str
+    names: tuple[str, ...]  # HostName and Name: what a node name may match
+    blocks: tuple[str, ...]  # uris in Links.ResourceBlocks
+    actions: dict[str, str]  # action name -> target
+
+
+@dataclass(frozen=True)
+class _Inventory:
+    blocks: dict[str, _Block]  # by uri, GPU blocks only
+    systems: dict[str, _System]  # by uri
+
+    def system_for(self, node: str) -> Optional[_System]:
+        by_host = [s for s in self.systems.values() if s.names[0] == node]
+        by_name = [s for s in self.systems.values() if node in s.names[1:]]
+        found = by_host or by_name
+        return found[0] if found else None
+
+
+def read_password(settings: RedfishSettings) -> str:
+    if settings.password_file is None:
+        return ""
+    try:
+        return Path(settings.password_file).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"redfish.password_file: cannot read {settings.password_file}: {exc}") from exc
+
+
+class RedfishFabric:
+    """A `Fabric` on a Redfish CompositionService; see the module docstring for the mapping."""
+
+    def __init__(self, settings: RedfishSettings, *, clock: Clock, store: FabricStateStore,
+                 password: Optional[str] = None, pools: Sequence[PoolSpec] = (),
+                 session: Optional[requests.Session] = None, name: str = "redfish") -> None:
+        self.name = name
+        self._settings = settings
+        self._clock = clock
+        self._store = store
+        self._slots = {p.name: p.max_slots_per_node for p in pools if p.max_slots_per_node is not None}
+        self._base = settings.endpoint.rstrip("/")
+        self._http = session or requests.Session()
+        self._http.verify = str(settings.ca_file) if settings.ca_file else settings.verify_tls
+        self._http.headers.update({"Accept": "application/json", "OData-Version": "4.0"})
+        self._password = read_password(settings) if password is None else password
+        self._session_uri: Optional[str] = None
+        self._lock = threading.RLock()
+        self._static: dict[str, tuple[Optional[str], str]] = {}  # block uri -> (GPU model or None, pool)
+        self._log, self._version = self._load_log()
+        self._login()
+
+    # --- the Fabric protocol ---
+    def pools(self) -> tuple[PoolState, ...]:
+        with self._lock:
+            self._drive()
+            inventory = self._inventory()
+        totals: dict[str, dict[str, int]] = {}
+        free: dict[str, dict[str, int]] = {}
+        for block in inventory.blocks.values():
+            totals.setdefault(block.pool, {}).setdefault(block.model, 0)
+            free.setdefault(block.pool, {}).setdefault(block.model, 0)
+            totals[block.pool][block.model] += 1
+            if self._is_free(block):
+                free[block.pool][block.model] += 1
+        return tuple(PoolState(p, MappingProxyType(totals[p]), MappingProxyType(free[p])) for p in sorted(totals))
+
+    def devices(self, node: Optional[str] = None) -> tuple[FabricDevice, ...]:
+        with self._lock:
+            self._drive()
+            inventory = self._inventory()
+            detaching = {b for op in self._log.values() if op["kind"] == OperationKind.DETACH.value
+                         and op["state"] == OperationState.RUNNING.value for b in op["blocks"]}
+        out = []
+        for block in sorted(inventory.blocks.values(), key=lambda b: b.id):
+            system = inventory.systems.get(block.system_uri or "")
+            if system is None or (node is not None and node not in system.names):
+                continue
+            out.append(FabricDevice(block.id, block.model, block.pool, node or system.node,
+                                    _device_state(block, block.uri in detaching)))
+        return tuple(out)
+
+    def attach(self, request: AttachRequest) -> Operation:
+        if not request.key or not request.node or request.count <= 0:
+            raise FabricError(ErrorCode.INVALID, f"attach {request.key or '<no key>'}: key, node and a positive "
+                                                 f"count are required (count {request.count})")
+        with self._lock:
+            if request.key not in self._log:
+                inventory = self._inventory()
+                system = self._system_or_raise(inventory, request.node, request.key)
+                self._record(request.key, self._plan_attach(request, inventory, system))
+            self._drive(only=request.key)
+            return self._public(request.key)
+
+    def detach(self, request: DetachRequest) -> Operation:
+        if not request.key or not request.node or not request.device_ids:
+            raise FabricError(ErrorCode.INVALID, f"detach {request.key or '<no key>'}: key, node and device_ids "
+                                                 f"are required")
+        with self._lock:
+            if request.key not in self._log:
+                inventory = self._inventory()
+                system = self._system_or_raise(inventory, request.node, request.key)
+                self._record(request.key, self._plan_detach(request, inventory, system))
+            self._drive(only=request.key)
+            return self._public(request.key)
+
+    def operation(self, key: str) -> Optional[Operation]:
+        with self._lock:
+            if key not in self._log:
+                return None
+            self._drive(only=key)
+            return self._public(key)
+
+    def operations(self) -> tuple[Operation, ...]:
+        with self._lock:
+            self._drive()
+            return tuple(self._public(key) for key in self._log)
+
+    def tick(self) -> None:
+        with self._lock:
+            self._drive()
+
+    def close(self) -> None:
+        if self._session_uri is not None:
+            try:
+                self._http.delete(self._url(self._session_uri), timeout=self._settings.timeout_seconds)
+            except requests.RequestException as exc:
+                log.info("could not end the Redfish session %s: %s", self._session_uri, exc)
+            self._session_uri = None
+        self._http.close()
+
+    # --- planning (nothing sent to the service yet) ---
+    def _plan_attach(self, request: AttachRequest, inventory: _Inventory, system: _System) -> dict[str, Any]:
+        now = self._clock()
+        op = _new_op(request.key, OperationKind.ATTACH, request.node, system.uri, request.pool, request.model,
+                     request.count, now)
+        candidates = sorted((b for b in inventory.blocks.values() if b.pool == request.pool
+                             and b.model == request.model and self._is_free(b)), key=lambda b: b.id)
+        if not any(b.pool == request.pool for b in inventory.blocks.values()):
+            raise FabricError(ErrorCode.NOT_FOUND, f"attach {request.key}: the Redfish service has no GPU resource "
+                                                   f"blocks in zone {request.pool!r}")
+        limit = self._slots.get(request.pool)
+        used = sum(1 for uri in system.blocks if uri in inventory.blocks and inventory.blocks[uri].pool == request.pool)
+        if len(candidates) < request.count:
+            return _failed(op, now, ErrorCode.OUT_OF_RESOURCES, f"zone {request.pool} has {len(candidates)} free "
+                                                                f"{request.model}, {request.count} asked")
+        if limit is not None and used + request.count > limit:
+            return _failed(op, now, ErrorCode.SLOTS_FULL, f"{request.node} uses {used} of {limit} slot(s) for "
+                                                          f"zone {request.pool}; {request.count} more asked")
+        op["blocks"] = {b.uri: {"step": PLANNED, "attempts": 0, "error": ""} for b in candidates[:request.count]}
+        return op
+
+    def _plan_detach(self, request: DetachRequest, inventory: _Inventory, system: _System) -> dict[str, Any]:
+        by_id = {b.id: b for b in inventory.blocks.values()}
+        blocks = []
+        for device_id in request.device_ids:
+            block = by_id.get(device_id)
+            if block is None or block.system_uri != system.uri:
+                raise FabricError(ErrorCode.NOT_FOUND, f"detach {request.key}: device {device_id} is not composed "
+                                                       f"into {request.node} ({system.uri})")
+            blocks.append(block)
+        op = _new_op(request.key, OperationKind.DETACH, request.node, system.uri, blocks[0].pool, blocks[0].model,
+                     len(blocks), self._clock())
+        op["blocks"] = {b.uri: {"step": PLANNED, "attempts": 0, "error": ""} for b in blocks}
+        return op
+
+    # --- driving operations forward ---
+    def _drive(self, only: Optional[str] = None) -> None:
+        running = [k for k, op in self._log.items() if op["state"] == OperationState.RUNNING.value
+                   and (only is None or k == only)]
+        if not running:
+            self._prune()
+            return
+        inventory = self._inventory()
+        for key in running:
+            op = self._log[key]
+            before = repr(op)
+            for uri, progress in op["blocks"].items():
+                if progress["step"] == PLANNED:
+                    self._request_block(op, uri, progress, inventory)
+                    if progress["step"] == REQUESTED:
+                        inventory = self._inventory()  # the service changed: see it before the next block
+            self._settle(op, inventory)
+            if repr(op) != before:
+                self._record(key, op)
+        self._prune()
+
+    def _request_block(self, op: dict[str, Any], uri: str, progress: dict[str, Any], inventory: _Inventory) -> None:
+        block = inventory.blocks.get(uri)
+        system = inventory.systems.get(op["system"])
+        attach = op["kind"] == OperationKind.ATTACH.value
+        if block is None or system is None:
+            progress.update(step=REJECTED, error=f"{uri if block is None else op['system']} no longer exists")
+            return
+        if attach and block.system_uri == system.uri or not attach and block.system_uri is None:
+            progress["step"] = REQUESTED  # done before a restart: never send it twice
+            return
+        if attach and not self._is_free(block):
+            progress.update(step=REJECTED, error=f"resource block {block.id} was taken ({block.state})")
+            return
+        # Count the attempt durably before sending: a crash mid-request must not buy unlimited retries.
+        progress["attempts"] += 1
+        self._record(op["key"], op)
+        try:
+            self._compose(system, block, add=attach)
+        except RedfishHTTPError as exc:
+            if exc.status >= 500 and progress["attempts"] < MAX_ATTEMPTS:
+                log.warning("Redfish %s of %s: %s; will retry", op["kind"], block.id, exc)
+                return
+            progress.update(step=REJECTED, error=exc.message, message_id=exc.message_id)
+            return
+        except requests.RequestException as exc:
+            if progress["attempts"] < MAX_ATTEMPTS:
+                log.warning("Redfish %s of %s: %s; will retry", op["kind"], block.id, exc)
+                return
+            progress.update(step=REJECTED, error=str(exc))
+            return
+        progress["step"] = REQUESTED
+
+    def _compose(self, system: _System, block: _Block, *, add: bool) -> None:
+        action = system.actions.get(ADD_ACTION if add else REMOVE_ACTION)
+        if action:
+            self._send("POST", action, {"ResourceBlock": {"@odata.id": block.uri}})
+            return
+        links = [uri for uri in system.blocks if uri != block.uri] + ([block.uri] if add else [])
+        self._send("PATCH", system.uri, {"Links": {"ResourceBlocks": [{"@odata.id": uri} for uri in links]}})
+
+    def _settle(self, op: dict[str, Any], inventory: _Inventory) -> None:
+        """Finish the operation when every block has reached an end state."""
+        attach = op["kind"] == OperationKind.ATTACH.value
+        done, failed, errors = [], [], []
+        for uri, progress in op["blocks"].items():
+            block = inventory.blocks.get(uri)
+            if progress["step"] == REJECTED:
+                failed.append(uri)
+                errors.append(progress)
+            elif progress["step"] == PLANNED or block is None:
+                return
+            elif attach:
+                if block.system_uri == op["system"] and block.state in _ONLINE_STATES:
+                    done.append(block.id)
+                elif block.state == "Failed" or block.system_uri != op["system"]:
+                    failed.append(uri)
+                    errors.append({"error": f"resource block {block.id} ended {block.state}"})
+                else:
+                    return  # Composing
+            elif block.system_uri is None:
+                done.append(block.id)
+            else:
+                return  # still being removed
+        now = self._clock()
+        op.update(devices=sorted(done), finished_at=now,
+                  state=(OperationState.FAILED if failed else OperationState.SUCCEEDED).value)
+        if failed:
+            code = ErrorCode.SLOTS_FULL if any(e.get("message_id", "").endswith("ResourceExhaustion")
+                                               for e in errors) else ErrorCode.BACKEND
+            op.update(error_code=code.value, error_message="; ".join(e["error"] for e in errors))
+
+    # --- the operation log ---
+    def _load_log(self) -> tuple[dict[str, dict[str, Any]], Optional[str]]:
+        document, version = self._store.load()
+        if document is None:
+            return {}, version
+        if document.get("schema") != STATE_SCHEMA:
+            raise ValueError(f"{self._store.describe()}: unsupported Redfish operation log schema "
+                             f"{document.get('schema')!r}")
+        return dict(document.get("operations", {})), version
+
+    def _record(self, key: str, op: dict[str, Any]) -> None:
+        """Write the log with `op` before anything else happens (the crash-safety rule)."""
+        previous = self._log.get(key)
+        self._log[key] = op
+        try:
+            self._save()
+        except FabricError:
+            if previous is None:
+                del self._log[key]  # never acknowledged: forget it, the caller sees the error
+            raise
+
+    def _prune(self) -> None:
+        now = self._clock()
+        stale = [k for k, op in self._log.items() if op["state"] != OperationState.RUNNING.value
+                 and (op.get("finished_at") or now) + FINISHED_RETENTION_SECONDS < now]
+        if stale:
+            for key in stale:
+                del self._log[key]
+            self._save()
+
+    def _save(self) -> None:
+        document: Document = {"schema": STATE_SCHEMA, "operations": self._log}
+        try:
+            self._version = self._store.save(document, self._version)
+        except StateConflict as exc:
+            raise FabricError(ErrorCode.BACKEND, f"{self._store.describe()} was changed by another DDS process; "
+                                                 f"only one may drive the Redfish service") from exc
+        except StateStoreError as exc:
+            raise FabricError(ErrorCode.BACKEND, str(exc)) from exc
+
+    def _public(self, key: str) -> Operation:
+        op = self._log[key]
+        error = FabricError(ErrorCode(op["error_code"]), op["error_message"]) if op.get("error_code") else None
+        return Operation(key=key, kind=OperationKind(op["kind"]), node=op["node"], state=OperationState(op["state"]),
+                         requested=op["requested"], model=op["model"], pool=op["pool"],
+                         devices=tuple(op.get("devices", ())), error=error, started_at=op["started_at"],
+                         finished_at=op.get("finished_at"))
+
+    # --- reading the service ---
+    def _inventory(self) -> _Inventory:
+        root = self._get("/redfish/v1/")
+        composition = self._get(_link(root, "CompositionService", "ServiceRoot"))
+        blocks: dict[str, _Block] = {}
+        for member in self._get(_link(composition, "ResourceBlocks", "CompositionService")).get("Members", []):
+            block = self._read_block(member["@odata.id"])
+            if block is not None:
+                blocks[block.uri] = block
+        systems: dict[str, _System] = {}
+        for member in self._get(_link(root, "Systems", "ServiceRoot")).get("Members", []):
+            system = _system_from(self._get(member["@odata.id"]))
+            systems[system.uri] = system
+        return _Inventory(blocks, systems)
+
+    def _read_block(self, uri: str) -> Optional[_Block]:
+        body = self._get(uri)
+        if uri not in self._static:
+            self._static[uri] = (self._gpu_model(body), _pool_of(body))
+        model, pool = self._static[uri]
+        if model is None:
+            return None
+        systems = body.get("Links", {}).get("ComputerSystems", [])
+        state = body.get("CompositionStatus", {}).get("CompositionState", "")
+        return _Block(str(body.get("Id", uri.rsplit("/", 1)[-1])), uri, model, pool, state,
+                      systems[0]["@odata.id"] if systems else None)
+
+    def _gpu_model(self, block: dict[str, Any]) -> Optional[str]:
+        for link in block.get("Processors", []):
+            processor = self._get(link["@odata.id"])
+            if processor.get("ProcessorType") == "GPU":
+                return str(processor.get("Model") or "unknown")
+        return None
+
+    def _system_or_raise(self, inventory: _Inventory, node: str, key: str) -> _System:
+        system = inventory.system_for(node)
+        if system is None:
+            raise FabricError(ErrorCode.NOT_FOUND, f"{key}: no ComputerSystem has HostName or Name {node!r}")
+        return system
+
+    @staticmethod
+    def _is_free(block: _Block) -> bool:
+        return block.system_uri is None and block.state == "Unused"
+
+    # --- HTTP ---
+    def _url(self, path: str) -> str:
+        return path if path.startswith("http") else f"{self._base}{path}"
+
+    def _login(self) -> None:
+        if not self._settings.username:
+            return
+        try:
+            root = self._get("/redfish/v1/")
+            sessions = root.get("Links", {}).get("Sessions", {}).get("@odata.id")
+            if sessions:
+                response = self._http.post(self._url(sessions), json={"UserName": self._settings.username,
+                                                                      "Password": self._password},
+                                           timeout=self._settings.timeout_seconds)
+                if response.status_code in (200, 201) and response.headers.get("X-Auth-Token"):
+                    self._http.headers["X-Auth-Token"] = response.headers["X-Auth-Token"]
+                    self._session_uri = response.headers.get("Location")
+                    return
+                log.info("Redfish session login answered %s; using basic authentication", response.status_code)
+        except (requests.RequestException, RedfishHTTPError) as exc:
+            log.info("Redfish session login failed (%s); using basic authentication", exc)
+        self._http.auth = (self._settings.username, self._password)
+
+    @retry(retry=retry_if_exception_type(requests.ConnectionError), stop=stop_after_attempt(3),
+           wait=wait_exponential(multiplier=0.2, max=2.0), reraise=True)
+    def _get(self, path: str) -> dict[str, Any]:
+        try:
+            response = self._http.get(self._url(path), timeout=self._settings.timeout_seconds)
+        except requests.Timeout as exc:
+            raise FabricError(ErrorCode.TIMEOUT, f"GET {path}: {exc}") from exc
+        except requests.ConnectionError:
+            raise
+        except requests.RequestException as exc:
+            raise FabricError(ErrorCode.BACKEND, f"GET {path}: {exc}") from exc
+        if response.status_code != 200:
+            error = _http_error(response)
+            raise FabricError(ErrorCode.NOT_FOUND if response.status_code == 404 else ErrorCode.BACKEND,
+                              f"GET {path}: {error}")
+        return response.json()
+
+    def _send(self, method: str, path: str, body: dict[str, Any]) -> None:
+        response = self._http.request(method, self._url(path), json=body, timeout=self._settings.timeout_seconds)
+        if response.status_code >= 300:
+            raise _http_error(response)
+
+
+def _new_op(key: str, kind: OperationKind, node: str, system: str, pool: str, model: str, count: int,
+            now: float) -> dict[str, Any]:
+    return {"key": key, "kind": kind.value, "node": node, "system": system, "pool": pool, "model": model,
+            "requested": count, "started_at": now, "state": OperationState.RUNNING.value, "blocks": {},
+            "devices": [], "finished_at": None, "error_code": None, "error_message": ""}
+
+
+def _failed(op: dict[str, Any], now: float, code: ErrorCode, message: str) -> dict[str, Any]:
+    op.update(state=OperationState.FAILED.value, finished_at=now, error_code=code.value, error_message=message)
+    return op
+
+
+def _device_state(block: _Block, detaching: bool) -> DeviceState:
+    if detaching:
+        return DeviceState.DETACHING
+    if block.state == "Composing":
+        return DeviceState.ATTACHING
+    if block.state in _ONLINE_STATES:
+        return DeviceState.ONLINE
+    return DeviceState.FAILED
+
+
+def _link(body: dict[str, Any], name: str, where: str) -> str:
+    try:
+        return str(body[name]["@odata.id"])
+    except (KeyError, TypeError) as exc:
+        raise FabricError(ErrorCode.BACKEND, f"the Redfish {where} has no {name} link") from exc
+
+
+def _pool_of(block: dict[str, Any]) -> str:
+    zones = block.get("Links", {}).get("Zones", [])
+    return zones[0]["@odata.id"].rstrip("/").rsplit("/", 1)[-1] if zones else DEFAULT_POOL
+
+
+def _system_from(body: dict[str, Any]) -> _System:
+    host, name = str(body.get("HostName") or ""), str(body.get("Name") or "")
+    actions = {action: str(spec["target"]) for action, spec in body.get("Actions", {}).items()
+               if action in (ADD_ACTION, REMOVE_ACTION) and isinstance(spec, dict) and "target" in spec}
+    blocks = tuple(link["@odata.id"] for link in body.get("Links", {}).get("ResourceBlocks", []))
+    return _System(str(body["@odata.id"]), host or name, (host, name), blocks, actions)
+
+
+def _http_error(response: requests.Response) -> RedfishHTTPError:
+    message_id, message = "", response.reason or ""
+    try:
+        error = response.json().get("error", {})
+        message_id = str(error.get("code", ""))
+        info = error.get("@Message.ExtendedInfo") or []
+        message = str(info[0].get("Message") if info else error.get("message", message))
+        message_id = str(info[0].get("MessageId", message_id)) if info else message_id
+    except (ValueError, AttributeError):
+        pass
+    return RedfishHTTPError(response.status_code, message_id, message)
+

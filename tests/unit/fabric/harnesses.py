@@ -1,0 +1,119 @@
+"""Harnesses for the contract suite: each backend on a fresh world matching contract.POOL/MODEL/TOTAL/SLOTS."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+from dds.config import LatencySpec, PoolSpec, RedfishSettings, SimulatedFabricSettings
+from dds.fabric.base import Fabric, FabricDevice, Operation
+from dds.fabric.redfish import RedfishFabric
+from dds.fabric.simulated import SimulatedFabric
+from dds.fabric.state import InMemoryFabricStateStore
+from dds.testing.redfish_emulator import EmulatedSystem, EmulatorConfig, RedfishEmulator
+from tests.unit.fabric.contract import MODEL, NODE_A, NODE_B, NODE_C, POOL, SLOTS, TOTAL
+
+
+class FakeClock:
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def contract_pools() -> list[PoolSpec]:
+    return [PoolSpec(name=POOL, devices={MODEL: TOTAL}, max_slots_per_node=SLOTS)]
+
+
+def wait_until_done(fabric: Callable[[], Fabric], key: str, timeout_s: float = 30.0) -> Operation:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        op = fabric().operation(key)
+        assert op is not None, f"the fabric does not know operation {key}"
+        if op.state.done:
+            return op
+        if time.monotonic() > deadline:
+            raise AssertionError(f"operation {key} not done after {timeout_s}s: {op}")
+        time.sleep(0.02)
+
+
+class SimulatedHarness:
+    """The simulated fabric on a virtual clock: settling advances time past the largest latency."""
+
+    def __init__(self, settings: Optional[SimulatedFabricSettings] = None) -> None:
+        self.clock = FakeClock()
+        self.store = InMemoryFabricStateStore()
+        self.settings = settings or SimulatedFabricSettings(
+            pools=contract_pools(), attach_latency=LatencySpec(min=20, max=40),
+            detach_latency=LatencySpec(min=5, max=10))
+        self.busy: set[str] = set()
+        self.visible: dict[str, dict[str, int]] = {}
+        self.fabric = self._build()
+
+    def _build(self) -> SimulatedFabric:
+        return SimulatedFabric(self.settings, clock=self.clock, store=self.store,
+                               on_node_devices_changed=self._on_visible, device_in_use=self._in_use)
+
+    def _on_visible(self, node: str, counts: dict[str, int]) -> None:
+        self.visible[node] = counts
+
+    def _in_use(self, device: FabricDevice) -> bool:
+        return device.id in self.busy
+
+    def settle(self, key: str) -> Operation:
+        self.clock.advance(max(self.settings.attach_latency.max, self.settings.detach_latency.max) + 1)
+        op = self.fabric.operation(key)
+        assert op is not None and op.state.done, op
+        self.fabric.check_invariants()
+        return op
+
+    def restart(self) -> Fabric:
+        self.fabric = self._build()
+        return self.fabric
+
+    def mark_in_use(self, device_id: str) -> bool:
+        self.busy.add(device_id)
+        return True
+
+
+class RedfishHarness:
+    """The Redfish backend against the emulator on loopback, on wall time (short composition latencies)."""
+
+    def __init__(self, composition_latency_s: float = 0.3, decomposition_latency_s: float = 0.1,
+                 advertise_actions: bool = True) -> None:
+        self.config = EmulatorConfig(
+            systems=[EmulatedSystem("sys-1", NODE_A), EmulatedSystem("sys-2", "blade-2", host_name=NODE_B),
+                     EmulatedSystem("sys-3", NODE_C)],
+            gpus={POOL: {MODEL: TOTAL}}, composition_latency_s=composition_latency_s,
+            decomposition_latency_s=decomposition_latency_s, username="dds", password="secret",
+            advertise_actions=advertise_actions)
+        self.emulator = RedfishEmulator(self.config)
+        self.emulator.start()
+        self.store = InMemoryFabricStateStore()
+        self._fabrics: list[RedfishFabric] = []
+        self.fabric = self._build()
+
+    def _build(self) -> RedfishFabric:
+        fabric = RedfishFabric(RedfishSettings(endpoint=self.emulator.url, username="dds", timeout_seconds=5),
+                               password="secret", clock=time.time, store=self.store, pools=contract_pools())
+        self._fabrics.append(fabric)
+        return fabric
+
+    def settle(self, key: str) -> Operation:
+        return wait_until_done(lambda: self.fabric, key)
+
+    def restart(self) -> Fabric:
+        self.fabric = self._build()
+        return self.fabric
+
+    def mark_in_use(self, device_id: str) -> bool:
+        return False  # Redfish has no notion of a device in use
+
+    def close(self) -> None:
+        for fabric in self._fabrics:
+            fabric.close()
+        self.emulator.stop()
