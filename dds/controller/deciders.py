@@ -139,7 +139,6 @@ class PlannerScaleUp:
             self._reconcile_gpu(group, [r for r in records if r.kind == InstanceKind.GPU and not r.error_code])
             self._reconcile_nodes(group, observation, now,
                                   [r for r in records if r.kind == InstanceKind.NODE and not r.error_code])
-        self._update_gauges(observation)
 
     def _reconcile_gpu(self, group: NodeGroupSpec, records: list[InstanceRecord]) -> None:
         for record in records:
@@ -206,16 +205,6 @@ class PlannerScaleUp:
         self.tracker.fail(record.id, code.value, message, klass)
         metrics.DECISIONS.labels(Case.SCALE_UP.value, "error").inc()
         log.warning("instance %s of %s failed: %s: %s", record.id, record.group_id, code.value, message)
-
-    def _update_gauges(self, observation: Observation) -> None:
-        for group in observation.snapshot.groups:
-            counts: dict[tuple[str, str], int] = {}
-            for r in self.tracker.list(group.id):
-                state = "failed" if r.error_code else "creating"
-                counts[(r.kind.value, state)] = counts.get((r.kind.value, state), 0) + 1
-            for kind in InstanceKind:
-                for state in ("creating", "failed"):
-                    metrics.INSTANCES.labels(group.id, kind.value, state).set(counts.get((kind.value, state), 0))
 
 
 def _refusal(plan: ScaleUpPlan, group: NodeGroupSpec) -> str:

@@ -13,10 +13,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from kubernetes import client
 
 from dds.controller.idle import IdleTracker, NodeUsage
-from dds.fabric.base import DeviceState, Fabric, OperationKind
+from dds.controller.devices import devices_by_node
+from dds.fabric.base import Fabric, OperationKind
 from dds.kube import convert
 from dds.model.groups import NodeGroupSpec
-from dds.planner.snapshot import Device, NodeInfo, PodInfo, PoolInfo, Snapshot
+from dds.planner.snapshot import NodeInfo, PodInfo, PoolInfo, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -125,19 +126,12 @@ class ClusterObserver:
                 if since is not None:
                     unschedulable[info.key] = since
 
-        devices_by_node: dict[str, list[Device]] = {}
-        detaching_by_node: dict[str, list[str]] = {}
-        for d in self._fabric.devices():
-            if d.node is None:
-                continue
-            if d.state == DeviceState.ONLINE:
-                devices_by_node.setdefault(d.node, []).append(Device(d.id, d.model, d.pool, d.attached_at or 0.0))
-            elif d.state == DeviceState.DETACHING:
-                detaching_by_node.setdefault(d.node, []).append(d.id)
+        grouped = devices_by_node(self._fabric.devices())
+        online_by_node, detaching_by_node = grouped.online, grouped.detaching
         attaching_by_node: dict[str, int] = {}
         for op in self._fabric.operations():
             if op.kind == OperationKind.ATTACH and not op.state.done:
-                online = sum(1 for dev in devices_by_node.get(op.node, ()) if dev.id in op.devices)
+                online = sum(1 for dev in online_by_node.get(op.node, ()) if dev.id in op.devices)
                 attaching_by_node[op.node] = attaching_by_node.get(op.node, 0) + max(0, op.requested - online)
 
         nodes = []
@@ -154,7 +148,7 @@ class ClusterObserver:
                 group_id = None
             group = next((g for g in groups if g.id == group_id), None)
             gpu_resource = group.gpu_resource if group else "nvidia.com/gpu"
-            devices = tuple(sorted(devices_by_node.get(name, ()), key=lambda d: (d.attached_at, d.id)))
+            devices = tuple(sorted(online_by_node.get(name, ()), key=lambda d: (d.attached_at, d.id)))
             bound = pods_by_node.get(name, [])
             if group is not None:
                 usages.append(NodeUsage(name=name, fabric_gpus=len(devices),

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Callable, Optional
 
+from dds.controller.devices import devices_by_node
 from dds.controller.idle import IdleTracker, NodeUsage
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, FabricDevice, FabricError, OperationKind,
                              OperationState)
@@ -537,24 +538,13 @@ class Simulation:
         return self._device_listing[1]
 
     def _online_devices(self) -> dict[str, list[Device]]:
-        online: dict[str, list[Device]] = {}
-        for d in self._devices():
-            if d.node is not None and d.state == DeviceState.ONLINE:
-                online.setdefault(d.node, []).append(Device(d.id, d.model, d.pool, d.attached_at or 0.0))
-        return online
+        return devices_by_node(self._devices()).online
 
     def _snapshot(self, capacity_to_come: bool, only: Optional[set[str]] = None) -> Snapshot:
         """Now as the cluster would show it. Without capacity to come: what a pod could be bound to this instant.
         `only`: just these nodes (and their pods)."""
-        online: dict[str, list[Device]] = {}
-        detaching: dict[str, list[str]] = {}
-        for d in self._devices():
-            if d.node is None:
-                continue
-            if d.state == DeviceState.ONLINE:
-                online.setdefault(d.node, []).append(Device(d.id, d.model, d.pool, d.attached_at or 0.0))
-            elif d.state == DeviceState.DETACHING:
-                detaching.setdefault(d.node, []).append(d.id)
+        grouped = devices_by_node(self._devices())
+        online, detaching = grouped.online, grouped.detaching
         attaching: dict[str, int] = {}
         if capacity_to_come:
             for key, node in self._ops_in_flight.items():
