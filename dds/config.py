@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
@@ -20,16 +20,23 @@ class FabricBackend(str, Enum):
 class NodeBackend(str, Enum):
     MACHINESET = "machineset"  # Cluster API: scale MachineSets (an infrastructure provider makes the machines)
     MEMORY = "memory"  # no cluster: remember the wanted nodes only (dds serve with a YAML file)
+    KWOK = "kwok"  # MachineSets, with DDS itself making their Machines and kwok Nodes (demo, tests; dds/nodes/kwok.py)
 
 
-class LatencySpec(BaseModel):
+class _Section(BaseModel):
+    """A nested settings section: an unknown key is an error (a typo such as `pasword_file` must not be ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class LatencySpec(_Section):
     """A latency distribution in seconds: uniform in [min, max] (min == max: fixed)."""
 
     min: float = Field(default=20.0, ge=0)
     max: float = Field(default=40.0, ge=0)
 
 
-class FaultSpec(BaseModel):
+class FaultSpec(_Section):
     """Fault injection for the simulated fabric: probabilities per operation (0..1)."""
 
     attach_error: float = Field(default=0.0, ge=0, le=1)
@@ -40,13 +47,13 @@ class FaultSpec(BaseModel):
     seed: Optional[int] = None
 
 
-class PoolSpec(BaseModel):
+class PoolSpec(_Section):
     name: str
     devices: dict[str, int]  # model -> count
     max_slots_per_node: Optional[int] = None  # a fabric-side limit on top of each group's max GPUs
 
 
-class SimulatedFabricSettings(BaseModel):
+class SimulatedFabricSettings(_Section):
     pools: list[PoolSpec] = Field(default_factory=lambda: [PoolSpec(name="default", devices={"A30": 8})])
     attach_latency: LatencySpec = Field(default_factory=LatencySpec)
     detach_latency: LatencySpec = Field(default_factory=lambda: LatencySpec(min=5.0, max=10.0))
@@ -55,7 +62,7 @@ class SimulatedFabricSettings(BaseModel):
     state_configmap: str = "dds-simulated-fabric"
 
 
-class RedfishSettings(BaseModel):
+class RedfishSettings(_Section):
     endpoint: str = "https://127.0.0.1:8000"
     username: str = ""
     password_file: Optional[Path] = None
@@ -64,9 +71,16 @@ class RedfishSettings(BaseModel):
     timeout_seconds: float = 10.0
 
 
-class ComposabilitySettings(BaseModel):
+class ComposabilitySettings(_Section):
     resource_type: str = "gpu"
     request_name_prefix: str = "dds-"
+
+
+class KwokSettings(_Section):
+    """node_backend kwok: DDS plays Cluster API's MachineSet controller and an infrastructure provider for kwok."""
+
+    provisioning_delay_seconds: float = Field(default=10.0, ge=0)  # Machine created -> its Node registers
+    poll_interval_seconds: float = Field(default=1.0, gt=0)
 
 
 class Settings(BaseSettings):
@@ -94,13 +108,16 @@ class Settings(BaseSettings):
     redfish: RedfishSettings = Field(default_factory=RedfishSettings)
     composability: ComposabilitySettings = Field(default_factory=ComposabilitySettings)
     node_backend: NodeBackend = NodeBackend.MACHINESET
+    kwok: KwokSettings = Field(default_factory=KwokSettings)
 
     # Planning.
     policy: str = "best-fit"
     batch_solver: str = "auto"
     solver_time_budget_seconds: float = Field(default=2.0, gt=0)
     # A pending pod unschedulable this long without CA starting a scale-up is DDS's to serve (case 2).
-    unhandled_pending_grace_seconds: float = Field(default=30.0, ge=0)
+    # Case 2 starts only after CA had its chance: CA waits 30 s before scaling up for a GPU pod (its
+    # unschedulablePodWithGpuTimeBuffer) and scans every 10 s, so 60 s leaves CA's case 1 the first word.
+    unhandled_pending_grace_seconds: float = Field(default=60.0, ge=0)
     loop_interval_seconds: float = Field(default=5.0, gt=0)
     orphan_attach_timeout_seconds: float = Field(default=600.0, gt=0)
     max_node_provision_seconds: float = Field(default=900.0, gt=0)
@@ -136,11 +153,16 @@ class Settings(BaseSettings):
         """Build settings from a YAML file, the environment and flags (None-valued flags are ignored)."""
         data: dict[str, Any] = {}
         if config_file is not None:
-            loaded = yaml.safe_load(Path(config_file).read_text()) or {}
+            try:
+                loaded = yaml.safe_load(Path(config_file).read_text()) or {}
+            except yaml.YAMLError as exc:  # not a ValueError: callers would see a traceback instead of the file
+                raise ValueError(f"{config_file}: not valid YAML: {exc}") from exc
             if not isinstance(loaded, dict):
                 raise ValueError(f"{config_file}: the top level must be a mapping of settings")
             data.update({k.replace("-", "_"): v for k, v in loaded.items()})
+            if "config_file" in data:  # the file's own path is not a setting (it would collide with the argument)
+                raise ValueError(f"{config_file}: config_file is not a setting of the file (use --config)")
         from_env = cls()  # raises on a malformed DDS_* variable, naming it
-        data.update({name: getattr(from_env, name) for name in from_env.model_fields_set})
+        data.update({name: getattr(from_env, name) for name in from_env.model_fields_set - {"config_file"}})
         data.update({k: v for k, v in flags.items() if v is not None})
         return cls(config_file=config_file, **data)

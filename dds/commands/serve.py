@@ -5,7 +5,13 @@ in flight (nothing boots them), which is enough to check a CA setup against DDS:
 
     dds serve --listen 127.0.0.1:8086 --node-groups examples/node-groups.yaml --insecure
 
-Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 2 for bad flags, settings or files.
+In a cluster (`--kubeconfig FILE` or `--in-cluster`) DDS serves the MachineSets opted in with `dds.cdi.dev/enabled`,
+plans GPU attaches before nodes, drives the fabric and the MachineSets, and runs its control loop (dds/app.py):
+
+    dds serve --config dds.yaml --kubeconfig ~/.kube/config
+
+Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 1 after losing the leader lease (restart as a standby),
+2 for bad flags, settings or files.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from dds.nodes.memory import MemoryProvisioner
 from dds.provider.decider import AddNodesDecider, RemoveNodesDecider
 from dds.provider.instances import InstanceFactory, InstanceTracker, MemoryStateStore
 from dds.provider.registry import Registry, StaticClusterView
-from dds.provider.server import ProviderServer, ServerConfigError, build_server
+from dds.provider.server import ProviderServer, ServerConfigError, build_server, check_tls_material
 from dds.provider.sources import FileSource, NodeGroupCatalog
 
 log = logging.getLogger("dds.serve")
@@ -47,6 +53,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--listen", help="host:port to listen on (default 0.0.0.0:8086)")
     parser.add_argument("--node-groups", dest="node_groups_file", type=Path,
                         help="serve the node groups of this YAML file, without a cluster")
+    parser.add_argument("--kubeconfig", type=Path, help="serve the cluster of this kubeconfig")
+    parser.add_argument("--in-cluster", action="store_true", default=None,
+                        help="serve the cluster DDS runs in (service account)")
+    parser.add_argument("--metrics-listen", help="host:port of /metrics, /healthz, /readyz (default 0.0.0.0:8087)")
+    parser.add_argument("--leader-election", action="store_true", default=None,
+                        help="campaign for the Lease; only the leader acts and answers cluster-autoscaler")
+    parser.add_argument("--identity", help="leader-election identity (default: hostname_pid)")
     parser.add_argument("--insecure", action="store_true", default=None,
                         help="plaintext gRPC (no TLS); only for local testing")
     parser.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
@@ -59,7 +72,8 @@ def register(subparsers: Any) -> None:
 
 def load_settings(args: argparse.Namespace) -> Settings:
     flags = {name: getattr(args, name, None) for name in
-             ("listen", "node_groups_file", "insecure", "tls_cert", "tls_key", "tls_ca", "gpu_label", "log_level")}
+             ("listen", "node_groups_file", "insecure", "tls_cert", "tls_key", "tls_ca", "gpu_label", "log_level",
+              "kubeconfig", "in_cluster", "metrics_listen", "leader_election", "identity")}
     try:
         return Settings.load(args.config, **flags)
     except ValidationError as exc:
@@ -118,13 +132,41 @@ def serve_until_signalled(server: ProviderServer, stop: Optional[threading.Event
             signal.signal(sig, handler)
 
 
+def run_cluster(settings: Settings) -> int:
+    from dds.app import build_app
+
+    try:
+        app = build_app(settings)
+    except ValueError as exc:  # no kubeconfig, bad fabric settings, bad listen address
+        print(f"dds serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    stop = app.stopped
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        app.start()
+        stop.wait()
+    finally:
+        app.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return app.exit_code
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args)
         _configure_logging(settings)
+        check_tls_material(settings)  # before anything touches the cluster: no plaintext unless asked for
         if settings.node_groups_file is None:
-            raise UsageError("no node groups: pass --node-groups FILE (serving MachineSets of a cluster needs the "
-                             "cluster wiring, which this command does not include)")
+            if settings.kubeconfig is None and not settings.in_cluster:
+                raise UsageError("nothing to serve: pass --kubeconfig FILE or --in-cluster (a cluster's MachineSets), "
+                                 "or --node-groups FILE (no cluster)")
+            return run_cluster(settings)
         parts = no_cluster_parts(settings)
         server = build_server(settings, parts.registry, parts.scale_up, parts.scale_down)
     except (UsageError, ServerConfigError) as exc:

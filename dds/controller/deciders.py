@@ -19,7 +19,7 @@ from dds import metrics
 from dds.controller.executor import node_ref
 from dds.controller.loop import Controller
 from dds.controller.observe import Observation
-from dds.fabric.base import ErrorCode, FabricError, Operation, OperationState
+from dds.fabric.base import ErrorCode, FabricError, Operation, OperationKind, OperationState
 from dds.model.events import NORMAL
 from dds.model.groups import NodeGroupSpec
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
@@ -41,6 +41,7 @@ class _GpuInstanceWork:
     pending: set[str] = field(default_factory=set)  # operation keys still running
     failed: list[Operation] = field(default_factory=list)
     attached: int = 0
+    attached_elsewhere: bool = False  # waits on another request's attaches: their failure is not this instance's
 
 
 class PlannerScaleUp:
@@ -99,6 +100,10 @@ class PlannerScaleUp:
         instances += gpu_instances
         for instance in gpu_instances:
             self._work[instance.id] = _GpuInstanceWork()
+        if gpu_instances and not plan.attaches:
+            # The pods fit on capacity already on its way: each instance stays "creating" until the attaches in
+            # flight end, so CA sees the scale-up it asked for as upcoming instead of asking again every loop.
+            self._wait_for_in_flight_attaches(gpu_instances)
         if gpu_instances:
             for index, step in enumerate(plan.attaches):
                 owner = gpu_instances[index % len(gpu_instances)]
@@ -119,6 +124,16 @@ class PlannerScaleUp:
                     continue
                 self.controller.watcher.watch(operation)
         return instances
+
+    def _wait_for_in_flight_attaches(self, instances: list[InstanceRecord]) -> None:
+        watcher = self.controller.watcher
+        in_flight = [op for op in watcher.in_flight() if op.kind == OperationKind.ATTACH and not op.state.done]
+        for instance in instances:
+            work = self._work[instance.id]
+            for operation in in_flight:
+                work.pending.add(operation.key)
+                work.attached_elsewhere = True
+                watcher.watch(operation, on_done=lambda op, iid=instance.id: self._on_attach_done(iid, op))
 
     # --- progress ---
     def _on_attach_done(self, instance_id: str, operation: Operation) -> None:
@@ -148,7 +163,7 @@ class PlannerScaleUp:
                 work = self._adopt(record)
             if work.pending:
                 continue
-            if work.failed and work.attached == 0:
+            if work.failed and work.attached == 0 and not work.attached_elsewhere:
                 error = work.failed[0].error or FabricError(ErrorCode.BACKEND, "attach failed")
                 if not self._fall_back_to_node(group, record, error):
                     self._fail(record, error.code, error.message)

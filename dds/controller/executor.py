@@ -114,7 +114,7 @@ class Executor:
 @dataclass
 class _Watched:
     operation: Operation
-    on_done: Optional[Callable[[Operation], None]] = None
+    on_done: list[Callable[[Operation], None]] = field(default_factory=list)
 
 
 @dataclass
@@ -127,9 +127,11 @@ class OperationWatcher:
     _watched: dict[str, _Watched] = field(default_factory=dict)
 
     def watch(self, operation: Operation, on_done: Optional[Callable[[Operation], None]] = None) -> None:
-        self._watched.setdefault(operation.key, _Watched(operation, on_done))
+        """Follow `operation`; every `on_done` given for it (by its starter, or by an instance waiting on it) runs once
+        when it ends."""
+        watched = self._watched.setdefault(operation.key, _Watched(operation))
         if on_done is not None:
-            self._watched[operation.key].on_done = on_done
+            watched.on_done.append(on_done)
 
     def adopt_in_flight(self) -> int:
         """After a restart: follow every operation the fabric still has in flight."""
@@ -159,8 +161,8 @@ class OperationWatcher:
                 continue
             del self._watched[key]
             self._record(current)
-            if watched.on_done is not None:
-                watched.on_done(current)
+            for callback in watched.on_done:
+                callback(current)
             finished.append(current)
         return finished
 

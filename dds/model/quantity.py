@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, Overflow
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
             "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
             "P": Decimal(10**15), "E": Decimal(10**18)}
+# Far above the largest Kubernetes quantity (2^63-1, about 9.2e18), and low enough that turning a value into an int
+# stays cheap: "1e999999" would otherwise build a million-digit integer (half a minute of CPU).
+_MAX_EXPONENT = 40
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
 
 
 class QuantityError(ValueError):
     """A string that is not a Kubernetes quantity."""
+
+
+class QuantityTooLarge(QuantityError):
+    """A quantity far beyond any Kubernetes quantity (the largest is 2^63-1)."""
 
 
 def parse_quantity(value: str | int | float) -> Decimal:
@@ -30,12 +37,16 @@ def parse_quantity(value: str | int | float) -> Decimal:
     number, suffix = match.group(1), match.group(2) or ""
     if "e" in number.lower() and suffix:
         raise QuantityError(f"not a quantity: {value!r}")
-    try:
-        amount = Decimal(number)
-    except InvalidOperation as exc:
-        raise QuantityError(f"not a quantity: {value!r}") from exc
     multiplier = _BINARY.get(suffix)
-    return amount * (Decimal(multiplier) if multiplier else _DECIMAL[suffix])
+    try:
+        amount = Decimal(number) * (Decimal(multiplier) if multiplier else _DECIMAL[suffix])
+    except Overflow as exc:  # an exponent past Decimal's range
+        raise QuantityTooLarge(f"quantity too large: {value!r}") from exc
+    except ArithmeticError as exc:
+        raise QuantityError(f"not a quantity: {value!r}") from exc
+    if amount.adjusted() > _MAX_EXPONENT:
+        raise QuantityTooLarge(f"quantity too large: {value!r}")
+    return amount
 
 
 def to_milli(value: str | int | float) -> int:

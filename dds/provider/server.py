@@ -11,16 +11,19 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import grpc
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dds.config import Settings
 from dds.provider.decider import ScaleDownDecider, ScaleUpDecider
-from dds.provider.gen.externalgrpc import externalgrpc_pb2, externalgrpc_pb2_grpc
+from dds.provider.gen.externalgrpc import externalgrpc_pb2
 from dds.provider.registry import Registry
-from dds.provider.servicer import CloudProviderServicer
+from dds.provider.servicer import CloudProviderServicer, add_to_server
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +44,37 @@ def _read(setting: str, path: Optional[Path]) -> bytes:
         raise ServerConfigError(f"{setting} {path}: cannot read: {exc.strerror or exc}") from exc
 
 
+def check_tls_material(settings: Settings) -> None:
+    """Fail fast, before DDS touches a cluster: mutual TLS unless `insecure`, with files that hold what they claim
+    (gRPC would only fail at bind time, with a message that names none of them). Messages name paths, never content."""
+    if settings.insecure:
+        return
+    cert, key, client_ca = (_read(name, path) for name, path in (
+        ("tls_cert", settings.tls_cert), ("tls_key", settings.tls_key), ("tls_ca", settings.tls_ca)))
+    try:
+        certificate = x509.load_pem_x509_certificate(cert)
+    except ValueError:
+        raise ServerConfigError(f"tls_cert {settings.tls_cert}: not a PEM certificate") from None
+    try:
+        private_key = serialization.load_pem_private_key(key, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        raise ServerConfigError(f"tls_key {settings.tls_key}: not an unencrypted PEM private key") from None
+    if _spki(private_key.public_key()) != _spki(certificate.public_key()):
+        raise ServerConfigError(f"tls_key {settings.tls_key} is not the key of tls_cert {settings.tls_cert}")
+    try:
+        x509.load_pem_x509_certificates(client_ca)
+    except ValueError:
+        raise ServerConfigError(f"tls_ca {settings.tls_ca}: not PEM certificates") from None
+
+
+def _spki(public_key: object) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.DER,  # type: ignore[attr-defined]
+                                   serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
 def server_credentials(settings: Settings) -> grpc.ServerCredentials:
     """Mutual TLS: our certificate and key, and the CA that client certificates must be signed by (required)."""
+    check_tls_material(settings)
     cert = _read("tls_cert", settings.tls_cert)
     key = _read("tls_key", settings.tls_key)
     client_ca = _read("tls_ca", settings.tls_ca)
@@ -64,6 +96,12 @@ class ProviderServer:
         log.info("CloudProvider gRPC server listening on %s", self.address)
         return self.port
 
+    def set_serving(self, serving: bool) -> None:
+        """Health as probes and CA's channel see it (e.g. NOT_SERVING while this replica is a standby)."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", SERVICE_NAME):
+            self.health.set(service, status)
+
     def stop(self, grace_seconds: float = 5.0) -> None:
         """Report NOT_SERVING, let calls in progress finish for up to `grace_seconds`, then stop."""
         if self._stopped.is_set():
@@ -78,14 +116,15 @@ class ProviderServer:
 
 
 def build_server(settings: Settings, registry: Registry, scale_up: ScaleUpDecider, scale_down: ScaleDownDecider,
-                 *, max_workers: int = 16, new_request_key: Optional[Callable[[], str]] = None) -> ProviderServer:
+                 *, max_workers: int = 16, new_request_key: Optional[Callable[[], str]] = None,
+                 interceptors: Sequence[grpc.ServerInterceptor] = ()) -> ProviderServer:
     """A server bound to `settings.listen` (port 0 = any free port; see `.port`), not yet started."""
     from concurrent import futures
 
     servicer = CloudProviderServicer(registry, scale_up, scale_down, settings.gpu_label, new_request_key)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dds-grpc"),
-                         options=[("grpc.so_reuseport", 0)])
-    externalgrpc_pb2_grpc.add_CloudProviderServicer_to_server(servicer, server)
+                         options=[("grpc.so_reuseport", 0)], interceptors=tuple(interceptors))
+    add_to_server(servicer, server)  # lenient request decoding: a bad payload is INVALID_ARGUMENT, not INTERNAL
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for service in ("", SERVICE_NAME):

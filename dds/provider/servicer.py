@@ -16,9 +16,10 @@
 | PricingNodePrice, PricingPodPrice | -                            | UNIMPLEMENTED: the only code CA reads as "not provided"     |
 | Cleanup                      | flushes the instance store        | CA is shutting down                                         |
 
-Error codes (`status_for`): unknown group NOT_FOUND, bad argument INVALID_ARGUMENT, a node of another group or a
-decrease below the registered nodes FAILED_PRECONDITION, a scale-up nothing can serve RESOURCE_EXHAUSTED, anything
-unexpected INTERNAL. Every message says what was wrong.
+Error codes (`status_for`): unknown group NOT_FOUND, bad argument INVALID_ARGUMENT (also a payload that is not the
+method's request message: see `add_to_server`), a node of another group or a decrease below the registered nodes
+FAILED_PRECONDITION, a scale-up nothing can serve RESOURCE_EXHAUSTED, anything unexpected INTERNAL. Every message says
+what was wrong, cut to MAX_MESSAGE_CHARS (tests/unit/reliability fuzzes all of this).
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ import hashlib
 import itertools
 import logging
 import uuid
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
 
 import grpc
-from google.protobuf import any_pb2, duration_pb2
+from google.protobuf import any_pb2, duration_pb2, message_factory
+from google.protobuf.message import DecodeError
 
 from dds import metrics
 from dds.model.groups import NodeGroupSpec, TemplateMode
@@ -46,6 +49,7 @@ from dds.provider.template import build_template_node
 log = logging.getLogger(__name__)
 
 _NANOS = 1_000_000_000
+_GO_DURATION_MIN, _GO_DURATION_MAX = -2**63, 2**63 - 1  # nanoseconds; also the legacy field's int64
 _STATE = {InstanceState.CREATING: pb.InstanceStatus.instanceCreating,
           InstanceState.DELETING: pb.InstanceStatus.instanceDeleting}
 
@@ -71,6 +75,46 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+# An error message echoes the bad value; cut it short, as the message travels in a trailer and a client refuses
+# trailers over its metadata limit (8 KiB by default in gRPC) with an error that hides ours.
+MAX_MESSAGE_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class UndecodableRequest:
+    """What the lenient deserializer hands over for a payload that is not the method's request message."""
+
+    message_type: str
+    error: str
+
+
+def _lenient(message_class: Any) -> Callable[[bytes], Any]:
+    """gRPC answers INTERNAL for a request its deserializer cannot read; decode here instead, so the servicer can
+    answer INVALID_ARGUMENT naming the message type."""
+
+    def deserialize(payload: bytes) -> Any:
+        try:
+            return message_class.FromString(payload)
+        except (DecodeError, ValueError) as exc:
+            return UndecodableRequest(message_class.DESCRIPTOR.name, str(exc) or type(exc).__name__)
+
+    return deserialize
+
+
+def add_to_server(servicer: "CloudProviderServicer", server: grpc.Server) -> None:
+    """Register every CloudProvider method (what the generated `add_CloudProviderServicer_to_server` does), with
+    request deserializers that never raise."""
+    service = pb.DESCRIPTOR.services_by_name["CloudProvider"]
+    handlers = {
+        method.name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name),
+            request_deserializer=_lenient(message_factory.GetMessageClass(method.input_type)),
+            response_serializer=message_factory.GetMessageClass(method.output_type).SerializeToString)
+        for method in service.methods}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
+
+
 def _rpc(method: Callable[..., Any]) -> Callable[..., Any]:
     """Metrics, a debug line per call, and errors turned into a status with a message."""
     name = method.__name__
@@ -78,22 +122,39 @@ def _rpc(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def wrapper(self: "CloudProviderServicer", request: Any, context: grpc.ServicerContext) -> Any:
         with metrics.GRPC_LATENCY.labels(name).time():
-            log.debug("%s(%s)", name, _one_line(request))
+            if log.isEnabledFor(logging.DEBUG):  # rendering a request of 50,000 nodes is not free
+                log.debug("%s(%s)", name, _one_line(request))
             try:
+                if isinstance(request, UndecodableRequest):
+                    raise InvalidRequest(f"{name}: the payload is not a valid {request.message_type} protobuf "
+                                         f"message: {request.error}")
                 return method(self, request, context)
             except Exception as exc:
                 code = status_for(exc)
                 if code == grpc.StatusCode.INTERNAL:
                     log.exception("%s failed unexpectedly", name)
-                    message = f"{name} failed inside DDS: {type(exc).__name__}: {exc}"
+                    message = _bounded(f"{name} failed inside DDS: {type(exc).__name__}: {exc}")
                 else:
+                    message = _bounded(str(exc))
                     log.log(logging.DEBUG if code == grpc.StatusCode.UNIMPLEMENTED else logging.WARNING,
-                            "%s refused (%s): %s", name, code.name, exc)
-                    message = str(exc)
+                            "%s refused (%s): %s", name, code.name, message)
         metrics.GRPC_ERRORS.labels(name, code.name).inc()
         context.abort(code, message)
 
     return wrapper
+
+
+def _first(items: Iterable[str], limit: int = 20) -> str:
+    """A list for a log line: CA may name thousands of placeholder nodes in one call."""
+    items = list(items)
+    shown = ", ".join(items[:limit])
+    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return f"{message[:MAX_MESSAGE_CHARS - 40]}... ({len(message)} characters in all)"
 
 
 def _one_line(request: Any) -> str:
@@ -106,9 +167,9 @@ def _request_node(node: pb.ExternalGrpcNode) -> RequestNode:
                        annotations=dict(node.annotations))
 
 
-def _duration(seconds: float) -> duration_pb2.Duration:
+def _duration(nanos: int) -> duration_pb2.Duration:
     value = duration_pb2.Duration()
-    value.FromNanoseconds(int(round(seconds * _NANOS)))
+    value.FromNanoseconds(nanos)
     return value
 
 
@@ -199,7 +260,7 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
         placeholders = sum(1 for t in targets if isinstance(t, Placeholder))
         log.info("delete nodes of %s (request %s): %d live node(s) handed to the scale-down decider, %d "
                  "placeholder(s) of abandoned instances dropped: %s", group.id, key, len(targets) - placeholders,
-                 placeholders, ", ".join(n.describe() for n in nodes))
+                 placeholders, _first(n.describe() for n in nodes))
         return pb.NodeGroupDeleteNodesResponse()
 
     @_rpc
@@ -289,15 +350,20 @@ def group_options(group: NodeGroupSpec, defaults: pb.NodeGroupAutoscalingOptions
             ("scaleDownUnneededDuration", "scaleDownUnneededTime", overrides.scale_down_unneeded_seconds),
             ("scaleDownUnreadyDuration", "scaleDownUnreadyTime", overrides.scale_down_unready_seconds),
             ("MaxNodeProvisionDuration", "MaxNodeProvisionTime", overrides.max_node_provision_seconds)):
-        seconds = override if override is not None else _default_seconds(defaults, current, legacy)
-        getattr(options, current).CopyFrom(_duration(seconds))
-        getattr(options, legacy).duration = int(round(seconds * _NANOS))
+        nanos = int(round(override * _NANOS)) if override is not None else _default_nanos(defaults, current, legacy)
+        if not _GO_DURATION_MIN <= nanos <= _GO_DURATION_MAX:
+            where = f"defaults.{current}" if override is None else f"the group's override of {current}"
+            raise InvalidRequest(f"options of {group.id}: {where} = {nanos / _NANOS:.6g}s is out of range: a Go "
+                                 "time.Duration (and the legacy field) holds at most about 292 years")
+        getattr(options, current).CopyFrom(_duration(nanos))
+        getattr(options, legacy).duration = nanos
     return options
 
 
-def _default_seconds(defaults: pb.NodeGroupAutoscalingOptions, current: str, legacy: str) -> float:
+def _default_nanos(defaults: pb.NodeGroupAutoscalingOptions, current: str, legacy: str) -> int:
+    """In integer nanoseconds: CA's values are Go time.Durations, which a float round trip would not keep exact."""
     if defaults.HasField(current):
-        return getattr(defaults, current).ToNanoseconds() / _NANOS
+        return getattr(defaults, current).ToNanoseconds()
     if defaults.HasField(legacy):
-        return getattr(defaults, legacy).duration / _NANOS
-    return 0.0
+        return getattr(defaults, legacy).duration
+    return 0

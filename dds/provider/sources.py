@@ -28,6 +28,10 @@ scaledowngpuutilizationthreshold (0..1), scaledownunneededtime, scaledownunready
 durations such as `10m0s`); DDS also reads zeroormaxnodescaling and ignoredaemonsetsutilization (true/false).
 maxnodestartuptime is accepted and ignored: no released externalgrpc client has a field for it.
 
+Values beyond what Kubernetes or CA can hold (sizes over int32, quantities over 2^63-1, durations over a Go
+time.Duration) and names the apiserver would refuse on a node (label keys and values, taint keys and values, the GPU
+resource, GPU models, which become label values) are malformed too.
+
 A malformed group is reported (log line and Event naming the object and the key, metric
 `dds_node_group_config_errors_total`) and skipped; the others keep working. A source that cannot be read at all
 (apiserver down, file unreadable) keeps the last good groups.
@@ -51,7 +55,7 @@ from dds.kube.machinesets import MachineSetLister, MachineSetObject, MachineSetR
 from dds.model import groups as g
 from dds.model.events import WARNING, EventRecorder, ObjectRef
 from dds.model.groups import NodeGroupSpec, OptionOverrides, SourceRef, Taint, TemplateMode
-from dds.model.quantity import QuantityError, to_int, to_milli
+from dds.model.quantity import QuantityError, QuantityTooLarge, to_int, to_milli
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +177,13 @@ class _Fields:
         try:
             return convert(value)
         except (ValueError, QuantityError) as exc:
-            detail = str(exc) if isinstance(exc, QuantityError) else ""
-            self.error(key, f"{value!r} is not {expected}" + (f" ({detail})" if detail and value not in detail else ""))
+            if isinstance(exc, (OutOfRange, NotAName)):
+                detail = str(exc)
+            elif isinstance(exc, QuantityError) and value not in str(exc):
+                detail = str(exc)
+            else:
+                detail = ""
+            self.error(key, f"{_shown(value)} is not {expected}" + (f" ({detail})" if detail else ""))
             return default
 
     def required(self, key: str, convert: Callable[[str], T], expected: str) -> Optional[T]:
@@ -184,11 +193,31 @@ class _Fields:
         return self.get(key, convert, None, expected)  # type: ignore[arg-type]
 
 
+class OutOfRange(ValueError):
+    """A value of the right kind beyond what Kubernetes or cluster-autoscaler can hold; the message says the bound."""
+
+
+class NotAName(ValueError):
+    """A label, taint or resource name Kubernetes would refuse; the message says which part and why."""
+
+
+INT32_MAX = 2**31 - 1  # CA's NodeGroup sizes are int32 on the wire
+INT64_MAX = 2**63 - 1  # the largest Kubernetes quantity
+GO_DURATION_MAX_SECONDS = INT64_MAX / 1e9  # a Go time.Duration: about 292 years
+
+
 def _count(value: str) -> int:
     number = int(value)
     if number < 0:
         raise ValueError("negative")
+    if number > INT32_MAX:
+        raise OutOfRange(f"larger than {INT32_MAX}")
     return number
+
+
+def _shown(value: str, limit: int = 80) -> str:
+    """A value quoted for a message, cut short: an annotation can hold a megabyte."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
 
 
 def _bool(value: str) -> bool:
@@ -205,13 +234,55 @@ def _fraction(value: str) -> float:
     return number
 
 
+def _quantity(convert: Callable[[str], int]) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = convert(value)
+        except QuantityTooLarge:
+            number = INT64_MAX + 1
+        if number < 0:
+            raise ValueError(value)
+        if number > INT64_MAX:
+            raise OutOfRange(f"larger than the largest Kubernetes quantity, {INT64_MAX}")
+        return number
+    return parse
+
+
 def _positive_quantity(convert: Callable[[str], int]) -> Callable[[str], int]:
     def parse(value: str) -> int:
-        number = convert(value)
+        number = _quantity(convert)(value)
         if number <= 0:
             raise ValueError(value)
         return number
     return parse
+
+
+# Kubernetes' rules for names in labels, taints and resources (apimachinery validation).
+_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _check_qualified_name(text: str, what: str, prefix_required: bool = False) -> str:
+    prefix, slash, name = text.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        raise NotAName(f"{what} {_shown(text)}: the prefix before '/' must be a DNS subdomain such as example.com")
+    if prefix_required and not slash:
+        raise NotAName(f"{what} {_shown(text)} needs a domain prefix, as in nvidia.com/gpu")
+    if not name or len(name) > 63 or not _NAME_PART.match(name):
+        raise NotAName(f"{what} {_shown(text)}: the name must be 1-63 characters of [A-Za-z0-9-_.], "
+                       "starting and ending with a letter or digit")
+    return text
+
+
+def _check_label_value(text: str, what: str) -> str:
+    if text and (len(text) > 63 or not _NAME_PART.match(text)):
+        raise NotAName(f"{what} {_shown(text)} is not a label value: at most 63 characters of [A-Za-z0-9-_.], "
+                       "starting and ending with a letter or digit")
+    return text
+
+
+def _resource_name(value: str) -> str:
+    return _check_qualified_name(value, "resource", prefix_required=True)
 
 
 def _labels(value: str) -> dict[str, str]:
@@ -220,7 +291,7 @@ def _labels(value: str) -> dict[str, str]:
         key, sep, label_value = entry.partition("=")
         if not sep or not key:
             raise ValueError(f"label {entry!r} is not key=value")
-        labels[key] = label_value
+        labels[_check_qualified_name(key, "label key")] = _check_label_value(label_value, f"value of label {_shown(key)}")
     return labels
 
 
@@ -231,7 +302,8 @@ def _taint(entry: str) -> Taint:
     key, _, value = key_value.partition("=")
     if not key:
         raise ValueError(f"taint {entry!r} has no key")
-    return Taint(key=key, value=value, effect=effect)
+    return Taint(key=_check_qualified_name(key, "taint key"), value=_check_label_value(value, f"value of taint {_shown(key)}"),
+                 effect=effect)
 
 
 def _taints(value: str) -> tuple[Taint, ...]:
@@ -239,7 +311,16 @@ def _taints(value: str) -> tuple[Taint, ...]:
 
 
 def _models(value: str) -> tuple[str, ...]:
-    return tuple(filter(None, (part.strip() for part in value.split(","))))
+    # A model becomes the value of the GPU label on nodes and templates, which pods select on.
+    return tuple(_check_label_value(model, "GPU model")
+                 for model in filter(None, (part.strip() for part in value.split(","))))
+
+
+def _duration(value: str) -> float:
+    seconds = parse_duration(value)
+    if seconds > GO_DURATION_MAX_SECONDS:
+        raise OutOfRange("longer than a Go time.Duration holds (about 292 years)")
+    return seconds
 
 
 def _template_mode(value: str) -> TemplateMode:
@@ -270,11 +351,13 @@ def parse_group(item: GroupInput) -> tuple[Optional[NodeGroupSpec], tuple[GroupC
     min_size = f.get(g.ANN_CAPI_MIN, _count, 0, "a whole number >= 0")
     milli_cpu = f.required(CAP_CPU, _positive_quantity(to_milli), "a positive CPU quantity such as 16 or 15500m")
     memory = f.required(CAP_MEMORY, _positive_quantity(to_int), "a positive memory quantity such as 64Gi")
-    ephemeral = f.get(CAP_EPHEMERAL_DISK, to_int, 100 * 2**30, "a storage quantity such as 100Gi")
+    ephemeral = f.get(CAP_EPHEMERAL_DISK, _quantity(to_int), 100 * 2**30, "a storage quantity such as 100Gi")
     max_pods = f.get(CAP_MAX_PODS, _positive_quantity(_count), 110, "a whole number > 0")
     initial_gpus = f.get(CAP_GPU_COUNT, _count, 0, "a whole number >= 0")
     max_gpus = f.get(g.ANN_MAX_GPUS, _count, initial_gpus, "a whole number >= 0")
-    gpu_resource = f.raw(g.ANN_GPU_RESOURCE) or f.raw(CAP_GPU_TYPE) or g.DEFAULT_GPU_RESOURCE
+    resource_key = g.ANN_GPU_RESOURCE if f.raw(g.ANN_GPU_RESOURCE) else CAP_GPU_TYPE
+    gpu_resource = f.get(resource_key, _resource_name, g.DEFAULT_GPU_RESOURCE,
+                         "an extended resource name such as nvidia.com/gpu")
     labels = f.get(CAP_LABELS, _labels, {}, "a list of key=value separated by commas")
     annotation_taints = f.get(CAP_TAINTS, _taints, (), "a list of key=value:Effect separated by commas")
     taints = _merge_taints(item.template_taints, annotation_taints, f)
@@ -283,9 +366,9 @@ def parse_group(item: GroupInput) -> tuple[Optional[NodeGroupSpec], tuple[GroupC
     options = OptionOverrides(
         scale_down_utilization_threshold=f.get(OPT_SCALE_DOWN_UTILIZATION, _fraction, None, "a number in 0..1"),
         scale_down_gpu_utilization_threshold=f.get(OPT_SCALE_DOWN_GPU_UTILIZATION, _fraction, None, "a number in 0..1"),
-        scale_down_unneeded_seconds=f.get(OPT_SCALE_DOWN_UNNEEDED, parse_duration, None, "a duration such as 10m0s"),
-        scale_down_unready_seconds=f.get(OPT_SCALE_DOWN_UNREADY, parse_duration, None, "a duration such as 20m0s"),
-        max_node_provision_seconds=f.get(OPT_MAX_NODE_PROVISION, parse_duration, None, "a duration such as 15m0s"),
+        scale_down_unneeded_seconds=f.get(OPT_SCALE_DOWN_UNNEEDED, _duration, None, "a duration such as 10m0s"),
+        scale_down_unready_seconds=f.get(OPT_SCALE_DOWN_UNREADY, _duration, None, "a duration such as 20m0s"),
+        max_node_provision_seconds=f.get(OPT_MAX_NODE_PROVISION, _duration, None, "a duration such as 15m0s"),
         zero_or_max_node_scaling=f.get(OPT_ZERO_OR_MAX, _bool, None, "true or false"),
         ignore_daemonsets_utilization=f.get(OPT_IGNORE_DAEMONSETS, _bool, None, "true or false"))
     if max_size is not None and min_size > max_size:
@@ -303,8 +386,8 @@ def parse_group(item: GroupInput) -> tuple[Optional[NodeGroupSpec], tuple[GroupC
             gpu_models=f.get(g.ANN_GPU_MODELS, _models, (), "a list of GPU models separated by commas"),
             initial_gpus=initial_gpus, max_gpus_per_node=max_gpus,
             fabric_pool=f.raw(g.ANN_FABRIC_POOL) or "default", template_mode=mode,
-            gpu_idle_cooldown_seconds=f.get(g.ANN_GPU_IDLE_COOLDOWN, parse_duration, 600.0, "a duration such as 10m"),
-            node_idle_cooldown_seconds=f.get(g.ANN_NODE_IDLE_COOLDOWN, parse_duration, 600.0, "a duration such as 10m"),
+            gpu_idle_cooldown_seconds=f.get(g.ANN_GPU_IDLE_COOLDOWN, _duration, 600.0, "a duration such as 10m"),
+            node_idle_cooldown_seconds=f.get(g.ANN_NODE_IDLE_COOLDOWN, _duration, 600.0, "a duration such as 10m"),
             force_detach=f.get(g.ANN_FORCE_DETACH, _bool, False, "true or false"),
             options=options, source=item.source)
     except ValidationError as exc:

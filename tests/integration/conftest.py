@@ -1,9 +1,3 @@
-"""Integration fixtures. The real control-plane fixture (etcd + kube-apiserver + kube-scheduler + kwok as local
-processes, issue 4) is not in this revision yet: tests that need it are skipped with this reason, visibly."""
-
-import pytest
-
-
-@pytest.fixture(scope="session")
-def control_plane():
-    pytest.skip("control-plane fixture (dds/testing/controlplane.py, issue 4) not landed yet")
+"""Integration tests run against the real control plane: the session-scoped `control_plane` fixture (etcd,
+kube-apiserver, kube-scheduler and kwok as local processes, with the Cluster API and ComposabilityRequest CRDs) and the
+per-test `namespace` come from dds/testing/pytest_plugin.py, registered in tests/conftest.py so tests/e2e shares them."""

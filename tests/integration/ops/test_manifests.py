@@ -28,7 +28,6 @@ def rendered() -> list[dict[str, Any]]:
     return render(MANIFESTS / "dds") + render(MANIFESTS / "cluster-autoscaler")
 
 
-@pytest.mark.xfail(reason='manifests/crds/ (Cluster API and ComposabilityRequest CRDs, issues 4 and 6) not landed yet', strict=False)
 def test_the_root_kustomization_includes_the_crds_and_both_deployments() -> None:
     objects = render(MANIFESTS)
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}

@@ -121,7 +121,7 @@ class Provider:
 
 def start_provider(groups: Sequence[NodeGroupSpec], nodes: Sequence[LiveNode] = (), scale_up: object = None,
                    settings: Optional[Settings] = None, channel_credentials: Optional[grpc.ChannelCredentials] = None,
-                   target_host: str = "127.0.0.1") -> Provider:
+                   target_host: str = "127.0.0.1", interceptors: Sequence[grpc.ServerInterceptor] = ()) -> Provider:
     clock = FakeClock()
     source = StaticSource(groups)
     events = RecordingEvents()
@@ -137,7 +137,7 @@ def start_provider(groups: Sequence[NodeGroupSpec], nodes: Sequence[LiveNode] = 
     keys = itertools.count()
     server = build_server(settings or Settings(listen="127.0.0.1:0", insecure=True), registry,
                           scale_up or add_nodes, scale_down, max_workers=4,
-                          new_request_key=lambda: f"increase/k{next(keys)}")
+                          new_request_key=lambda: f"increase/k{next(keys)}", interceptors=interceptors)
     port = server.start()
     target = f"{target_host}:{port}"
     channel = (grpc.secure_channel(target, channel_credentials) if channel_credentials

@@ -1,0 +1,228 @@
+"""DDS in a cluster: every part built from one Settings object and wired together (what `dds serve --kubeconfig` runs).
+
+    cluster-autoscaler --gRPC--> provider (registry, LeaderGate) --> PlannerScaleUp / PlannerScaleDown --+
+                                                                                                        v
+    Controller loop (cases 2 and 4) --> ClusterObserver (snapshot) --> planner --> Executor --> fabric / MachineSets
+
+Only the leader acts: the controller loop checks `is_leader` every pass, the gRPC gate answers UNAVAILABLE on a standby,
+and losing the lease ends the process (exit code 1, client-go's convention) so it restarts as a clean standby.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from kubernetes import client
+
+from dds.config import Settings
+from dds.controller.deciders import PlannerScaleDown, PlannerScaleUp
+from dds.controller.executor import Executor, OperationWatcher
+from dds.controller.idle import IdleTracker
+from dds.controller.loop import Controller, LoopConfig
+from dds.controller.observe import ClusterObserver
+from dds.fabric.base import Fabric
+from dds.fabric.factory import build_fabric
+from dds.kube.events import KubeEventRecorder
+from dds.kube.leader import LeaderElector
+from dds.kube.machinesets import MachineSetLister
+from dds.kube.nodes import gpu_capacity_hook
+from dds.kube.state import ConfigMapStateStore
+from dds.model.groups import DEFAULT_GPU_RESOURCE, LABEL_NODE_GROUP, NodeGroupSpec
+from dds.nodes.factory import build_node_backend
+from dds.nodes.kwok import KwokInfrastructure
+from dds.ops.http import OpsServer
+from dds.planner.plan import PlannerConfig
+from dds.provider.instances import InstanceFactory, InstanceTracker
+from dds.provider.leadership import LeaderGate
+from dds.provider.registry import LiveNode, Registry
+from dds.provider.server import ProviderServer, build_server
+from dds.provider.sources import MachineSetSource, NodeGroupCatalog
+from dds.provider.template import node_group_label_value
+
+log = logging.getLogger(__name__)
+
+INSTANCES_CONFIGMAP = "dds-instances"
+
+
+def planner_config(settings: Settings) -> PlannerConfig:
+    return PlannerConfig(policy=settings.policy, batch_solver=settings.batch_solver,
+                         solver_time_budget_seconds=settings.solver_time_budget_seconds)
+
+
+class ObservedClusterView:
+    """The registry's view of live nodes and their groups (through Cluster API Machines), cached for `max_age`.
+
+    CA calls NodeGroupForNode once per node per loop; one list of Nodes and Machines per `max_age` serves them all.
+    """
+
+    def __init__(self, observer: ClusterObserver, api: client.ApiClient, clock: Callable[[], float],
+                 max_age_seconds: float = 1.0) -> None:
+        self._observer = observer
+        self._core = client.CoreV1Api(api)
+        self._clock = clock
+        self._max_age = max_age_seconds
+        self._lock = threading.Lock()
+        self._nodes: tuple[LiveNode, ...] = ()
+        self._read_at: Optional[float] = None
+
+    def nodes(self) -> Sequence[LiveNode]:
+        with self._lock:
+            now = self._clock()
+            if self._read_at is None or now - self._read_at >= self._max_age:
+                try:
+                    self._nodes = self._read()
+                    self._read_at = now
+                except Exception as exc:  # keep the last good view: an apiserver blip must not fail CA's loop
+                    log.warning("cannot list nodes and machines, serving the view from %s: %s",
+                                "never" if self._read_at is None else f"{now - self._read_at:.0f}s ago", exc)
+            return self._nodes
+
+    def _read(self) -> tuple[LiveNode, ...]:
+        machines = self._observer.machines()
+        group_of_provider = {m.provider_id: m.group_id for m in machines if m.provider_id}
+        group_of_node = {m.node_name: m.group_id for m in machines if m.node_name}
+        out = []
+        for node in self._core.list_node().items:
+            provider_id = node.spec.provider_id or ""
+            ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or ()))
+            out.append(LiveNode(name=node.metadata.name, provider_id=provider_id,
+                                group_id=group_of_provider.get(provider_id) or group_of_node.get(node.metadata.name),
+                                ready=ready, labels=dict(node.metadata.labels or {})))
+        return tuple(out)
+
+
+def gpu_resource_of(api: client.ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]]) -> Callable[[str], Optional[str]]:
+    """A node's GPU resource name: its group's (through the node-group label), None for a node DDS does not manage."""
+    core = client.CoreV1Api(api)
+
+    def resource_of(node_name: str) -> Optional[str]:
+        try:
+            label = (core.read_node(node_name).metadata.labels or {}).get(LABEL_NODE_GROUP)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return DEFAULT_GPU_RESOURCE  # gone: publishing finds it missing and says so
+            raise
+        group = next((g for g in groups() if node_group_label_value(g.id) == label), None)
+        return group.gpu_resource if group is not None else None
+
+    return resource_of
+
+
+def fresh_groups(catalog: NodeGroupCatalog, clock: Callable[[], float], max_age_seconds: float) -> Callable[[], tuple]:
+    """The groups for the controller loop, re-read when older than `max_age` (CA's Refresh re-reads them too, but the
+    loop must see new or changed MachineSets even while CA is down)."""
+    last = {"at": None}
+
+    def groups() -> tuple:
+        now = clock()
+        if last["at"] is None or now - last["at"] >= max_age_seconds:
+            catalog.refresh()
+            last["at"] = now
+        return catalog.groups()
+
+    return groups
+
+
+@dataclass
+class App:
+    settings: Settings
+    api: client.ApiClient
+    fabric: Fabric
+    catalog: NodeGroupCatalog
+    registry: Registry
+    controller: Controller
+    server: ProviderServer
+    ops: OpsServer
+    events: KubeEventRecorder
+    elector: Optional[LeaderElector]
+    infrastructure: Optional[KwokInfrastructure] = None  # node_backend kwok: DDS also makes the Machines and Nodes
+    stopped: threading.Event = field(default_factory=threading.Event)
+    exit_code: int = 0
+
+    @property
+    def is_leader(self) -> bool:
+        return self.elector is None or self.elector.is_leader
+
+    def start(self) -> None:
+        self.ops.start()
+        self.catalog.refresh()
+        if self.infrastructure is not None:
+            self.infrastructure.run_in_thread(self.settings.kwok.poll_interval_seconds)
+        self.server.start()
+        if self.elector is None:
+            self.controller.start()
+        else:
+            self.server.set_serving(False)
+            self.elector.run_in_thread()
+        log.info("DDS serving %d node group(s) on %s (fabric %s, metrics on %s)", len(self.catalog.groups()),
+                 self.server.address, self.fabric.name, self.settings.metrics_listen)
+
+    def _started_leading(self) -> None:
+        log.info("leading: starting the control loop and serving cluster-autoscaler")
+        self.controller.start()
+        self.server.set_serving(True)
+
+    def _stopped_leading(self) -> None:
+        log.error("lost the leader lease: exiting so this replica restarts as a clean standby")
+        self.server.set_serving(False)
+        self.exit_code = 1
+        self.stopped.set()
+
+    def stop(self) -> None:
+        self.ops.begin_shutdown()
+        self.controller.stop()
+        self.server.stop()
+        if self.elector is not None:
+            self.elector.stop()
+        if self.infrastructure is not None:
+            self.infrastructure.stop()
+        self.fabric.close()
+        self.events.close()
+        self.ops.stop()
+
+
+def build_app(settings: Settings, api: Optional[client.ApiClient] = None,
+              clock: Callable[[], float] = time.time) -> App:
+    from dds.kube.client import api_client
+
+    api = api or api_client(settings.kubeconfig, settings.in_cluster)
+    events = KubeEventRecorder.for_cluster(api)
+    catalog = NodeGroupCatalog(source=MachineSetSource(MachineSetLister(api, settings.machineset_namespaces)),
+                               events=events)
+    fabric = build_fabric(settings, clock=clock, api_client=api,
+                          on_node_devices_changed=gpu_capacity_hook(api, gpu_resource_of(api, catalog.groups)))
+    nodes = build_node_backend(settings, clock=clock, api_client=api)
+    groups = fresh_groups(catalog, clock, settings.loop_interval_seconds)
+    observer = ClusterObserver(api, fabric, groups, clock, IdleTracker(), settings.gpu_label,
+                               settings.machineset_namespaces)
+    tracker = InstanceTracker(ConfigMapStateStore(api, settings.namespace, INSTANCES_CONFIGMAP))
+    registry = Registry(catalog, ObservedClusterView(observer, api, clock), tracker)
+    executor = Executor(fabric, nodes.provisioner, events)
+    watcher = OperationWatcher(fabric, events, clock)
+    planner = planner_config(settings)
+    loop = LoopConfig(interval_seconds=settings.loop_interval_seconds,
+                      unhandled_pending_grace_seconds=settings.unhandled_pending_grace_seconds, planner=planner)
+    app_ref: dict[str, App] = {}
+    controller = Controller(observer, executor, watcher, fabric, api, events, loop, clock,
+                            is_leader=lambda: app_ref["app"].is_leader)
+    scale_up = PlannerScaleUp(controller, tracker, planner, InstanceFactory(clock=clock),
+                              settings.max_node_provision_seconds)
+    scale_down = PlannerScaleDown(controller, tracker, planner, api)
+    elector: Optional[LeaderElector] = None
+    if settings.leader_election:
+        elector = LeaderElector(api, settings, on_started_leading=lambda: app_ref["app"]._started_leading(),
+                                on_stopped_leading=lambda: app_ref["app"]._stopped_leading(), clock=clock)
+    gate = LeaderGate(lambda: app_ref["app"].is_leader, lambda: elector.observed_leader if elector else "")
+    server = build_server(settings, registry, scale_up, scale_down, interceptors=[gate])
+    ops = OpsServer(settings.metrics_listen)
+    ops.add_ready_check("node-groups", lambda: catalog.last_error is None)
+    if elector is not None:
+        ops.add_ready_check("leader", lambda: elector.is_leader)
+    app = App(settings=settings, api=api, fabric=fabric, catalog=catalog, registry=registry, controller=controller,
+              server=server, ops=ops, events=events, elector=elector, infrastructure=nodes.infrastructure)
+    app_ref["app"] = app
+    return app

@@ -1,0 +1,540 @@
+"""`make demo`: the talk's demo end to end on the embedded default, with a readable timeline.
+
+What runs, all on this machine: etcd, kube-apiserver, kube-scheduler and kwok as processes (dds/testing/controlplane.py),
+DDS (`dds serve` in cluster mode, mutual TLS, simulated fabric), the Cluster API stand-in that turns MachineSet replicas
+into kwok nodes (dds/nodes/kwok.py), and cluster-autoscaler with `--cloud-provider=externalgrpc` — the real binary when
+one is available ($DDS_CLUSTER_AUTOSCALER, or built into the binary cache), else DDS's stand-in of its externalgrpc
+client (dds/testing/ca_standin).
+
+The scenario (shared/seeds/004, the talk's demo):
+1. Two workers of MachineSet gpu-workers, one A30 each, both busy.
+2. A pod asks for one more GPU: Pending -> CA calls IncreaseSize -> DDS attaches a GPU to a worker, adds no node -> Running.
+3. Memory-heavy pods that no worker can hold even with every GPU slot filled -> DDS adds a node -> Running.
+4. Those pods go away -> idle GPUs are detached after the cooldown, the empty node is removed.
+
+    python -m dds.demo [--workdir DIR] [--attach-latency 4:6] [--node-provisioning 20] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, TextIO
+
+import yaml
+from kubernetes import client
+
+from dds import certs
+from dds.model.groups import ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN
+from dds.testing.autoscaler import AutoscalerHandle, free_port, start_autoscaler
+
+ROOT = Path(__file__).resolve().parent.parent
+MACHINESET_FILE = ROOT / "manifests" / "examples" / "machineset-gpu-workers.yaml"
+GPU = "nvidia.com/gpu"
+DEMO_NAMESPACE = "demo"
+DDS_NAMESPACE = "dds-system"
+GIB = 2**30
+
+
+class DemoError(RuntimeError):
+    """A step did not happen in time; the message says which and what was seen instead."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    workdir: Path
+    attach_latency: tuple[float, float] = (4.0, 6.0)  # seconds; the talk's hardware takes tens of seconds
+    detach_latency: tuple[float, float] = (2.0, 3.0)
+    node_provisioning_seconds: float = 20.0  # stands for the tens of minutes a real server takes
+    gpu_idle_cooldown_seconds: float = 15.0
+    node_idle_cooldown_seconds: float = 20.0
+    pool_size: int = 8
+    step_timeout_seconds: float = 240.0
+    autoscaler_binary: Optional[Path] = None  # None: $DDS_CLUSTER_AUTOSCALER, the binary cache, else the stand-in
+    echo: bool = True
+
+
+# --- the timeline ---
+
+@dataclass(frozen=True)
+class Entry:
+    at: float  # seconds since the demo's start
+    kind: str  # pod | node | dds | step
+    subject: str
+    text: str
+
+    def line(self) -> str:
+        return f"{self.at:7.1f}s  {self.kind:<5} {self.subject:<28} {self.text}"
+
+
+@dataclass
+class Timeline:
+    out: Optional[TextIO]
+    started: float = field(default_factory=time.monotonic)
+    entries: list[Entry] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, kind: str, subject: str, text: str) -> Entry:
+        entry = Entry(round(time.monotonic() - self.started, 1), kind, subject, text)
+        with self._lock:
+            self.entries.append(entry)
+        if self.out is not None:
+            print(entry.line(), file=self.out, flush=True)
+        return entry
+
+    def find(self, kind: str, predicate: Callable[[Entry], bool]) -> list[Entry]:
+        with self._lock:
+            return [e for e in self.entries if e.kind == kind and predicate(e)]
+
+
+class ClusterWatcher:
+    """Turns what the cluster shows into timeline lines: pod phases, nodes and their GPUs, and DDS's Events."""
+
+    def __init__(self, api: client.ApiClient, timeline: Timeline, interval: float = 0.5) -> None:
+        self._core = client.CoreV1Api(api)
+        self._timeline = timeline
+        self._interval = interval
+        self._pods: dict[str, str] = {}
+        self._nodes: dict[str, str] = {}
+        self._events: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="demo-watch", daemon=True)
+
+    def start(self) -> "ClusterWatcher":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.poll()
+            except Exception as exc:  # the apiserver may be going away at the end of the demo
+                self._timeline.add("step", "watch", f"cannot read the cluster: {exc}")
+
+    def poll(self) -> None:
+        with self._lock:  # the watch thread and the scenario (before it changes anything) both poll
+            self._poll_pods()
+            self._poll_nodes()
+            self._poll_events()
+
+    def _poll_pods(self) -> None:
+        seen = set()
+        for pod in self._core.list_namespaced_pod(DEMO_NAMESPACE).items:
+            name = pod.metadata.name
+            seen.add(name)
+            state = pod_state(pod)
+            if self._pods.get(name) != state:
+                self._pods[name] = state
+                self._timeline.add("pod", name, state)
+        for gone in set(self._pods) - seen:
+            del self._pods[gone]
+            self._timeline.add("pod", gone, "deleted")
+
+    def _poll_nodes(self) -> None:
+        seen = set()
+        for node in self._core.list_node().items:
+            name = node.metadata.name
+            seen.add(name)
+            ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or ())
+            state = f"{'Ready' if ready else 'NotReady'}, {gpus_allocatable(node)} GPU(s) allocatable"
+            if self._nodes.get(name) != state:
+                verb = "registered" if name not in self._nodes else "now"
+                self._nodes[name] = state
+                self._timeline.add("node", name, f"{verb} {state}")
+        for gone in set(self._nodes) - seen:
+            del self._nodes[gone]
+            self._timeline.add("node", gone, "removed from the cluster")
+
+    def _poll_events(self) -> None:
+        events = self._core.list_event_for_all_namespaces().items
+        for event in sorted(events, key=lambda e: (e.last_timestamp or e.event_time or e.metadata.creation_timestamp)):
+            if (event.source.component if event.source else None) != "dds":
+                continue
+            count = event.count or 1
+            if self._events.get(event.metadata.uid, 0) >= count:
+                continue
+            self._events[event.metadata.uid] = count
+            involved = event.involved_object
+            self._timeline.add("dds", f"{involved.kind.lower()}/{involved.name}", f"{event.reason}: {event.message}")
+
+
+def pod_state(pod: Any) -> str:
+    if pod.metadata.deletion_timestamp:
+        return "terminating"
+    phase = pod.status.phase or "Pending"
+    if phase == "Pending":
+        scheduled = next((c for c in pod.status.conditions or () if c.type == "PodScheduled"), None)
+        if scheduled is not None and scheduled.status == "False":
+            return f"Pending ({scheduled.reason}: {(scheduled.message or '').strip()[:90]})"
+        return "Pending"
+    return f"{phase} on {pod.spec.node_name}"
+
+
+def gpus_allocatable(node: Any) -> int:
+    return int((node.status.allocatable or {}).get(GPU, "0"))
+
+
+# --- objects ---
+
+def machineset(options: DemoOptions) -> dict:
+    """The example MachineSet (manifests/examples), two replicas, with cooldowns short enough to watch."""
+    obj = yaml.safe_load(MACHINESET_FILE.read_text())
+    obj = copy.deepcopy(obj)
+    obj["spec"]["replicas"] = 2
+    annotations = obj["metadata"]["annotations"]
+    annotations[ANN_GPU_IDLE_COOLDOWN] = f"{options.gpu_idle_cooldown_seconds:g}s"
+    annotations[ANN_NODE_IDLE_COOLDOWN] = f"{options.node_idle_cooldown_seconds:g}s"
+    return obj
+
+
+def pod(name: str, memory_gib: int, gpus: int = 0, cpu: str = "1") -> dict:
+    limits = {GPU: str(gpus)} if gpus else {}
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": DEMO_NAMESPACE, "labels": {"app.kubernetes.io/part-of": "dds-demo"}},
+        "spec": {
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"requests": {"cpu": cpu, "memory": f"{memory_gib}Gi", **limits},
+                                          "limits": limits}}],
+            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    }
+
+
+def dds_settings(options: DemoOptions, kubeconfig: Path, tls_dir: Path, grpc_port: int, metrics_port: int) -> dict:
+    latency = lambda pair: {"min": pair[0], "max": pair[1]}  # noqa: E731
+    return {
+        "listen": f"127.0.0.1:{grpc_port}",
+        "metrics_listen": f"127.0.0.1:{metrics_port}",
+        "tls_cert": str(tls_dir / certs.SERVER_CERT),
+        "tls_key": str(tls_dir / certs.SERVER_KEY),
+        "tls_ca": str(tls_dir / certs.CA_CERT),
+        "kubeconfig": str(kubeconfig),
+        "namespace": DDS_NAMESPACE,
+        "loop_interval_seconds": 1.0,
+        "unhandled_pending_grace_seconds": 45.0,  # CA (scanning every 2 s here) answers first; see dds/config.py
+        "max_node_provision_seconds": max(120.0, options.node_provisioning_seconds * 4),
+        "simulated_fabric": {
+            "pools": [{"name": "default", "devices": {"A30": options.pool_size}}],
+            "attach_latency": latency(options.attach_latency),
+            "detach_latency": latency(options.detach_latency),
+        },
+    }
+
+
+# --- the pieces, started and stopped ---
+
+@dataclass
+class DdsProcess:
+    process: subprocess.Popen
+    log_path: Path
+    metrics_url: str
+
+    def metrics(self) -> dict[str, float]:
+        """The `dds_` samples of /metrics, keyed by name{labels} as Prometheus prints them."""
+        text = urllib.request.urlopen(self.metrics_url + "/metrics", timeout=5).read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("dds_"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def start_dds(config_path: Path, log_path: Path, metrics_port: int, timeout: float = 60.0) -> DdsProcess:
+    command = [sys.executable, "-m", "dds", "serve", "--config", str(config_path)]
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    handle = DdsProcess(process, log_path, f"http://127.0.0.1:{metrics_port}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise DemoError(f"dds serve exited with {process.returncode}:\n{_tail(log_path)}")
+        try:
+            if urllib.request.urlopen(handle.metrics_url + "/readyz", timeout=2).status == 200:
+                return handle
+        except OSError:
+            pass
+        time.sleep(0.3)
+    handle.stop()
+    raise DemoError(f"dds serve not ready within {timeout:.0f}s:\n{_tail(log_path)}")
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def autoscaler_binary(options: DemoOptions, bin_dir: Path) -> Optional[Path]:
+    if options.autoscaler_binary is not None:
+        return options.autoscaler_binary
+    if os.environ.get("DDS_CLUSTER_AUTOSCALER"):
+        return Path(os.environ["DDS_CLUSTER_AUTOSCALER"])
+    cached = bin_dir / "cluster-autoscaler"
+    return cached if cached.exists() else None
+
+
+# --- the scenario ---
+
+@dataclass
+class DemoResult:
+    timeline: list[Entry]
+    autoscaler: str
+    gpu_path_seconds: float  # the 1-GPU pod: Pending -> Running
+    node_path_seconds: float  # the memory-heavy pods: Pending -> Running
+    nodes_added: int
+    nodes_removed: int
+    gpus_attached: int  # by DDS after the start (the two workers' initial GPUs not counted)
+    gpus_detached: int
+    metrics: dict[str, float]
+    workdir: Path
+
+
+class Demo:
+    def __init__(self, options: DemoOptions, out: Optional[TextIO]) -> None:
+        self.options = options
+        self.timeline = Timeline(out if options.echo else None)
+        self.stack = ExitStack()
+        self.watcher: Optional[ClusterWatcher] = None
+
+    # -- waiting --
+    def wait_for(self, what: str, predicate: Callable[[], Any], timeout: Optional[float] = None,
+                 describe: Callable[[], str] = lambda: "") -> Any:
+        deadline = time.monotonic() + (timeout or self.options.step_timeout_seconds)
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                if self.watcher is not None:
+                    self.watcher.poll()  # record what was just seen before the scenario changes it
+                return value
+            self._check_alive()
+            time.sleep(0.5)
+        raise DemoError(f"timed out waiting for {what}; {describe()}\nDDS log tail:\n{_tail(self.dds.log_path)}")
+
+    def _check_alive(self) -> None:
+        if self.dds.process.poll() is not None:
+            raise DemoError(f"dds serve exited with {self.dds.process.returncode}:\n{_tail(self.dds.log_path)}")
+        if not self.autoscaler.running():
+            raise DemoError(f"the autoscaler stopped; see {self.autoscaler.log_path}")
+
+    def step(self, text: str) -> None:
+        self.timeline.add("step", "==>", text)
+
+    # -- queries --
+    def nodes(self) -> list[Any]:
+        return self.core.list_node().items
+
+    def ready_workers(self) -> list[Any]:
+        return [n for n in self.nodes()
+                if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or ())]
+
+    def pods_running(self, names: list[str]) -> bool:
+        pods = {p.metadata.name: p for p in self.core.list_namespaced_pod(DEMO_NAMESPACE).items}
+        return all(n in pods and pods[n].status.phase == "Running" for n in names)
+
+    def pods_describe(self) -> str:
+        return "; ".join(f"{p.metadata.name}: {pod_state(p)}" for p in self.core.list_namespaced_pod(DEMO_NAMESPACE).items)
+
+    def nodes_describe(self) -> str:
+        return "; ".join(f"{n.metadata.name}: {gpus_allocatable(n)} GPU(s)" for n in self.nodes())
+
+    # -- setup --
+    def start(self) -> None:
+        from dds.nodes.kwok import KwokInfrastructure
+        from dds.testing.controlplane import start_control_plane
+
+        workdir = self.options.workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.step(f"starting etcd, kube-apiserver, kube-scheduler and kwok (logs in {workdir})")
+        self.control_plane = self.stack.enter_context(start_control_plane(workdir / "control-plane"))
+        self.api = self.control_plane.api_client()
+        self.core = client.CoreV1Api(self.api)
+        for namespace in (DDS_NAMESPACE, DEMO_NAMESPACE):
+            self.core.create_namespace({"metadata": {"name": namespace}})
+
+        grpc_port, metrics_port = free_port(), free_port()
+        tls_dir = workdir / "tls"
+        bundle = certs.generate_bundle(["localhost"], ["127.0.0.1"], days=1)
+        certs.write_bundle(tls_dir, bundle, certs.CloudConfigOptions(address=f"127.0.0.1:{grpc_port}",
+                                                                     files_dir=str(tls_dir)))
+        config = workdir / "dds.yaml"
+        config.write_text(yaml.safe_dump(dds_settings(self.options, self.control_plane.kubeconfig, tls_dir,
+                                                      grpc_port, metrics_port), sort_keys=False))
+
+        self.step("creating MachineSet default/gpu-workers: 2 workers, 1 A30 each at boot, up to 4 attachable")
+        client.CustomObjectsApi(self.api).create_namespaced_custom_object(
+            "cluster.x-k8s.io", "v1beta1", "default", "machinesets", machineset(self.options))
+        self.infrastructure = KwokInfrastructure(self.control_plane.api_client(), time.time,
+                                                 provisioning_delay_seconds=self.options.node_provisioning_seconds)
+        self.infrastructure.run_in_thread()
+        self.stack.callback(self.infrastructure.stop)
+
+        self.step("starting DDS (dds serve, mutual TLS, simulated fabric: "
+                  f"{self.options.pool_size} x A30, attach {self.options.attach_latency[0]:g}-"
+                  f"{self.options.attach_latency[1]:g}s)")
+        self.dds = start_dds(config, workdir / "dds.log", metrics_port)
+        self.stack.callback(self.dds.stop)
+
+        binary = autoscaler_binary(self.options, self.control_plane.bin_dir)
+        previous = os.environ.get("DDS_CLUSTER_AUTOSCALER")
+        if binary is not None:
+            os.environ["DDS_CLUSTER_AUTOSCALER"] = str(binary)
+        try:
+            self.autoscaler: AutoscalerHandle = start_autoscaler(
+                self.control_plane.kubeconfig, tls_dir / certs.CLOUD_CONFIG, workdir / "autoscaler",
+                scan_interval=2.0, max_node_provision_time=max(120.0, self.options.node_provisioning_seconds * 4),
+                scale_down_unneeded_time=30.0, scale_down_delay_after_add=30.0)
+        finally:
+            if binary is not None:
+                if previous is None:
+                    os.environ.pop("DDS_CLUSTER_AUTOSCALER", None)
+                else:
+                    os.environ["DDS_CLUSTER_AUTOSCALER"] = previous
+        self.stack.callback(self.autoscaler.stop)
+        self.step(f"autoscaler: {self.autoscaler.kind} (--cloud-provider=externalgrpc, log {self.autoscaler.log_path})")
+        self.watcher = ClusterWatcher(self.control_plane.api_client(), self.timeline).start()
+        self.stack.callback(self.watcher.stop)
+
+    # -- the talk's scenario --
+    def run(self) -> DemoResult:
+        self.step("waiting for the two workers, each with its boot-time A30")
+        self.wait_for("two Ready workers with 1 GPU each",
+                      lambda: len([n for n in self.ready_workers() if gpus_allocatable(n) == 1]) == 2,
+                      describe=self.nodes_describe)
+        workers = {n.metadata.name for n in self.nodes()}
+        before = self.dds.metrics()
+
+        self.step("two pods take both GPUs (48Gi each, so the workers are also short of memory)")
+        for name in ("busy-0", "busy-1"):
+            self.core.create_namespaced_pod(DEMO_NAMESPACE, pod(name, memory_gib=48, gpus=1))
+        self.wait_for("busy-0 and busy-1 Running", lambda: self.pods_running(["busy-0", "busy-1"]),
+                      describe=self.pods_describe)
+
+        self.step("a pod asks for one more GPU: case 1, expect a GPU attach and no new node")
+        self.core.create_namespaced_pod(DEMO_NAMESPACE, pod("train-0", memory_gib=8, gpus=1))
+        gpu_started = time.monotonic()
+        self.wait_for("train-0 Running", lambda: self.pods_running(["train-0"]), describe=self.pods_describe)
+        gpu_path = time.monotonic() - gpu_started
+        self.step(f"train-0 Running {gpu_path:.1f}s after it was created, on a worker that got a GPU")
+
+        self.step("two memory-heavy pods (24Gi each) no worker can hold even with all 4 GPU slots: expect a new node")
+        for name in ("mem-0", "mem-1"):
+            self.core.create_namespaced_pod(DEMO_NAMESPACE, pod(name, memory_gib=24))
+        node_started = time.monotonic()
+        self.wait_for("mem-0 and mem-1 Running", lambda: self.pods_running(["mem-0", "mem-1"]),
+                      describe=lambda: f"{self.pods_describe()} | {self.nodes_describe()}")
+        node_path = time.monotonic() - node_started
+        added = {n.metadata.name for n in self.nodes()} - workers
+        self.step(f"mem-0 and mem-1 Running {node_path:.1f}s after creation, on new node(s) {', '.join(sorted(added))}")
+
+        self.step("train-0, mem-0 and mem-1 finish: expect idle GPUs detached after the cooldown, the empty node removed")
+        for name in ("train-0", "mem-0", "mem-1"):
+            self.core.delete_namespaced_pod(name, DEMO_NAMESPACE, grace_period_seconds=0)
+
+        def settled() -> bool:
+            nodes = self.nodes()
+            names = {n.metadata.name for n in nodes}
+            return names == workers and all(gpus_allocatable(n) == 1 for n in nodes)
+
+        self.wait_for("the added node removed and each worker back to 1 GPU", settled,
+                      timeout=self.options.step_timeout_seconds + self.options.gpu_idle_cooldown_seconds
+                      + self.options.node_idle_cooldown_seconds, describe=self.nodes_describe)
+        self.step("back to two workers with one busy A30 each")
+        time.sleep(1.5)  # let the watcher print the last Events
+        after = self.dds.metrics()
+        return DemoResult(
+            timeline=list(self.timeline.entries), autoscaler=self.autoscaler.kind, gpu_path_seconds=gpu_path,
+            node_path_seconds=node_path, nodes_added=len(added),
+            nodes_removed=len(added - {n.metadata.name for n in self.nodes()}),
+            gpus_attached=int(_delta(before, after, "dds_gpus_attached_total")),
+            gpus_detached=int(_delta(before, after, "dds_gpus_detached_total")),
+            metrics=after, workdir=self.options.workdir)
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+def _delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
+    total = lambda samples: sum(v for k, v in samples.items() if k.startswith(name + "{") or k == name)  # noqa: E731
+    return total(after) - total(before)
+
+
+def run_demo(options: DemoOptions, out: Optional[TextIO] = sys.stdout) -> DemoResult:
+    demo = Demo(options, out)
+    try:
+        demo.start()
+        return demo.run()
+    finally:
+        demo.close()
+
+
+def summary(result: DemoResult) -> str:
+    return "\n".join([
+        "",
+        f"autoscaler:            {result.autoscaler}",
+        f"GPU path:              1 pod Pending -> Running in {result.gpu_path_seconds:.1f}s (no node added for it)",
+        f"node path:             2 pods Pending -> Running in {result.node_path_seconds:.1f}s",
+        f"GPUs attached/detached by DDS: {result.gpus_attached} / {result.gpus_detached}",
+        f"nodes added/removed:   {result.nodes_added} / {result.nodes_removed}",
+        f"logs and configs:      {result.workdir}",
+    ])
+
+
+def _latency(value: str) -> tuple[float, float]:
+    low, _, high = value.partition(":")
+    return float(low), float(high or low)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dds.demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", type=Path, help="where logs and configs go (default: a new temporary directory)")
+    parser.add_argument("--attach-latency", type=_latency, default=(4.0, 6.0), metavar="MIN:MAX")
+    parser.add_argument("--node-provisioning", type=float, default=20.0, metavar="SECONDS")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON at the end")
+    args = parser.parse_args(argv)
+    import tempfile
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dds-demo-"))
+    options = DemoOptions(workdir=workdir, attach_latency=args.attach_latency,
+                          node_provisioning_seconds=args.node_provisioning)
+    try:
+        result = run_demo(options)
+    except DemoError as exc:
+        print(f"\ndemo failed: {exc}\nlogs: {workdir}", file=sys.stderr)
+        return 1
+    print(summary(result))
+    if args.json:
+        print(json.dumps({k: v for k, v in result.__dict__.items() if k not in ("timeline", "metrics")}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

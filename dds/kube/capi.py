@@ -1,0 +1,233 @@
+"""Cluster API MachineSets and Machines as plain dicts, for the node backends that write them (dds/nodes).
+
+`CapiObjects` is the thin I/O edge: list, get, create, patch and delete through the custom-objects API, on the served
+version (v1beta2 preferred, v1beta1 accepted; discovered once and kept). Status is written through the status
+subresource, as Cluster API's own CRDs define it; a CRD without one gets the status in the main object instead.
+API errors are raised as they come (`kubernetes.client.ApiException`, urllib3 errors): the callers know what a 404 or a
+409 means for them.
+
+The functions below it read the fields both versions share, without I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from datetime import datetime
+from typing import Any, Mapping, Optional, Sequence
+
+from kubernetes import client
+
+from dds.kube.machinesets import CAPI_GROUP, CAPI_VERSIONS
+from dds.model.groups import ANN_CAPI_DELETE_MACHINE
+
+log = logging.getLogger(__name__)
+
+MACHINESETS = "machinesets"
+MACHINES = "machines"
+
+# Labels and Node annotations as Cluster API sets them (and cluster-autoscaler's clusterapi provider reads them).
+LABEL_SET_NAME = "cluster.x-k8s.io/set-name"
+LABEL_CLUSTER_NAME = "cluster.x-k8s.io/cluster-name"
+NODE_ANN_MACHINE = "cluster.x-k8s.io/machine"
+NODE_ANN_CLUSTER_NAME = "cluster.x-k8s.io/cluster-name"
+NODE_ANN_CLUSTER_NAMESPACE = "cluster.x-k8s.io/cluster-namespace"
+NODE_ANN_OWNER_KIND = "cluster.x-k8s.io/owner-kind"
+NODE_ANN_OWNER_NAME = "cluster.x-k8s.io/owner-name"
+
+# Machine.status.phase values (Cluster API's MachinePhase).
+PHASE_PENDING = "Pending"
+PHASE_PROVISIONING = "Provisioning"
+PHASE_PROVISIONED = "Provisioned"
+PHASE_RUNNING = "Running"
+PHASE_DELETING = "Deleting"
+PHASE_FAILED = "Failed"
+
+_MAX_LABEL_VALUE = 63
+
+Obj = dict[str, Any]
+
+
+class CapiNotInstalled(Exception):
+    """No Cluster API version is served (the CRDs are not installed)."""
+
+
+class CapiObjects:
+    def __init__(self, api: client.ApiClient, *, request_timeout_seconds: float = 10.0,
+                 preferred_version: Optional[str] = None) -> None:
+        self._custom = client.CustomObjectsApi(api)
+        self._timeout = request_timeout_seconds
+        self._version: Optional[str] = None
+        self._preferred = preferred_version
+        self._no_status_subresource: set[str] = set()
+
+    # --- the served version ---
+    def version(self, namespace: Optional[str] = None) -> str:
+        """The Cluster API version to use, discovered on first use (a 404 for every version: `CapiNotInstalled`)."""
+        if self._version is not None:
+            return self._version
+        candidates = tuple(dict.fromkeys(v for v in (self._preferred, *CAPI_VERSIONS) if v))
+        for version in candidates:
+            try:
+                if namespace:
+                    self._custom.list_namespaced_custom_object(CAPI_GROUP, version, namespace, MACHINESETS, limit=1,
+                                                               _request_timeout=self._timeout)
+                else:
+                    self._custom.list_cluster_custom_object(CAPI_GROUP, version, MACHINESETS, limit=1,
+                                                            _request_timeout=self._timeout)
+            except client.ApiException as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            self._version = version
+            log.debug("writing Cluster API objects as %s/%s", CAPI_GROUP, version)
+            return version
+        raise CapiNotInstalled(f"{MACHINESETS}.{CAPI_GROUP} is not served in any of {', '.join(candidates)}")
+
+    def forget_version(self) -> None:
+        """Discover again on the next call (the version in use stopped being served)."""
+        self._version = None
+
+    @property
+    def api_version(self) -> str:
+        return f"{CAPI_GROUP}/{self.version()}"
+
+    # --- reads ---
+    def list(self, plural: str, namespaces: Sequence[str] = ()) -> list[Obj]:
+        """Objects in `namespaces`, or in every namespace when none are given."""
+        version = self.version(namespaces[0] if namespaces else None)
+        if not namespaces:
+            return list(self._custom.list_cluster_custom_object(
+                CAPI_GROUP, version, plural, _request_timeout=self._timeout).get("items", []))
+        items: list[Obj] = []
+        for namespace in namespaces:
+            items += self._custom.list_namespaced_custom_object(
+                CAPI_GROUP, version, namespace, plural, _request_timeout=self._timeout).get("items", [])
+        return items
+
+    def get(self, plural: str, namespace: str, name: str) -> Obj:
+        return self._custom.get_namespaced_custom_object(CAPI_GROUP, self.version(namespace), namespace, plural, name,
+                                                         _request_timeout=self._timeout)
+
+    # --- writes ---
+    def create(self, plural: str, namespace: str, body: Obj) -> Obj:
+        return self._custom.create_namespaced_custom_object(CAPI_GROUP, self.version(namespace), namespace, plural,
+                                                            body, _request_timeout=self._timeout)
+
+    def patch(self, plural: str, namespace: str, name: str, body: Obj) -> Obj:
+        """A JSON merge patch; put metadata.resourceVersion in `body` to make it conditional (409 when stale)."""
+        return self._custom.patch_namespaced_custom_object(CAPI_GROUP, self.version(namespace), namespace, plural,
+                                                           name, body, _request_timeout=self._timeout)
+
+    def patch_status(self, plural: str, namespace: str, name: str, status: Obj) -> Obj:
+        body = {"status": status}
+        if plural not in self._no_status_subresource:
+            try:
+                return self._custom.patch_namespaced_custom_object_status(
+                    CAPI_GROUP, self.version(namespace), namespace, plural, name, body, _request_timeout=self._timeout)
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise
+                self.get(plural, namespace, name)  # raises 404 when the object itself is gone
+                log.info("%s.%s has no status subresource: writing status in the object", plural, CAPI_GROUP)
+                self._no_status_subresource.add(plural)
+        return self.patch(plural, namespace, name, body)
+
+    def delete(self, plural: str, namespace: str, name: str) -> bool:
+        """Delete; False when it was already gone."""
+        try:
+            self._custom.delete_namespaced_custom_object(CAPI_GROUP, self.version(namespace), namespace, plural, name,
+                                                         _request_timeout=self._timeout)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+
+# --- pure readers over the dicts (the same fields in v1beta1 and v1beta2) ---
+
+def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    return str(meta(obj).get("name", ""))
+
+
+def namespace_of(obj: Mapping[str, Any]) -> str:
+    return str(meta(obj).get("namespace", "default"))
+
+
+def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (meta(obj).get("annotations") or {}).items()}
+
+
+def owner_machineset(machine: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+    """The MachineSet ownerReference of a Machine, if any."""
+    return next((o for o in meta(machine).get("ownerReferences") or () if o.get("kind") == "MachineSet"), None)
+
+
+def owned_by(machine: Mapping[str, Any], machineset: Mapping[str, Any]) -> bool:
+    """The Machine belongs to this MachineSet: same namespace, an owner reference with its name (and uid, when both
+    carry one: a MachineSet deleted and recreated under the same name does not inherit the old Machines)."""
+    owner = owner_machineset(machine)
+    if owner is None or owner.get("name") != name_of(machineset) or namespace_of(machine) != namespace_of(machineset):
+        return False
+    uid, owner_uid = meta(machineset).get("uid"), owner.get("uid")
+    return not (uid and owner_uid and uid != owner_uid)
+
+
+def is_deleting(obj: Mapping[str, Any]) -> bool:
+    return bool(meta(obj).get("deletionTimestamp"))
+
+
+def marked_for_deletion(machine: Mapping[str, Any]) -> bool:
+    return ANN_CAPI_DELETE_MACHINE in (meta(machine).get("annotations") or {})
+
+
+def node_ref_name(machine: Mapping[str, Any]) -> Optional[str]:
+    ref = (machine.get("status") or {}).get("nodeRef") or {}
+    return ref.get("name") or None
+
+
+def provider_id(machine: Mapping[str, Any]) -> str:
+    return str((machine.get("spec") or {}).get("providerID") or "")
+
+
+def phase(machine: Mapping[str, Any]) -> str:
+    return str((machine.get("status") or {}).get("phase") or "")
+
+
+def failure_message(machine: Mapping[str, Any]) -> Optional[str]:
+    """v1beta1 status.failureMessage, or its v1beta2 home status.deprecated.v1beta1.failureMessage."""
+    status = machine.get("status") or {}
+    deprecated = ((status.get("deprecated") or {}).get("v1beta1") or {})
+    return status.get("failureMessage") or deprecated.get("failureMessage") or None
+
+
+def created_at(obj: Mapping[str, Any]) -> float:
+    stamp = meta(obj).get("creationTimestamp")
+    if isinstance(stamp, datetime):
+        return stamp.timestamp()
+    if isinstance(stamp, str) and stamp:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return 0.0
+
+
+def spec_replicas(machineset: Mapping[str, Any]) -> Optional[int]:
+    replicas = (machineset.get("spec") or {}).get("replicas")
+    return None if replicas is None else int(replicas)
+
+
+def version_of(obj: Mapping[str, Any]) -> str:
+    """"v1beta1" from apiVersion "cluster.x-k8s.io/v1beta1"."""
+    return str(obj.get("apiVersion", "")).rpartition("/")[2]
+
+
+def label_value(text: str) -> str:
+    """`text` as a label value: 63 characters at most, a cut value ends with a hash of the whole so it stays unique."""
+    if len(text) <= _MAX_LABEL_VALUE:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return text[: _MAX_LABEL_VALUE - 9].rstrip("-_.") + "-" + digest

@@ -1,0 +1,95 @@
+"""Make hot-plugged GPUs visible on their Node, the way a device-plugin restart does: the kubelet re-registers the
+plugin and publishes the new device count in the Node's status.capacity and status.allocatable. Without a kubelet
+(kwok nodes), DDS writes that count itself; kwok's heartbeats only touch conditions, so the count stays, and the
+scheduler and cluster-autoscaler see the GPUs as they would on a real node.
+
+`gpu_capacity_hook` is the fabric's `on_node_devices_changed` callback (dds/fabric/factory.py `build_fabric`): called
+with a node and its ONLINE devices by model, it publishes their total as the GPU resource of the node's group.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Callable, Mapping, Optional, Union
+
+from kubernetes import client
+
+from dds.model.groups import DEFAULT_GPU_RESOURCE
+
+log = logging.getLogger(__name__)
+
+# (node name, {model: online devices}) -> None: dds.fabric.simulated.VisibilityHook.
+DevicesChanged = Callable[[str, dict[str, int]], None]
+# The GPU resource to publish for a node (its group's gpu_resource), or None when DDS does not manage the node.
+ResourceOfNode = Callable[[str], Optional[str]]
+
+
+class NodeNotFound(LookupError):
+    """The Node does not exist (not registered yet, or deleted)."""
+
+
+class NodeUpdateFailed(Exception):
+    """The apiserver refused or did not answer the status patch; the message says why. Retrying is safe."""
+
+
+def gpu_capacity_patch(resource: str, count: int) -> dict[str, object]:
+    quantity = str(count)
+    return {"status": {"capacity": {resource: quantity}, "allocatable": {resource: quantity}}}
+
+
+def set_gpu_capacity(api: client.ApiClient, node_name: str, resource: str, count: int, *,
+                     request_timeout_seconds: float = 10.0) -> None:
+    """Set `resource` to `count` in the Node's status.capacity and status.allocatable. Idempotent: the same call again
+    writes the same values. A missing Node raises `NodeNotFound`; any other failure `NodeUpdateFailed`."""
+    if count < 0:
+        raise ValueError(f"node {node_name}: GPU count must be >= 0, got {count}")
+    if not resource:
+        raise ValueError(f"node {node_name}: no GPU resource name given")
+    what = f"node {node_name}: setting {resource} capacity and allocatable to {count}"
+    try:
+        # A dict body is sent as a strategic merge patch: only this resource's entries change.
+        client.CoreV1Api(api).patch_node_status(node_name, gpu_capacity_patch(resource, count),
+                                                _request_timeout=request_timeout_seconds)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            raise NodeNotFound(f"{what}: the Node does not exist") from exc
+        raise NodeUpdateFailed(f"{what}: {exc.status} {exc.reason}{_message(exc)}") from exc
+    except Exception as exc:  # connection refused, TLS, timeouts
+        raise NodeUpdateFailed(f"{what}: apiserver unreachable: {exc}") from exc
+    log.info("%s (device hot-plug made visible)", what)
+
+
+def gpu_capacity_hook(api: client.ApiClient,
+                      resource: Union[str, ResourceOfNode] = DEFAULT_GPU_RESOURCE, *,
+                      request_timeout_seconds: float = 10.0) -> DevicesChanged:
+    """An `on_node_devices_changed` callback that publishes a node's online device count as its GPU capacity.
+
+    `resource` is the GPU resource name, or a function giving it per node (its group's `gpu_resource`; None skips a
+    node DDS does not manage). Errors propagate, so the fabric retries on its next tick — except a missing Node with
+    no devices left, which has nothing to show.
+    """
+
+    def publish(node_name: str, online: Mapping[str, int]) -> None:
+        name = resource(node_name) if callable(resource) else resource
+        if name is None:
+            log.debug("node %s has no DDS GPU resource: not publishing its %s", node_name, dict(online))
+            return
+        count = sum(online.values())
+        try:
+            set_gpu_capacity(api, node_name, name, count, request_timeout_seconds=request_timeout_seconds)
+        except NodeNotFound:
+            if count == 0:
+                log.debug("node %s is gone and holds no devices: nothing to publish", node_name)
+                return
+            raise
+
+    return publish
+
+
+def _message(exc: client.ApiException) -> str:
+    try:
+        text = json.loads(exc.body or "{}").get("message", "")
+    except (ValueError, AttributeError):
+        text = ""
+    return f": {text}" if text else ""

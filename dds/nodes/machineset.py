@@ -1,0 +1,287 @@
+"""The Cluster API node backend: a group is a MachineSet; adding nodes raises its spec.replicas, removing one marks
+that node's Machine `cluster.x-k8s.io/delete-machine` and lowers replicas by one, so Cluster API's deletion policy
+(which deletes marked Machines first) removes exactly that Machine. An infrastructure provider makes the machines; in
+tests and the demo that is `dds/nodes/kwok.py`.
+
+Idempotency: every applied request is recorded by key in the MachineSet annotation `dds.cdi.dev/scale-requests` (a JSON
+list, the newest `HISTORY_LIMIT` entries), written in the same conditional patch (metadata.resourceVersion) as the
+replicas it changes, so a request is either applied and recorded or neither. A retried key is answered from that record.
+
+Removal is two writes, always in this order: the Machine annotation, then the MachineSet patch (replicas and record).
+A failure between them leaves a marked Machine and unchanged replicas, which nothing acts on; the retry (same key)
+finds the key unrecorded, marks again (a no-op) and completes. A Machine with a recorded removal is never counted twice,
+whatever key a later call carries.
+
+Errors are typed (`dds.nodes.errors`): an apiserver outage is `NodeBackendUnavailable` naming the group, the object and
+the cause; a conflict is retried `CONFLICT_ATTEMPTS` times on a fresh read before it becomes one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
+
+from kubernetes import client
+
+from dds.kube import capi
+from dds.kube.capi import MACHINES, MACHINESETS, CapiNotInstalled, CapiObjects
+from dds.model.groups import ANN_CAPI_DELETE_MACHINE, ANNOTATION_PREFIX, NodeGroupSpec
+from dds.nodes.base import MachineInfo, MachinePhase
+from dds.nodes.errors import (MachineSetNotFound, NodeBackendError, NodeBackendUnavailable, NodeNotInGroup,
+                              ScaleRefused)
+
+log = logging.getLogger(__name__)
+
+ANN_SCALE_REQUESTS = ANNOTATION_PREFIX + "scale-requests"
+HISTORY_LIMIT = 100  # far more than the requests in flight at once; ~10 KiB of annotation at most
+CONFLICT_ATTEMPTS = 10
+
+T = TypeVar("T")
+
+
+class RequestKind(str, Enum):
+    ADD = "add"
+    REMOVE = "remove"
+
+
+@dataclass(frozen=True)
+class AppliedRequest:
+    """One request applied to a MachineSet, as recorded in its `scale-requests` annotation."""
+
+    key: str
+    kind: RequestKind
+    replicas: int  # spec.replicas after the request
+    count: int = 0  # add: nodes added
+    machine: str = ""  # remove: the Machine removed
+    at: float = 0.0  # DDS's clock when applied (for people reading the annotation)
+
+
+# --- pure parts ---
+
+def read_history(annotations: Mapping[str, str]) -> tuple[AppliedRequest, ...]:
+    """The recorded requests; an unreadable annotation (edited by hand) counts as empty, with a warning."""
+    text = annotations.get(ANN_SCALE_REQUESTS)
+    if not text:
+        return ()
+    try:
+        entries = json.loads(text)
+        return tuple(AppliedRequest(key=str(e["key"]), kind=RequestKind(e["kind"]), replicas=int(e["replicas"]),
+                                    count=int(e.get("count", 0)), machine=str(e.get("machine", "")),
+                                    at=float(e.get("at", 0.0))) for e in entries)
+    except (ValueError, TypeError, KeyError) as exc:
+        log.warning("ignoring unreadable %s annotation (%s): %.200s", ANN_SCALE_REQUESTS, exc, text)
+        return ()
+
+
+def history_text(history: Sequence[AppliedRequest]) -> str:
+    entries = []
+    for entry in history:
+        data = asdict(entry)
+        data["kind"] = entry.kind.value
+        entries.append({k: v for k, v in data.items() if v or k in ("key", "kind", "replicas")})
+    return json.dumps(entries, separators=(",", ":"))
+
+
+def with_request(history: Sequence[AppliedRequest], entry: AppliedRequest,
+                 limit: int = HISTORY_LIMIT) -> tuple[AppliedRequest, ...]:
+    """`history` plus `entry`, keeping the newest `limit` entries."""
+    return (*history, entry)[-limit:]
+
+
+def find_request(history: Sequence[AppliedRequest], key: str) -> Optional[AppliedRequest]:
+    return next((e for e in history if e.key == key), None)
+
+
+def machineset_ref(group: NodeGroupSpec) -> tuple[str, str]:
+    """(namespace, name) of the group's MachineSet."""
+    source = group.source
+    if source.kind == "MachineSet" and source.name:
+        return source.namespace or "default", source.name
+    kind, _, rest = group.id.partition("/")
+    namespace, _, name = rest.partition("/")
+    if kind != "MachineSet" or not namespace or not name or "/" in name:
+        raise ValueError(f"node group {group.id} ({source.describe()}) is not a Cluster API MachineSet; the "
+                         f"machineset node backend scales MachineSets only (without a cluster: node_backend memory)")
+    return namespace, name
+
+
+def machine_phase(machine: Mapping[str, Any]) -> MachinePhase:
+    """DDS's view of a Machine: Cluster API's phase, with the delete-machine mark counting as deleting."""
+    phase = capi.phase(machine)
+    if capi.is_deleting(machine) or capi.marked_for_deletion(machine) or phase in (capi.PHASE_DELETING, "Deleted"):
+        return MachinePhase.DELETING
+    if phase == capi.PHASE_FAILED or capi.failure_message(machine):
+        return MachinePhase.FAILED
+    if phase == capi.PHASE_RUNNING and capi.node_ref_name(machine):
+        return MachinePhase.RUNNING
+    return MachinePhase.PROVISIONING
+
+
+def machine_info(group_id: str, machine: Mapping[str, Any]) -> MachineInfo:
+    return MachineInfo(name=capi.name_of(machine), group_id=group_id, provider_id=capi.provider_id(machine),
+                       phase=machine_phase(machine), node_name=capi.node_ref_name(machine),
+                       created_at=capi.created_at(machine), error=capi.failure_message(machine))
+
+
+def machine_of_node(machines: Sequence[Mapping[str, Any]], node_name: str) -> Optional[Mapping[str, Any]]:
+    """The Machine whose Node is `node_name` (or, before its Node registered, the Machine of that name)."""
+    by_node = next((m for m in machines if capi.node_ref_name(m) == node_name), None)
+    return by_node or next((m for m in machines if capi.name_of(m) == node_name), None)
+
+
+# --- the backend ---
+
+class MachineSetProvisioner:
+    """`NodeProvisioner` on Cluster API MachineSets and Machines (v1beta2 or v1beta1, whichever is served)."""
+
+    def __init__(self, api: client.ApiClient, clock: Callable[[], float], *, request_timeout_seconds: float = 10.0,
+                 history_limit: int = HISTORY_LIMIT) -> None:
+        self._capi = CapiObjects(api, request_timeout_seconds=request_timeout_seconds)
+        self._clock = clock
+        self._history_limit = history_limit
+
+    def machines(self, group: NodeGroupSpec) -> tuple[MachineInfo, ...]:
+        machineset = self._get_machineset(group, "listing machines")
+        owned = self._owned_machines(group, machineset, "listing machines")
+        infos = (machine_info(group.id, m) for m in owned)
+        return tuple(sorted(infos, key=lambda m: (m.created_at, m.name)))
+
+    def add_nodes(self, group: NodeGroupSpec, count: int, key: str) -> None:
+        if count <= 0:
+            raise ValueError(f"add_nodes for {group.id}: count must be positive, got {count}")
+        namespace, name = machineset_ref(group)
+        what = f"adding {count} node(s) (request {key})"
+        for _ in range(CONFLICT_ATTEMPTS):
+            machineset = self._get_machineset(group, what)
+            history = read_history(capi.annotations_of(machineset))
+            if find_request(history, key) is not None:
+                log.debug("%s: %s was applied already", group.id, key)
+                return
+            current = self._current_replicas(group, machineset, what)
+            wanted = current + count
+            if wanted > group.max_size:
+                raise ScaleRefused(f"{group.id}: {what}: {current} + {count} exceeds the maximum size "
+                                   f"{group.max_size}; nothing changed")
+            entry = AppliedRequest(key=key, kind=RequestKind.ADD, replicas=wanted, count=count, at=self._clock())
+            if self._patch_machineset(group, machineset, history, entry, what):
+                log.info("%s: spec.replicas %d -> %d (%s)", group.id, current, wanted, what)
+                return
+        raise NodeBackendUnavailable(f"{group.id}: {what}: MachineSet {namespace}/{name} kept changing under us "
+                                     f"({CONFLICT_ATTEMPTS} conflicts); nothing changed, retry with the same key")
+
+    def remove_node(self, group: NodeGroupSpec, node_name: str, key: str) -> None:
+        namespace, name = machineset_ref(group)
+        what = f"removing node {node_name} (request {key})"
+        for _ in range(CONFLICT_ATTEMPTS):
+            machineset = self._get_machineset(group, what)
+            history = read_history(capi.annotations_of(machineset))
+            if find_request(history, key) is not None:
+                log.debug("%s: %s was applied already", group.id, key)
+                return
+            owned = self._owned_machines(group, machineset, what)
+            machine = machine_of_node(owned, node_name)
+            if machine is None:
+                known = ", ".join(sorted(capi.node_ref_name(m) or capi.name_of(m) for m in owned)) or "none"
+                raise NodeNotInGroup(f"{group.id}: {what}: no Machine of MachineSet {namespace}/{name} has node "
+                                     f"{node_name} (its nodes: {known}); nothing changed")
+            machine_name = capi.name_of(machine)
+            if any(e.kind == RequestKind.REMOVE and e.machine == machine_name for e in history):
+                log.info("%s: %s: Machine %s is already being removed", group.id, what, machine_name)
+                return
+            self._mark_for_deletion(group, machine, what)
+            current = self._current_replicas(group, machineset, what)
+            wanted = max(0, current - 1)
+            entry = AppliedRequest(key=key, kind=RequestKind.REMOVE, replicas=wanted, machine=machine_name,
+                                   at=self._clock())
+            if self._patch_machineset(group, machineset, history, entry, what):
+                log.info("%s: Machine %s marked %s, spec.replicas %d -> %d (%s)", group.id, machine_name,
+                         ANN_CAPI_DELETE_MACHINE, current, wanted, what)
+                return
+        raise NodeBackendUnavailable(f"{group.id}: {what}: MachineSet {namespace}/{name} kept changing under us "
+                                     f"({CONFLICT_ATTEMPTS} conflicts); retry with the same key")
+
+    # --- steps ---
+    def _get_machineset(self, group: NodeGroupSpec, what: str) -> dict[str, Any]:
+        namespace, name = machineset_ref(group)
+        return self._call(group, what, f"reading MachineSet {namespace}/{name}",
+                          lambda: self._capi.get(MACHINESETS, namespace, name))
+
+    def _owned_machines(self, group: NodeGroupSpec, machineset: Mapping[str, Any], what: str) -> list[dict[str, Any]]:
+        namespace = capi.namespace_of(machineset)
+        machines = self._call(group, what, f"listing Machines in {namespace}",
+                              lambda: self._capi.list(MACHINES, (namespace,)))
+        return [m for m in machines if capi.owned_by(m, machineset)]
+
+    def _current_replicas(self, group: NodeGroupSpec, machineset: Mapping[str, Any], what: str) -> int:
+        replicas = capi.spec_replicas(machineset)
+        if replicas is not None:
+            return replicas
+        # Unset (Cluster API's defaulting webhook did not run): the Machines that exist are what is wanted now.
+        owned = self._owned_machines(group, machineset, what)
+        return sum(1 for m in owned if not capi.is_deleting(m) and not capi.marked_for_deletion(m))
+
+    def _mark_for_deletion(self, group: NodeGroupSpec, machine: Mapping[str, Any], what: str) -> None:
+        if capi.marked_for_deletion(machine):
+            return
+        namespace, name = capi.namespace_of(machine), capi.name_of(machine)
+        # Cluster API only checks that the annotation is there; the value says who and when, for people.
+        body = {"metadata": {"annotations": {ANN_CAPI_DELETE_MACHINE: f"dds at {self._clock():.0f}"}}}
+        self._call(group, what, f"marking Machine {namespace}/{name} {ANN_CAPI_DELETE_MACHINE}",
+                   lambda: self._capi.patch(MACHINES, namespace, name, body))
+
+    def _patch_machineset(self, group: NodeGroupSpec, machineset: Mapping[str, Any],
+                          history: Sequence[AppliedRequest], entry: AppliedRequest, what: str) -> bool:
+        """Replicas and the record in one conditional patch; False on a conflict (re-read and try again)."""
+        namespace, name = capi.namespace_of(machineset), capi.name_of(machineset)
+        body = {"metadata": {"resourceVersion": capi.meta(machineset).get("resourceVersion"),
+                             "annotations": {ANN_SCALE_REQUESTS: history_text(
+                                 with_request(history, entry, self._history_limit))}},
+                "spec": {"replicas": entry.replicas}}
+        try:
+            self._call(group, what, f"patching MachineSet {namespace}/{name}",
+                       lambda: self._capi.patch(MACHINESETS, namespace, name, body), conflict_ok=True)
+        except _Conflict:
+            return False
+        return True
+
+    def _call(self, group: NodeGroupSpec, what: str, step: str, call: Callable[[], T], *,
+              conflict_ok: bool = False) -> T:
+        """Run one API call, turning its failure into a typed error that names the group, the request and the step."""
+        context = f"{group.id}: {what}: {step}"
+        try:
+            return call()
+        except client.ApiException as exc:
+            if exc.status == 409 and conflict_ok:
+                raise _Conflict() from exc
+            raise _api_error(context, exc) from exc
+        except CapiNotInstalled as exc:
+            raise MachineSetNotFound(f"{context}: {exc}") from exc
+        except NodeBackendError:
+            raise
+        except Exception as exc:  # urllib3 connection errors, TLS, timeouts: the apiserver is not answering
+            raise NodeBackendUnavailable(f"{context}: apiserver unreachable: {exc}") from exc
+
+
+class _Conflict(Exception):
+    """A conditional write lost a race: re-read and try again."""
+
+
+def _api_error(context: str, exc: client.ApiException) -> NodeBackendError:
+    reason = f"{exc.status} {exc.reason}"
+    detail = _status_message(exc)
+    message = f"{context}: {reason}" + (f": {detail}" if detail else "")
+    if exc.status == 404:
+        return MachineSetNotFound(message + "; nothing changed")
+    if exc.status in (0, 408, 409, 429) or exc.status is None or exc.status >= 500:
+        return NodeBackendUnavailable(message)
+    return NodeBackendError(message)
+
+
+def _status_message(exc: client.ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message", ""))
+    except (ValueError, AttributeError):
+        return ""

@@ -1,0 +1,70 @@
+"""pytest fixtures for tests against the real control plane; tests/conftest.py registers this plugin for every test
+folder (integration, e2e).
+
+- `control_plane` (session): one ControlPlane (etcd, kube-apiserver, kube-scheduler, kwok, the CRDs DDS uses) for the
+  whole run, in a pytest tmp dir (its logs under <tmp>/control-plane*/logs), stopped at the end of the session whatever
+  happened. When the binaries cannot be built or the control plane cannot start, every test that needs it ERRORS with
+  the reason: CI must build them, so this is never a skip.
+- `namespace` (function): a fresh namespace, deleted with everything in it afterwards.
+
+The binaries are built (or found in the cache) right after collection, and only when a collected test needs the
+control plane: a cold build takes minutes and should not count against the first test's timeout.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Union
+
+import pytest
+
+from dds.testing.controlplane import ControlPlane, ensure_binaries, start_control_plane
+
+_FIXTURE = "control_plane"
+_binaries_key = pytest.StashKey[Union[Path, BaseException]]()
+
+
+def _needs_control_plane(items: list[pytest.Item]) -> bool:
+    return any(_FIXTURE in getattr(item, "fixturenames", ()) for item in items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly or not _needs_control_plane(session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("dds: control-plane binaries via hack/build-binaries.sh (cached: seconds; cold: ~12 min)")
+    try:
+        session.config.stash[_binaries_key] = ensure_binaries()
+    except Exception as exc:  # reported by every test that needs the control plane, not as an internal error
+        session.config.stash[_binaries_key] = exc
+
+
+def _bin_dir(config: pytest.Config) -> Path:
+    found = config.stash.get(_binaries_key, None)
+    if found is None:  # collected in a way the hook did not see (e.g. requested dynamically)
+        found = config.stash[_binaries_key] = ensure_binaries()
+    if isinstance(found, BaseException):
+        raise found
+    return found
+
+
+@pytest.fixture(scope="session")
+def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = start_control_plane(tmp_path_factory.mktemp("control-plane"), bin_dir=_bin_dir(request.config))
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    control_plane.create_namespace(name)
+    try:
+        yield name
+    finally:
+        control_plane.delete_namespace(name)

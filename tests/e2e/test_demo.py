@@ -1,0 +1,78 @@
+"""The talk's demo end to end (issue 4): a real apiserver, scheduler and kwok, DDS as a process on mutual TLS, and the
+autoscaler (the real cluster-autoscaler when one is available, else the stand-in) driving it over externalgrpc.
+
+One run, several assertions about what a user sees: the order of events, how many GPUs were attached and nodes added,
+and the GPU path's Pending -> Running time against the configured fabric latency.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dds.demo import DemoOptions, DemoResult, Entry, run_demo
+
+pytestmark = pytest.mark.e2e
+
+ATTACH_LATENCY = (3.0, 4.0)
+# cluster-autoscaler does not scale up for a GPU pod younger than 30 s (unschedulablePodWithGpuTimeBuffer, not a flag).
+CA_GPU_POD_BUFFER_SECONDS = 30.0
+# CA's scan interval (2 s) twice, DDS's loop (1 s), the scheduler's requeue after the node's allocatable changes, and the
+# kwok pod-ready stage: everything on the GPU path that is neither the fabric nor CA's buffer.
+GPU_PATH_OVERHEAD_SECONDS = 15.0
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> DemoResult:
+    options = DemoOptions(workdir=tmp_path_factory.mktemp("demo"), attach_latency=ATTACH_LATENCY,
+                          detach_latency=(1.0, 2.0), node_provisioning_seconds=12.0, gpu_idle_cooldown_seconds=8.0,
+                          node_idle_cooldown_seconds=10.0, step_timeout_seconds=180.0, echo=True)
+    return run_demo(options)
+
+
+def first(result: DemoResult, kind: str, subject: str, text: str) -> Entry:
+    matches = [e for e in result.timeline if e.kind == kind and e.subject == subject and text in e.text]
+    assert matches, f"no {kind} entry for {subject} containing {text!r}; timeline:\n" + \
+        "\n".join(e.line() for e in result.timeline)
+    return matches[0]
+
+
+def test_the_gpu_path_attaches_and_adds_no_node(demo: DemoResult):
+    # Case 1: the attach answers CA's IncreaseSize (not DDS's own case-2 loop, which waits longer).
+    assert demo.metrics.get('dds_decisions_total{case="case1-scale-up",outcome="gpu"}', 0) >= 1
+    pending = first(demo, "pod", "train-0", "Pending")
+    attaching = first(demo, "dds", "pod/train-0", "AttachingGPU")
+    running = first(demo, "pod", "train-0", "Running")
+    assert pending.at <= attaching.at <= running.at
+    added_before = [e for e in demo.timeline if e.kind == "dds" and "AddingNode" in e.text and e.at < running.at]
+    assert added_before == [], "a node was added for the 1-GPU pod"
+    assert "fits" in attaching.text or "GPU" in attaching.text  # the reason is in the Event
+
+
+def test_gpu_path_time_is_the_fabric_latency_plus_bounded_overhead(demo: DemoResult):
+    assert CA_GPU_POD_BUFFER_SECONDS + ATTACH_LATENCY[0] <= demo.gpu_path_seconds
+    assert demo.gpu_path_seconds <= CA_GPU_POD_BUFFER_SECONDS + ATTACH_LATENCY[1] + GPU_PATH_OVERHEAD_SECONDS
+
+
+def test_memory_heavy_pods_get_exactly_one_new_node(demo: DemoResult):
+    adding = first(demo, "dds", "machineset/gpu-workers", "AddingNode")
+    for name in ("mem-0", "mem-1"):
+        assert adding.at <= first(demo, "pod", name, "Running").at
+    assert demo.nodes_added == 1
+
+
+def test_scale_down_detaches_then_removes_the_empty_node(demo: DemoResult):
+    removed = [e for e in demo.timeline if e.kind == "node" and "removed from the cluster" in e.text]
+    assert len(removed) == 1 and demo.nodes_removed == 1
+    node = removed[0].subject
+    detached = first(demo, "dds", f"node/{node}", "DetachedGPU")
+    removing = first(demo, "dds", f"node/{node}", "RemovingNode")
+    assert detached.at <= removing.at <= removed[0].at
+
+
+def test_gpu_counts_add_up_in_metrics(demo: DemoResult):
+    # train-0's GPU and the new node's boot-time GPU were attached; both were detached when idle.
+    assert demo.gpus_attached == 2
+    assert demo.gpus_detached == 2
+    decisions = {k: v for k, v in demo.metrics.items() if k.startswith("dds_decisions_total{")}
+    assert any('outcome="gpu"' in k and 'case="case1-scale-up"' in k and v >= 1 for k, v in decisions.items()), decisions
+    assert any('outcome="node"' in k and 'case="case1-scale-up"' in k and v >= 1 for k, v in decisions.items()), decisions

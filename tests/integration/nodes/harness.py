@@ -1,0 +1,117 @@
+"""A DDS node group on the real apiserver: an opted-in MachineSet in a test namespace, the node backend that scales
+it, and the kwok infrastructure provider that turns its replicas into kwok Nodes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+from kubernetes import client
+
+from dds.kube.capi import NODE_ANN_CLUSTER_NAMESPACE
+from dds.kube.machinesets import MachineSetLister
+from dds.model.groups import NodeGroupSpec
+from dds.nodes.kwok import KwokInfrastructure
+from dds.nodes.machineset import MachineSetProvisioner
+from dds.provider.sources import MachineSetSource
+
+GROUP = "cluster.x-k8s.io"
+GPU_LABEL = "nvidia.com/gpu.product"
+
+
+def machineset_manifest(name: str, *, replicas: int = 0, max_size: int = 6, taints: str = "",
+                        version: str = "v1beta1") -> dict[str, Any]:
+    """A MachineSet as a user writes it (v1beta1, like manifests/examples/machineset-gpu-workers.yaml)."""
+    annotations = {
+        "dds.cdi.dev/enabled": "true",
+        "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "0",
+        "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": str(max_size),
+        "capacity.cluster-autoscaler.kubernetes.io/cpu": "16",
+        "capacity.cluster-autoscaler.kubernetes.io/memory": "64Gi",
+        "capacity.cluster-autoscaler.kubernetes.io/maxPods": "110",
+        "capacity.cluster-autoscaler.kubernetes.io/labels": "node.kubernetes.io/instance-type=cdi-16c64g",
+        "dds.cdi.dev/max-gpus-per-node": "4",
+        "dds.cdi.dev/gpu-models": "A30",
+    }
+    if taints:
+        annotations["capacity.cluster-autoscaler.kubernetes.io/taints"] = taints
+    labels = {"cluster.x-k8s.io/cluster-name": "demo", "cluster.x-k8s.io/set-name": name}
+    return {
+        "apiVersion": f"{GROUP}/{version}", "kind": "MachineSet",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"clusterName": "demo", "replicas": replicas, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels},
+                              "spec": {"clusterName": "demo", "bootstrap": {"dataSecretName": f"{name}-bootstrap"},
+                                       "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
+                                                             "kind": "KwokMachineTemplate", "name": name}}}},
+    }
+
+
+def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2) -> Any:
+    """Poll until `predicate()` is truthy; fail naming `what` (a generous bound: these tests check behaviour)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+class NodeGroupHarness:
+    def __init__(self, api: client.ApiClient, namespace: str, clock: Callable[[], float] = time.time,
+                 provisioning_delay_seconds: float = 0.0) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.core = client.CoreV1Api(api)
+        self.objects = client.CustomObjectsApi(api)
+        self.provisioner = MachineSetProvisioner(api, clock)
+        self.infrastructure = KwokInfrastructure(api, clock, provisioning_delay_seconds, (namespace,),
+                                                 gpu_label=GPU_LABEL)
+
+    def create_machineset(self, name: str, **kwargs: Any) -> NodeGroupSpec:
+        manifest = machineset_manifest(name, **kwargs)
+        version = manifest["apiVersion"].rpartition("/")[2]
+        self.objects.create_namespaced_custom_object(GROUP, version, self.namespace, "machinesets", manifest)
+        return self.group(name)
+
+    def group(self, name: str) -> NodeGroupSpec:
+        """The group as DDS reads it (MachineSet source and parser)."""
+        read = MachineSetSource(MachineSetLister(self.api, [self.namespace])).read()
+        assert not read.errors, read.errors
+        return next(g for g in read.groups if g.source.name == name)
+
+    def machineset(self, name: str) -> dict[str, Any]:
+        return self.objects.get_namespaced_custom_object(GROUP, "v1beta2", self.namespace, "machinesets", name)
+
+    def replicas(self, name: str) -> int:
+        return int(self.machineset(name)["spec"]["replicas"])
+
+    def machines(self) -> list[dict[str, Any]]:
+        return self.objects.list_namespaced_custom_object(GROUP, "v1beta2", self.namespace, "machines")["items"]
+
+    def nodes(self) -> dict[str, client.V1Node]:
+        """The Nodes made for Machines of this namespace."""
+        return {n.metadata.name: n for n in self.core.list_node().items
+                if (n.metadata.annotations or {}).get(NODE_ANN_CLUSTER_NAMESPACE) == self.namespace}
+
+    def ready_nodes(self) -> dict[str, client.V1Node]:
+        return {name: n for name, n in self.nodes().items()
+                if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or ())}
+
+    def wait_ready_nodes(self, count: int, timeout: float = 60.0) -> dict[str, client.V1Node]:
+        def ready() -> Optional[dict[str, client.V1Node]]:
+            nodes = self.ready_nodes()
+            return nodes if len(nodes) == count and len(self.nodes()) == count else None
+        return wait_for(f"{count} Ready kwok node(s) in {self.namespace}", ready)
+
+    def close(self) -> None:
+        """Stop the provider and remove the cluster-scoped Nodes it made (the namespace fixture removes the rest)."""
+        self.infrastructure.stop()
+        for name in self.nodes():
+            try:
+                self.core.delete_node(name)
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise
