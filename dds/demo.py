@@ -18,36 +18,18 @@ The scenario (shared/seeds/004, the talk's demo):
 from __future__ import annotations
 
 import argparse
-import copy
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
-import yaml
 from kubernetes import client
 
-from dds import certs
-from dds.model.groups import ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN
-from dds.testing.autoscaler import AutoscalerHandle, free_port, start_autoscaler
-
-ROOT = Path(__file__).resolve().parent.parent
-MACHINESET_FILE = ROOT / "manifests" / "examples" / "machineset-gpu-workers.yaml"
-GPU = "nvidia.com/gpu"
-DEMO_NAMESPACE = "demo"
-DDS_NAMESPACE = "dds-system"
-GIB = 2**30
-
-
-class DemoError(RuntimeError):
-    """A step did not happen in time; the message says which and what was seen instead."""
+from dds.testing.stack import (WORKLOAD_NAMESPACE as DEMO_NAMESPACE, StackError, StackOptions, gpus_allocatable,
+                               is_ready, pod, start_stack)
 
 
 @dataclass(frozen=True)
@@ -61,6 +43,7 @@ class DemoOptions:
     pool_size: int = 8
     step_timeout_seconds: float = 240.0
     autoscaler_binary: Optional[Path] = None  # None: $DDS_CLUSTER_AUTOSCALER, the binary cache, else the stand-in
+    dds_settings: dict = field(default_factory=dict)  # e.g. another fabric backend (the e2e variants)
     echo: bool = True
 
 
@@ -69,7 +52,7 @@ class DemoOptions:
 @dataclass(frozen=True)
 class Entry:
     at: float  # seconds since the demo's start
-    kind: str  # pod | node | dds | step
+    kind: str  # pod | node | dds (DDS's Events) | ca (cluster-autoscaler's Events) | step
     subject: str
     text: str
 
@@ -134,10 +117,10 @@ class ClusterWatcher:
 
     def _poll_pods(self) -> None:
         seen = set()
-        for pod in self._core.list_namespaced_pod(DEMO_NAMESPACE).items:
-            name = pod.metadata.name
+        for item in self._core.list_namespaced_pod(DEMO_NAMESPACE).items:
+            name = item.metadata.name
             seen.add(name)
-            state = pod_state(pod)
+            state = pod_state(item)
             if self._pods.get(name) != state:
                 self._pods[name] = state
                 self._timeline.add("pod", name, state)
@@ -150,8 +133,7 @@ class ClusterWatcher:
         for node in self._core.list_node().items:
             name = node.metadata.name
             seen.add(name)
-            ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or ())
-            state = f"{'Ready' if ready else 'NotReady'}, {gpus_allocatable(node)} GPU(s) allocatable"
+            state = f"{'Ready' if is_ready(node) else 'NotReady'}, {gpus_allocatable(node)} GPU(s) allocatable"
             if self._nodes.get(name) != state:
                 verb = "registered" if name not in self._nodes else "now"
                 self._nodes[name] = state
@@ -163,14 +145,16 @@ class ClusterWatcher:
     def _poll_events(self) -> None:
         events = self._core.list_event_for_all_namespaces().items
         for event in sorted(events, key=lambda e: (e.last_timestamp or e.event_time or e.metadata.creation_timestamp)):
-            if (event.source.component if event.source else None) != "dds":
+            source = event.source.component if event.source else None
+            if source not in ("dds", "cluster-autoscaler"):
                 continue
             count = event.count or 1
             if self._events.get(event.metadata.uid, 0) >= count:
                 continue
             self._events[event.metadata.uid] = count
             involved = event.involved_object
-            self._timeline.add("dds", f"{involved.kind.lower()}/{involved.name}", f"{event.reason}: {event.message}")
+            self._timeline.add("dds" if source == "dds" else "ca", f"{involved.kind.lower()}/{involved.name}",
+                               f"{event.reason}: {event.message}")
 
 
 def pod_state(pod: Any) -> str:
@@ -183,122 +167,6 @@ def pod_state(pod: Any) -> str:
             return f"Pending ({scheduled.reason}: {(scheduled.message or '').strip()[:90]})"
         return "Pending"
     return f"{phase} on {pod.spec.node_name}"
-
-
-def gpus_allocatable(node: Any) -> int:
-    return int((node.status.allocatable or {}).get(GPU, "0"))
-
-
-# --- objects ---
-
-def machineset(options: DemoOptions) -> dict:
-    """The example MachineSet (manifests/examples), two replicas, with cooldowns short enough to watch."""
-    obj = yaml.safe_load(MACHINESET_FILE.read_text())
-    obj = copy.deepcopy(obj)
-    obj["spec"]["replicas"] = 2
-    annotations = obj["metadata"]["annotations"]
-    annotations[ANN_GPU_IDLE_COOLDOWN] = f"{options.gpu_idle_cooldown_seconds:g}s"
-    annotations[ANN_NODE_IDLE_COOLDOWN] = f"{options.node_idle_cooldown_seconds:g}s"
-    return obj
-
-
-def pod(name: str, memory_gib: int, gpus: int = 0, cpu: str = "1") -> dict:
-    limits = {GPU: str(gpus)} if gpus else {}
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": DEMO_NAMESPACE, "labels": {"app.kubernetes.io/part-of": "dds-demo"}},
-        "spec": {
-            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"requests": {"cpu": cpu, "memory": f"{memory_gib}Gi", **limits},
-                                          "limits": limits}}],
-            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-        },
-    }
-
-
-def dds_settings(options: DemoOptions, kubeconfig: Path, tls_dir: Path, grpc_port: int, metrics_port: int) -> dict:
-    latency = lambda pair: {"min": pair[0], "max": pair[1]}  # noqa: E731
-    return {
-        "listen": f"127.0.0.1:{grpc_port}",
-        "metrics_listen": f"127.0.0.1:{metrics_port}",
-        "tls_cert": str(tls_dir / certs.SERVER_CERT),
-        "tls_key": str(tls_dir / certs.SERVER_KEY),
-        "tls_ca": str(tls_dir / certs.CA_CERT),
-        "kubeconfig": str(kubeconfig),
-        "namespace": DDS_NAMESPACE,
-        "loop_interval_seconds": 1.0,
-        "unhandled_pending_grace_seconds": 45.0,  # CA (scanning every 2 s here) answers first; see dds/config.py
-        "max_node_provision_seconds": max(120.0, options.node_provisioning_seconds * 4),
-        "simulated_fabric": {
-            "pools": [{"name": "default", "devices": {"A30": options.pool_size}}],
-            "attach_latency": latency(options.attach_latency),
-            "detach_latency": latency(options.detach_latency),
-        },
-    }
-
-
-# --- the pieces, started and stopped ---
-
-@dataclass
-class DdsProcess:
-    process: subprocess.Popen
-    log_path: Path
-    metrics_url: str
-
-    def metrics(self) -> dict[str, float]:
-        """The `dds_` samples of /metrics, keyed by name{labels} as Prometheus prints them."""
-        text = urllib.request.urlopen(self.metrics_url + "/metrics", timeout=5).read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line.startswith("dds_"):
-                key, _, value = line.rpartition(" ")
-                out[key] = float(value)
-        return out
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-
-
-def start_dds(config_path: Path, log_path: Path, metrics_port: int, timeout: float = 60.0) -> DdsProcess:
-    command = [sys.executable, "-m", "dds", "serve", "--config", str(config_path)]
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    handle = DdsProcess(process, log_path, f"http://127.0.0.1:{metrics_port}")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise DemoError(f"dds serve exited with {process.returncode}:\n{_tail(log_path)}")
-        try:
-            if urllib.request.urlopen(handle.metrics_url + "/readyz", timeout=2).status == 200:
-                return handle
-        except OSError:
-            pass
-        time.sleep(0.3)
-    handle.stop()
-    raise DemoError(f"dds serve not ready within {timeout:.0f}s:\n{_tail(log_path)}")
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def autoscaler_binary(options: DemoOptions, bin_dir: Path) -> Optional[Path]:
-    if options.autoscaler_binary is not None:
-        return options.autoscaler_binary
-    if os.environ.get("DDS_CLUSTER_AUTOSCALER"):
-        return Path(os.environ["DDS_CLUSTER_AUTOSCALER"])
-    cached = bin_dir / "cluster-autoscaler"
-    return cached if cached.exists() else None
 
 
 # --- the scenario ---
@@ -321,106 +189,50 @@ class Demo:
     def __init__(self, options: DemoOptions, out: Optional[TextIO]) -> None:
         self.options = options
         self.timeline = Timeline(out if options.echo else None)
-        self.stack = ExitStack()
         self.watcher: Optional[ClusterWatcher] = None
 
-    # -- waiting --
     def wait_for(self, what: str, predicate: Callable[[], Any], timeout: Optional[float] = None,
                  describe: Callable[[], str] = lambda: "") -> Any:
-        deadline = time.monotonic() + (timeout or self.options.step_timeout_seconds)
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                if self.watcher is not None:
-                    self.watcher.poll()  # record what was just seen before the scenario changes it
-                return value
-            self._check_alive()
-            time.sleep(0.5)
-        raise DemoError(f"timed out waiting for {what}; {describe()}\nDDS log tail:\n{_tail(self.dds.log_path)}")
-
-    def _check_alive(self) -> None:
-        if self.dds.process.poll() is not None:
-            raise DemoError(f"dds serve exited with {self.dds.process.returncode}:\n{_tail(self.dds.log_path)}")
-        if not self.autoscaler.running():
-            raise DemoError(f"the autoscaler stopped; see {self.autoscaler.log_path}")
+        value = self.stack.wait_for(what, predicate, timeout or self.options.step_timeout_seconds, describe)
+        if self.watcher is not None:
+            self.watcher.poll()  # record what was just seen before the scenario changes it
+        return value
 
     def step(self, text: str) -> None:
         self.timeline.add("step", "==>", text)
 
-    # -- queries --
-    def nodes(self) -> list[Any]:
-        return self.core.list_node().items
-
-    def ready_workers(self) -> list[Any]:
-        return [n for n in self.nodes()
-                if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or ())]
-
     def pods_running(self, names: list[str]) -> bool:
-        pods = {p.metadata.name: p for p in self.core.list_namespaced_pod(DEMO_NAMESPACE).items}
+        pods = {p.metadata.name: p for p in self.stack.pods()}
         return all(n in pods and pods[n].status.phase == "Running" for n in names)
 
     def pods_describe(self) -> str:
-        return "; ".join(f"{p.metadata.name}: {pod_state(p)}" for p in self.core.list_namespaced_pod(DEMO_NAMESPACE).items)
+        return "; ".join(f"{p.metadata.name}: {pod_state(p)}" for p in self.stack.pods())
 
     def nodes_describe(self) -> str:
-        return "; ".join(f"{n.metadata.name}: {gpus_allocatable(n)} GPU(s)" for n in self.nodes())
+        return "; ".join(f"{n.metadata.name}: {gpus_allocatable(n)} GPU(s)" for n in self.stack.nodes())
 
-    # -- setup --
     def start(self) -> None:
-        from dds.nodes.kwok import KwokInfrastructure
-        from dds.testing.controlplane import start_control_plane
+        options = self.options
+        self.step(f"starting etcd, kube-apiserver, kube-scheduler and kwok; MachineSet default/gpu-workers (2 workers, "
+                  f"1 A30 each at boot, up to 4 attachable); DDS (mutual TLS, simulated fabric: {options.pool_size} x "
+                  f"A30, attach {options.attach_latency[0]:g}-{options.attach_latency[1]:g}s); logs in {options.workdir}")
+        self.stack = start_stack(options.workdir, StackOptions(
+            attach_latency=options.attach_latency, detach_latency=options.detach_latency,
+            node_provisioning_seconds=options.node_provisioning_seconds,
+            gpu_idle_cooldown_seconds=options.gpu_idle_cooldown_seconds,
+            node_idle_cooldown_seconds=options.node_idle_cooldown_seconds, pool_size=options.pool_size,
+            autoscaler_binary=options.autoscaler_binary, dds_settings=dict(options.dds_settings)))
+        self.core = self.stack.core
+        self.dds = self.stack.dds
+        self.step(f"autoscaler: {self.stack.autoscaler.kind} (--cloud-provider=externalgrpc, "
+                  f"log {self.stack.autoscaler.log_path})")
+        self.watcher = ClusterWatcher(self.stack.control_plane.api_client(), self.timeline).start()
 
-        workdir = self.options.workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.step(f"starting etcd, kube-apiserver, kube-scheduler and kwok (logs in {workdir})")
-        self.control_plane = self.stack.enter_context(start_control_plane(workdir / "control-plane"))
-        self.api = self.control_plane.api_client()
-        self.core = client.CoreV1Api(self.api)
-        for namespace in (DDS_NAMESPACE, DEMO_NAMESPACE):
-            self.core.create_namespace({"metadata": {"name": namespace}})
+    def nodes(self) -> list[Any]:
+        return self.stack.nodes()
 
-        grpc_port, metrics_port = free_port(), free_port()
-        tls_dir = workdir / "tls"
-        bundle = certs.generate_bundle(["localhost"], ["127.0.0.1"], days=1)
-        certs.write_bundle(tls_dir, bundle, certs.CloudConfigOptions(address=f"127.0.0.1:{grpc_port}",
-                                                                     files_dir=str(tls_dir)))
-        config = workdir / "dds.yaml"
-        config.write_text(yaml.safe_dump(dds_settings(self.options, self.control_plane.kubeconfig, tls_dir,
-                                                      grpc_port, metrics_port), sort_keys=False))
-
-        self.step("creating MachineSet default/gpu-workers: 2 workers, 1 A30 each at boot, up to 4 attachable")
-        client.CustomObjectsApi(self.api).create_namespaced_custom_object(
-            "cluster.x-k8s.io", "v1beta1", "default", "machinesets", machineset(self.options))
-        self.infrastructure = KwokInfrastructure(self.control_plane.api_client(), time.time,
-                                                 provisioning_delay_seconds=self.options.node_provisioning_seconds)
-        self.infrastructure.run_in_thread()
-        self.stack.callback(self.infrastructure.stop)
-
-        self.step("starting DDS (dds serve, mutual TLS, simulated fabric: "
-                  f"{self.options.pool_size} x A30, attach {self.options.attach_latency[0]:g}-"
-                  f"{self.options.attach_latency[1]:g}s)")
-        self.dds = start_dds(config, workdir / "dds.log", metrics_port)
-        self.stack.callback(self.dds.stop)
-
-        binary = autoscaler_binary(self.options, self.control_plane.bin_dir)
-        previous = os.environ.get("DDS_CLUSTER_AUTOSCALER")
-        if binary is not None:
-            os.environ["DDS_CLUSTER_AUTOSCALER"] = str(binary)
-        try:
-            self.autoscaler: AutoscalerHandle = start_autoscaler(
-                self.control_plane.kubeconfig, tls_dir / certs.CLOUD_CONFIG, workdir / "autoscaler",
-                scan_interval=2.0, max_node_provision_time=max(120.0, self.options.node_provisioning_seconds * 4),
-                scale_down_unneeded_time=30.0, scale_down_delay_after_add=30.0)
-        finally:
-            if binary is not None:
-                if previous is None:
-                    os.environ.pop("DDS_CLUSTER_AUTOSCALER", None)
-                else:
-                    os.environ["DDS_CLUSTER_AUTOSCALER"] = previous
-        self.stack.callback(self.autoscaler.stop)
-        self.step(f"autoscaler: {self.autoscaler.kind} (--cloud-provider=externalgrpc, log {self.autoscaler.log_path})")
-        self.watcher = ClusterWatcher(self.control_plane.api_client(), self.timeline).start()
-        self.stack.callback(self.watcher.stop)
+    def ready_workers(self) -> list[Any]:
+        return [n for n in self.stack.nodes() if is_ready(n)]
 
     # -- the talk's scenario --
     def run(self) -> DemoResult:
@@ -470,7 +282,7 @@ class Demo:
         time.sleep(1.5)  # let the watcher print the last Events
         after = self.dds.metrics()
         return DemoResult(
-            timeline=list(self.timeline.entries), autoscaler=self.autoscaler.kind, gpu_path_seconds=gpu_path,
+            timeline=list(self.timeline.entries), autoscaler=self.stack.autoscaler.kind, gpu_path_seconds=gpu_path,
             node_path_seconds=node_path, nodes_added=len(added),
             nodes_removed=len(added - {n.metadata.name for n in self.nodes()}),
             gpus_attached=int(_delta(before, after, "dds_gpus_attached_total")),
@@ -478,7 +290,10 @@ class Demo:
             metrics=after, workdir=self.options.workdir)
 
     def close(self) -> None:
-        self.stack.close()
+        if self.watcher is not None:
+            self.watcher.stop()
+        if getattr(self, "stack", None) is not None:
+            self.stack.close()
 
 
 def _delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
@@ -527,7 +342,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                           node_provisioning_seconds=args.node_provisioning)
     try:
         result = run_demo(options)
-    except DemoError as exc:
+    except StackError as exc:
         print(f"\ndemo failed: {exc}\nlogs: {workdir}", file=sys.stderr)
         return 1
     print(summary(result))

@@ -3,6 +3,7 @@
     dds plan --snapshot examples/snapshot-demo.json
     dds plan --snapshot cluster.yaml --policy spread --json
     dds plan --snapshot cluster.yaml --remove worker-3        # as if CA asked to delete worker-3 (case 3)
+    dds plan --kubeconfig ~/.kube/config --config dds.yaml     # the live cluster, read-only
 
 Prints the scale-up plan (per pending pod: fits now / after N GPUs on a node / needs a node / unschedulable, the score,
 the rejected options) and the scale-down plan (idle GPUs to detach, nodes to remove or keep). --json prints both plans
@@ -51,18 +52,69 @@ def snapshot_from_file(args: argparse.Namespace) -> Snapshot:
         raise UsageError(str(exc)) from exc
 
 
+def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
+    """What DDS itself would plan on: the cluster's nodes, pods and MachineSet groups, and the fabric's pools, devices
+    and operations in flight, read with the same code (dds/controller/observe.py). Read-only: nothing is planned into
+    action. Idleness is unknown to a one-shot reader (DDS measures it across loops), so no GPU counts as idle yet."""
+    import time
+
+    from dds.controller.idle import IdleTracker
+    from dds.controller.observe import ClusterObserver
+    from dds.fabric.factory import build_fabric
+    from dds.kube.client import api_client
+    from dds.kube.machinesets import MachineSetLister
+    from dds.model.events import LogEventRecorder
+    from dds.provider.sources import MachineSetSource, NodeGroupCatalog
+
+    settings = _settings(args)
+    try:
+        api = api_client(settings.kubeconfig, settings.in_cluster)
+        catalog = NodeGroupCatalog(source=MachineSetSource(MachineSetLister(api, settings.machineset_namespaces)),
+                                   events=LogEventRecorder())
+        if not catalog.refresh():
+            raise UsageError(f"cannot read the node groups: {catalog.last_error}")
+        fabric = build_fabric(settings, clock=time.time, api_client=api)
+        try:
+            observer = ClusterObserver(api, fabric, catalog.groups, time.time, IdleTracker(), settings.gpu_label,
+                                       settings.machineset_namespaces)
+            observation = observer.observe()
+        finally:
+            fabric.close()
+    except UsageError:
+        raise
+    except Exception as exc:  # unreachable apiserver, bad kubeconfig, fabric backend unreachable
+        raise UsageError(f"cannot read the cluster: {exc}") from exc
+    pending = set(observation.unschedulable_since)
+    # Only pods the scheduler has found unschedulable are planned for, as DDS does.
+    pods = tuple(p for p in observation.snapshot.pods if p.node_name or p.key in pending)
+    from dataclasses import replace
+
+    snapshot = replace(observation.snapshot, pods=pods)
+    if args.save_snapshot is not None:
+        from dds.planner.snapshot_io import dump_snapshot
+
+        args.save_snapshot.write_text(dump_snapshot(snapshot))
+    return snapshot
+
+
 def choose_provider(args: argparse.Namespace) -> SnapshotProvider:
-    """The snapshot source the flags ask for (a live-cluster provider plugs in here)."""
+    """The snapshot source the flags ask for: a snapshot file, or the live cluster of a kubeconfig."""
     if args.snapshot is not None:
         return snapshot_from_file
-    raise UsageError("--snapshot FILE is required (a JSON or YAML snapshot; see dds/planner/snapshot_io.py)")
+    if args.kubeconfig is not None or args.in_cluster:
+        return snapshot_from_cluster
+    raise UsageError("give --snapshot FILE (JSON or YAML; see dds/planner/snapshot_io.py) or --kubeconfig FILE")
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("plan", help="show what DDS would do with a cluster snapshot, and why",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--snapshot", type=Path, metavar="FILE", help="cluster snapshot, .json or .yaml")
-    parser.add_argument("--config", type=Path, help="DDS settings file (policy, batch solver, solver budget)")
+    parser.add_argument("--kubeconfig", type=Path, help="plan on this cluster as it is now (read-only)")
+    parser.add_argument("--in-cluster", action="store_true", default=None, help="plan on the cluster DDS runs in")
+    parser.add_argument("--save-snapshot", type=Path, metavar="FILE",
+                        help="with --kubeconfig: also write the snapshot read (to replay with --snapshot)")
+    parser.add_argument("--config", type=Path, help="DDS settings file (policy, solver, fabric backend, namespaces)")
     parser.add_argument("--policy", choices=POLICIES, help="node scoring policy (default: settings, best-fit)")
     parser.add_argument("--solver", choices=SOLVERS, help="batch solver (default: settings, auto)")
     parser.add_argument("--remove", default="", metavar="NODES",
@@ -73,11 +125,16 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def planner_config(args: argparse.Namespace) -> PlannerConfig:
+def _settings(args: argparse.Namespace) -> Settings:
     try:
-        settings = Settings.load(args.config, policy=args.policy, batch_solver=args.solver)
+        return Settings.load(args.config, policy=args.policy, batch_solver=args.solver,
+                             kubeconfig=getattr(args, "kubeconfig", None), in_cluster=getattr(args, "in_cluster", None))
     except (ValidationError, ValueError, OSError) as exc:
         raise UsageError(f"bad settings: {exc}") from exc
+
+
+def planner_config(args: argparse.Namespace) -> PlannerConfig:
+    settings = _settings(args)
     if settings.batch_solver not in SOLVERS:
         raise UsageError(f"batch solver {settings.batch_solver!r} is not one of {', '.join(SOLVERS)}")
     return PlannerConfig(policy=settings.policy, batch_solver=settings.batch_solver,

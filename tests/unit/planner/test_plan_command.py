@@ -77,7 +77,7 @@ def test_dds_plan_case3_candidate(capsys) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    pytest.param([], "--snapshot FILE is required", id="no-snapshot"),
+    pytest.param([], "give --snapshot FILE", id="no-snapshot"),
     pytest.param(["--snapshot", "/nonexistent/s.json"], "cannot read snapshot", id="missing-file"),
 ])
 def test_dds_plan_usage_errors(args, message, capsys) -> None:

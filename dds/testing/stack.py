@@ -1,0 +1,335 @@
+"""The whole DDS stack on this machine, for `make demo`, the e2e tests and the reliability campaign.
+
+    control plane (etcd, kube-apiserver, kube-scheduler, kwok; dds/testing/controlplane.py)
+    + MachineSet default/gpu-workers (manifests/examples, with short cooldowns)
+    + Cluster API's part, played by KwokInfrastructure in this process (as in a cluster, it is not DDS: killing DDS
+      does not stop machines from being made)
+    + DDS: `python -m dds serve --config ...` as a process of its own, on mutual TLS, restartable and killable
+    + the autoscaler: the real cluster-autoscaler when one is available ($DDS_CLUSTER_AUTOSCALER, or the binary cache),
+      else the stand-in (dds/testing/ca_standin)
+
+`StackOptions.dds_settings` overrides any DDS setting (e.g. a different fabric backend, fault injection).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+from kubernetes import client
+
+from dds import certs
+from dds.model.groups import ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN
+from dds.testing.autoscaler import ENV_BINARY, AutoscalerHandle, free_port, start_autoscaler
+
+ROOT = Path(__file__).resolve().parents[2]
+MACHINESET_FILE = ROOT / "manifests" / "examples" / "machineset-gpu-workers.yaml"
+GPU = "nvidia.com/gpu"
+WORKLOAD_NAMESPACE = "demo"
+DDS_NAMESPACE = "dds-system"
+
+
+class StackError(RuntimeError):
+    """A part of the stack did not start or a wait timed out; the message carries what was seen and log tails."""
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    attach_latency: tuple[float, float] = (4.0, 6.0)  # seconds; the talk's hardware takes tens of seconds
+    detach_latency: tuple[float, float] = (2.0, 3.0)
+    node_provisioning_seconds: float = 20.0  # stands for the tens of minutes a real server takes
+    gpu_idle_cooldown_seconds: float = 15.0
+    node_idle_cooldown_seconds: float = 20.0
+    pool_size: int = 8
+    workers: int = 2
+    dds_settings: dict[str, Any] = field(default_factory=dict)  # merged over the defaults below (nested dicts too)
+    autoscaler: bool = True
+    autoscaler_binary: Optional[Path] = None  # None: $DDS_CLUSTER_AUTOSCALER, the binary cache, else the stand-in
+    autoscaler_timings: dict[str, float] = field(default_factory=dict)
+
+
+def machineset(options: StackOptions) -> dict:
+    """The example MachineSet (manifests/examples) with `workers` replicas and cooldowns short enough to watch."""
+    obj = copy.deepcopy(yaml.safe_load(MACHINESET_FILE.read_text()))
+    obj["spec"]["replicas"] = options.workers
+    annotations = obj["metadata"]["annotations"]
+    annotations[ANN_GPU_IDLE_COOLDOWN] = f"{options.gpu_idle_cooldown_seconds:g}s"
+    annotations[ANN_NODE_IDLE_COOLDOWN] = f"{options.node_idle_cooldown_seconds:g}s"
+    return obj
+
+
+def pod(name: str, memory_gib: int, gpus: int = 0, cpu: str = "1", namespace: str = WORKLOAD_NAMESPACE) -> dict:
+    limits = {GPU: str(gpus)} if gpus else {}
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/part-of": "dds-demo"}},
+        "spec": {
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"requests": {"cpu": cpu, "memory": f"{memory_gib}Gi", **limits},
+                                          "limits": limits}}],
+            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    }
+
+
+def merge(base: dict, overrides: dict) -> dict:
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def dds_settings(options: StackOptions, kubeconfig: Path, tls_dir: Path, grpc_port: int, metrics_port: int) -> dict:
+    def latency(pair: tuple[float, float]) -> dict:
+        return {"min": pair[0], "max": pair[1]}
+
+    base = {
+        "listen": f"127.0.0.1:{grpc_port}",
+        "metrics_listen": f"127.0.0.1:{metrics_port}",
+        "tls_cert": str(tls_dir / certs.SERVER_CERT),
+        "tls_key": str(tls_dir / certs.SERVER_KEY),
+        "tls_ca": str(tls_dir / certs.CA_CERT),
+        "kubeconfig": str(kubeconfig),
+        "namespace": DDS_NAMESPACE,
+        "loop_interval_seconds": 1.0,
+        "unhandled_pending_grace_seconds": 45.0,  # CA (scanning every 2 s here) answers first; see dds/config.py
+        "max_node_provision_seconds": max(120.0, options.node_provisioning_seconds * 4),
+        "simulated_fabric": {
+            "pools": [{"name": "default", "devices": {"A30": options.pool_size}}],
+            "attach_latency": latency(options.attach_latency),
+            "detach_latency": latency(options.detach_latency),
+        },
+    }
+    return merge(base, options.dds_settings)
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class DdsProcess:
+    """One `dds serve` process: its log, its /metrics, and how to stop it (politely or with SIGKILL)."""
+
+    process: subprocess.Popen
+    log_path: Path
+    metrics_url: str
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def metrics(self) -> dict[str, float]:
+        """The `dds_` samples of /metrics, keyed by name{labels} as Prometheus prints them."""
+        text = urllib.request.urlopen(self.metrics_url + "/metrics", timeout=5).read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("dds_"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def ready(self) -> bool:
+        try:
+            return urllib.request.urlopen(self.metrics_url + "/readyz", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def alive(self) -> bool:
+        try:
+            return urllib.request.urlopen(self.metrics_url + "/healthz", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, as when a node dies or the OOM killer strikes."""
+        if self.running:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.running:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def start_dds(config_path: Path, log_path: Path, metrics_port: int, *, wait_ready: bool = True,
+              timeout: float = 60.0, extra_args: tuple[str, ...] = ()) -> DdsProcess:
+    """Start `dds serve`; wait until /readyz answers 200 (or, with wait_ready=False, /healthz: a standby is live but
+    not ready)."""
+    command = [sys.executable, "-m", "dds", "serve", "--config", str(config_path), *extra_args]
+    with log_path.open("ab") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    handle = DdsProcess(process, log_path, f"http://127.0.0.1:{metrics_port}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise StackError(f"dds serve exited with {process.returncode}:\n{tail(log_path)}")
+        if handle.ready() if wait_ready else handle.alive():
+            return handle
+        time.sleep(0.3)
+    handle.stop()
+    raise StackError(f"dds serve not {'ready' if wait_ready else 'live'} within {timeout:.0f}s:\n{tail(log_path)}")
+
+
+def autoscaler_binary(options: StackOptions, bin_dir: Path) -> Optional[Path]:
+    if options.autoscaler_binary is not None:
+        return options.autoscaler_binary
+    if os.environ.get(ENV_BINARY):
+        return Path(os.environ[ENV_BINARY])
+    cached = bin_dir / "cluster-autoscaler"
+    return cached if cached.exists() else None
+
+
+class Stack:
+    """Started by `start_stack`; `close()` (or leaving the `with`) stops every part, newest first."""
+
+    def __init__(self, workdir: Path, options: StackOptions) -> None:
+        self.workdir = workdir
+        self.options = options
+        self._exit = ExitStack()
+        self.dds: Optional[DdsProcess] = None
+        self.autoscaler: Optional[AutoscalerHandle] = None
+
+    def __enter__(self) -> "Stack":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._exit.close()
+
+    def _start(self) -> None:
+        from dds.nodes.kwok import KwokInfrastructure
+        from dds.testing.controlplane import start_control_plane
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.control_plane = self._exit.enter_context(start_control_plane(self.workdir / "control-plane"))
+        self.api = self.control_plane.api_client()
+        self.core = client.CoreV1Api(self.api)
+        for namespace in (DDS_NAMESPACE, WORKLOAD_NAMESPACE):
+            self.core.create_namespace({"metadata": {"name": namespace}})
+        self.tls_dir = self.workdir / "tls"
+        self.grpc_port = free_port()
+        bundle = certs.generate_bundle(["localhost"], ["127.0.0.1"], days=1)
+        certs.write_bundle(self.tls_dir, bundle, certs.CloudConfigOptions(address=f"127.0.0.1:{self.grpc_port}",
+                                                                          files_dir=str(self.tls_dir)))
+        client.CustomObjectsApi(self.api).create_namespaced_custom_object(
+            "cluster.x-k8s.io", "v1beta1", "default", "machinesets", machineset(self.options))
+        self.infrastructure = KwokInfrastructure(self.control_plane.api_client(), time.time,
+                                                 provisioning_delay_seconds=self.options.node_provisioning_seconds)
+        self.infrastructure.run_in_thread()
+        self._exit.callback(self.infrastructure.stop)
+        self.config_path = self.write_dds_config("dds.yaml", self.grpc_port)
+        self.dds = self.start_dds()
+        self._exit.callback(lambda: self.dds.stop() if self.dds else None)
+        if self.options.autoscaler:
+            self.start_autoscaler()
+
+    # --- DDS ---
+    def write_dds_config(self, name: str, grpc_port: int, **overrides: Any) -> Path:
+        """A settings file for one DDS replica; `overrides` win over the stack's settings."""
+        metrics_port = free_port()
+        settings = merge(dds_settings(self.options, self.control_plane.kubeconfig, self.tls_dir, grpc_port,
+                                      metrics_port), overrides)
+        path = self.workdir / name
+        path.write_text(yaml.safe_dump(settings, sort_keys=False))
+        return path
+
+    def start_dds(self, config_path: Optional[Path] = None, log_name: str = "dds.log",
+                  wait_ready: bool = True) -> DdsProcess:
+        config_path = config_path or self.config_path
+        metrics_port = int(yaml.safe_load(config_path.read_text())["metrics_listen"].rsplit(":", 1)[1])
+        return start_dds(config_path, self.workdir / log_name, metrics_port, wait_ready=wait_ready)
+
+    def restart_dds(self, kill: bool = True) -> DdsProcess:
+        """SIGKILL (or stop) the DDS process and start a new one on the same settings and state."""
+        if self.dds is not None:
+            self.dds.kill() if kill else self.dds.stop()
+        self.dds = self.start_dds()
+        return self.dds
+
+    # --- the autoscaler ---
+    def start_autoscaler(self) -> AutoscalerHandle:
+        binary = autoscaler_binary(self.options, self.control_plane.bin_dir)
+        previous = os.environ.get(ENV_BINARY)
+        if binary is not None:
+            os.environ[ENV_BINARY] = str(binary)
+        timings = {"scan_interval": 2.0,
+                   "max_node_provision_time": max(120.0, self.options.node_provisioning_seconds * 4),
+                   "scale_down_unneeded_time": 30.0, "scale_down_delay_after_add": 30.0,
+                   **self.options.autoscaler_timings}
+        try:
+            self.autoscaler = start_autoscaler(self.control_plane.kubeconfig, self.tls_dir / certs.CLOUD_CONFIG,
+                                               self.workdir / "autoscaler", **timings)
+        finally:
+            if binary is not None:
+                if previous is None:
+                    os.environ.pop(ENV_BINARY, None)
+                else:
+                    os.environ[ENV_BINARY] = previous
+        handle = self.autoscaler
+        self._exit.callback(handle.stop)
+        return handle
+
+    # --- looking ---
+    def wait_for(self, what: str, predicate: Callable[[], Any], timeout: float,
+                 describe: Callable[[], str] = lambda: "", interval: float = 0.5) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            self.check_alive()
+            time.sleep(interval)
+        raise StackError(f"timed out after {timeout:.0f}s waiting for {what}; {describe()}\n"
+                         f"DDS log tail:\n{tail(self.dds.log_path) if self.dds else '(no DDS)'}")
+
+    def check_alive(self) -> None:
+        if self.dds is not None and not self.dds.running:
+            raise StackError(f"dds serve exited with {self.dds.process.returncode}:\n{tail(self.dds.log_path)}")
+        if self.autoscaler is not None and not self.autoscaler.running():
+            raise StackError(f"the autoscaler stopped; see {self.autoscaler.log_path}")
+
+    def nodes(self) -> list[Any]:
+        return self.core.list_node().items
+
+    def pods(self, namespace: str = WORKLOAD_NAMESPACE) -> list[Any]:
+        return self.core.list_namespaced_pod(namespace).items
+
+
+def start_stack(workdir: Path, options: StackOptions = StackOptions()) -> Stack:
+    stack = Stack(Path(workdir), options)
+    try:
+        stack._start()
+    except BaseException:
+        stack.close()
+        raise
+    return stack
+
+
+def gpus_allocatable(node: Any) -> int:
+    return int((node.status.allocatable or {}).get(GPU, "0"))
+
+
+def is_ready(node: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or ())

@@ -1,0 +1,61 @@
+"""`dds plan --kubeconfig`: what DDS would do on a live cluster, read-only — the same observer and planner as the
+controller, so the answer is the decision DDS itself would take."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from dds.cli import main
+from tests.integration.nodes.harness import NodeGroupHarness, wait_for
+from tests.integration.nodes.test_hotplug_visibility import gpu_pod, unschedulable
+
+pytestmark = pytest.mark.integration
+
+
+def test_plan_on_a_live_cluster_attaches_a_gpu_for_a_pending_pod(control_plane: Any, namespace: str, tmp_path,
+                                                                 capsys) -> None:
+    harness = NodeGroupHarness(control_plane.api_client(), namespace)
+    harness.infrastructure.run_in_thread(interval_seconds=0.2)
+    try:
+        group = harness.create_machineset("gpu-workers")
+        harness.provisioner.add_nodes(group, 1, key="boot")
+        [node] = harness.wait_ready_nodes(1)
+        core = client.CoreV1Api(control_plane.api_client())
+        core.create_namespaced_pod(namespace, gpu_pod("train-0", node))
+        wait_for("train-0 unschedulable", lambda: unschedulable(core, namespace, "train-0"), timeout=30)
+        config = tmp_path / "dds.yaml"
+        # The fabric's state ConfigMap lives in the test's namespace; only this namespace's MachineSets are groups.
+        config.write_text(yaml.safe_dump({"namespace": namespace, "machineset_namespaces": [namespace]}))
+        snapshot_file = tmp_path / "snapshot.json"
+        code = main(["plan", "--kubeconfig", str(control_plane.kubeconfig), "--config", str(config), "--json",
+                     "--save-snapshot", str(snapshot_file)])
+        out = json.loads(capsys.readouterr().out)
+        assert code == 0
+        decision = next(d for d in out["scaleUp"]["decisions"] if d["pod"] == f"{namespace}/train-0")
+        assert decision["node"] == node, decision
+        attaches = [a for a in out["scaleUp"]["attaches"] if a["node"] == node]
+        assert [a["count"] for a in attaches] == [1] and not out["scaleUp"]["new_nodes"], out["scaleUp"]
+        # Read-only: nothing was attached, the pod is still pending.
+        assert unschedulable(core, namespace, "train-0")
+        # The saved snapshot replays to the same plan.
+        assert main(["plan", "--snapshot", str(snapshot_file), "--json"]) == 0
+        replay = json.loads(capsys.readouterr().out)
+        assert replay["scaleUp"]["attaches"] == out["scaleUp"]["attaches"]
+    finally:
+        harness.close()
+
+
+def test_plan_says_why_when_the_cluster_cannot_be_read(tmp_path, capsys) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    assert main(["plan", "--kubeconfig", str(kubeconfig)]) == 2
+    assert "cannot read the node groups" in capsys.readouterr().err
