@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from kubernetes import client
 
@@ -21,10 +21,11 @@ from dds.controller.loop import Controller
 from dds.controller.observe import Observation
 from dds.fabric.base import ErrorCode, FabricError, Operation, OperationKind, OperationState
 from dds.model.events import NORMAL
-from dds.model.groups import NodeGroupSpec
+from dds.model.groups import NodeGroupSpec, TemplateMode
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
 from dds.planner.plan import Case, NewNodes, PlannerConfig, ScaleUpPlan
 from dds.provider.instances import InstanceKind, InstanceRecord, InstanceTracker
+from dds.provider.registry import DeleteTarget, Placeholder
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,7 @@ class PlannerScaleUp:
 
     def _reconcile_nodes(self, group: NodeGroupSpec, observation: Observation, now: float,
                          records: list[InstanceRecord]) -> None:
-        upcoming = observation.snapshot.upcoming_nodes.get(group.id, 0)
+        upcoming = self._still_coming(group, observation)
         # Nodes that are up no longer need an instance: complete the oldest beyond what is still coming.
         for record in sorted(records, key=lambda r: r.created_at)[:max(0, len(records) - upcoming)]:
             self.tracker.complete(record.id)
@@ -212,6 +213,21 @@ class PlannerScaleUp:
             if now - record.created_at > self.max_node_provision_seconds and self.tracker.get(record.id):
                 self._fail(record, ErrorCode.TIMEOUT,
                            f"node not up within {self.max_node_provision_seconds:.0f}s", klass=ERROR_CLASS_OTHER)
+
+    @staticmethod
+    def _still_coming(group: NodeGroupSpec, observation: Observation) -> int:
+        """Machines of the group whose node is not there yet. In observed mode a registered node is listed to CA as a
+        live node from then on, so its instance must go at registration (else CA counts it twice); in spec-fixed mode
+        CA never sees the node, so the instance stays until the node is Ready and can take the pods."""
+        nodes = {n.name: n for n in observation.snapshot.nodes}
+        observed_mode = group.template_mode == TemplateMode.OBSERVED
+
+        def arrived(node_name: Optional[str]) -> bool:
+            node = nodes.get(node_name) if node_name else None
+            return node is not None and (observed_mode or node.ready)
+
+        return sum(1 for m in observation.machines
+                   if m.group_id == group.id and not m.deleting and not arrived(m.node_name))
 
     def _fail(self, record: InstanceRecord, code: ErrorCode, message: str, klass: int | None = None) -> None:
         if klass is None:
@@ -237,17 +253,16 @@ class PlannerScaleDown:
         self.planner = planner
         self._core = client.CoreV1Api(api)
 
-    def delete_nodes(self, group: NodeGroupSpec, nodes: Sequence[object], request_key: str) -> None:
+    def delete_nodes(self, group: NodeGroupSpec, nodes: Sequence[DeleteTarget], request_key: str) -> None:
         names = []
         for node in nodes:
-            name = getattr(node, "name", "") or ""
-            provider_id = getattr(node, "provider_id", "") or getattr(node, "providerID", "") or ""
-            instance = self.tracker.get(provider_id) or self.tracker.get(name)
-            if instance is not None:
-                self.tracker.remove(instance.id)  # a failed / unregistered instance CA gives up on
-                log.info("CA deleted placeholder %s of %s", instance.id, group.id)
+            if isinstance(node, Placeholder):
+                # The registry already dropped its instance (a failed or never-registered one CA gave up on): no
+                # node exists, so nothing is planned for it.
+                log.info("CA deleted placeholder %s of %s (%s)", node.name or node.provider_id, group.id,
+                         node.reason or "no reason given")
                 continue
-            names.append(name)
+            names.append(node.name)
         if not names:
             return
         with self.controller.lock:

@@ -17,12 +17,9 @@ from typing import Any, Optional, Protocol, runtime_checkable
 Document = dict[str, Any]
 
 
-class StateConflict(Exception):
-    """Another writer changed the state since it was read: re-read, re-apply, save again."""
+from dds.kube.configmap import StateConflict, StateStoreError  # noqa: E402 (one definition for every store)
 
-
-class StateStoreError(Exception):
-    """The state could not be read or written (after retries); the operation was not acknowledged."""
+__all__ = ["Document", "FabricStateStore", "InMemoryFabricStateStore", "StateConflict", "StateStoreError"]
 
 
 @runtime_checkable

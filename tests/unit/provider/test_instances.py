@@ -1,13 +1,10 @@
-"""In-flight instances: tracking, persistence across a restart, and the ConfigMap store's concurrency."""
+"""In-flight instances: tracking and persistence across a restart (the ConfigMap store itself is tested on the real
+apiserver: tests/integration/kube/test_state_configmap.py)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from kubernetes import client
 
-from dds.kube.state import DATA_KEY, ConfigMapStateStore
 from dds.provider.instances import (ERROR_CLASS_OTHER, InstanceFactory, InstanceKind, InstanceState, InstanceTracker,
                                     MemoryStateStore, group_of_instance_id)
 
@@ -90,69 +87,3 @@ def test_state_transitions_are_kept():
     tracker.add(record)
     assert tracker.set_state(record.id, InstanceState.DELETING).state == InstanceState.DELETING
     assert tracker.set_state("dds://nope/gpu/x", InstanceState.DELETING) is None
-
-
-# --- the ConfigMap store against a fake CoreV1Api that enforces resourceVersion ---
-
-class FakeCore:
-    def __init__(self) -> None:
-        self.config_map: client.V1ConfigMap | None = None
-        self.version = 0
-        self.conflict_next_replace = False
-        self.writes = 0
-
-    def read_namespaced_config_map(self, name, namespace):
-        if self.config_map is None:
-            raise client.ApiException(status=404, reason="Not Found")
-        return self.config_map
-
-    def create_namespaced_config_map(self, namespace, body):
-        if self.config_map is not None:
-            raise client.ApiException(status=409, reason="AlreadyExists")
-        self._store(body)
-
-    def replace_namespaced_config_map(self, name, namespace, body):
-        if self.conflict_next_replace:
-            # someone else wrote in between: their change lands, ours is refused
-            self.conflict_next_replace = False
-            data = json.loads(self.config_map.data[DATA_KEY])
-            data["dds://other/gpu/x"] = {"id": "dds://other/gpu/x", "group_id": "other", "kind": "gpu"}
-            self._store(client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-                                           data={DATA_KEY: json.dumps(data)}))
-            raise client.ApiException(status=409, reason="Conflict")
-        if body.metadata.resource_version != self.config_map.metadata.resource_version:
-            raise client.ApiException(status=409, reason="Conflict")
-        self._store(body)
-
-    def _store(self, body):
-        self.version += 1
-        self.writes += 1
-        body.metadata.resource_version = str(self.version)
-        self.config_map = body
-
-
-def configmap_store(core):
-    store = ConfigMapStateStore(client.ApiClient(), "dds-system", "dds-instances")
-    store._core = core
-    return store
-
-
-def test_configmap_store_creates_then_updates_with_optimistic_concurrency():
-    core = FakeCore()
-    store = configmap_store(core)
-    tracker = InstanceTracker(store)
-    first, second = new_records(2)
-    tracker.add(first)
-    core.conflict_next_replace = True
-    tracker.add(second)  # the first replace conflicts: re-read, re-apply, write again
-    stored = json.loads(core.config_map.data[DATA_KEY])
-    assert set(stored) == {first.id, second.id, "dds://other/gpu/x"}  # the other writer's change is kept
-
-    restarted = InstanceTracker(configmap_store(core))
-    assert restarted.get(second.id) == second
-
-
-def test_configmap_with_garbage_starts_empty():
-    core = FakeCore()
-    core._store(client.V1ConfigMap(metadata=client.V1ObjectMeta(name="dds-instances"), data={DATA_KEY: "{not json"}))
-    assert configmap_store(core).load() == {}

@@ -1,0 +1,74 @@
+"""DDS's state in a ConfigMap on the real apiserver: instances survive a restart, a concurrent writer's change is never
+lost (compare-and-swap on resourceVersion), and a corrupt document is handled as each user needs."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from dds.fabric.state_configmap import ConfigMapFabricStateStore
+from dds.kube.configmap import DATA_KEY, ConfigMapDocument, CorruptDocument
+from dds.kube.state import ConfigMapStateStore
+from dds.provider.instances import InstanceFactory, InstanceKind, InstanceTracker
+from tests.unit.provider.conftest import FakeClock, make_group
+
+pytestmark = pytest.mark.integration
+
+
+def records(count: int):
+    ids = iter(range(1000))
+    factory = InstanceFactory(FakeClock(), short_id=lambda: f"u{next(ids)}")
+    return [factory(make_group(), InstanceKind.GPU, "1 more A30 on gpu-1", "increase/k1") for _ in range(count)]
+
+
+def test_instances_survive_a_restart_and_keep_a_concurrent_writers_change(control_plane: Any, namespace: str) -> None:
+    api = control_plane.api_client()
+    name = f"instances-{uuid.uuid4().hex[:6]}"
+    first, second = records(2)
+    tracker = InstanceTracker(ConfigMapStateStore(api, namespace, name))
+    tracker.add(first)
+
+    # Another writer (a second replica during a handover) writes between our read and our write.
+    other = ConfigMapDocument(control_plane.api_client(), namespace, name)
+    document = ConfigMapDocument(api, namespace, name)
+    interfered = []
+
+    def mutate(doc: dict) -> None:
+        if not interfered:
+            interfered.append(True)
+            other.update(lambda d: d.__setitem__("dds://other/gpu/x", {"id": "dds://other/gpu/x"}))
+        doc[second.id] = second.to_json()
+
+    document.update(mutate)
+    stored = json.loads(client.CoreV1Api(api).read_namespaced_config_map(name, namespace).data[DATA_KEY])
+    assert set(stored) == {first.id, second.id, "dds://other/gpu/x"}  # the other writer's change is kept
+    restarted = InstanceTracker(ConfigMapStateStore(control_plane.api_client(), namespace, name))
+    assert restarted.get(first.id) == first and restarted.get(second.id) == second
+
+
+def corrupt(api: Any, namespace: str, name: str) -> None:
+    client.CoreV1Api(api).create_namespaced_config_map(
+        namespace, {"metadata": {"name": name}, "data": {DATA_KEY: "{not json"}})
+
+
+def test_corrupt_instances_start_empty_and_are_overwritten(control_plane: Any, namespace: str) -> None:
+    api = control_plane.api_client()
+    name = f"instances-{uuid.uuid4().hex[:6]}"
+    corrupt(api, namespace, name)
+    store = ConfigMapStateStore(api, namespace, name)
+    assert store.load() == {}
+    [record] = records(1)
+    InstanceTracker(store).add(record)
+    assert set(ConfigMapStateStore(api, namespace, name).load()) == {record.id}
+
+
+def test_corrupt_fabric_state_is_an_error_never_a_reset(control_plane: Any, namespace: str) -> None:
+    api = control_plane.api_client()
+    name = f"fabric-{uuid.uuid4().hex[:6]}"
+    corrupt(api, namespace, name)
+    with pytest.raises(CorruptDocument, match="is not JSON"):
+        ConfigMapFabricStateStore(api, namespace, name).load()
