@@ -8,22 +8,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from kubernetes import client
 
 from dds.controller.idle import IdleTracker, NodeUsage
 from dds.controller.devices import devices_by_node
 from dds.fabric.base import Fabric, OperationKind
-from dds.kube import convert
+from dds.kube import capi, convert
 from dds.model.groups import NodeGroupSpec
 from dds.planner.snapshot import NodeInfo, PodInfo, PoolInfo, Snapshot
 
 log = logging.getLogger(__name__)
-
-CAPI_GROUP = "cluster.x-k8s.io"
-CAPI_VERSIONS = ("v1beta1", "v1beta2")
-
 
 @dataclass(frozen=True)
 class MachineRef:
@@ -67,44 +63,28 @@ class ClusterObserver:
         self.idle = idle
         self._gpu_model_label = gpu_model_label
         self._namespaces = tuple(machineset_namespaces)
-        self._capi_version: Optional[str] = None
+        self._capi = capi.CapiObjects(api)
 
     # --- Machines: the Cluster API link from a Node to its MachineSet (= node group) ---
-    def _list_machines(self) -> list[dict[str, Any]]:
-        versions = (self._capi_version,) if self._capi_version else CAPI_VERSIONS
-        last_error: Optional[Exception] = None
-        for version in versions:
-            try:
-                if self._namespaces:
-                    items = []
-                    for ns in self._namespaces:
-                        items += self._custom.list_namespaced_custom_object(CAPI_GROUP, version, ns, "machines")["items"]
-                else:
-                    items = self._custom.list_cluster_custom_object(CAPI_GROUP, version, "machines")["items"]
-                self._capi_version = version
-                return items
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
-                last_error = exc
-        log.debug("no Cluster API Machines served (%s): no node belongs to a MachineSet group", last_error)
-        return []
-
     def machines(self) -> tuple[MachineRef, ...]:
+        try:
+            items = self._capi.list(capi.MACHINES, self._namespaces)
+        except capi.CapiNotInstalled:
+            return ()  # no Cluster API: no node belongs to a MachineSet group
+        except client.ApiException as exc:
+            if exc.status == 404:  # the version in use stopped being served (Cluster API upgraded)
+                self._capi.forget_version()
+            raise
         out = []
-        for item in self._list_machines():
-            meta = item.get("metadata", {})
-            owner = next((o for o in meta.get("ownerReferences", []) if o.get("kind") == "MachineSet"), None)
+        for item in items:
+            owner = capi.owner_machineset(item)
             if owner is None:
                 continue
-            namespace = meta.get("namespace", "default")
-            node_ref = (item.get("status") or {}).get("nodeRef") or {}
+            namespace = capi.namespace_of(item)
             out.append(MachineRef(
-                namespace=namespace, name=meta["name"], group_id=f"MachineSet/{namespace}/{owner['name']}",
-                provider_id=(item.get("spec") or {}).get("providerID", "") or "",
-                node_name=node_ref.get("name"),
-                deleting=bool(meta.get("deletionTimestamp"))
-                or "cluster.x-k8s.io/delete-machine" in (meta.get("annotations") or {})))
+                namespace=namespace, name=capi.name_of(item), group_id=f"MachineSet/{namespace}/{owner['name']}",
+                provider_id=capi.provider_id(item), node_name=capi.node_ref_name(item),
+                deleting=capi.is_deleting(item) or capi.marked_for_deletion(item)))
         return tuple(out)
 
     # --- the snapshot ---

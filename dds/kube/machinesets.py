@@ -57,42 +57,31 @@ def machineset_from_object(item: Mapping[str, Any]) -> MachineSetObject:
 
 class MachineSetLister:
     def __init__(self, api: client.ApiClient, namespaces: Sequence[str] = ()) -> None:
-        self._custom = client.CustomObjectsApi(api)
-        self._namespaces = tuple(namespaces)
-        self._version: Optional[str] = None
+        from dds.kube.capi import CapiObjects  # capi builds on this module's constants
 
-    @property
-    def version(self) -> Optional[str]:
-        return self._version
+        self._capi = CapiObjects(api)
+        self._namespaces = tuple(namespaces)
+        self._logged_version: Optional[str] = None
 
     def list(self) -> list[MachineSetObject]:
         """All MachineSets in the configured namespaces (all namespaces when none are configured)."""
-        versions = (self._version,) if self._version else CAPI_VERSIONS
-        for version in versions:
-            try:
-                items = self._list_version(version)
-            except client.ApiException as exc:
-                if exc.status == 404:
-                    continue
-                raise MachineSetReadError(
-                    f"listing {PLURAL}.{version}.{CAPI_GROUP}: {exc.status} {exc.reason}") from exc
-            except Exception as exc:  # connection refused, TLS, timeouts: all transient from our side
-                raise MachineSetReadError(f"listing {PLURAL}.{version}.{CAPI_GROUP}: {exc}") from exc
-            if self._version != version:
-                log.info("reading Cluster API MachineSets as %s/%s", CAPI_GROUP, version)
-            self._version = version
-            return [machineset_from_object(item) for item in items]
-        if self._version is not None:
-            # The version we used disappeared (Cluster API upgraded): discover again on the next call.
-            self._version = None
-            raise MachineSetReadError(f"{PLURAL}.{versions[0]}.{CAPI_GROUP} is no longer served")
-        log.debug("Cluster API is not installed (no %s served): no MachineSet node groups", PLURAL)
-        return []
+        from dds.kube.capi import MACHINESETS, CapiNotInstalled
 
-    def _list_version(self, version: str) -> list[dict[str, Any]]:
-        if not self._namespaces:
-            return list(self._custom.list_cluster_custom_object(CAPI_GROUP, version, PLURAL).get("items", []))
-        items: list[dict[str, Any]] = []
-        for namespace in self._namespaces:
-            items += self._custom.list_namespaced_custom_object(CAPI_GROUP, version, namespace, PLURAL).get("items", [])
-        return items
+        try:
+            items = self._capi.list(MACHINESETS, self._namespaces)
+            version = self._capi.version()
+        except CapiNotInstalled:
+            log.debug("Cluster API is not installed (no %s served): no MachineSet node groups", PLURAL)
+            return []
+        except client.ApiException as exc:
+            if exc.status == 404:
+                # The version we used disappeared (Cluster API upgraded): discover again on the next call.
+                self._capi.forget_version()
+                raise MachineSetReadError(f"{PLURAL}.{CAPI_GROUP}: the version in use is no longer served") from exc
+            raise MachineSetReadError(f"listing {PLURAL}.{CAPI_GROUP}: {exc.status} {exc.reason}") from exc
+        except Exception as exc:  # connection refused, TLS, timeouts: all transient from our side
+            raise MachineSetReadError(f"listing {PLURAL}.{CAPI_GROUP}: {exc}") from exc
+        if self._logged_version != version:
+            log.info("reading Cluster API MachineSets as %s/%s", CAPI_GROUP, version)
+            self._logged_version = version
+        return [machineset_from_object(item) for item in items]

@@ -194,7 +194,7 @@ class FakeCustomObjects:
         self.error = error
         self.calls: list[tuple] = []
 
-    def list_cluster_custom_object(self, group, version, plural):
+    def list_cluster_custom_object(self, group, version, plural, **_options):
         self.calls.append((group, version, plural))
         if self.error:
             raise self.error
@@ -202,14 +202,14 @@ class FakeCustomObjects:
             raise client.ApiException(status=404, reason="Not Found")
         return {"items": self.served[version]}
 
-    def list_namespaced_custom_object(self, group, version, namespace, plural):
+    def list_namespaced_custom_object(self, group, version, namespace, plural, **_options):
         items = self.list_cluster_custom_object(group, version, plural)["items"]
         return {"items": [i for i in items if i["metadata"]["namespace"] == namespace]}
 
 
 def lister(fake, namespaces=()):
     result = MachineSetLister(client.ApiClient(), namespaces)
-    result._custom = fake
+    result._capi._custom = fake
     return result
 
 
@@ -229,7 +229,7 @@ def test_machinesets_v1beta1_with_spec_taints():
                                                                       "effect": "NoSchedule"}])]})
     (group,) = MachineSetSource(lister(fake)).read().groups
     assert group.replicas == 2 and [(t.key, t.effect) for t in group.taints] == [("k", "NoSchedule")]
-    assert [c[1] for c in fake.calls] == ["v1beta2", "v1beta1"]
+    assert [c[1] for c in fake.calls][:2] == ["v1beta2", "v1beta1"]  # newest first, then the one served
 
 
 def test_no_cluster_api_installed_means_no_groups():
