@@ -23,6 +23,7 @@ outcome is part of the persisted operation, so a restarted DDS sees the same sto
 Crash safety: the whole state (devices, operations, the random salt) is written to a `FabricStateStore` before any call
 returns, so an acknowledged operation is never lost and never done twice: the same key returns the recorded operation.
 Finished operations are kept for `FINISHED_RETENTION_SECONDS` (far longer than any caller retries a key), then dropped.
+The trace simulator builds it with `persist=False` (no store): its process is the manager's whole life.
 
 Visibility: `on_node_devices_changed(node, {model: online count})` is called whenever the ONLINE devices of a node change
 (the lead wires it to patch the Node's GPU capacity). A failed callback is retried by the next `tick()`, which also
@@ -168,11 +169,16 @@ class SimulatedFabric:
 
     def __init__(self, settings: SimulatedFabricSettings, *, clock: Clock, store: Optional[FabricStateStore] = None,
                  on_node_devices_changed: Optional[VisibilityHook] = None,
-                 device_in_use: Optional[DeviceInUse] = None, name: str = "simulated") -> None:
+                 device_in_use: Optional[DeviceInUse] = None, name: str = "simulated", persist: bool = True) -> None:
+        """`persist=False`: no store at all, the state lives and dies with this object. For the trace simulator, whose
+        process is the simulated manager's whole life: it spares serializing the whole state on every change."""
         _validate_pools(settings.pools)
+        if store is not None and not persist:
+            raise ValueError("SimulatedFabric: a state store was given with persist=False; give one or the other")
         self.name = name
         self._settings = settings
         self._clock = clock
+        self._persist = persist
         self._store = store if store is not None else InMemoryFabricStateStore()
         self._hook = on_node_devices_changed
         self._device_in_use = device_in_use
@@ -196,8 +202,8 @@ class SimulatedFabric:
 
     def devices(self, node: Optional[str] = None) -> tuple[FabricDevice, ...]:
         state = self._current()
-        return tuple(_public_device(d) for d in sorted(state.devices.values(), key=lambda d: d.id)
-                     if d.node is not None and (node is None or d.node == node))
+        attached = (d for d in state.devices.values() if d.node is not None and (node is None or d.node == node))
+        return tuple(_public_device(d) for d in sorted(attached, key=lambda d: d.id))
 
     def operation(self, key: str) -> Optional[Operation]:
         op = self._current().operations.get(key)
@@ -229,6 +235,13 @@ class SimulatedFabric:
     def close(self) -> None:
         """Nothing to release: the state is already stored (the manager itself outlives DDS)."""
 
+    def resync(self) -> None:
+        """Read the stored state again: what another DDS process (the previous leader) did since this one loaded it."""
+        if not self._persist:
+            return
+        with self._lock:
+            self._reload()
+
     # --- for tests and operators ---
     def check_invariants(self) -> None:
         """Raise InvariantViolation unless every device is in exactly one place and every pool adds up."""
@@ -241,6 +254,10 @@ class SimulatedFabric:
 
     # --- state: load, advance, commit ---
     def _load_or_create(self) -> tuple[_State, Optional[str]]:
+        if not self._persist:
+            state = _State(salt=self._salt_for_new_state())
+            _reconcile_with_config(state, self._settings.pools)
+            return state, None
         document, version = self._store.load()
         if document is None:
             state = _State(salt=self._salt_for_new_state())
@@ -275,6 +292,10 @@ class SimulatedFabric:
                 result = change(scratch)  # a FabricError here leaves the current state untouched
                 if scratch == self._state:
                     return result
+                if not self._persist:
+                    changed_nodes = _nodes_with_changed_online(self._state, scratch)
+                    self._state = scratch
+                    break
                 try:
                     self._version = self._store.save(scratch.to_document(), self._version)
                 except StateConflict:

@@ -29,6 +29,10 @@ from dds.planner.state import Choice, ClusterState, StaticTable
 
 MAX_REJECTS = 8  # rejected options listed per pod; the counts cover every node
 RUNNERS_UP = 3  # candidates that fitted but lost, listed first among the rejected options
+# Above SHORTCUT_ABOVE candidates only the best RANKED_FIRST are sorted (and given an attach model); the rest only when
+# those do not settle the choice. Below, the shortcut's own cost outweighs what it saves.
+RANKED_FIRST = 16
+SHORTCUT_ABOVE = 256
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,18 @@ class ExistingCapacity(Protocol):
         """Pods placed off the live nodes (nodes on their way, new nodes): affinity rules must see them too."""
         ...
 
-    def fits_now(self, req: PodRequest) -> Optional[Choice]: ...
+    def fits_now(self, req: PodRequest, coming: bool = True) -> Optional[Choice]:
+        """The best node the pod fits on as it is; `coming=False`: without the GPUs still on their way."""
+        ...
+
+    def gpus_coming(self) -> bool:
+        """Whether some live node has GPUs on their way that no pod of this plan counts on yet."""
+        ...
+
+    def fits_on_coming(self, req: PodRequest) -> Optional[Choice]:
+        """The node the pod fits on counting the GPUs on their way, the one it leaves the fewest free GPUs (the
+        policy's score breaks ties): those GPUs were ordered for pods like it, so they are filled, not spread over."""
+        ...
 
     def fits_after_gpus(self, req: PodRequest) -> Optional[Choice]: ...
 
@@ -79,7 +94,26 @@ class FastExisting:
         self.state.elsewhere = pods
 
     # --- choose --------------------------------------------------------------------------------------------------
-    def fits_now(self, req: PodRequest) -> Optional[Choice]:
+    def fits_now(self, req: PodRequest, coming: bool = True) -> Optional[Choice]:
+        s = self.state
+        table = s.static_table(req)
+        gpus = s.gpu_request(req)
+        free = s.gpu_free if coming else s.gpu_free - s.gpu_coming
+        gpus_ok = free >= gpus
+        if not gpus_ok.any():  # the cheapest test first: with every GPU in use, most GPU pods stop here
+            return None
+        ok = (s.target & s.static_ok_now(table) & s.fits_other_resources(s.request_vector(req)) & gpus_ok
+              & s.placement_ok(req))
+        nodes = np.flatnonzero(ok)
+        if not nodes.size:
+            return None
+        attach = np.zeros(nodes.size, dtype=np.int64)
+        return self.best_verified(req, nodes, attach, s.model[nodes], gpus)
+
+    def gpus_coming(self) -> bool:
+        return bool(self.state.gpu_coming.any())
+
+    def fits_on_coming(self, req: PodRequest) -> Optional[Choice]:
         s = self.state
         table = s.static_table(req)
         gpus = s.gpu_request(req)
@@ -89,7 +123,7 @@ class FastExisting:
         if not nodes.size:
             return None
         attach = np.zeros(nodes.size, dtype=np.int64)
-        return self.best_verified(req, nodes, attach, s.model[nodes], gpus)
+        return self.best_verified(req, nodes, attach, s.model[nodes], gpus, left=s.gpu_free[nodes] - gpus[nodes])
 
     def fits_after_gpus(self, req: PodRequest) -> Optional[Choice]:
         s = self.state
@@ -101,11 +135,30 @@ class FastExisting:
             return None
         base &= s.placement_ok(req)
         table = s.static_table(req)
+        found, sure = self._best_few_after_gpus(req, table, base, shortfall, gpus)
+        if sure:
+            return found
         model = self._attach_models(table, base, shortfall)
         nodes = np.flatnonzero(model >= 0)
         if not nodes.size:
             return None
         return self.best_verified(req, nodes, shortfall[nodes], model[nodes], gpus)
+
+    def _best_few_after_gpus(self, req: PodRequest, table: StaticTable, base: np.ndarray, shortfall: np.ndarray,
+                             gpus: np.ndarray) -> tuple[Optional[Choice], bool]:
+        """The choice among the best RANKED_FIRST nodes by score, looking up an attachable model for those only; and
+        whether that is sure. The score does not depend on the model, so the candidates that have one keep their
+        order: when enough of the best few have one, the choice and its runners-up are those of the full search."""
+        s = self.state
+        nodes = np.flatnonzero(base)
+        if nodes.size <= SHORTCUT_ABOVE or s.pool_free.max(initial=0) < shortfall[nodes].min():
+            return None, False  # few candidates, or no pool has enough devices for any: the full search is cheap
+        attach = shortfall[nodes]
+        order, score = rank(self.policy, self.candidates(req, nodes, attach, gpus), limit=RANKED_FIRST)
+        best = np.zeros(len(s.nodes), dtype=bool)
+        best[nodes[order]] = True
+        models = self._attach_models(table, best, shortfall)[nodes]
+        return self._first_verified(req, nodes, attach, models, order[models[order] >= 0], score, None, partial=True)
 
     def _attach_models(self, table: StaticTable, base: np.ndarray, shortfall: np.ndarray) -> np.ndarray:
         """Per node, the model an attach would bring (-1: none fits): its own model if it holds one; otherwise its
@@ -117,31 +170,50 @@ class FastExisting:
         nodes = np.flatnonzero(base)
         if not nodes.size:
             return chosen
-        rows, model, pool, short = table.row[nodes], s.model[nodes], np.maximum(s.pool[nodes], 0), shortfall[nodes]
+        pool, short, model = np.maximum(s.pool[nodes], 0), shortfall[nodes], s.model[nodes]
+        # [node, model]: the pod accepts the model on that node and the node's pool has enough of it free.
+        fits = s.accepted_models(table)[nodes] & (s.pool_free[pool, :len(s.models)] >= short[:, None])
+        at = np.arange(nodes.size)
         holding = model != s.no_model
-        held = np.where(holding, model, 0)
-        ok = holding & table.ok[rows, held] & (s.pool_free[pool, held] >= short)
-        picked = np.where(ok, held, -1)
+        picked = np.where(holding & fits[at, np.where(holding, model, 0)], model, -1)
         bare = ~holding
         if bare.any():
+            fits &= s.allowed[nodes]
             preferred = s.preferred[nodes]
-            first = np.maximum(preferred, 0)
-            ok = (bare & (preferred >= 0) & s.allowed[nodes, first] & table.ok[rows, first]
-                  & (s.pool_free[pool, first] >= short))
-            picked[ok] = first[ok]
-            for m in range(len(s.models)):
-                fill = (bare & (picked < 0) & s.allowed[nodes, m] & table.ok[rows, m]
-                        & (s.pool_free[pool, m] >= short))
-                picked[fill] = m
+            default_fits = bare & (preferred >= 0) & fits[at, np.maximum(preferred, 0)]
+            other_fits = bare & ~default_fits & fits.any(axis=1)
+            # argmax of a boolean row: its first True, the first model in name order that fits.
+            picked = np.where(default_fits, preferred, np.where(other_fits, np.argmax(fits, axis=1), picked))
         chosen[nodes] = picked
         return chosen
 
     def best_verified(self, req: PodRequest, nodes: np.ndarray, attach: np.ndarray, models: np.ndarray,
-                        gpus: np.ndarray) -> Optional[Choice]:
-        """The best candidate the scalar filters accept (model indexes: the model each candidate would hold)."""
+                      gpus: np.ndarray, left: Optional[np.ndarray] = None) -> Optional[Choice]:
+        """The best candidate the scalar filters accept (model indexes: the model each candidate would hold). `left`:
+        free GPUs each candidate keeps after placement, fewest first, before the policy's order (tightest fit)."""
+        candidates = self.candidates(req, nodes, attach, gpus)
+        if left is None and len(nodes) > SHORTCUT_ABOVE:
+            # Thousands of candidates, and nearly always the first passes: sort only the best few. Their order is the
+            # full order's beginning, so the choice and its runners-up are the same whenever they lie within it.
+            order, score = rank(self.policy, candidates, limit=RANKED_FIRST)
+            found, sure = self._first_verified(req, nodes, attach, models, order, score, None, partial=True)
+            if sure:
+                return found
+        order, score = rank(self.policy, candidates)
+        if left is not None:
+            order = order[np.argsort(left[order], kind="stable")]
+        return self._first_verified(req, nodes, attach, models, order, score, left, partial=False)[0]
+
+    def _first_verified(self, req: PodRequest, nodes: np.ndarray, attach: np.ndarray, models: np.ndarray,
+                        order: np.ndarray, score: np.ndarray, left: Optional[np.ndarray], partial: bool
+                        ) -> tuple[Optional[Choice], bool]:
+        """The first candidate in `order` the scalar filters accept, with its runners-up; and whether that is sure.
+        `partial`: `order` is only the beginning of the full order, so a choice too near its end (its runners-up may
+        lie beyond) or no choice at all is not sure."""
         s = self.state
-        order, score = rank(self.policy, self.candidates(req, nodes, attach, gpus))
         for rank_index, position in enumerate(order):
+            if partial and rank_index + RUNNERS_UP >= len(order):
+                return None, False
             i, k = int(nodes[position]), int(attach[position])
             model = None if int(models[position]) in (s.no_model, -1) else s.models[int(models[position])]
             mark = s.fork()
@@ -151,10 +223,12 @@ class FastExisting:
             if verdict is None:
                 best = float(score[position])
                 runners = order[rank_index + 1:rank_index + 1 + RUNNERS_UP]
-                alternatives = tuple(self._runner_up(int(nodes[p]), float(score[p]), int(attach[p]), best)
-                                     for p in runners)
-                return Choice(node=i, attach=k, model=model, score=best, alternatives=alternatives)
-        return None
+                alternatives = tuple(
+                    self._runner_up(int(nodes[p]), float(score[p]), int(attach[p]), best) if left is None
+                    or left[p] == left[position] else self._looser_fit(int(nodes[p]), int(left[p]), int(left[position]))
+                    for p in runners)
+                return Choice(node=i, attach=k, model=model, score=best, alternatives=alternatives), True
+        return None, not partial
 
     def _runner_up(self, i: int, score: float, attach: int, best: float) -> Reject:
         what = f" after {attach} GPU{'s' if attach != 1 else ''}" if attach else ""
@@ -162,6 +236,10 @@ class FastExisting:
             return Reject(self.state.nodes[i].name, f"fits{what} but scores lower ({self.policy} {score:.2f})")
         return Reject(self.state.nodes[i].name, f"fits{what} with an equal {self.policy} score {score:.2f} but lost "
                                                 f"the tie-break (fewer GPUs, full slots, held model, name)")
+
+    def _looser_fit(self, i: int, left: int, best: int) -> Reject:
+        return Reject(self.state.nodes[i].name, f"fits once the GPUs attaching there are online, but would leave "
+                                                f"{left} free where the chosen node leaves {best}")
 
     def candidates(self, req: PodRequest, nodes: np.ndarray, attach: np.ndarray, gpus: np.ndarray) -> Candidates:
         s = self.state

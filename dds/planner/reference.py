@@ -24,11 +24,13 @@ from dds.planner.virtual import candidates_for, commit_on, model_order
 
 
 class _World:
-    """The cluster rebuilt from scratch: live nodes with their bound pods and every decision committed so far."""
+    """The cluster rebuilt from scratch: live nodes with their bound pods and every decision committed so far.
+    `coming[i]`: node i's GPUs on their way that no pod counts on (pods take visible GPUs first)."""
 
-    def __init__(self, nodes: list[SimNode], elsewhere: Sequence[PodInfo]) -> None:
+    def __init__(self, nodes: list[SimNode], elsewhere: Sequence[PodInfo], coming: list[int]) -> None:
         self.nodes = nodes
         self.elsewhere = elsewhere
+        self.coming = coming
 
     def any_pod_matches(self, term: PodAffinityTerm, namespace: str) -> bool:
         pods = [p for n in self.nodes for p in n.placed] + list(self.elsewhere)
@@ -56,9 +58,12 @@ class NaiveExisting:
         for pod in self.snapshot.pods:
             if pod.node_name in index:
                 nodes[index[pod.node_name]].add_pod(self.cache.get(pod))
+        coming = [min(max(0, by_name[name].attaching), max(0, node.free(node.gpu_resource)))
+                  for name, node in zip(self.names, nodes)]
         for req, i, attach, model in self.committed:
             commit_on(nodes[i], req, attach, model)
-        return _World(nodes, self.elsewhere)
+            coming[i] = min(coming[i], max(0, nodes[i].free(nodes[i].gpu_resource)))
+        return _World(nodes, self.elsewhere, coming)
 
     def pool_free(self) -> dict[tuple[str, str], int]:
         free = {(p.name, m): max(0, int(c)) for p in self.snapshot.pools for m, c in p.free.items()}
@@ -69,17 +74,41 @@ class NaiveExisting:
                 free[key] -= attach
         return free
 
-    def _choose(self, req: PodRequest, fits: list[tuple[int, int, Optional[str]]], world: _World) -> Choice:
+    def _choose(self, req: PodRequest, fits: list[tuple[int, int, Optional[str]]], world: _World,
+                tightest: bool = False) -> Choice:
         ranked, score = rank(self.config.policy, candidates_for(req, world.nodes, [(i, k) for i, k, _ in fits],
                                                                 [i for i, _, _ in fits]))
-        i, attach, model = fits[int(ranked[0])]
-        return Choice(node=i, attach=attach, model=model, score=float(score[int(ranked[0])]))
+        best = int(ranked[0])
+        if tightest:  # fewest free GPUs left after placement first; the policy's order among equals
+            left = {p: world.nodes[fits[p][0]].free(world.nodes[fits[p][0]].gpu_resource)
+                    - req.gpus(world.nodes[fits[p][0]].gpu_resource) for p in range(len(fits))}
+            best = min((int(p) for p in ranked), key=lambda p: left[p])  # min keeps the first of equals
+        i, attach, model = fits[best]
+        return Choice(node=i, attach=attach, model=model, score=float(score[best]))
 
-    def fits_now(self, req: PodRequest) -> Optional[Choice]:
+    def fits_now(self, req: PodRequest, coming: bool = True) -> Optional[Choice]:
         world = self._world()
         fits = [(i, 0, None) for i, node in enumerate(world.nodes)
-                if first_reject(FILTERS, req, node.with_model(None), world) is None]
+                if self._fits_as_is(req, world, i, hide=0 if coming else world.coming[i])]
         return self._choose(req, fits, world) if fits else None
+
+    def gpus_coming(self) -> bool:
+        return any(self._world().coming)
+
+    def fits_on_coming(self, req: PodRequest) -> Optional[Choice]:
+        world = self._world()
+        fits = [(i, 0, None) for i in range(len(world.nodes)) if self._fits_as_is(req, world, i, hide=0)]
+        return self._choose(req, fits, world, tightest=True) if fits else None
+
+    @staticmethod
+    def _fits_as_is(req: PodRequest, world: _World, i: int, hide: int) -> bool:
+        """The filters' verdict on node i with `hide` of its GPUs taken away (those still on their way)."""
+        node = world.nodes[i]
+        node.allocatable[node.gpu_resource] = node.gpus - hide
+        try:
+            return first_reject(FILTERS, req, node.with_model(None), world) is None
+        finally:
+            node.allocatable[node.gpu_resource] = node.gpus + hide
 
     def fits_after_gpus(self, req: PodRequest) -> Optional[Choice]:
         base = self._world()

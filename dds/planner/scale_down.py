@@ -4,7 +4,8 @@
   fork of the scratch, kept when it works so the next candidate cannot count on the same room), no pod is pinned, and
   the group stays at or above its min size. Otherwise the node is kept and only its idle GPUs go (GPU-only removal).
 - DDS's own scan (case 4): a DDS node without work for its group's node cooldown is removed (when node removal is
-  enabled), its devices released first; other nodes lose GPUs idle for the group's GPU cooldown.
+  enabled), its devices released first; every other node, including an empty one that stays (its group at min size,
+  its node cooldown not reached), loses the GPUs idle for the group's GPU cooldown.
 - A GPU in use is never detached unless the group allows force-detach. Device choice is deterministic: newest
   attached first.
 """
@@ -102,6 +103,11 @@ class _ScaleDown:
         self.kept.append(Keep(node, reason))
         self.done.add(node)
 
+    def keep_node_only(self, node: str, reason: str) -> None:
+        """The node stays, but its idle GPUs are still judged by their own cooldown (`idle_gpus`): a node kept for
+        the group's min size or its node cooldown must not hold pool devices it does not use."""
+        self.kept.append(Keep(node, reason))
+
     def remove(self, node: NodeInfo, group: NodeGroupSpec, usage: _Gpus, reason: str) -> None:
         """Release the node's devices first, then remove it. In-use GPUs go only with force-detach; otherwise they are
         released once the pods have moved (the node is being deleted then, and idle GPUs go at once)."""
@@ -193,16 +199,17 @@ class _ScaleDown:
             assert group is not None and node.empty_since is not None
             waited, cooldown = now - node.empty_since, group.node_idle_cooldown_seconds
             if waited < cooldown:
-                self.keep(node.name, f"empty for {duration_text(waited)}; removed after {duration_text(cooldown)}")
+                self.keep_node_only(node.name, f"empty for {duration_text(waited)}; removed after "
+                                               f"{duration_text(cooldown)}")
                 continue
             if not self.above_min(group, node):
-                self.keep(node.name, f"empty for {duration_text(waited)}, but group {group.id} is at its min size "
-                                     f"{group.min_size}")
+                self.keep_node_only(node.name, f"empty for {duration_text(waited)}, but group {group.id} is at its "
+                                               f"min size {group.min_size}")
                 continue
             usage = self.usage(node)
             if usage.in_use and not group.force_detach:
-                self.keep(node.name, f"empty of work, but its pods use {_gpus(usage.in_use)} and force-detach is off "
-                                     f"for {group.id}")
+                self.keep_node_only(node.name, f"empty of work, but its pods use {_gpus(usage.in_use)} and "
+                                               f"force-detach is off for {group.id}")
                 continue
             self.remove(node, group, usage, f"no work for {duration_text(waited)} (cooldown "
                                             f"{duration_text(cooldown)}) and {group.id} stays at or above min size "

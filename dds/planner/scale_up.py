@@ -1,7 +1,8 @@
 """Scale-up (the talk's cases 1 and 2): which pending pods fit now, which fit after attaching GPUs, which need nodes.
 
 For the pending pods in scheduling order (priority, age, name):
-1. existing capacity: live nodes as they are (GPUs already attaching count), then nodes already on their way;
+1. existing capacity: live nodes as they are, then the GPUs already attaching to them (filled tightly, the pods asking
+   for most GPUs first: they were ordered for pods still pending), then nodes already on their way;
 2. for the rest, GPUs attached one at a time to live DDS nodes, within their free slots and their pool's free devices
    of a model the pod accepts (pool counts are shared by the whole plan), the node chosen by the policy's score;
 3. what still does not fit goes to new nodes (a node this plan already adds, else a new node of the best group).
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from dds.planner.existing import ExistingCapacity, Explanation
+from dds.planner.nodes import SimNode
 from dds.planner.plan import Attach, NewNodes, PlannerConfig, PodDecision, ScaleUpPlan, Verdict
 from dds.planner.requests import PodRequest, RequestCache, scheduling_order
 from dds.planner.snapshot import PodInfo, Snapshot
@@ -68,33 +70,66 @@ class _ScaleUp:
         self.new_nodes = NewNodePlanner(snapshot, config, existing.cluster, {})
 
     def place_on_existing_capacity(self, reqs: Sequence[PodRequest]) -> list[PodRequest]:
-        """1. Live nodes as they are, then nodes on their way. Returns the pods still waiting."""
+        """1. Live nodes as they are now, then the GPUs already on their way to them, then nodes on their way. Returns
+        the pods still waiting, in scheduling order."""
         upcoming = upcoming_nodes(self.snapshot)
+        coming = self.existing.gpus_coming()
+        deferred: list[PodRequest] = []  # to try on the GPUs on their way, all together
         waiting: list[PodRequest] = []
         for req in reqs:
             if req.unsupported:
                 self.decisions[req.key] = PodDecision(req.key, Verdict.UNSUPPORTED, reason=(
                     f"not simulated ({'; '.join(req.unsupported)}): DDS never promises it a fit"))
-            elif (choice := self.existing.fits_now(req)) is not None:
+            elif (choice := self.existing.fits_now(req, coming=False)) is not None:
                 # A pod that fits needs no "why not": its rejected options are the candidates that scored lower.
                 self.existing.commit(req, choice)
                 node = self.existing.node_name(choice)
                 self.decisions[req.key] = PodDecision(req.key, Verdict.FITS_NOW, node=node, score=choice.score,
                                                       reason=f"fits now on {node} ({self.policy} {choice.score:.2f})",
                                                       rejected=choice.alternatives)
-            elif (found := best_on(req, upcoming, self.existing.cluster, None, False, self.policy)) is not None:
-                node = upcoming[found.node]
-                commit_on(node, req, 0, found.model)
-                self.elsewhere.append(req.pod)
-                group = node.group.id if node.group else None
-                self.decisions[req.key] = PodDecision(
-                    req.key, Verdict.FITS_NOW, group=group, score=found.score,
-                    reason=f"fits on a node of {group} already on its way ({node.name}, as its template: "
-                           f"{gpus_text(node.gpus)}); no live node fits now",
-                    rejected=self.existing.explain(req, with_gpus=False).rejects)
-            else:
+            elif coming:
+                deferred.append(req)
+            elif not self._place_on_upcoming_node(req, upcoming):
+                waiting.append(req)
+        for req in self._place_on_coming_gpus(deferred):
+            if not self._place_on_upcoming_node(req, upcoming):
                 waiting.append(req)
         return waiting
+
+    def _place_on_coming_gpus(self, reqs: Sequence[PodRequest]) -> list[PodRequest]:
+        """GPUs already attaching were ordered by an earlier pass for pods that are still pending, most likely these.
+        Re-placing them by the policy's score could spread them over those GPUs so that they no longer fit (and more
+        GPUs get ordered); filling them tightly, the pods asking for most GPUs first, keeps the earlier pass's
+        arithmetic. Returns the pods that still do not fit, in scheduling order."""
+        resources = sorted({n.gpu_resource for n in self.snapshot.nodes})
+        placed: set[str] = set()
+        # sorted() is stable: scheduling order among pods asking for as many GPUs.
+        for req in sorted(reqs, key=lambda r: _gpu_demand(r, resources), reverse=True):
+            if not _gpu_demand(req, resources) or (choice := self.existing.fits_on_coming(req)) is None:
+                continue
+            self.existing.commit(req, choice)
+            node = self.existing.node_name(choice)
+            placed.add(req.key)
+            self.decisions[req.key] = PodDecision(
+                req.key, Verdict.FITS_NOW, node=node, score=choice.score, rejected=choice.alternatives,
+                reason=f"fits on {node} once the GPUs already attaching there are online (tightest fit; "
+                       f"{self.policy} {choice.score:.2f})")
+        return [req for req in reqs if req.key not in placed]
+
+    def _place_on_upcoming_node(self, req: PodRequest, upcoming: list[SimNode]) -> bool:
+        found = best_on(req, upcoming, self.existing.cluster, None, False, self.policy)
+        if found is None:
+            return False
+        node = upcoming[found.node]
+        commit_on(node, req, 0, found.model)
+        self.elsewhere.append(req.pod)
+        group = node.group.id if node.group else None
+        self.decisions[req.key] = PodDecision(
+            req.key, Verdict.FITS_NOW, group=group, score=found.score,
+            reason=f"fits on a node of {group} already on its way ({node.name}, as its template: "
+                   f"{gpus_text(node.gpus)}); no live node fits now",
+            rejected=self.existing.explain(req, with_gpus=False).rejects)
+        return True
 
     def attach_gpus(self, waiting: Sequence[PodRequest]) -> list[tuple[PodRequest, Explanation]]:
         """2. GPUs attached to live DDS nodes, one virtual GPU at a time. Returns the pods that need nodes."""
@@ -148,6 +183,11 @@ class _ScaleUp:
         return ScaleUpPlan(attaches=attaches, new_nodes=tuple(new_nodes),
                            decisions=tuple(self.decisions[r.key] for r in reqs), policy=self.policy, solver="greedy",
                            notes=tuple(plan_notes))
+
+
+def _gpu_demand(req: PodRequest, resources: Sequence[str]) -> int:
+    """The GPUs a pod asks for (under whichever GPU resource name the nodes use)."""
+    return max((req.gpus(name) for name in resources), default=0)
 
 
 def _names(pods: Sequence[str], limit: int = 5) -> str:

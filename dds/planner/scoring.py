@@ -21,6 +21,7 @@ hold), so they balance or pack the pool's devices across servers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -71,8 +72,9 @@ def best_fit(c: Candidates) -> np.ndarray:
     return np.where(c.gpu_request > 0, (cpu + memory + gpu) / 3.0, (cpu + memory) / 2.0)
 
 
-def primary_score(policy: str, c: Candidates) -> np.ndarray:
-    fit = best_fit(c)
+def primary_score(policy: str, c: Candidates, fit: Optional[np.ndarray] = None) -> np.ndarray:
+    """The policy's score per candidate; `fit`: best_fit(c) when the caller has it already."""
+    fit = best_fit(c) if fit is None else fit
     gpu_pod = c.gpu_request > 0
     if policy == "best-fit":
         return fit
@@ -86,13 +88,21 @@ def primary_score(policy: str, c: Candidates) -> np.ndarray:
     raise UnknownPolicy(f"PlannerConfig.policy {policy!r} is not one of {', '.join(POLICIES)}")
 
 
-def rank(policy: str, c: Candidates) -> tuple[np.ndarray, np.ndarray]:
-    """(positions of the candidates best first, primary scores)."""
-    score = primary_score(policy, c)
-    slots_left = c.gpu_slots - c.gpu_present
-    fills_node = (slots_left == 0) & (c.attach > 0)
-    # np.lexsort: last key is the most significant, each ascending.
+def rank(policy: str, c: Candidates, limit: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+    """(positions of the candidates best first, primary scores of all of them). `limit`: only the best `limit`
+    positions are wanted; fewer may then be returned than there are candidates, always exactly the first ones of the
+    full order (only the candidates scoring at least the limit-th best score are sorted, ties included)."""
     fit = best_fit(c)
-    secondary = -fit if policy == "spread" else fit  # spread breaks ties toward the least allocated node
-    order = np.lexsort((c.order, ~c.has_model.astype(bool), ~fills_node, c.attach, -secondary, -score))
-    return order, score
+    score = primary_score(policy, c, fit)
+    chosen = np.arange(len(c))
+    if limit is not None and 0 < limit < len(c):
+        threshold = np.partition(score, len(c) - limit)[len(c) - limit]  # the limit-th highest score
+        chosen = np.flatnonzero(score >= threshold)
+    slots_left = c.gpu_slots[chosen] - c.gpu_present[chosen]
+    attach = c.attach[chosen]
+    fills_node = (slots_left == 0) & (attach > 0)
+    secondary = -fit[chosen] if policy == "spread" else fit[chosen]  # spread: ties go to the least allocated node
+    # np.lexsort: last key is the most significant, each ascending.
+    order = np.lexsort((c.order[chosen], ~c.has_model[chosen].astype(bool), ~fills_node, attach, -secondary,
+                        -score[chosen]))
+    return chosen[order][:limit], score

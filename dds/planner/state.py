@@ -11,8 +11,9 @@ same taints and flags) share one row.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -97,11 +98,13 @@ class ClusterState:
         self._init_resources(extra_pods)
         self._init_gpus()
         self._init_pods()
-        self._undo: list[Callable[[], None]] = []
+        self._init_coming()
+        self._undo: list[tuple[np.ndarray, object, object] | list] = []  # see _set and _append
         self._version = 0  # bumped by every change: keys caches of derived data
         self._masks_key: tuple[int, int] = (0, -1)
         self._masks: list[tuple[str, np.ndarray]] = []
         self._tables: dict[tuple, StaticTable] = {}
+        self._accepted: dict[int, np.ndarray] = {}
         self._label_codes: dict[str, np.ndarray] = {}
         # Node shape for the static filters apart from labels: taints and flags, as a small integer per node.
         shapes: dict[tuple, int] = {}
@@ -203,6 +206,13 @@ class ClusterState:
                 np.subtract.at(self.free[row], index, np.array(amounts[row], dtype=np.int64))
             np.subtract.at(self.gpu_free, index, np.array(gpus, dtype=np.int64))
 
+    def _init_coming(self) -> None:
+        """GPUs on their way (in-flight attaches) that no pod counts on yet. They are part of `gpu_free` (capacity
+        promised); a pod placed on a node takes its visible free GPUs first, so a node's unclaimed GPUs on their way
+        are never more than its free GPUs."""
+        attaching = np.array([node.attaching for node in self.nodes], dtype=np.int64)
+        self.gpu_coming = np.minimum(np.maximum(attaching, 0), np.maximum(self.gpu_free, 0))
+
     def _record_pod(self, i: int, pod: PodInfo, journal: bool = True) -> None:
         add = self._append if journal else (lambda items, value: items.append(value))
         add(self.pods[i], pod)
@@ -231,18 +241,26 @@ class ClusterState:
     def revert(self, mark: int) -> None:
         self._version += 1
         while len(self._undo) > mark:
-            self._undo.pop()()
+            entry = self._undo.pop()
+            if isinstance(entry, list):
+                entry.pop()  # an _append
+            else:
+                array, key, old = entry  # a _set
+                array[key] = old
 
+    # Journal entries are plain data, not closures: (array, key, old value) holds nothing the garbage collector tracks,
+    # so the thousands of entries a large plan keeps cost it no passes (with closures the collector took about a tenth
+    # of a 5,000-node plan); an appended-to list is its own entry.
     def _set(self, array: np.ndarray, key: object, value: object) -> None:
         self._version += 1
         old = array[key]
         array[key] = value
-        self._undo.append(lambda: array.__setitem__(key, old))
+        self._undo.append((array, key, old))
 
     def _append(self, items: list, value: object) -> None:
         self._version += 1
         items.append(value)
-        self._undo.append(items.pop)
+        self._undo.append(items)
 
     # --- reading -----------------------------------------------------------------------------------------------------
     @property
@@ -382,8 +400,7 @@ class ClusterState:
         if req.uses_node_name:
             columns.append(np.arange(n, dtype=np.int64))
         if n:
-            _, first, row_of = np.unique(np.stack(columns, axis=1), axis=0, return_index=True, return_inverse=True)
-            row_of = row_of.reshape(-1)
+            first, row_of = _unique_rows(columns)
         else:
             first, row_of = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         width = len(self.models) + 1
@@ -399,6 +416,14 @@ class ClusterState:
             reject_rows.append(tuple(verdicts))
         return StaticTable(row_of.astype(np.int64), np.array(ok_rows, dtype=bool).reshape(len(ok_rows), width),
                            tuple(reject_rows))
+
+    def accepted_models(self, table: StaticTable) -> np.ndarray:
+        """[node, model]: the static filters accept the node for this pod shape once it holds the model."""
+        key = id(table)  # tables live as long as the scratch (cached in _tables), so their ids stay unique
+        found = self._accepted.get(key)
+        if found is None:
+            found = self._accepted[key] = table.ok[table.row, :len(self.models)]
+        return found
 
     def static_ok_now(self, table: StaticTable) -> np.ndarray:
         """Static verdict per node as it is (its own model if it holds one)."""
@@ -434,7 +459,10 @@ class ClusterState:
     def place(self, i: int, req: PodRequest) -> None:
         for row, amount in self.request_vector(req):
             self._set(self.free, (row, i), self.free[row, i] - amount)
-        self._set(self.gpu_free, i, self.gpu_free[i] - req.gpus(self.nodes[i].gpu_resource))
+        free = self.gpu_free[i] - req.gpus(self.nodes[i].gpu_resource)
+        self._set(self.gpu_free, i, free)
+        if self.gpu_coming[i] > max(free, 0):  # the visible GPUs are used up: the pod counts on some on their way
+            self._set(self.gpu_coming, i, max(free, 0))
         self._record_pod(i, req.pod)
 
     def disable(self, i: int) -> None:
@@ -446,6 +474,21 @@ class ClusterState:
     def verify(self, req: PodRequest, i: int, model: Optional[str]) -> Optional[Reject]:
         """The scalar filters' verdict on node i as it stands (after any virtual attach)."""
         return first_reject(FILTERS, req, self.view(i, model), self)
+
+
+def _unique_rows(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique over the rows of the stacked columns (small integers >= -1): (first index of each distinct row, row
+    number of each node), rows numbered in lexicographic order. Packed into one integer per node when the columns'
+    ranges allow it: sorting one key is many times faster than sorting rows, and the order is the same."""
+    spans = [int(c.max()) + 2 for c in columns]  # values -1..max, shifted to 0..max+1
+    if math.prod(spans) < 2**62:
+        key = np.zeros(len(columns[0]), dtype=np.int64)
+        for column, span in zip(columns, spans):  # the first column is the most significant digit
+            key = key * span + (column + 1)
+        _, first, row_of = np.unique(key, return_index=True, return_inverse=True)
+    else:
+        _, first, row_of = np.unique(np.stack(columns, axis=1), axis=0, return_index=True, return_inverse=True)
+    return first, row_of.reshape(-1)
 
 
 def _static_view(node: NodeInfo, model: Optional[str], label: str) -> FastNodeView:

@@ -5,7 +5,7 @@
     print(render_table(compare([simulate(scenario, p) for p in parse_policies("all")], scenario.baseline)))
 
 Modules: trace (job files), workloads (built-in scenarios), scenario (cluster and timings), policies, engine (the
-discrete-event loop around the production planner), fabric (the fabric on virtual time), results, plots, progress.
+discrete-event loop around the production planner and the production simulated fabric), results, plots, progress.
 """
 
 from dds.sim.engine import SimResult, Simulation, simulate

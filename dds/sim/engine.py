@@ -14,7 +14,9 @@ What happens, in the order the production pieces do it:
   attaches go to the fabric and its new nodes to the provisioner (ready after `Timing.node_provision_s`);
   `plan_scale_down` then detaches idle GPUs past their cooldown and removes empty nodes above the group minimum (GPUs
   released first, node removed when they are gone).
-- **Fabric**: attaches and detaches complete after their latency on the virtual clock (dds/sim/fabric.py).
+- **Fabric**: the production simulated backend (`dds.fabric.simulated.SimulatedFabric`, the one `dds serve` runs with
+  the simulated fabric) on the virtual clock, with fixed latencies and no faults: attaches and detaches complete after
+  their latency.
 
 Steps that cannot change anything are skipped (no pending pods, no idle GPUs, nothing in flight), and the scale step
 fast-forwards to the next cooldown expiry, so long quiet stretches of a trace cost nothing.
@@ -27,18 +29,19 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from dds.controller.devices import devices_by_node
 from dds.controller.idle import IdleTracker, NodeUsage
+from dds.config import FaultSpec, LatencySpec, PoolSpec, SimulatedFabricSettings
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, FabricDevice, FabricError, OperationKind,
-                             OperationState)
+                             OperationState, PoolState)
+from dds.fabric.simulated import SimulatedFabric
 from dds.model.groups import NodeGroupSpec
 from dds.model.resources import Resources
 from dds.planner import plan_scale_down, plan_scale_up
 from dds.planner.plan import PlannerConfig, Verdict
 from dds.planner.snapshot import ContainerRequests, Device, NodeInfo, PodInfo, PoolInfo, Snapshot
-from dds.sim.fabric import build_sim_fabric
 from dds.sim.policies import Layout, Mode, Policy
 from dds.sim.scenario import Scenario, concentrated_layout
 from dds.sim.trace import Job
@@ -158,7 +161,7 @@ class Simulation:
         self._progress = progress
         self._batch_solver = batch_solver
         self._gpu_resource = self._groups[0].gpu_resource if self._groups else "nvidia.com/gpu"
-        self.fabric = build_sim_fabric(self._cluster.pools, self._clock, self._timing.attach_s, self._timing.detach_s)
+        self.fabric = sim_fabric(self._cluster.pools, self._clock, self._timing.attach_s, self._timing.detach_s)
         self.counters = Counters()
         self._idle = IdleTracker()
         self._events: list[tuple[float, int, int, object]] = []
@@ -169,6 +172,7 @@ class Simulation:
         self._pods: dict[str, _Pod] = {}
         self._pending: dict[str, _Pod] = {}  # insertion order = arrival order
         self._ops_in_flight: dict[str, str] = {}  # operation key -> node
+        self._ops_due: dict[str, float] = {}  # operation key -> when its latency has passed
         self._op_ids = itertools.count()
         self._last_node_of_device: dict[str, str] = {}
         self._loop_at: Optional[float] = None
@@ -183,8 +187,11 @@ class Simulation:
         self._allocatable: dict[tuple[str, int], Resources] = {}
         self._group_versions: dict[tuple[str, int], NodeGroupSpec] = {}
         self._slot_limits = {p.name: p.max_slots_per_node for p in self._cluster.pools}
-        self._fabric_calls = 0
-        self._device_listing: Optional[tuple[tuple[float, int], tuple[FabricDevice, ...]]] = None
+        # Changes to the fabric's state that we know of: our calls and our operations seen finished. With faults off
+        # nothing else changes it, so listings are read again only when this moves.
+        self._fabric_changes = 0
+        self._device_listing: Optional[tuple[int, tuple[FabricDevice, ...]]] = None
+        self._pool_listing: Optional[tuple[int, tuple[PoolState, ...]]] = None
         self._gpus_held = 0  # attached GPUs not yet released (fixed GPUs are counted from the nodes)
         self._timeline: list[Sample] = []
         self._finished = 0
@@ -377,7 +384,7 @@ class Simulation:
     def _scale_up_could_act(self) -> bool:
         """A scale-up can only attach from a pool with free devices or add a node to a group below its max size.
         When neither exists the planner cannot act, however long the queue: spare it the pass."""
-        if self.policy.moves_gpus and any(sum(p.free.values()) for p in self.fabric.pools()):
+        if self.policy.moves_gpus and any(sum(p.free.values()) for p in self._pools()):
             return True
         live: dict[str, int] = {}
         for node in self._nodes.values():
@@ -401,11 +408,16 @@ class Simulation:
     def _attach(self, node: str, pool: str, model: str, count: int, reason: str) -> None:
         key = f"attach/{next(self._op_ids)}"
         try:
-            self._fabric_calls += 1
+            self._fabric_changes += 1
             operation = self.fabric.attach(AttachRequest(key=key, node=node, pool=pool, model=model, count=count,
                                                          reason=reason))
         except FabricError:
-            # The planner only plans what the pool holds, so a refusal means the two disagree: count it, replan later.
+            # A malformed request (unknown pool or model): the planner and the scenario disagree. Count it, replan.
+            self.counters.attach_failures += 1
+            return
+        if operation.state == OperationState.FAILED:
+            # Refused on acceptance (too few free devices, no slot): the fabric records it as failed at once. The
+            # planner only plans what the pool holds, so this too means the two disagree: count it, replan later.
             self.counters.attach_failures += 1
             return
         self._track(operation.key, node, self._timing.attach_s)
@@ -442,7 +454,7 @@ class Simulation:
     def _detach(self, node: str, device_ids: tuple[str, ...], force: bool, reason: str) -> bool:
         key = f"detach/{next(self._op_ids)}"
         try:
-            self._fabric_calls += 1
+            self._fabric_changes += 1
             operation = self.fabric.detach(DetachRequest(key=key, node=node, device_ids=device_ids, force=force,
                                                          reason=reason))
         except FabricError:
@@ -468,14 +480,22 @@ class Simulation:
     def _track(self, key: str, node: str, latency_s: float) -> None:
         """Follow an operation; look at it again when its latency has passed (the scale step polls it after that)."""
         self._ops_in_flight[key] = node
+        self._ops_due[key] = self.now + latency_s
         self._push(self.now + latency_s, _Kind.OPERATION_DUE, key)
 
     def _collect_operations(self) -> None:
-        for key in list(self._ops_in_flight):
+        for key in [k for k, due in self._ops_due.items() if due <= self.now]:  # not due yet: cannot be done
             operation = self.fabric.operation(key)
-            if operation is None or not operation.state.done:
+            if operation is None:
+                # The fabric keeps finished operations for an hour (and the last 1,000); this one is read the instant
+                # it is due, so losing it means the two clocks disagree: stop rather than wait for it for ever.
+                raise RuntimeError(f"simulation at t={self.now:g}s: the fabric no longer knows operation {key} on "
+                                   f"{self._ops_in_flight[key]}")
+            if not operation.state.done:
                 continue
             node = self._ops_in_flight.pop(key)
+            del self._ops_due[key]
+            self._fabric_changes += 1
             self._changed_since_scale_up = True
             if operation.kind == OperationKind.ATTACH:
                 self.counters.gpus_attached += len(operation.devices)
@@ -492,9 +512,6 @@ class Simulation:
                 self.counters.gpus_detached += len(operation.devices)
                 self._gpus_held -= len(operation.devices)
             self._arm_loop(self.now)
-        forget = getattr(self.fabric, "forget_finished", None)
-        if callable(forget) and not self._ops_in_flight:
-            forget()
 
     def _arm_after_scale(self) -> None:
         """Keep stepping while something is on its way; otherwise sleep until a cooldown can expire."""
@@ -531,11 +548,18 @@ class Simulation:
                                       has_work=bool(n.pods)) for n in self._nodes.values()], self.now)
 
     def _devices(self) -> tuple[FabricDevice, ...]:
-        """The fabric's devices, listed once per instant: they only change with time or with our own calls."""
-        key = (self.now, self._fabric_calls)
+        """The fabric's devices, listed again only when the fabric changed."""
+        key = self._fabric_changes
         if self._device_listing is None or self._device_listing[0] != key:
             self._device_listing = (key, self.fabric.devices())
         return self._device_listing[1]
+
+    def _pools(self) -> tuple[PoolState, ...]:
+        """The fabric's pools, read again only when the fabric changed."""
+        key = self._fabric_changes
+        if self._pool_listing is None or self._pool_listing[0] != key:
+            self._pool_listing = (key, self.fabric.pools())
+        return self._pool_listing[1]
 
     def _online_devices(self) -> dict[str, list[Device]]:
         return devices_by_node(self._devices()).online
@@ -559,7 +583,7 @@ class Simulation:
         drawable = capacity_to_come and self.policy.moves_gpus
         pools = tuple(PoolInfo(p.name, dict(p.free) if drawable else {m: 0 for m in p.total},
                                max_slots_per_node=self._slot_limits.get(p.name))
-                      for p in self.fabric.pools())
+                      for p in self._pools())
         upcoming = {g: c for g, c in self._provisioning.items() if c > 0} if capacity_to_come else {}
         return Snapshot(now=self.now, nodes=nodes, pods=pods, groups=self._groups_as_now(), pools=pools,
                         upcoming_nodes=upcoming, gpu_model_label=self._cluster.gpu_model_label)
@@ -624,6 +648,18 @@ class Simulation:
         return SimResult(scenario=self.scenario.name, policy=self.policy.name, jobs=jobs,
                          timeline=tuple(self._timeline), counters=self.counters, end_s=self.now,
                          total_pool_gpus=self._cluster.total_gpus())
+
+
+def sim_fabric(pools: Sequence[PoolSpec], clock: Callable[[], float], attach_s: float, detach_s: float
+               ) -> SimulatedFabric:
+    """The production simulated fabric on the simulator's virtual clock, so a simulation runs the fabric code DDS ships.
+
+    Latencies are fixed (a distribution whose min is its max) and faults off: the engine does not model an operator
+    retrying failed or hung operations, and policy comparisons should not depend on fault draws. The seed only fixes
+    the state's salt (nothing random is drawn that can change an outcome without faults)."""
+    settings = SimulatedFabricSettings(pools=list(pools), attach_latency=LatencySpec(min=attach_s, max=attach_s),
+                                       detach_latency=LatencySpec(min=detach_s, max=detach_s), faults=FaultSpec(seed=0))
+    return SimulatedFabric(settings, clock=clock, name="sim", persist=False)
 
 
 def pod_info(job: Job, gpu_resource: str, gpu_model_label: str) -> PodInfo:

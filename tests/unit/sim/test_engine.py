@@ -26,13 +26,7 @@ def test_static_cluster_queues_the_third_job_until_a_gpu_frees():
     assert max(j.finish_s for j in result.jobs) == 200.0
 
 
-OVER_ATTACH = pytest.mark.xfail(strict=True, reason=(
-    "planner: a pass re-places pods on GPUs already attaching without regard to the pods each attach was for; under "
-    "spread, a and b swap nodes at t=20 and one more GPU is ordered (4 for 3 needed)"))
-
-
-@pytest.mark.parametrize("policy", ["best-fit", "least-demand", pytest.param("spread", marks=OVER_ATTACH),
-                                    "concentrated"])
+@pytest.mark.parametrize("policy", ["best-fit", "least-demand", "spread", "concentrated"])
 def test_attach_first_attaches_exactly_what_pending_jobs_need(policy):
     # Two GPU-less nodes, a pool of 4. a (1 GPU, t=0): the step at t=0 attaches 1, online at 30.
     # b (2 GPUs, t=5): the step at t=10 attaches 2, online at 40. c (no GPU) binds at once.
@@ -43,8 +37,6 @@ def test_attach_first_attaches_exactly_what_pending_jobs_need(policy):
     assert result.counters.nodes_added == 0
 
 
-@pytest.mark.xfail(strict=True, reason="planner: plan_scale_down skips idle GPUs of empty nodes it keeps (group at min "
-                                       "size); remove this mark when dds/planner/scale_down.py releases them")
 def test_idle_gpus_of_an_empty_node_at_min_size_go_back_to_the_pool():
     # a holds 1 GPU until 130. The node cannot go (group at min size 1), but its GPU idles from 130: detached at 190
     # (60 s cooldown), back in the pool at 200.
