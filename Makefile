@@ -13,8 +13,8 @@ binaries:
 demo: setup  ## The talk's demo end to end: control plane, DDS, autoscaler, simulated fabric, kwok nodes
 	$(PYTHON) -m dds.demo
 
-test: setup  ## Every test: unit, integration (real apiserver), e2e (DDS driven by the autoscaler)
-	$(PYTHON) -m pytest tests $(PYTEST_ARGS)
+test: setup  ## Every test: unit, integration (real apiserver), e2e (DDS driven by the autoscaler); the long soak variants are `make soak`
+	$(PYTHON) -m pytest tests -m "not slow" $(PYTEST_ARGS)
 
 unit:
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)

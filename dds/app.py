@@ -6,6 +6,8 @@
 
 Only the leader acts: the controller loop checks `is_leader` every pass, the gRPC gate answers UNAVAILABLE on a standby,
 and losing the lease ends the process (exit code 1, client-go's convention) so it restarts as a clean standby.
+A standby becoming the leader first re-reads the state the previous leader kept outside the process (in-flight instances,
+the fabric backend's operations): what it read when it started is as old as the standby itself.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from dds.controller.executor import Executor, OperationWatcher
 from dds.controller.idle import IdleTracker
 from dds.controller.loop import Controller, LoopConfig
 from dds.controller.observe import ClusterObserver
-from dds.fabric.base import Fabric
+from dds.fabric.base import Fabric, ResumableFabric
 from dds.fabric.factory import build_fabric
 from dds.kube.events import KubeEventRecorder
-from dds.kube.leader import LeaderElector
+from dds.kube.leader import LeaderElector, default_identity
 from dds.kube.machinesets import MachineSetLister
 from dds.kube.nodes import gpu_capacity_hook
 from dds.kube.state import ConfigMapStateStore
@@ -139,6 +141,7 @@ class App:
     ops: OpsServer
     events: KubeEventRecorder
     elector: Optional[LeaderElector]
+    tracker: InstanceTracker
     infrastructure: Optional[KwokInfrastructure] = None  # node_backend kwok: DDS also makes the Machines and Nodes
     stopped: threading.Event = field(default_factory=threading.Event)
     exit_code: int = 0
@@ -162,12 +165,30 @@ class App:
                  self.server.address, self.fabric.name, self.settings.metrics_listen)
 
     def _started_leading(self) -> None:
+        try:
+            self._resume_leader_state()
+        except Exception as exc:  # acting on the state of minutes ago could attach twice: do not lead on it
+            log.error("leading, but cannot read the state the previous leader left (%s): exiting so this replica "
+                      "restarts as a clean standby", exc)
+            self._exit_as_standby()
+            return
         log.info("leading: starting the control loop and serving cluster-autoscaler")
         self.controller.start()
         self.server.set_serving(True)
 
+    def _resume_leader_state(self) -> None:
+        """Re-read what the previous leader kept outside the process. Without this a standby that takes over serves CA
+        the instances it read at its own start (CA then sees a scale-up in flight vanish, and asks again) and plans on
+        the fabric as it was then; a backend with a compare-and-swap store (Redfish) would refuse every write."""
+        self.tracker.reload()
+        if isinstance(self.fabric, ResumableFabric):
+            self.fabric.resync()
+
     def _stopped_leading(self) -> None:
         log.error("lost the leader lease: exiting so this replica restarts as a clean standby")
+        self._exit_as_standby()
+
+    def _exit_as_standby(self) -> None:
         self.server.set_serving(False)
         self.exit_code = 1
         self.stopped.set()
@@ -190,7 +211,10 @@ def build_app(settings: Settings, api: Optional[client.ApiClient] = None,
     from dds.kube.client import api_client
 
     api = api or api_client(settings.kubeconfig, settings.in_cluster)
-    events = KubeEventRecorder.for_cluster(api)
+    if settings.leader_election and not settings.identity:
+        # One name for the lease holder and the Events' reportingInstance: which replica acted is then on every Event.
+        settings = settings.model_copy(update={"identity": default_identity()})
+    events = KubeEventRecorder.for_cluster(api, reporting_instance=settings.identity)
     catalog = NodeGroupCatalog(source=MachineSetSource(MachineSetLister(api, settings.machineset_namespaces)),
                                events=events)
     fabric = build_fabric(settings, clock=clock, api_client=api,
@@ -205,7 +229,8 @@ def build_app(settings: Settings, api: Optional[client.ApiClient] = None,
     watcher = OperationWatcher(fabric, events, clock)
     planner = planner_config(settings)
     loop = LoopConfig(interval_seconds=settings.loop_interval_seconds,
-                      unhandled_pending_grace_seconds=settings.unhandled_pending_grace_seconds, planner=planner)
+                      unhandled_pending_grace_seconds=settings.unhandled_pending_grace_seconds, planner=planner,
+                      orphan_timeout_seconds=settings.orphan_attach_timeout_seconds)
     app_ref: dict[str, App] = {}
     controller = Controller(observer, executor, watcher, fabric, api, events, loop, clock,
                             is_leader=lambda: app_ref["app"].is_leader)
@@ -222,7 +247,9 @@ def build_app(settings: Settings, api: Optional[client.ApiClient] = None,
     ops.add_ready_check("node-groups", lambda: catalog.last_error is None)
     if elector is not None:
         ops.add_ready_check("leader", lambda: elector.is_leader)
+    ops.add_page("/decisions", lambda query: (controller.journal.render_json(), "application/json")
+                 if query.get("format") == ["json"] else (controller.journal.render_text(), "text/plain; charset=utf-8"))
     app = App(settings=settings, api=api, fabric=fabric, catalog=catalog, registry=registry, controller=controller,
-              server=server, ops=ops, events=events, elector=elector, infrastructure=nodes.infrastructure)
+              server=server, ops=ops, events=events, elector=elector, tracker=tracker, infrastructure=nodes.infrastructure)
     app_ref["app"] = app
     return app

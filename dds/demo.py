@@ -182,6 +182,7 @@ class DemoResult:
     gpus_attached: int  # by DDS after the start (the two workers' initial GPUs not counted)
     gpus_detached: int
     metrics: dict[str, float]
+    decisions: list[dict[str, Any]]  # DDS's decision journal at the end, newest first
     workdir: Path
 
 
@@ -287,7 +288,7 @@ class Demo:
             nodes_removed=len(added - {n.metadata.name for n in self.nodes()}),
             gpus_attached=int(_delta(before, after, "dds_gpus_attached_total")),
             gpus_detached=int(_delta(before, after, "dds_gpus_detached_total")),
-            metrics=after, workdir=self.options.workdir)
+            metrics=after, decisions=self.dds.decisions(), workdir=self.options.workdir)
 
     def close(self) -> None:
         if self.watcher is not None:
@@ -347,7 +348,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     print(summary(result))
     if args.json:
-        print(json.dumps({k: v for k, v in result.__dict__.items() if k not in ("timeline", "metrics")}, default=str))
+        print(json.dumps({k: v for k, v in result.__dict__.items() if k not in ("timeline", "metrics", "decisions")}, default=str))
     return 0
 
 

@@ -17,6 +17,7 @@ from kubernetes import client
 
 from dds import metrics
 from dds.controller.executor import node_ref
+from dds.crashpoints import crashpoint
 from dds.controller.loop import Controller
 from dds.controller.observe import Observation
 from dds.fabric.base import ErrorCode, FabricError, Operation, OperationKind, OperationState
@@ -68,10 +69,14 @@ class PlannerScaleUp:
             with metrics.PLAN_LATENCY.labels("scale-up").time():
                 plan = plan_scale_up(observation.snapshot, config, pods)
             metrics.PENDING_PODS.set(len(pods))
-            log.info("case 1: CA asked %s for %d node(s); plan:\n%s", group.id, delta, render_scale_up(plan))
+            rendered = render_scale_up(plan)
+            log.info("case 1: CA asked %s for %d node(s); plan:\n%s", group.id, delta, rendered)
+            trigger = f"cluster-autoscaler IncreaseSize {group.id} +{delta}"
             if plan.is_empty and not self._covered(plan):
                 metrics.DECISIONS.labels(Case.SCALE_UP.value, "none").inc()
+                self.controller.journal.record(Case.SCALE_UP.value, trigger, "none", rendered)
                 raise ScaleUpRefused(_refusal(plan, group))
+            self.controller.journal.record(Case.SCALE_UP.value, trigger, _outcome(plan, group), rendered)
             return self._execute(group, delta, plan, request_key)
 
     @staticmethod
@@ -93,12 +98,15 @@ class PlannerScaleUp:
             reason = "; ".join(n.reason for n in plan.new_nodes)
             for _ in range(nodes_wanted):
                 instances.append(self.tracker.add(self.new_instance(group, InstanceKind.NODE, reason, request_key)))
+            crashpoint("scale-up.node-instance-recorded")
             executor.add_nodes(NewNodes(group=group.id, count=nodes_wanted, pods=pods, reason=reason), group,
                                key=instances[0].id, case=Case.SCALE_UP)
         gpu_instances = [self.tracker.add(self.new_instance(
             group, InstanceKind.GPU, "; ".join(a.reason for a in plan.attaches) or "capacity already on its way",
             request_key)) for _ in range(gpu_slots)]
         instances += gpu_instances
+        if gpu_instances:
+            crashpoint("scale-up.gpu-instance-recorded")
         for instance in gpu_instances:
             self._work[instance.id] = _GpuInstanceWork()
         if gpu_instances and not plan.attaches:
@@ -164,6 +172,7 @@ class PlannerScaleUp:
                 work = self._adopt(record)
             if work.pending:
                 continue
+            crashpoint("scale-up.gpu-instance-done")
             if work.failed and work.attached == 0 and not work.attached_elsewhere:
                 error = work.failed[0].error or FabricError(ErrorCode.BACKEND, "attach failed")
                 if not self._fall_back_to_node(group, record, error):
@@ -238,6 +247,11 @@ class PlannerScaleUp:
         log.warning("instance %s of %s failed: %s: %s", record.id, record.group_id, code.value, message)
 
 
+def _outcome(plan: ScaleUpPlan, group: NodeGroupSpec) -> str:
+    nodes = any(n.group == group.id for n in plan.new_nodes)
+    return "mixed" if plan.attaches and nodes else "node" if nodes else "gpu"
+
+
 def _refusal(plan: ScaleUpPlan, group: NodeGroupSpec) -> str:
     reasons = "; ".join(f"{d.pod}: {d.reason}" for d in plan.decisions[:5]) or "no pending pod fits this group"
     return f"DDS cannot add capacity to {group.id}: {reasons}"
@@ -268,8 +282,12 @@ class PlannerScaleDown:
         with self.controller.lock:
             observation = self.controller.observer.observe()
             plan = plan_scale_down(observation.snapshot, replace(self.planner, node_removal_enabled=True), names)
-            log.info("case 3: CA asked to remove %s from %s; plan:\n%s", ", ".join(names), group.id,
-                     render_scale_down(plan))
+            rendered = render_scale_down(plan)
+            log.info("case 3: CA asked to remove %s from %s; plan:\n%s", ", ".join(names), group.id, rendered)
+            removed = any(r.node in names for r in plan.removals)
+            self.controller.journal.record(Case.SCALE_DOWN.value,
+                                           f"cluster-autoscaler DeleteNodes {group.id}: {', '.join(names)}",
+                                           "node" if removed else "gpu", rendered)
             executor = self.controller.executor
             for index, step in enumerate(d for d in plan.detaches if d.node in names):
                 operation = executor.detach(step, key=f"{request_key}/detach/{index}", case=Case.SCALE_DOWN)

@@ -27,12 +27,15 @@ from kubernetes import client
 
 from dds import metrics
 from dds.controller.executor import Executor, OperationWatcher, node_ref
+from dds.controller.journal import DecisionJournal
 from dds.controller.observe import ClusterObserver, Observation
-from dds.fabric.base import Fabric, FabricError
+from dds.controller.orphans import OrphanFinder
+from dds.crashpoints import crashpoint
+from dds.fabric.base import Fabric, FabricError, OperationKind
 from dds.model.events import NORMAL, EventRecorder
 from dds.model.groups import TemplateMode
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
-from dds.planner.plan import Attach, Case, PlannerConfig, RemoveNode, Verdict
+from dds.planner.plan import Attach, Case, Detach, PlannerConfig, RemoveNode, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +48,14 @@ class LoopConfig:
     interval_seconds: float = 5.0
     unhandled_pending_grace_seconds: float = 30.0
     planner: PlannerConfig = PlannerConfig()
+    orphan_timeout_seconds: float = 600.0  # settings.orphan_attach_timeout_seconds; see dds/controller/orphans.py
 
 
 class Controller:
     def __init__(self, observer: ClusterObserver, executor: Executor, watcher: OperationWatcher, fabric: Fabric,
                  api: client.ApiClient, events: EventRecorder, config: LoopConfig,
-                 clock: Callable[[], float], is_leader: Callable[[], bool] = lambda: True) -> None:
+                 clock: Callable[[], float], is_leader: Callable[[], bool] = lambda: True,
+                 journal: Optional[DecisionJournal] = None) -> None:
         self.observer = observer
         self.executor = executor
         self.watcher = watcher
@@ -60,10 +65,13 @@ class Controller:
         self.config = config
         self.clock = clock
         self.is_leader = is_leader
+        self.journal = journal or DecisionJournal(clock)  # what was decided and why: /decisions on the ops port
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.RLock()  # one planning pass at a time (loop and CA's RPCs share the fabric)
         self._pending_removals: dict[str, str] = {}  # node -> group id: detaching first, removal next
+        self._removals_resumed = False  # the removals a previous process left half done are picked up once
+        self.orphans = OrphanFinder(config.orphan_timeout_seconds)
         self.listeners: list[Callable[[Observation], None]] = []  # e.g. the instance tracker's reconcile
 
     @property
@@ -103,9 +111,11 @@ class Controller:
             for listener in self.listeners:
                 listener(observation)
             self._record_pools()
+            self._resume_removals(observation)
             self._attach_initial_gpus(observation)
             self._serve_unhandled_pending(observation)
             self._scale_down(observation)
+            self._reclaim_orphans(observation)
             return observation
 
     def _record_pools(self) -> None:
@@ -135,6 +145,7 @@ class Controller:
                 except FabricError:
                     continue
                 self.watcher.watch(operation)
+                crashpoint("initial-gpus.attached")
             self._core.patch_node(node.name, {"metadata": {"labels": {ANN_INITIAL_GPUS_DONE: "true"}}})
 
     # --- case 2: pending pods CA did not (or could not) act on ---
@@ -152,8 +163,10 @@ class Controller:
             plan = plan_scale_up(snapshot, config, waiting)
         if not plan.attaches:
             return
-        log.info("case 2: %d pending pod(s) unserved for over %.0fs; plan:\n%s", len(waiting), grace,
-                 render_scale_up(plan))
+        rendered = render_scale_up(plan)
+        log.info("case 2: %d pending pod(s) unserved for over %.0fs; plan:\n%s", len(waiting), grace, rendered)
+        self.journal.record(Case.SCALE_UP_BLOCKED.value, f"control loop: {len(waiting)} pod(s) pending over {grace:.0f}s "
+                            "that cluster-autoscaler did not serve", "gpu", rendered)
         metrics.DECISIONS.labels(Case.SCALE_UP_BLOCKED.value, "gpu").inc()
         pass_id = uuid.uuid4().hex[:8]
         for index, step in enumerate(plan.attaches):
@@ -182,7 +195,10 @@ class Controller:
         if not detaches and not owned_removals and not self._pending_removals:
             return
         if detaches or owned_removals:
-            log.info("scale-down plan:\n%s", render_scale_down(plan))
+            rendered = render_scale_down(plan)
+            log.info("scale-down plan:\n%s", rendered)
+            self.journal.record(Case.SCALE_DOWN_BLOCKED.value, "control loop: idle GPUs / empty nodes past cooldown",
+                                "node" if owned_removals else "gpu", rendered)
         in_flight = {op.node for op in self.watcher.in_flight()}
         for index, step in enumerate(detaches):
             if step.node in in_flight:
@@ -212,24 +228,65 @@ class Controller:
         for node_name, group_id in list(self._pending_removals.items()):
             node = next((n for n in snapshot.nodes if n.name == node_name), None)
             group = snapshot.group(group_id)
-            if node is None or group is None:
+            if node is None:
                 self._pending_removals.pop(node_name, None)
+                continue
+            if group is None:
+                self._give_up_removal(node_name, node.taints, f"its group {group_id} is no longer served")
                 continue
             if node.devices or node.detaching or node.attaching:
                 continue  # GPUs are released first
             work = [p for p in snapshot.pods_on(node_name) if p.owner_kind not in ("DaemonSet", "Node")]
             if work and not self._is_ca_drained(node):
-                self._pending_removals.pop(node_name, None)
-                log.info("keeping %s: it holds work again (%s)", node_name, ", ".join(p.key for p in work))
+                self._give_up_removal(node_name, node.taints, f"it holds work again ({', '.join(p.key for p in work)})")
                 continue
             if not self._cordon_and_recheck(node_name):
                 self._pending_removals.pop(node_name, None)
                 continue
+            crashpoint("remove.cordoned")
             self.executor.remove_node(
                 RemoveNode(node_name, group_id, "its GPUs are released and it holds no work"), group,
                 key=f"remove/{node_name}/{node.provider_id}", case=Case.SCALE_DOWN_BLOCKED)
             metrics.DECISIONS.labels(Case.SCALE_DOWN_BLOCKED.value, "node").inc()
             self._pending_removals.pop(node_name, None)
+
+    def _give_up_removal(self, node_name: str, taints, why: str) -> None:
+        """Keep the node after all; lift our removal taint if it carries it (else it would take no pod ever again)."""
+        self._pending_removals.pop(node_name, None)
+        log.info("keeping %s: %s", node_name, why)
+        if any(t.key == REMOVAL_TAINT for t in taints):
+            self._lift_removal_taint(node_name)
+
+    def _lift_removal_taint(self, node_name: str) -> None:
+        node = self._core.read_node(node_name)
+        kept = [t for t in node.spec.taints or [] if t.key != REMOVAL_TAINT]
+        self._core.patch_node(node_name, {"spec": {"taints": [t.to_dict() for t in kept]}})
+
+    def _resume_removals(self, observation: Observation) -> None:
+        """Once, on the first pass: a node carrying our removal taint was being removed by a previous process (pending
+        removals live in memory) — cordoned, maybe its Machine already marked. Resume it: `_finish_removals` removes it
+        with the same idempotency key if it still holds no work and no GPUs, or keeps it and lifts the taint."""
+        if self._removals_resumed:
+            return
+        self._removals_resumed = True
+        for node in observation.snapshot.nodes:
+            if node.group_id and any(t.key == REMOVAL_TAINT for t in node.taints):
+                log.info("resuming the removal of %s, cordoned by a previous process", node.name)
+                self._pending_removals.setdefault(node.name, node.group_id)
+
+    # --- orphaned devices: on nodes that are gone, or held by attaches that never end ---
+    def _reclaim_orphans(self, observation: Observation) -> None:
+        live = {n.name for n in observation.snapshot.nodes}
+        busy = {op.node for op in self.watcher.in_flight() if op.kind == OperationKind.DETACH}
+        reclaims = self.orphans.find(self.fabric.devices(), self.fabric.operations(), live, observation.snapshot.now)
+        for reclaim in reclaims:
+            if reclaim.node in busy:
+                continue  # a detach already runs there; judged again when it ends
+            step = Detach(reclaim.node, reclaim.device_ids, force=True, reason=reclaim.reason)
+            operation = self.executor.detach(step, key=f"orphan/{uuid.uuid4().hex[:8]}", case=Case.SCALE_DOWN_BLOCKED)
+            if operation is not None:
+                metrics.ORPHANS_RECLAIMED.inc(len(reclaim.device_ids))
+                self.watcher.watch(operation)
 
     @staticmethod
     def _is_ca_drained(node) -> bool:

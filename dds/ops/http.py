@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 # A readiness check: True when ready. False, or an exception (its message becomes the reason), means not ready.
 ReadyCheck = Callable[[], bool]
+# An extra page: the query string's parameters -> (body, content type).
+Page = Callable[[dict[str, list[str]]], tuple[bytes, str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,7 @@ class OpsServer:
         self._host, self._requested_port = parse_listen(listen)
         self._registry = registry
         self._checks: dict[str, ReadyCheck] = {}
+        self._pages: dict[str, Page] = {}
         self._lock = threading.Lock()
         self._shutting_down = False
         self._server: Optional[ThreadingHTTPServer] = None
@@ -74,6 +77,18 @@ class OpsServer:
             raise ValueError(f"readiness check name {name!r}: must be a non-empty word without spaces")
         with self._lock:
             self._checks[name] = check
+
+    def add_page(self, path: str, page: "Page") -> None:
+        """Serve `page(query) -> (body, content type)` at `path` (e.g. /decisions); like the checks, a page must only
+        read state the application already holds."""
+        if not path.startswith("/") or path in ("/metrics", "/healthz", "/livez", "/readyz"):
+            raise ValueError(f"page path {path!r}: must start with / and not shadow a built-in endpoint")
+        with self._lock:
+            self._pages[path.rstrip("/")] = page
+
+    def page(self, path: str) -> Optional["Page"]:
+        with self._lock:
+            return self._pages.get(path)
 
     def remove_ready_check(self, name: str) -> None:
         with self._lock:
@@ -147,6 +162,9 @@ def _handler_for(ops: OpsServer) -> type[BaseHTTPRequestHandler]:
                 self._reply(HTTPStatus.OK, b"ok\n")
             elif path == "/readyz":
                 self._reply_readiness()
+            elif (page := ops.page(path)) is not None:
+                body, content_type = page(parse_qs(urlsplit(self.path).query))
+                self._reply(HTTPStatus.OK, body, content_type)
             else:
                 self._reply(HTTPStatus.NOT_FOUND, b"not found: try /metrics, /healthz or /readyz\n")
 

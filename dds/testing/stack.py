@@ -142,6 +142,12 @@ class DdsProcess:
                 out[key] = float(value)
         return out
 
+    def decisions(self) -> list[dict[str, Any]]:
+        """The decision journal (/decisions?format=json), newest first."""
+        import json
+
+        return json.loads(urllib.request.urlopen(self.metrics_url + "/decisions?format=json", timeout=5).read())
+
     def ready(self) -> bool:
         try:
             return urllib.request.urlopen(self.metrics_url + "/readyz", timeout=2).status == 200
@@ -171,13 +177,14 @@ class DdsProcess:
 
 
 def start_dds(config_path: Path, log_path: Path, metrics_port: int, *, wait_ready: bool = True,
-              timeout: float = 60.0, extra_args: tuple[str, ...] = ()) -> DdsProcess:
+              timeout: float = 60.0, extra_args: tuple[str, ...] = (),
+              env: Optional[dict[str, str]] = None) -> DdsProcess:
     """Start `dds serve`; wait until /readyz answers 200 (or, with wait_ready=False, /healthz: a standby is live but
     not ready)."""
     command = [sys.executable, "-m", "dds", "serve", "--config", str(config_path), *extra_args]
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     handle = DdsProcess(process, log_path, f"http://127.0.0.1:{metrics_port}")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -256,16 +263,17 @@ class Stack:
         return path
 
     def start_dds(self, config_path: Optional[Path] = None, log_name: str = "dds.log",
-                  wait_ready: bool = True) -> DdsProcess:
+                  wait_ready: bool = True, env: Optional[dict[str, str]] = None) -> DdsProcess:
+        """`env` is added to this process's environment (e.g. DDS_CRASH_AT, dds/crashpoints.py)."""
         config_path = config_path or self.config_path
         metrics_port = int(yaml.safe_load(config_path.read_text())["metrics_listen"].rsplit(":", 1)[1])
-        return start_dds(config_path, self.workdir / log_name, metrics_port, wait_ready=wait_ready)
+        return start_dds(config_path, self.workdir / log_name, metrics_port, wait_ready=wait_ready, env=env)
 
-    def restart_dds(self, kill: bool = True) -> DdsProcess:
+    def restart_dds(self, kill: bool = True, env: Optional[dict[str, str]] = None) -> DdsProcess:
         """SIGKILL (or stop) the DDS process and start a new one on the same settings and state."""
         if self.dds is not None:
             self.dds.kill() if kill else self.dds.stop()
-        self.dds = self.start_dds()
+        self.dds = self.start_dds(env=env)
         return self.dds
 
     # --- the autoscaler ---

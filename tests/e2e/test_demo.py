@@ -76,3 +76,12 @@ def test_gpu_counts_add_up_in_metrics(demo: DemoResult):
     decisions = {k: v for k, v in demo.metrics.items() if k.startswith("dds_decisions_total{")}
     assert any('outcome="gpu"' in k and 'case="case1-scale-up"' in k and v >= 1 for k, v in decisions.items()), decisions
     assert any('outcome="node"' in k and 'case="case1-scale-up"' in k and v >= 1 for k, v in decisions.items()), decisions
+
+
+def test_every_decision_is_explained_in_the_journal(demo: DemoResult):
+    gpu = [d for d in demo.decisions if d["case"] == "case1-scale-up" and d["outcome"] == "gpu"
+           and "demo/train-0" in d["plan"]]
+    assert gpu and "IncreaseSize MachineSet/default/gpu-workers" in gpu[-1]["trigger"], demo.decisions
+    node = [d for d in demo.decisions if d["case"] == "case1-scale-up" and d["outcome"] == "node"]
+    assert node and "demo/mem-0" in node[-1]["plan"]
+    assert any(d["case"] == "case4-scale-down-blocked" and d["outcome"] == "node" for d in demo.decisions)
