@@ -9,8 +9,11 @@
 #   3. installs the CRDs (Cluster API subset, ComposabilityRequest) and waits until they are Established
 #   4. installs kwok in the cluster (its controller and the "fast" stages) to play the GPU worker nodes
 #   5. writes mTLS material with `dds certs` (run from the image) and applies the two Secrets
-#   6. applies manifests/ (DDS x2 with leader election, cluster-autoscaler with --cloud-provider=externalgrpc)
-#   7. applies the demo MachineSet (manifests/examples/) and one kwok node + Machine for its one replica
+#   6. applies manifests/overlays/kind (DDS x2 with leader election and node_backend kwok — kind runs no Cluster API
+#      controllers, so the leader turns MachineSet replicas into Machines and kwok Nodes itself —, cluster-autoscaler
+#      with --cloud-provider=externalgrpc)
+#   7. applies the demo MachineSet (manifests/examples/): its one replica becomes a kwok node, to which DDS attaches
+#      the group's boot-time GPU
 #   8. prints how to run the demo
 #
 # Environment: DDS_KIND_CLUSTER (default dds), DDS_IMAGE (default ghcr.io/dds-project/dds:dev),
@@ -85,7 +88,7 @@ write_certs() {
 }
 
 deploy() {
-  log "deploying DDS and cluster-autoscaler (manifests/)"
+  log "deploying DDS and cluster-autoscaler (manifests/overlays/kind)"
   # An overlay points the kustomization's placeholder image at the one just built and loaded.
   local name="${IMAGE%:*}" tag="${IMAGE##*:}"
   if [[ "${IMAGE##*/}" != *:* ]]; then
@@ -98,7 +101,7 @@ deploy() {
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
-  - ../../manifests
+  - ../../manifests/overlays/kind
 images:
   - name: ghcr.io/dds-project/dds
     newName: ${name}
@@ -117,61 +120,21 @@ EOF
   die "no DDS replica became Ready after ${attempt} tries: kubectl --context ${CONTEXT} -n dds-system logs deploy/dds"
 }
 
-# The demo MachineSet has one replica. kind runs no Cluster API controllers, so its one Machine and Node are made here:
-# a kwok node with the group's shape and 1 GPU, and a Machine (owned by the MachineSet) that points at it.
+# The demo MachineSet has one replica: the leading DDS (node_backend kwok) makes its Machine and kwok Node, then
+# attaches the group's boot-time GPU from the simulated fabric.
 demo_node_group() {
-  log "creating the demo node group ${DEMO_NAMESPACE}/${DEMO_MACHINESET} with node ${DEMO_NODE}"
+  log "creating the demo node group ${DEMO_NAMESPACE}/${DEMO_MACHINESET}"
   kube apply --kustomize "${ROOT}/manifests/examples"
-  kube apply --filename - <<EOF
-apiVersion: v1
-kind: Node
-metadata:
-  name: ${DEMO_NODE}
-  annotations:
-    kwok.x-k8s.io/node: fake
-  labels:
-    kubernetes.io/hostname: ${DEMO_NODE}
-    kubernetes.io/os: linux
-    kubernetes.io/arch: amd64
-    type: kwok
-    node.kubernetes.io/instance-type: cdi-16c64g
-    nvidia.com/gpu.product: A30
-spec:
-  providerID: kwok://${DEMO_NODE}
-status:
-  capacity: {cpu: "16", memory: 64Gi, ephemeral-storage: 100Gi, pods: "110", nvidia.com/gpu: "1"}
-  allocatable: {cpu: "16", memory: 64Gi, ephemeral-storage: 100Gi, pods: "110", nvidia.com/gpu: "1"}
-EOF
-  local uid
-  uid="$(kube -n "${DEMO_NAMESPACE}" get machineset "${DEMO_MACHINESET}" -o jsonpath='{.metadata.uid}')"
-  kube apply --filename - <<EOF
-apiVersion: cluster.x-k8s.io/v1beta1
-kind: Machine
-metadata:
-  name: ${DEMO_NODE}
-  namespace: ${DEMO_NAMESPACE}
-  labels:
-    cluster.x-k8s.io/cluster-name: demo
-    cluster.x-k8s.io/set-name: ${DEMO_MACHINESET}
-  ownerReferences:
-    - apiVersion: cluster.x-k8s.io/v1beta1
-      kind: MachineSet
-      name: ${DEMO_MACHINESET}
-      uid: ${uid}
-      controller: true
-spec:
-  clusterName: demo
-  providerID: kwok://${DEMO_NODE}
-  bootstrap:
-    dataSecretName: ${DEMO_MACHINESET}-bootstrap
-  infrastructureRef:
-    apiVersion: infrastructure.cluster.x-k8s.io/v1beta1
-    kind: KwokMachine
-    name: ${DEMO_NODE}
-EOF
-  kube -n "${DEMO_NAMESPACE}" patch machine "${DEMO_NODE}" --subresource status --type merge \
-    --patch "{\"status\": {\"phase\": \"Running\", \"nodeRef\": {\"kind\": \"Node\", \"name\": \"${DEMO_NODE}\"}}}"
-  kube wait --for condition=Ready --timeout 60s "node/${DEMO_NODE}"
+  local attempt node=""
+  for attempt in $(seq 1 90); do
+    node="$(kube get nodes -l "cluster.x-k8s.io/set-name=${DEMO_MACHINESET}" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null || true)"
+    if [[ -n "${node}" && "$(kube get node "${node}" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')" == "1" ]]; then
+      DEMO_NODE="${node}"
+      return
+    fi
+    sleep 2
+  done
+  die "the demo node group has no node with its boot-time GPU after ${attempt} tries: kubectl --context ${CONTEXT} -n dds-system logs deploy/dds"
 }
 
 print_next_steps() {
@@ -191,8 +154,8 @@ Look inside:
   kubectl --context ${CONTEXT} -n dds-system get lease dds-leader      # which replica leads
   kubectl --context ${CONTEXT} -n dds-system port-forward svc/dds 8087  # then curl localhost:8087/metrics
 
-Adding a *node* (when GPUs alone cannot fit the pods) raises the MachineSet's replicas; kind runs no Cluster API
-controllers, so nothing turns those replicas into nodes here (the local demo, \`make demo\`, runs DDS's kwok provider).
+Adding a *node* (when GPUs alone cannot fit the pods) raises the MachineSet's replicas; the leading DDS turns them into
+kwok nodes here (node_backend kwok), as a Cluster API infrastructure provider would in a real cluster.
 
 Tear down: kind delete cluster --name ${CLUSTER}
 mTLS material: ${WORKDIR}/tls (keys are 0600)

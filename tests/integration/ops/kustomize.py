@@ -1,8 +1,9 @@
 """A small kustomize renderer for the subset manifests/ uses (no kubectl or kustomize binary in the test environment).
 
-Supported: `resources:` entries that are YAML files or directories holding a kustomization.yaml (recursively), and
+Supported: `resources:` entries that are YAML files or directories holding a kustomization.yaml (recursively),
 `images:` (name -> newName/newTag/digest on every container and initContainer image of the rendered workloads, with
-outer kustomizations applied last, as kustomize does). Anything else in a kustomization is an error, so the
+outer kustomizations applied last, as kustomize does), and `patches:` with an inline JSON6902 `patch` (ops add and
+replace; `-` appends to a list) on a `target` chosen by kind and name. Anything else in a kustomization is an error, so the
 manifests cannot start using a feature this renderer would silently ignore.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 import yaml
 
 KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
-SUPPORTED_KEYS = {"apiVersion", "kind", "resources", "images"}
+SUPPORTED_KEYS = {"apiVersion", "kind", "resources", "images", "patches"}
 
 
 class RenderError(Exception):
@@ -45,6 +46,8 @@ def render(directory: Path) -> list[dict[str, Any]]:
             raise RenderError(f"{path}: resource {entry!r} does not exist")
     for image in kustomization.get("images", []):
         _set_image(objects, image)
+    for patch in kustomization.get("patches", []):
+        _apply_patch(objects, patch, path)
     _check_unique(objects, path)
     return objects
 
@@ -77,3 +80,23 @@ def _check_unique(objects: list[dict[str, Any]], path: Path) -> None:
         if key in seen:
             raise RenderError(f"{path}: {key} appears twice (kustomize rejects duplicate resources)")
         seen.add(key)
+
+
+def _apply_patch(objects: list[dict[str, Any]], patch: dict[str, Any], path: Path) -> None:
+    target = patch.get("target") or {}
+    matched = [o for o in objects
+               if o["kind"] == target.get("kind") and o["metadata"]["name"] == target.get("name")]
+    if not matched:
+        raise RenderError(f"{path}: patch target {target} matches no resource")
+    for op in yaml.safe_load(patch["patch"]):
+        if op["op"] not in ("add", "replace"):
+            raise RenderError(f"{path}: JSON patch op {op['op']!r} is not supported by the test renderer")
+        for obj in matched:
+            *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+            node: Any = obj
+            for key in parents:
+                node = node[int(key)] if isinstance(node, list) else node[key]
+            if isinstance(node, list):
+                node.append(op["value"]) if last == "-" else node.insert(int(last), op["value"])
+            else:
+                node[last] = op["value"]

@@ -200,3 +200,16 @@ def test_the_secrets_dds_certs_writes_are_accepted(dynamic: DynamicClient, tmp_p
 def test_the_demo_pod_is_accepted(dynamic: DynamicClient) -> None:
     pod = yaml.safe_load((MANIFESTS / "examples" / "demo-pod.yaml").read_text())
     assert dry_run_apply(dynamic, [pod]) == []
+
+
+@pytest.mark.integration
+def test_the_kind_overlay_runs_the_kwok_node_backend_with_its_extra_rbac(dynamic: DynamicClient) -> None:
+    objects = render(MANIFESTS / "overlays" / "kind")
+    env = {e["name"]: e.get("value") for e in container(find(objects, "Deployment", "dds"))["env"]}
+    assert env["DDS_NODE_BACKEND"] == "kwok"
+    role = find(objects, "ClusterRole", "dds-kwok-infrastructure")
+    assert {tuple(r["resources"]): tuple(r["verbs"]) for r in role["rules"]} == {
+        ("machines",): ("create", "delete"),
+        ("machinesets/status", "machines/status"): ("get", "patch", "update"),
+        ("nodes",): ("create", "delete")}
+    assert dry_run_apply(dynamic, objects) == []
