@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit setup binaries protos protos-check bench soak lint clean-cache
+.PHONY: demo test unit setup binaries protos bench soak lint
 
 setup:  ## Python dependencies (editable install with dev extras) and the pinned control-plane binaries
 	bash hack/setup.sh
@@ -22,7 +22,7 @@ unit:
 protos:  ## Regenerate dds/provider/gen from protos/
 	bash hack/gen-protos.sh
 
-bench: setup  ## Planner and fabric benchmarks (ratios and percentiles)
+bench: setup  ## Planner benchmarks (ratios and percentiles)
 	$(PYTHON) -m dds.planner.bench
 
 soak: setup  ## The long reliability campaign

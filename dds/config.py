@@ -45,6 +45,9 @@ class FaultSpec(_Section):
     device_failure_after_attach: float = Field(default=0.0, ge=0, le=1)
     detach_error: float = Field(default=0.0, ge=0, le=1)
     seed: Optional[int] = None
+    # At most this many faults of each kind (counted in the fabric's persisted state, so a restart does not renew
+    # the budget); None = no limit. A fault that strikes, then a repaired fabric: what recovery tests need.
+    max_faults: Optional[int] = Field(default=None, ge=0)
 
 
 class PoolSpec(_Section):
@@ -133,6 +136,21 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     log_format: str = "text"  # text | json
 
+    @field_validator("batch_solver")
+    @classmethod
+    def _known_solver(cls, value: str) -> str:
+        allowed = ("auto", "greedy", "milp")
+        if value not in allowed:
+            raise ValueError(f"unknown batch solver {value!r}; one of {', '.join(allowed)}")
+        return value
+
+    @field_validator("log_format")
+    @classmethod
+    def _known_log_format(cls, value: str) -> str:
+        if value not in ("text", "json"):
+            raise ValueError(f"unknown log format {value!r}; one of text, json")
+        return value
+
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, value: str) -> str:
@@ -163,6 +181,17 @@ class Settings(BaseSettings):
             if "config_file" in data:  # the file's own path is not a setting (it would collide with the argument)
                 raise ValueError(f"{config_file}: config_file is not a setting of the file (use --config)")
         from_env = cls()  # raises on a malformed DDS_* variable, naming it
-        data.update({name: getattr(from_env, name) for name in from_env.model_fields_set - {"config_file"}})
+        # Deep: DDS_REDFISH__USERNAME changes redfish.username and keeps the file's redfish.endpoint.
+        data = _deep_merge(data, from_env.model_dump(exclude_unset=True, exclude={"config_file"}))
         data.update({k: v for k, v in flags.items() if v is not None})
         return cls(config_file=config_file, **data)
+
+
+def _deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out

@@ -12,7 +12,7 @@ The scenario (shared/seeds/004, the talk's demo):
 3. Memory-heavy pods that no worker can hold even with every GPU slot filled -> DDS adds a node -> Running.
 4. Those pods go away -> idle GPUs are detached after the cooldown, the empty node is removed.
 
-    python -m dds.demo [--workdir DIR] [--attach-latency 4:6] [--node-provisioning 20] [--keep]
+    python -m dds.demo [--workdir DIR] [--attach-latency 4:6] [--node-provisioning 20] [--json]
 """
 
 from __future__ import annotations
@@ -242,6 +242,12 @@ class Demo:
                       lambda: len([n for n in self.ready_workers() if gpus_allocatable(n) == 1]) == 2,
                       describe=self.nodes_describe)
         workers = {n.metadata.name for n in self.nodes()}
+        # A node shows its GPU as soon as the fabric (or the device plugin) publishes it; DDS counts the attach when it
+        # next polls the operation. Wait for that count, so the boot-time GPUs are not counted as the demo's.
+        self.wait_for("DDS to record the workers' boot-time attaches",
+                      lambda: _total(self.dds.metrics(), "dds_gpus_attached_total") >= len(workers),
+                      timeout=30.0, describe=lambda: f"dds_gpus_attached_total "
+                                                     f"{_total(self.dds.metrics(), 'dds_gpus_attached_total'):g}")
         before = self.dds.metrics()
 
         self.step("two pods take both GPUs (48Gi each, so the workers are also short of memory)")
@@ -297,9 +303,12 @@ class Demo:
             self.stack.close()
 
 
+def _total(samples: dict[str, float], name: str) -> float:
+    return sum(v for k, v in samples.items() if k.startswith(name + "{") or k == name)
+
+
 def _delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
-    total = lambda samples: sum(v for k, v in samples.items() if k.startswith(name + "{") or k == name)  # noqa: E731
-    return total(after) - total(before)
+    return _total(after, name) - _total(before, name)
 
 
 def run_demo(options: DemoOptions, out: Optional[TextIO] = sys.stdout) -> DemoResult:

@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
+from dds import crashpoints
 from dds.config import Settings
 from dds.model.events import LogEventRecorder
 from dds.nodes.memory import MemoryProvisioner
@@ -59,7 +60,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--metrics-listen", help="host:port of /metrics, /healthz, /readyz (default 0.0.0.0:8087)")
     parser.add_argument("--leader-election", action="store_true", default=None,
                         help="campaign for the Lease; only the leader acts and answers cluster-autoscaler")
-    parser.add_argument("--identity", help="leader-election identity (default: hostname_pid)")
+    parser.add_argument("--identity", help="leader-election identity (default: the host name and a random suffix)")
     parser.add_argument("--insecure", action="store_true", default=None,
                         help="plaintext gRPC (no TLS); only for local testing")
     parser.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
@@ -83,12 +84,24 @@ def load_settings(args: argparse.Namespace) -> Settings:
         raise UsageError(f"cannot load settings: {exc}") from exc
 
 
+def _arm_crashpoints() -> None:
+    """DDS_CRASH_AT (dds/crashpoints.py, for the reliability campaign): a malformed value is a usage error now."""
+    try:
+        arming = crashpoints.arm_from_environment()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if arming.armed:
+        log.warning("crash points armed (%s): this process SIGKILLs itself at %s", crashpoints.ENV,
+                    ", ".join(f"{name} hit {hit}" for name, hit in arming.at_hit.items()))
+
+
 def _configure_logging(settings: Settings) -> None:
-    level = getattr(logging, settings.log_level.upper(), None)
-    if not isinstance(level, int):
-        raise UsageError(f"log_level {settings.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from dds.logs import configure
+
+    try:
+        configure(settings.log_level, settings.log_format)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 @dataclass
@@ -161,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args)
         _configure_logging(settings)
+        _arm_crashpoints()
         check_tls_material(settings)  # before anything touches the cluster: no plaintext unless asked for
         if settings.node_groups_file is None:
             if settings.kubeconfig is None and not settings.in_cluster:
