@@ -23,6 +23,7 @@ from kubernetes import client
 from dds.config import Settings
 from dds.controller.deciders import PlannerScaleDown, PlannerScaleUp
 from dds.controller.executor import Executor, OperationWatcher
+from dds.controller.repair import DeviceRepair
 from dds.controller.idle import IdleTracker
 from dds.controller.loop import Controller, LoopConfig
 from dds.controller.observe import ClusterObserver
@@ -142,6 +143,8 @@ class App:
     events: KubeEventRecorder
     elector: Optional[LeaderElector]
     tracker: InstanceTracker
+    scale_up: PlannerScaleUp  # what CA's IncreaseSize calls (case 1)
+    scale_down: PlannerScaleDown  # what CA's DeleteNodes calls (case 3)
     infrastructure: Optional[KwokInfrastructure] = None  # node_backend kwok: DDS also makes the Machines and Nodes
     stopped: threading.Event = field(default_factory=threading.Event)
     exit_code: int = 0
@@ -153,11 +156,9 @@ class App:
     def start(self) -> None:
         self.ops.start()
         self.catalog.refresh()
-        if self.infrastructure is not None:
-            self.infrastructure.run_in_thread(self.settings.kwok.poll_interval_seconds)
         self.server.start()
         if self.elector is None:
-            self.controller.start()
+            self._start_acting()
         else:
             self.server.set_serving(False)
             self.elector.run_in_thread()
@@ -173,8 +174,14 @@ class App:
             self._exit_as_standby()
             return
         log.info("leading: starting the control loop and serving cluster-autoscaler")
-        self.controller.start()
+        self._start_acting()
         self.server.set_serving(True)
+
+    def _start_acting(self) -> None:
+        """What only one replica may do: the control loop, and (node_backend kwok) making Machines and Nodes."""
+        if self.infrastructure is not None:
+            self.infrastructure.run_in_thread(self.settings.kwok.poll_interval_seconds)
+        self.controller.start()
 
     def _resume_leader_state(self) -> None:
         """Re-read what the previous leader kept outside the process. Without this a standby that takes over serves CA
@@ -236,6 +243,7 @@ def build_app(settings: Settings, api: Optional[client.ApiClient] = None,
                             is_leader=lambda: app_ref["app"].is_leader)
     scale_up = PlannerScaleUp(controller, tracker, planner, InstanceFactory(clock=clock),
                               settings.max_node_provision_seconds)
+    controller.listeners.append(DeviceRepair(fabric, executor, watcher, events, clock).run)  # GPUs failed while attached
     scale_down = PlannerScaleDown(controller, tracker, planner, api)
     elector: Optional[LeaderElector] = None
     if settings.leader_election:
@@ -250,6 +258,7 @@ def build_app(settings: Settings, api: Optional[client.ApiClient] = None,
     ops.add_page("/decisions", lambda query: (controller.journal.render_json(), "application/json")
                  if query.get("format") == ["json"] else (controller.journal.render_text(), "text/plain; charset=utf-8"))
     app = App(settings=settings, api=api, fabric=fabric, catalog=catalog, registry=registry, controller=controller,
-              server=server, ops=ops, events=events, elector=elector, tracker=tracker, infrastructure=nodes.infrastructure)
+              server=server, ops=ops, events=events, elector=elector, tracker=tracker, scale_up=scale_up,
+              scale_down=scale_down, infrastructure=nodes.infrastructure)
     app_ref["app"] = app
     return app

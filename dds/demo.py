@@ -35,15 +35,10 @@ from dds.testing.stack import (WORKLOAD_NAMESPACE as DEMO_NAMESPACE, StackError,
 @dataclass(frozen=True)
 class DemoOptions:
     workdir: Path
-    attach_latency: tuple[float, float] = (4.0, 6.0)  # seconds; the talk's hardware takes tens of seconds
-    detach_latency: tuple[float, float] = (2.0, 3.0)
-    node_provisioning_seconds: float = 20.0  # stands for the tens of minutes a real server takes
-    gpu_idle_cooldown_seconds: float = 15.0
-    node_idle_cooldown_seconds: float = 20.0
-    pool_size: int = 8
+    # The demo's shape: the talk's latencies compressed (attach 4-6 s for tens of seconds, a node in 20 s for tens of
+    # minutes), cooldowns short enough to watch; `stack.dds_settings` picks another fabric backend (the e2e variants).
+    stack: StackOptions = StackOptions()
     step_timeout_seconds: float = 240.0
-    autoscaler_binary: Optional[Path] = None  # None: $DDS_CLUSTER_AUTOSCALER, the binary cache, else the stand-in
-    dds_settings: dict = field(default_factory=dict)  # e.g. another fabric backend (the e2e variants)
     echo: bool = True
 
 
@@ -111,9 +106,11 @@ class ClusterWatcher:
 
     def poll(self) -> None:
         with self._lock:  # the watch thread and the scenario (before it changes anything) both poll
+            # Events first: an Event announces what DDS or CA does, its effect on pods and nodes shows after it; seen
+            # in the same poll, the effect must not be timed before its cause.
+            self._poll_events()
             self._poll_pods()
             self._poll_nodes()
-            self._poll_events()
 
     def _poll_pods(self) -> None:
         seen = set()
@@ -213,16 +210,12 @@ class Demo:
         return "; ".join(f"{n.metadata.name}: {gpus_allocatable(n)} GPU(s)" for n in self.stack.nodes())
 
     def start(self) -> None:
-        options = self.options
+        options = self.options.stack
         self.step(f"starting etcd, kube-apiserver, kube-scheduler and kwok; MachineSet default/gpu-workers (2 workers, "
                   f"1 A30 each at boot, up to 4 attachable); DDS (mutual TLS, simulated fabric: {options.pool_size} x "
-                  f"A30, attach {options.attach_latency[0]:g}-{options.attach_latency[1]:g}s); logs in {options.workdir}")
-        self.stack = start_stack(options.workdir, StackOptions(
-            attach_latency=options.attach_latency, detach_latency=options.detach_latency,
-            node_provisioning_seconds=options.node_provisioning_seconds,
-            gpu_idle_cooldown_seconds=options.gpu_idle_cooldown_seconds,
-            node_idle_cooldown_seconds=options.node_idle_cooldown_seconds, pool_size=options.pool_size,
-            autoscaler_binary=options.autoscaler_binary, dds_settings=dict(options.dds_settings)))
+                  f"A30, attach {options.attach_latency[0]:g}-{options.attach_latency[1]:g}s); "
+                  f"logs in {self.options.workdir}")
+        self.stack = start_stack(self.options.workdir, options)
         self.core = self.stack.core
         self.dds = self.stack.dds
         self.step(f"autoscaler: {self.stack.autoscaler.kind} (--cloud-provider=externalgrpc, "
@@ -283,8 +276,8 @@ class Demo:
             return names == workers and all(gpus_allocatable(n) == 1 for n in nodes)
 
         self.wait_for("the added node removed and each worker back to 1 GPU", settled,
-                      timeout=self.options.step_timeout_seconds + self.options.gpu_idle_cooldown_seconds
-                      + self.options.node_idle_cooldown_seconds, describe=self.nodes_describe)
+                      timeout=self.options.step_timeout_seconds + self.options.stack.gpu_idle_cooldown_seconds
+                      + self.options.stack.node_idle_cooldown_seconds, describe=self.nodes_describe)
         self.step("back to two workers with one busy A30 each")
         time.sleep(1.5)  # let the watcher print the last Events
         after = self.dds.metrics()
@@ -348,8 +341,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     import tempfile
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dds-demo-"))
-    options = DemoOptions(workdir=workdir, attach_latency=args.attach_latency,
-                          node_provisioning_seconds=args.node_provisioning)
+    options = DemoOptions(workdir=workdir, stack=StackOptions(attach_latency=args.attach_latency,
+                                                              node_provisioning_seconds=args.node_provisioning))
     try:
         result = run_demo(options)
     except StackError as exc:

@@ -41,3 +41,6 @@ EVENTS_DROPPED = Counter("dds_events_dropped_total",
                          ["reason"])
 LEADER_TRANSITIONS = Counter("dds_leader_transitions_total",
                              "Times this replica started (started) or stopped (stopped) leading", ["transition"])
+ORPHANS_RECLAIMED = Counter("dds_orphaned_gpus_reclaimed_total",
+                            "Devices force-detached because their node was gone or their attach never ended "
+                            "(orphan_attach_timeout_seconds)")

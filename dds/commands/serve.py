@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pydantic import ValidationError
 
@@ -128,21 +128,27 @@ def no_cluster_parts(settings: Settings) -> NoClusterParts:
     return NoClusterParts(registry, scale_up, RemoveNodesDecider(provisioner))
 
 
-def serve_until_signalled(server: ProviderServer, stop: Optional[threading.Event] = None) -> None:
-    stop = stop or threading.Event()
+def run_until_signalled(start: Callable[[], Any], stop: Callable[[], None],
+                        stopped: Optional[threading.Event] = None) -> None:
+    """`start()`, then wait for SIGTERM/SIGINT (or `stopped` being set from inside), then `stop()`."""
+    stopped = stopped or threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
+        stopped.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        server.start()
-        stop.wait()
+        start()
+        stopped.wait()
     finally:
-        server.stop()
+        stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def serve_until_signalled(server: ProviderServer, stop: Optional[threading.Event] = None) -> None:
+    run_until_signalled(server.start, server.stop, stop)
 
 
 def run_cluster(settings: Settings) -> int:
@@ -153,20 +159,7 @@ def run_cluster(settings: Settings) -> int:
     except ValueError as exc:  # no kubeconfig, bad fabric settings, bad listen address
         print(f"dds serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    stop = app.stopped
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        app.start()
-        stop.wait()
-    finally:
-        app.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    run_until_signalled(app.start, app.stop, app.stopped)  # app.stopped is also set on losing the lease
     return app.exit_code
 
 

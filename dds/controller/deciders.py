@@ -9,6 +9,7 @@ with errorInfo when it cannot be done (CA then backs off and deletes the placeho
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
@@ -16,26 +17,30 @@ from typing import Callable, Optional, Sequence
 from kubernetes import client
 
 from dds import metrics
-from dds.controller.executor import node_ref
+from dds.controller import attach_failures
+from dds.controller.attach_failures import Action, after_attach_failure, nodes_without_gpus
+from dds.controller.executor import machineset_ref, node_ref, pod_ref
 from dds.crashpoints import crashpoint
 from dds.controller.loop import Controller
 from dds.controller.observe import Observation
 from dds.fabric.base import ErrorCode, FabricError, Operation, OperationKind, OperationState
-from dds.model.events import NORMAL
+from dds.model.events import NORMAL, WARNING
 from dds.model.groups import NodeGroupSpec, TemplateMode
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
-from dds.planner.plan import Case, NewNodes, PlannerConfig, ScaleUpPlan
+from dds.planner.plan import Attach, Case, NewNodes, PlannerConfig, ScaleUpPlan
+from dds.planner.requests import effective_requests
+from dds.planner.snapshot import Snapshot
+# The servicer's own: it answers RESOURCE_EXHAUSTED (CA backs the group off). A class of our own here was answered
+# INTERNAL, with a traceback in the log, for every "nothing to add" (pool empty and group at max, or no pod fits).
+from dds.provider.decider import ScaleUpRefused
 from dds.provider.instances import InstanceKind, InstanceRecord, InstanceTracker
 from dds.provider.registry import DeleteTarget, Placeholder
 
 log = logging.getLogger(__name__)
 
-ERROR_CLASS_OUT_OF_RESOURCES = 1
-ERROR_CLASS_OTHER = 99
-
-
-class ScaleUpRefused(Exception):
-    """Nothing DDS can do for this group now (pool empty and group at max, or no pod fits it): CA should back off."""
+ERROR_CLASS_OUT_OF_RESOURCES = attach_failures.ERROR_CLASS_OUT_OF_RESOURCES
+ERROR_CLASS_OTHER = attach_failures.ERROR_CLASS_OTHER
+_RETRY_KEY = re.compile(r"\.r(\d+)$")  # "<instance id>#<index>.r<attempt>": a retry's operation key
 
 
 @dataclass
@@ -44,6 +49,10 @@ class _GpuInstanceWork:
     failed: list[Operation] = field(default_factory=list)
     attached: int = 0
     attached_elsewhere: bool = False  # waits on another request's attaches: their failure is not this instance's
+    steps: dict[str, Attach] = field(default_factory=dict)  # operation key -> the plan step it carries out
+    attempts: int = 1  # tries of this instance's attaches so far (attach_failures.ATTACH_ATTEMPTS at most)
+    retry_at: Optional[float] = None  # when `retries` are started again (after a failure, with backoff)
+    retries: list[Attach] = field(default_factory=list)
 
 
 class PlannerScaleUp:
@@ -76,15 +85,42 @@ class PlannerScaleUp:
                 metrics.DECISIONS.labels(Case.SCALE_UP.value, "none").inc()
                 self.controller.journal.record(Case.SCALE_UP.value, trigger, "none", rendered)
                 raise ScaleUpRefused(_refusal(plan, group))
-            self.controller.journal.record(Case.SCALE_UP.value, trigger, _outcome(plan, group), rendered)
-            return self._execute(group, delta, plan, request_key)
+            plan, unequipped = _without_unequipped_nodes(observation.snapshot, plan, group)
+            if unequipped is not None:
+                rendered += f"\n  not added: {unequipped.message}"
+            self.controller.journal.record(Case.SCALE_UP.value, trigger,
+                                           "error" if unequipped and plan.is_empty else _outcome(plan, group), rendered)
+            if unequipped is None:
+                return self._execute(group, delta, plan, request_key)
+            failing = delta if plan.is_empty else min(delta, unequipped.nodes)
+            records = self._out_of_resources(group, failing, unequipped, request_key)
+            if delta > failing:
+                records += self._execute(group, delta - failing, plan, request_key)
+            return records
+
+    def _out_of_resources(self, group: NodeGroupSpec, count: int, unequipped: "_Unequipped",
+                          request_key: str) -> list[InstanceRecord]:
+        """Units of CA's scale-up that only GPU-less nodes could serve: listed to CA as failed (OutOfResources) at
+        once, so it backs off or tries another group instead of waiting for nodes that would not help."""
+        records = [self.tracker.add(self.new_instance(group, InstanceKind.NODE, unequipped.message, request_key))
+                   for _ in range(count)]
+        for record in records:
+            self._fail(record, ErrorCode.OUT_OF_RESOURCES, unequipped.message, klass=ERROR_CLASS_OUT_OF_RESOURCES)
+        message = f"no node added: {unequipped.message}; cluster-autoscaler is told OutOfResources"
+        self.controller.events.emit(machineset_ref(group), WARNING, "NoFreeGPU", message)
+        for pod in unequipped.pods:
+            self.controller.events.emit(pod_ref(pod), WARNING, "NoFreeGPU", message)
+        return records
 
     @staticmethod
     def _covered(plan: ScaleUpPlan) -> bool:
-        """Every pod the plan looked at already fits (capacity on its way): the scale-up is satisfied as it stands."""
+        """Every pod this group could serve already fits (capacity on its way): the scale-up is satisfied as it stands.
+        A pod that fits nowhere, not even on a new node of this group at max GPUs, is not what CA asked this group for
+        (CA simulates the same template): it must not turn the answer into a refusal, which backs the group off."""
         from dds.planner.plan import Verdict
 
-        return bool(plan.decisions) and all(d.verdict == Verdict.FITS_NOW for d in plan.decisions)
+        verdicts = {d.verdict for d in plan.decisions}
+        return Verdict.FITS_NOW in verdicts and verdicts <= {Verdict.FITS_NOW, Verdict.UNSCHEDULABLE}
 
     def _execute(self, group: NodeGroupSpec, delta: int, plan: ScaleUpPlan, request_key: str) -> list[InstanceRecord]:
         executor = self.controller.executor
@@ -123,6 +159,7 @@ class PlannerScaleUp:
                     self._fail(owner, exc.code, exc.message)
                     continue
                 self._work[owner.id].pending.add(key)
+                self._work[owner.id].steps[key] = step
                 self.controller.watcher.watch(operation, on_done=lambda op, iid=owner.id: self._on_attach_done(iid, op))
         elif plan.attaches:
             # CA asked for nodes only (delta used up by nodes); the attaches serve the rest of the pods meanwhile.
@@ -160,57 +197,108 @@ class PlannerScaleUp:
         now = observation.snapshot.now
         for group in observation.snapshot.groups:
             records = self.tracker.list(group.id)
-            self._reconcile_gpu(group, [r for r in records if r.kind == InstanceKind.GPU and not r.error_code])
+            self._reconcile_gpu(group, [r for r in records if r.kind == InstanceKind.GPU and not r.error_code],
+                                observation, now)
             self._reconcile_nodes(group, observation, now,
                                   [r for r in records if r.kind == InstanceKind.NODE and not r.error_code])
 
-    def _reconcile_gpu(self, group: NodeGroupSpec, records: list[InstanceRecord]) -> None:
+    def _reconcile_gpu(self, group: NodeGroupSpec, records: list[InstanceRecord], observation: Observation,
+                       now: float) -> None:
         for record in records:
             work = self._work.get(record.id)
             if work is None:
                 # Left by a previous process: follow the fabric operations it started (keys carry its id).
                 work = self._adopt(record)
+            if work.retry_at is not None:
+                if now >= work.retry_at:
+                    self._retry(record, work, now)
+                continue
             if work.pending:
                 continue
             crashpoint("scale-up.gpu-instance-done")
-            if work.failed and work.attached == 0 and not work.attached_elsewhere:
-                error = work.failed[0].error or FabricError(ErrorCode.BACKEND, "attach failed")
-                if not self._fall_back_to_node(group, record, error):
-                    self._fail(record, error.code, error.message)
-            else:
-                self.tracker.complete(record.id)
+            missing = [] if work.attached_elsewhere else _missing(work)
+            if missing:
+                self._after_failure(group, record, work, missing, observation, now)
+                continue
+            self.tracker.complete(record.id)
             self._work.pop(record.id, None)
 
     def _adopt(self, record: InstanceRecord) -> _GpuInstanceWork:
         work = _GpuInstanceWork()
-        for operation in self.controller.fabric.operations():
-            if operation.key.startswith(f"{record.id}#"):
-                if operation.state.done:
-                    work.attached += len(operation.devices)
-                    if operation.state == OperationState.FAILED:
-                        work.failed.append(operation)
-                else:
-                    work.pending.add(operation.key)
-                    self.controller.watcher.watch(
-                        operation, on_done=lambda op, iid=record.id: self._on_attach_done(iid, op))
+        mine = [op for op in self.controller.fabric.operations() if op.key.startswith(f"{record.id}#")]
+        work.attempts = max((_attempt_of(op.key) for op in mine), default=1)
+        for operation in mine:
+            if operation.state.done:
+                work.attached += len(operation.devices)
+                # Only the latest round's failures count: earlier ones were retried already.
+                if operation.state == OperationState.FAILED and _attempt_of(operation.key) == work.attempts:
+                    work.failed.append(operation)
+            else:
+                work.pending.add(operation.key)
+                self.controller.watcher.watch(
+                    operation, on_done=lambda op, iid=record.id: self._on_attach_done(iid, op))
         self._work[record.id] = work
         return work
 
-    def _fall_back_to_node(self, group: NodeGroupSpec, record: InstanceRecord, error: FabricError) -> bool:
-        """The pool could not serve: turn this GPU instance into a node, if the group has room."""
-        if error.code != ErrorCode.OUT_OF_RESOURCES:
-            return False
-        live = sum(1 for n in self.controller.observer.observe().snapshot.nodes if n.group_id == group.id)
-        nodes_in_flight = sum(1 for r in self.tracker.list(group.id) if r.kind == InstanceKind.NODE)
-        if live + nodes_in_flight >= group.max_size:
-            return False
-        reason = f"pool {group.fabric_pool} could not serve ({error.message}); adding a node instead"
+    # --- when attaches fail (see dds/controller/attach_failures.py for the rules) ---
+    def _after_failure(self, group: NodeGroupSpec, record: InstanceRecord, work: _GpuInstanceWork,
+                       missing: list[Attach], observation: Observation, now: float) -> None:
+        error = work.failed[0].error or FabricError(ErrorCode.BACKEND, "attach failed")
+        wanted = sum(step.count for step in missing)
+        decision = after_attach_failure(error, work.attempts, group_has_room=self._has_room(group, observation),
+                                        pool_free=_pool_free(observation.snapshot, group),
+                                        gpus_for_new_node=max(group.initial_gpus, wanted))
+        pods = tuple(sorted({p for step in missing for p in step.pods}))
+        where = ", ".join(sorted({step.node for step in missing}))
+        if decision.action == Action.RETRY:
+            work.retry_at, work.retries, work.failed = now + decision.delay, missing, []
+            message = f"attaching {wanted} GPU(s) to {where} failed: {decision.message}"
+            log.warning("instance %s of %s: %s", record.id, group.id, message)
+            self._tell(WARNING, "RetryingAttach", message, [step.node for step in missing], pods)
+            return
+        self._work.pop(record.id, None)
+        if decision.action == Action.NODE:
+            self._fall_back_to_node(group, record, f"pool {group.fabric_pool} could not serve {where}: "
+                                                   f"{decision.message}")
+            return
+        self._fail(record, decision.code, decision.message, klass=decision.error_class)
+        self._tell(WARNING, "ScaleUpFailed", f"{decision.message}; cluster-autoscaler is told {decision.code.value}",
+                   [], pods)
+
+    def _retry(self, record: InstanceRecord, work: _GpuInstanceWork, now: float) -> None:
+        steps, work.retries, work.retry_at = work.retries, [], None
+        work.attempts += 1
+        for index, step in enumerate(steps):
+            key = f"{record.id}#{index}.r{work.attempts}"
+            work.steps[key] = step
+            try:
+                operation = self.controller.executor.attach(step, key=key, case=Case.SCALE_UP)
+            except FabricError as exc:  # refused outright: judged like an attach that failed at once
+                work.failed.append(Operation(key=key, kind=OperationKind.ATTACH, node=step.node,
+                                             state=OperationState.FAILED, requested=step.count, model=step.model,
+                                             pool=step.pool, error=exc, started_at=now, finished_at=now))
+                continue
+            work.pending.add(key)
+            self.controller.watcher.watch(operation, on_done=lambda op, iid=record.id: self._on_attach_done(iid, op))
+
+    def _has_room(self, group: NodeGroupSpec, observation: Observation) -> bool:
+        live = sum(1 for n in observation.snapshot.nodes if n.group_id == group.id)
+        nodes_in_flight = sum(1 for r in self.tracker.list(group.id) if r.kind == InstanceKind.NODE and not r.failed)
+        return live + nodes_in_flight < group.max_size
+
+    def _fall_back_to_node(self, group: NodeGroupSpec, record: InstanceRecord, reason: str) -> None:
+        """Attaching cannot serve this instance but a new node can: turn the GPU instance into a node instance."""
         replacement = self.tracker.add(self.new_instance(group, InstanceKind.NODE, reason, record.request_key))
         self.tracker.complete(record.id)
         self.controller.executor.add_nodes(NewNodes(group=group.id, count=1, pods=(), reason=reason), group,
                                            key=replacement.id, case=Case.SCALE_UP)
         metrics.DECISIONS.labels(Case.SCALE_UP.value, "node").inc()
-        return True
+
+    def _tell(self, kind: str, reason: str, message: str, nodes: Sequence[str], pods: Sequence[str]) -> None:
+        for node in sorted(set(nodes)):
+            self.controller.events.emit(node_ref(node), kind, reason, message)
+        for pod in pods:
+            self.controller.events.emit(pod_ref(pod), kind, reason, message)
 
     def _reconcile_nodes(self, group: NodeGroupSpec, observation: Observation, now: float,
                          records: list[InstanceRecord]) -> None:
@@ -236,7 +324,8 @@ class PlannerScaleUp:
             return node is not None and (observed_mode or node.ready)
 
         return sum(1 for m in observation.machines
-                   if m.group_id == group.id and not m.deleting and not arrived(m.node_name))
+                   if m.group_id == group.id and not m.deleting and not arrived(m.node_name)) \
+            + observation.replicas_without_machine(group.id)
 
     def _fail(self, record: InstanceRecord, code: ErrorCode, message: str, klass: int | None = None) -> None:
         if klass is None:
@@ -245,6 +334,72 @@ class PlannerScaleUp:
         self.tracker.fail(record.id, code.value, message, klass)
         metrics.DECISIONS.labels(Case.SCALE_UP.value, "error").inc()
         log.warning("instance %s of %s failed: %s: %s", record.id, record.group_id, code.value, message)
+
+
+def _attempt_of(key: str) -> int:
+    match = _RETRY_KEY.search(key)
+    return int(match.group(1)) if match else 1
+
+
+def _missing(work: _GpuInstanceWork) -> list[Attach]:
+    """What the failed operations of this round did not attach, as steps to try again (same node, pool, model)."""
+    out = []
+    for op in work.failed:
+        count = op.requested - len(op.devices)
+        if count <= 0:
+            continue
+        step = work.steps.get(op.key)
+        out.append(Attach(node=op.node, pool=op.pool, model=op.model, count=count,
+                          pods=step.pods if step else (), score=step.score if step else None,
+                          reason=step.reason if step else f"what attach {op.key} did not attach"))
+    return out
+
+
+def _pool_free(snapshot: Snapshot, group: NodeGroupSpec) -> int:
+    pool = snapshot.pool(group.fabric_pool)
+    if pool is None:
+        return 0
+    return sum(pool.free.get(model, 0) for model in (group.gpu_models or tuple(pool.free)))
+
+
+@dataclass(frozen=True)
+class _Unequipped:
+    nodes: int  # new nodes of the plan the pool cannot equip
+    pods: tuple[str, ...]  # the pods planned on the group's new nodes
+    message: str
+
+
+def _without_unequipped_nodes(snapshot: Snapshot, plan: ScaleUpPlan,
+                              group: NodeGroupSpec) -> tuple[ScaleUpPlan, Optional[_Unequipped]]:
+    """The plan without the new nodes of `group` that would come up without the GPUs their pods wait for (their
+    GPUs, boot-time ones included, come from the group's pool, and it is short): see attach_failures."""
+    mine = [n for n in plan.new_nodes if n.group == group.id]
+    if not mine:
+        return plan, None
+    pods_by_key = {p.key: p for p in snapshot.pods}
+    pods = tuple(p for n in mine for p in n.pods)
+    needs_gpu = [key in pods_by_key and effective_requests(pods_by_key[key]).get(group.gpu_resource) > 0
+                 for key in pods]
+    per_node = [group.initial_gpus + (n.gpus_per_node[i] if i < len(n.gpus_per_node) else 0)
+                for n in mine for i in range(n.count)]
+    free = _pool_free(snapshot, group) - sum(a.count for a in plan.attaches if a.pool == group.fabric_pool)
+    short = nodes_without_gpus(needs_gpu, per_node, max(0, free))
+    if not short:
+        return plan, None
+    kept, drop = [], short
+    for new in reversed(plan.new_nodes):
+        if new.group == group.id and drop:
+            taken = min(drop, new.count)
+            drop -= taken
+            if new.count > taken:
+                kept.append(replace(new, count=new.count - taken, gpus_per_node=new.gpus_per_node[:new.count - taken]))
+            continue
+        kept.append(new)
+    model = group.default_gpu_model or "GPU"
+    message = (f"pool {group.fabric_pool} has {max(0, free)} free {model} for {', '.join(pods)}: {short} new node(s) "
+               f"of {group.id} would come up without the {sum(per_node)} GPU(s) they need (a node's GPUs, boot-time "
+               f"ones included, come from that pool)")
+    return replace(plan, new_nodes=tuple(reversed(kept))), _Unequipped(short, pods, message)
 
 
 def _outcome(plan: ScaleUpPlan, group: NodeGroupSpec) -> str:

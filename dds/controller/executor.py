@@ -14,6 +14,7 @@ from typing import Callable, Optional
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from dds import metrics
+from dds.crashpoints import crashpoint
 from dds.fabric.base import (AttachRequest, DetachRequest, ErrorCode, Fabric, FabricError, Operation, OperationKind,
                              OperationState)
 from dds.model.events import NORMAL, WARNING, EventRecorder, ObjectRef
@@ -58,6 +59,7 @@ class Executor:
         """Start an attach; raises FabricError when the fabric refuses the request outright."""
         request = AttachRequest(key=key, node=step.node, pool=step.pool, model=step.model, count=step.count,
                                 reason=step.reason)
+        crashpoint("attach.before-fabric")
         try:
             operation = _fabric_call(self.fabric.attach)(request)
         except FabricError as exc:
@@ -88,6 +90,7 @@ class Executor:
     def detach(self, step: Detach, key: str, case: Case) -> Optional[Operation]:
         request = DetachRequest(key=key, node=step.node, device_ids=step.device_ids, force=step.force,
                                 reason=step.reason)
+        crashpoint("detach.before-fabric")
         try:
             operation = _fabric_call(self.fabric.detach)(request)
         except FabricError as exc:

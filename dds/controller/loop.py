@@ -92,12 +92,22 @@ class Controller:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        failing: Optional[str] = None  # the failure being reported: an outage is one line, not one per second
+        failed_passes = 0
         while not self._stop.is_set():
             if self.is_leader():
                 try:
                     self.run_once()
-                except Exception:  # one bad loop must not end the controller; the next loop starts fresh
-                    log.exception("control loop failed; retrying in %.1fs", self.config.interval_seconds)
+                    if failing is not None:
+                        log.info("control loop recovered after %d failed pass(es) (%s)", failed_passes, failing)
+                    failing, failed_passes = None, 0
+                except Exception as exc:  # one bad loop must not end the controller; the next loop starts fresh
+                    failed_passes += 1
+                    summary = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+                    if summary != failing:
+                        failing = summary
+                        log.error("control loop failed (%s); retrying every %.1fs until it passes", summary,
+                                  self.config.interval_seconds, exc_info=True)
             self._stop.wait(self.config.interval_seconds)
 
     # --- one pass ---
@@ -223,8 +233,12 @@ class Controller:
         with self._lock:
             self._pending_removals.setdefault(node, group_id)
 
+    def _operations_on(self, node_name: str) -> bool:
+        return any(op.node == node_name for op in self.watcher.in_flight())
+
     def _finish_removals(self, observation: Observation) -> None:
         snapshot = observation.snapshot
+        removed: dict[str, int] = {}  # group id -> nodes this pass took out of it
         for node_name, group_id in list(self._pending_removals.items()):
             node = next((n for n in snapshot.nodes if n.name == node_name), None)
             group = snapshot.group(group_id)
@@ -234,11 +248,16 @@ class Controller:
             if group is None:
                 self._give_up_removal(node_name, node.taints, f"its group {group_id} is no longer served")
                 continue
-            if node.devices or node.detaching or node.attaching:
-                continue  # GPUs are released first
+            if node.devices or node.detaching or node.attaching or self._operations_on(node_name):
+                continue  # GPUs are released first (and their operations seen to the end: a backend may drop the
+                # record of an operation on a node that is gone, as the CDI operator deletes its requests)
             work = [p for p in snapshot.pods_on(node_name) if p.owner_kind not in ("DaemonSet", "Node")]
             if work and not self._is_ca_drained(node):
                 self._give_up_removal(node_name, node.taints, f"it holds work again ({', '.join(p.key for p in work)})")
+                continue
+            if self._leaves_group_below_min(observation, node, group, removed.get(group_id, 0)):
+                self._give_up_removal(node_name, node.taints,
+                                      f"group {group_id} would go below its min size {group.min_size}")
                 continue
             if not self._cordon_and_recheck(node_name):
                 self._pending_removals.pop(node_name, None)
@@ -249,6 +268,18 @@ class Controller:
                 key=f"remove/{node_name}/{node.provider_id}", case=Case.SCALE_DOWN_BLOCKED)
             metrics.DECISIONS.labels(Case.SCALE_DOWN_BLOCKED.value, "node").inc()
             self._pending_removals.pop(node_name, None)
+            if not node.being_deleted:
+                removed[group_id] = removed.get(group_id, 0) + 1
+
+    @staticmethod
+    def _leaves_group_below_min(observation: Observation, node, group, removed_this_pass: int) -> bool:
+        """The min size was checked when the removal was planned; a removal resumed after a restart (or one that
+        waited for its GPUs) may find the group smaller by now. A node whose Machine is already marked is past that."""
+        if any(m.node_name == node.name and m.deleting for m in observation.machines):
+            return False
+        others = sum(1 for n in observation.snapshot.nodes
+                     if n.group_id == group.id and n.name != node.name and not n.being_deleted)
+        return others - removed_this_pass < group.min_size
 
     def _give_up_removal(self, node_name: str, taints, why: str) -> None:
         """Keep the node after all; lift our removal taint if it carries it (else it would take no pod ever again)."""
@@ -263,15 +294,22 @@ class Controller:
         self._core.patch_node(node_name, {"spec": {"taints": [t.to_dict() for t in kept]}})
 
     def _resume_removals(self, observation: Observation) -> None:
-        """Once, on the first pass: a node carrying our removal taint was being removed by a previous process (pending
-        removals live in memory) — cordoned, maybe its Machine already marked. Resume it: `_finish_removals` removes it
-        with the same idempotency key if it still holds no work and no GPUs, or keeps it and lifts the taint."""
+        """Once, on the first pass: a node carrying our removal taint (or CA's ToBeDeleted taint) was being removed by a
+        previous process (pending removals live in memory) — cordoned, maybe its Machine already marked. Resume it:
+        `_finish_removals` removes it with the same idempotency key if it still holds no work and no GPUs, or keeps it
+        and lifts the taint."""
         if self._removals_resumed:
             return
         self._removals_resumed = True
         for node in observation.snapshot.nodes:
             if node.group_id and any(t.key == REMOVAL_TAINT for t in node.taints):
                 log.info("resuming the removal of %s, cordoned by a previous process", node.name)
+                self._pending_removals.setdefault(node.name, node.group_id)
+            elif node.group_id and self._is_ca_drained(node):
+                # CA's DeleteNodes was accepted (request_removal), its GPUs maybe still being released: CA counts the
+                # node as deleted and will neither ask again nor lift its taint. (A drain CA has under way right now
+                # is resumed too: the node then goes when it holds no work, as CA's DeleteNodes would have it.)
+                log.info("resuming the removal of %s, which cluster-autoscaler asked for", node.name)
                 self._pending_removals.setdefault(node.name, node.group_id)
 
     # --- orphaned devices: on nodes that are gone, or held by attaches that never end ---

@@ -28,7 +28,8 @@ class MachineRef:
     group_id: str
     provider_id: str
     node_name: Optional[str]
-    deleting: bool
+    deleting: bool  # being deleted, or marked for the next scale-down (cluster.x-k8s.io/delete-machine)
+    terminating: bool = False  # deletionTimestamp set: no longer one of its MachineSet's replicas
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,21 @@ class Observation:
     snapshot: Snapshot
     unschedulable_since: Mapping[str, float] = field(default_factory=dict)  # pending pod key -> since
     machines: tuple[MachineRef, ...] = ()
+    replicas: Mapping[str, int] = field(default_factory=dict)  # MachineSet spec.replicas per group, read after machines
 
     def node(self, name: str) -> Optional[NodeInfo]:
         return next((n for n in self.snapshot.nodes if n.name == name), None)
+
+    def replicas_without_machine(self, group_id: str) -> int:
+        return replicas_without_machine(self.machines, self.replicas, group_id)
+
+
+def replicas_without_machine(machines: Sequence[MachineRef], replicas: Mapping[str, int], group_id: str) -> int:
+    """Replicas a MachineSet asks for whose Machine Cluster API has not made yet (its controller, or the apiserver, has
+    not caught up): nodes on their way as much as a Machine without its Node. Counting only Machines ends a node
+    instance before its node exists, and CA, seeing its scale-up gone while the pods still wait, asks again."""
+    made = sum(1 for m in machines if m.group_id == group_id and not m.terminating)
+    return max(0, replicas.get(group_id, made) - made)
 
 
 def _gpu_requests(pod: PodInfo, resource: str) -> int:
@@ -84,8 +97,21 @@ class ClusterObserver:
             out.append(MachineRef(
                 namespace=namespace, name=capi.name_of(item), group_id=f"MachineSet/{namespace}/{owner['name']}",
                 provider_id=capi.provider_id(item), node_name=capi.node_ref_name(item),
-                deleting=capi.is_deleting(item) or capi.marked_for_deletion(item)))
+                deleting=capi.is_deleting(item) or capi.marked_for_deletion(item), terminating=capi.is_deleting(item)))
         return tuple(out)
+
+    def machineset_replicas(self) -> dict[str, int]:
+        """spec.replicas per MachineSet group id, read now (the group catalog may be a loop old)."""
+        try:
+            items = self._capi.list(capi.MACHINESETS, self._namespaces)
+        except capi.CapiNotInstalled:
+            return {}
+        out = {}
+        for item in items:
+            replicas = capi.spec_replicas(item)
+            if replicas is not None:
+                out[f"MachineSet/{capi.namespace_of(item)}/{capi.name_of(item)}"] = replicas
+        return out
 
     # --- the snapshot ---
     def observe(self) -> Observation:
@@ -151,10 +177,15 @@ class ClusterObserver:
         for m in machines:
             if not m.deleting and (m.node_name is None or m.node_name not in registered):
                 upcoming[m.group_id] = upcoming.get(m.group_id, 0) + 1
+        replicas = self.machineset_replicas()  # after the Machines: a replica and its new Machine are not both missed
+        for group_id in group_ids:
+            missing = replicas_without_machine(machines, replicas, group_id)
+            if missing:
+                upcoming[group_id] = upcoming.get(group_id, 0) + missing
         pools = tuple(PoolInfo(p.name, dict(p.free)) for p in self._fabric.pools())
         snapshot = Snapshot(now=now, nodes=tuple(nodes), pods=pods, groups=groups, pools=pools,
                             upcoming_nodes=upcoming, gpu_model_label=self._gpu_model_label)
-        return Observation(snapshot=snapshot, unschedulable_since=unschedulable, machines=machines)
+        return Observation(snapshot=snapshot, unschedulable_since=unschedulable, machines=machines, replicas=replicas)
 
 
 def _with_idle(node: NodeInfo, idle: IdleTracker) -> NodeInfo:

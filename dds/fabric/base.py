@@ -132,3 +132,14 @@ class Fabric(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ResumableFabric(Protocol):
+    """A backend that keeps its state outside the process (simulated manager, Redfish operation log) and caches it.
+
+    A standby DDS replica reads that state when it starts; when it becomes the leader it calls `resync()` to read it again,
+    so it resumes what the previous leader did instead of planning on the state of its own start.
+    """
+
+    def resync(self) -> None: ...

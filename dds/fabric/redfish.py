@@ -333,6 +333,12 @@ class RedfishFabric:
                                                for e in errors) else ErrorCode.BACKEND
             op.update(error_code=code.value, error_message="; ".join(e["error"] for e in errors))
 
+    def resync(self) -> None:
+        """Read the operation log again: what another DDS process (the previous leader) recorded since this one loaded
+        it. Without it every write would be refused as a conflict with that process."""
+        with self._lock:
+            self._log, self._version = self._load_log()
+
     # --- the operation log ---
     def _load_log(self) -> tuple[dict[str, dict[str, Any]], Optional[str]]:
         document, version = self._store.load()

@@ -19,6 +19,8 @@ cancels the attach (FAILED, Timeout) — what an operator does with a stuck comp
 
 Faults are drawn once, when an operation is accepted, from a random generator seeded with (seed, operation key): the
 outcome is part of the persisted operation, so a restarted DDS sees the same story, and a seeded run is reproducible.
+`faults.max_faults` caps each kind (counted in the state, see `faults_injected()`): a fault strikes that many times,
+then the fabric behaves.
 
 Crash safety: the whole state (devices, operations, the random salt) is written to a `FabricStateStore` before any call
 returns, so an acknowledged operation is never lost and never done twice: the same key returns the recorded operation.
@@ -42,6 +44,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterable, Optional, TypeVar
 
 from dds.config import LatencySpec, PoolSpec, SimulatedFabricSettings
+from dds.crashpoints import crashpoint
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, FabricDevice, FabricError, Operation,
                              OperationKind, OperationState, PoolState)
 from dds.fabric.state import (Document, FabricStateStore, InMemoryFabricStateStore, StateConflict,
@@ -110,15 +113,17 @@ class _State:
     salt: str
     devices: dict[str, _Device] = field(default_factory=dict)
     operations: dict[str, _Op] = field(default_factory=dict)
+    faults: dict[str, int] = field(default_factory=dict)  # FaultSpec field -> faults injected so far
 
     def copy(self) -> "_State":
         # Records are frozen: copying the dicts is enough for a private scratch copy.
-        return _State(self.salt, dict(self.devices), dict(self.operations))
+        return _State(self.salt, dict(self.devices), dict(self.operations), dict(self.faults))
 
     def to_document(self) -> Document:
         return {"schema": STATE_SCHEMA, "salt": self.salt,
                 "devices": [_device_to_json(d) for d in self.devices.values()],
-                "operations": [_op_to_json(o) for o in self.operations.values()]}
+                "operations": [_op_to_json(o) for o in self.operations.values()],
+                "faults": dict(self.faults)}
 
     @classmethod
     def from_document(cls, document: Document, where: str) -> "_State":
@@ -128,9 +133,10 @@ class _State:
         try:
             devices = [_device_from_json(d) for d in document.get("devices", [])]
             ops = [_op_from_json(o) for o in document.get("operations", [])]
-        except (KeyError, TypeError, ValueError) as exc:
+            faults = {str(kind): int(n) for kind, n in (document.get("faults") or {}).items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"{where}: malformed simulated fabric state: {exc}") from exc
-        return cls(str(document["salt"]), {d.id: d for d in devices}, {o.key: o for o in ops})
+        return cls(str(document["salt"]), {d.id: d for d in devices}, {o.key: o for o in ops}, faults)
 
 
 def _device_to_json(device: _Device) -> dict[str, Any]:
@@ -187,6 +193,11 @@ class SimulatedFabric:
         self._hook_lock = threading.RLock()  # re-entrant: a hook may query the fabric
         self._delivered: dict[str, dict[str, int]] = {}  # what the visibility hook last heard, per node
         self._state, self._version = self._load_or_create()
+        # Nodes whose counts this process owes the hook: every node the loaded state names (a previous process may
+        # have died between storing a change and publishing it, e.g. a node's last GPU detached), then every node
+        # whose publication failed. Delivered on the next tick().
+        self._owed: set[str] = _nodes_named(self._state)
+        self._failing: dict[str, str] = {}  # node -> the last publication error, reported once
 
     # --- the Fabric protocol: queries see the present (advanced to clock()) ---
     def pools(self) -> tuple[PoolState, ...]:
@@ -212,12 +223,18 @@ class SimulatedFabric:
     def operations(self) -> tuple[Operation, ...]:
         return tuple(op.public() for op in self._current().operations.values())
 
+    def faults_injected(self) -> dict[str, int]:
+        """Faults injected so far by kind (FaultSpec field names), kept with the state: a restart does not reset it."""
+        return dict(self._current().faults)
+
     def attach(self, request: AttachRequest) -> Operation:
         _validate_attach(request)
         if request.pool not in self._slots:
             raise FabricError(ErrorCode.NOT_FOUND, f"attach {request.key}: pool {request.pool!r} is not configured "
                                                    f"(pools: {', '.join(sorted(self._slots))})")
-        return self._transact(lambda state: self._accept_attach(state, request)).public()
+        operation = self._transact(lambda state: self._accept_attach(state, request)).public()
+        crashpoint("fabric.attach.accepted")
+        return operation
 
     def detach(self, request: DetachRequest) -> Operation:
         if not request.key or not request.node or not request.device_ids:
@@ -225,7 +242,9 @@ class SimulatedFabric:
                                                  f"are required")
         if len(set(request.device_ids)) != len(request.device_ids):
             raise FabricError(ErrorCode.INVALID, f"detach {request.key}: device_ids lists a device twice")
-        return self._transact(lambda state: self._accept_detach(state, request)).public()
+        operation = self._transact(lambda state: self._accept_detach(state, request)).public()
+        crashpoint("fabric.detach.accepted")
+        return operation
 
     def tick(self) -> None:
         """Advance operations to clock() and (re)deliver node visibility changes."""
@@ -305,7 +324,12 @@ class SimulatedFabric:
                 except StateStoreError as exc:  # not acknowledged: the caller may retry (BackendError is retryable)
                     raise FabricError(ErrorCode.BACKEND, str(exc)) from exc
                 changed_nodes = _nodes_with_changed_online(self._state, scratch)
+                finished = _newly_finished(self._state, scratch)
                 self._state = scratch
+                if OperationKind.ATTACH in finished:
+                    crashpoint("fabric.attach.completed")
+                if OperationKind.DETACH in finished:
+                    crashpoint("fabric.detach.completed")
                 break
             else:
                 raise FabricError(ErrorCode.BACKEND, f"{self._store.describe()} kept changing under this DDS "
@@ -357,7 +381,6 @@ class SimulatedFabric:
         return None
 
     def _plan_attach(self, state: _State, op: _Op, now: float) -> _Op:
-        faults = self._settings.faults
         rng = random.Random(f"{state.salt}/{op.key}")
         chosen = _free_devices(state, op.pool, op.model)[:op.requested]
         for device in chosen:
@@ -365,14 +388,24 @@ class SimulatedFabric:
                                                fails_at=None)
         held = tuple(d.id for d in chosen)
         due = now + _draw(self._settings.attach_latency, rng)
-        if rng.random() < faults.attach_hang:
+        if self._inject(state, "attach_hang", rng):
             return replace(op, held=held, due=None)
-        if rng.random() < faults.attach_error:
+        if self._inject(state, "attach_error", rng):
             return replace(op, held=held, due=due, keep=0)
-        keep = rng.randrange(0, op.requested) if rng.random() < faults.partial_attach else None
+        keep = rng.randrange(0, op.requested) if self._inject(state, "partial_attach", rng) else None
         fail_after = tuple((device_id, _draw(self._settings.attach_latency, rng)) for device_id in held
-                           if rng.random() < faults.device_failure_after_attach)
+                           if self._inject(state, "device_failure_after_attach", rng))
         return replace(op, held=held, due=due, keep=keep, fail_after=fail_after)
+
+    def _inject(self, state: _State, kind: str, rng: random.Random) -> bool:
+        """Draw fault `kind` (a FaultSpec probability) and count it in the state when it hits. The draw happens even
+        when `max_faults` of this kind are used up, so the budget never shifts the random sequence before it ends."""
+        faults = self._settings.faults
+        hit = rng.random() < getattr(faults, kind)
+        if not hit or (faults.max_faults is not None and state.faults.get(kind, 0) >= faults.max_faults):
+            return False
+        state.faults[kind] = state.faults.get(kind, 0) + 1
+        return True
 
     def _accept_detach(self, state: _State, request: DetachRequest) -> _Op:
         existing = state.operations.get(request.key)
@@ -389,7 +422,7 @@ class SimulatedFabric:
         first = devices[0]
         op = _Op(key=request.key, kind=OperationKind.DETACH, node=request.node, pool=first.pool, model=first.model,
                  requested=len(devices), started_at=now, state=OperationState.RUNNING, due=due,
-                 held=tuple(d.id for d in devices), detach_fails=rng.random() < self._settings.faults.detach_error,
+                 held=tuple(d.id for d in devices), detach_fails=self._inject(state, "detach_error", rng),
                  were_failed=tuple(d.id for d in devices if d.state == DeviceState.FAILED),
                  reason=request.reason)
         state.operations[op.key] = op
@@ -421,17 +454,30 @@ class SimulatedFabric:
             with self._lock:
                 state = self._state
                 wanted = set(nodes) if nodes is not None else (
-                    {d.node for d in state.devices.values() if d.node} | set(self._delivered))
+                    {d.node for d in state.devices.values() if d.node} | set(self._delivered) | self._owed)
                 current = {node: _online_by_model(state, node) for node in wanted}
             for node in sorted(wanted):
                 if self._delivered.get(node) == current[node]:
+                    self._owed.discard(node)
                     continue
                 try:
                     self._hook(node, dict(current[node]))
-                except Exception:  # the next tick() retries; a broken hook must not fail a fabric call
-                    log.exception("could not publish the devices of node %s", node)
+                except Exception as exc:  # the next tick() retries; a broken hook must not fail a fabric call
+                    self._owed.add(node)
+                    self._report_failed_publication(node, exc)
                     continue
                 self._delivered[node] = current[node]
+                self._owed.discard(node)
+                self._failing.pop(node, None)
+
+    def _report_failed_publication(self, node: str, exc: Exception) -> None:
+        """Once per node and cause (with the traceback), not once a tick: a deleted node holding devices fails every
+        tick until its devices are reclaimed as orphans."""
+        if self._failing.get(node) == str(exc):
+            log.debug("still cannot publish the devices of node %s: %s", node, exc)
+            return
+        self._failing[node] = str(exc)
+        log.warning("could not publish the devices of node %s (retried every tick): %s", node, exc, exc_info=exc)
 
 
 # --- pure helpers over a _State ---
@@ -501,6 +547,16 @@ def _holder(state: _State, device_id: str) -> Optional[_Op]:
 
 def _online_by_model(state: _State, node: str) -> dict[str, int]:
     return dict(Counter(d.model for d in state.devices.values() if d.node == node and d.state == DeviceState.ONLINE))
+
+
+def _nodes_named(state: _State) -> set[str]:
+    return {d.node for d in state.devices.values() if d.node} | {op.node for op in state.operations.values()}
+
+
+def _newly_finished(old: _State, new: _State) -> set[OperationKind]:
+    """Kinds of the operations that ended between `old` and `new`."""
+    return {op.kind for key, op in new.operations.items()
+            if op.state.done and (key not in old.operations or not old.operations[key].state.done)}
 
 
 def _nodes_with_changed_online(old: _State, new: _State) -> set[str]:

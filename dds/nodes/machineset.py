@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
 from kubernetes import client
 
+from dds.crashpoints import crashpoint
 from dds.kube import capi
 from dds.kube.capi import MACHINES, MACHINESETS, CapiNotInstalled, CapiObjects
 from dds.model.groups import ANN_CAPI_DELETE_MACHINE, ANNOTATION_PREFIX, NodeGroupSpec
@@ -167,6 +168,7 @@ class MachineSetProvisioner:
                                    f"{group.max_size}; nothing changed")
             entry = AppliedRequest(key=key, kind=RequestKind.ADD, replicas=wanted, count=count, at=self._clock())
             if self._patch_machineset(group, machineset, history, entry, what):
+                crashpoint("nodes.add.patched")
                 log.info("%s: spec.replicas %d -> %d (%s)", group.id, current, wanted, what)
                 return
         raise NodeBackendUnavailable(f"{group.id}: {what}: MachineSet {namespace}/{name} kept changing under us "
@@ -192,11 +194,13 @@ class MachineSetProvisioner:
                 log.info("%s: %s: Machine %s is already being removed", group.id, what, machine_name)
                 return
             self._mark_for_deletion(group, machine, what)
+            crashpoint("nodes.remove.marked")
             current = self._current_replicas(group, machineset, what)
             wanted = max(0, current - 1)
             entry = AppliedRequest(key=key, kind=RequestKind.REMOVE, replicas=wanted, machine=machine_name,
                                    at=self._clock())
             if self._patch_machineset(group, machineset, history, entry, what):
+                crashpoint("nodes.remove.patched")
                 log.info("%s: Machine %s marked %s, spec.replicas %d -> %d (%s)", group.id, machine_name,
                          ANN_CAPI_DELETE_MACHINE, current, wanted, what)
                 return

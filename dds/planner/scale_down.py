@@ -164,6 +164,13 @@ class _ScaleDown:
             return "node removal is disabled in this pass"
         if not self.above_min(group, node):
             return f"group {group.id} would go below its min size {group.min_size}"
+        # CA does not drain DaemonSet (or mirror) pods off a node it calls empty: a GPU one of them uses is never
+        # released, and the removal would wait for it forever.
+        holding = [p for p in self.pods.get(node.name, ()) if not is_work(p)
+                   and self.cache.get(p).gpus(node.gpu_resource)]
+        if holding and not group.force_detach:
+            return (f"{holding[0].owner_kind} pod {holding[0].key} uses a GPU for as long as the node lives and "
+                    f"force-detach is off for {group.id}")
         return ""
 
     def _move(self, node: NodeInfo, work: list[PodInfo]) -> Optional[list[str]]:

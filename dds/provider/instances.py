@@ -153,6 +153,16 @@ class InstanceTracker:
             log.info("resumed %d in-flight instance(s) left by a previous process", len(self._records))
         self._update_gauges({r.group_id for r in self._records.values()})
 
+    def reload(self) -> None:
+        """Replace the records with the stored ones: a standby becoming the leader takes over the instances the previous
+        leader tracked (CA counts them in TargetSize; forgetting one makes CA ask for the same capacity again)."""
+        with self._lock:
+            before = {r.group_id for r in self._records.values()}
+            self._records.clear()
+            self._unsynced = False
+            self._load()
+            self._update_gauges(before)
+
     # --- reads ---
     def get(self, instance_id: str) -> Optional[InstanceRecord]:
         with self._lock:

@@ -40,6 +40,10 @@ class AutoscalerTimings:
     scale_down_delay_after_failure: Optional[float] = None
     scale_down_unready_time: Optional[float] = None
     new_pod_scale_up_delay: Optional[float] = None
+    # How long CA leaves a group alone after a failed scale-up (a provider crash during IncreaseSize is one): short in
+    # the crash campaign, which fails scale-ups on purpose.
+    initial_node_group_backoff_duration: Optional[float] = None
+    max_node_group_backoff_duration: Optional[float] = None
 
     @classmethod
     def from_kwargs(cls, **timings: float) -> "AutoscalerTimings":
@@ -57,8 +61,13 @@ class AutoscalerTimings:
                 for name, value in asdict(self).items() if value is not None]
 
     def standin_options(self, base: StandInOptions) -> StandInOptions:
-        given = {name: value for name, value in asdict(self).items() if value is not None}
+        given = {_STANDIN_NAMES.get(name, name): value for name, value in asdict(self).items() if value is not None}
         return replace(base, **given)
+
+
+# Flag names whose StandInOptions field is spelled differently.
+_STANDIN_NAMES = {"initial_node_group_backoff_duration": "initial_node_group_backoff",
+                  "max_node_group_backoff_duration": "max_node_group_backoff"}
 
 
 def format_go_duration(seconds: float) -> str:
@@ -81,6 +90,7 @@ class AutoscalerHandle:
     standin: Optional[AutoscalerStandIn] = None
     process: Optional[subprocess.Popen[bytes]] = None
     _log_handler: Optional[logging.Handler] = None
+    _stopped: bool = False
 
     def running(self) -> bool:
         if self.process is not None:
@@ -88,6 +98,10 @@ class AutoscalerHandle:
         return self.standin is not None and self.standin.crashed is None
 
     def stop(self, timeout: float = 30.0) -> None:
+        """Stop it; a second call does nothing (a test that restarts CA stops it before the stack's teardown does)."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self.process is not None:
             if self.process.poll() is None:
                 self.process.terminate()

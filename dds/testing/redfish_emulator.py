@@ -142,6 +142,20 @@ class RedfishEmulator:
         self.stop()
 
     # --- test helpers ---
+    def add_system(self, system: EmulatedSystem) -> bool:
+        """Register one more ComputerSystem (a server racked while the service runs). False when its id exists."""
+        with self._lock:
+            if system.id in self._systems:
+                return False
+            self._systems[system.id] = system
+            self._system_links[system.id] = []
+            self._system_generation[system.id] = 0
+            return True
+
+    def system_ids(self) -> set[str]:
+        with self._lock:
+            return set(self._systems)
+
     def block_states(self) -> dict[str, tuple[str, Optional[str]]]:
         """Block id -> (CompositionState, system id)."""
         with self._lock:

@@ -56,6 +56,8 @@ class StackOptions:
     autoscaler: bool = True
     autoscaler_binary: Optional[Path] = None  # None: $DDS_CLUSTER_AUTOSCALER, the binary cache, else the stand-in
     autoscaler_timings: dict[str, float] = field(default_factory=dict)
+    # Merged over the example MachineSet's annotations, e.g. {"dds.cdi.dev/template-mode": "observed"}.
+    machineset_annotations: dict[str, str] = field(default_factory=dict)
 
 
 def machineset(options: StackOptions) -> dict:
@@ -65,6 +67,7 @@ def machineset(options: StackOptions) -> dict:
     annotations = obj["metadata"]["annotations"]
     annotations[ANN_GPU_IDLE_COOLDOWN] = f"{options.gpu_idle_cooldown_seconds:g}s"
     annotations[ANN_NODE_IDLE_COOLDOWN] = f"{options.node_idle_cooldown_seconds:g}s"
+    annotations.update(options.machineset_annotations)
     return obj
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from dds.demo import DemoOptions, DemoResult, Entry, run_demo
+from dds.testing.stack import StackOptions
 
 pytestmark = pytest.mark.e2e
 
@@ -23,9 +24,10 @@ GPU_PATH_OVERHEAD_SECONDS = 15.0
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> DemoResult:
-    options = DemoOptions(workdir=tmp_path_factory.mktemp("demo"), attach_latency=ATTACH_LATENCY,
-                          detach_latency=(1.0, 2.0), node_provisioning_seconds=12.0, gpu_idle_cooldown_seconds=8.0,
-                          node_idle_cooldown_seconds=10.0, step_timeout_seconds=180.0, echo=True)
+    options = DemoOptions(workdir=tmp_path_factory.mktemp("demo"), step_timeout_seconds=180.0, echo=True,
+                          stack=StackOptions(attach_latency=ATTACH_LATENCY, detach_latency=(1.0, 2.0),
+                                             node_provisioning_seconds=12.0, gpu_idle_cooldown_seconds=8.0,
+                                             node_idle_cooldown_seconds=10.0))
     return run_demo(options)
 
 

@@ -87,3 +87,17 @@ def test_state_transitions_are_kept():
     tracker.add(record)
     assert tracker.set_state(record.id, InstanceState.DELETING).state == InstanceState.DELETING
     assert tracker.set_state("dds://nope/gpu/x", InstanceState.DELETING) is None
+
+
+def test_reload_takes_over_what_another_process_tracked():
+    store = MemoryStateStore()
+    standby = InstanceTracker(store)  # read at its start: nothing yet
+    leader = InstanceTracker(store)
+    kept, finished = new_records(2)
+    leader.add(kept)
+    leader.add(finished)
+    leader.complete(finished.id)
+
+    standby.reload()
+    assert standby.list() == (kept,)
+    assert standby.get(finished.id) is None

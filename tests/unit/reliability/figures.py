@@ -92,11 +92,26 @@ def write_figures(path: Path) -> None:
     """Merge the figures into a JSON file (DDS_RELIABILITY_FIGURES), for the docs' reliability section."""
     with _lock:
         figures = {f"{kind}/{name}": n for (kind, name), n in sorted(REQUESTS.items())}
-    existing: dict[str, Any] = {}
-    if path.exists():
-        try:
-            existing = json.loads(path.read_text())
-        except ValueError:
-            existing = {}
-    existing["fuzz"] = {"profile": PROFILE, "total": sum(figures.values()), "requests": figures}
-    path.write_text(json.dumps(existing, indent=2, sort_keys=True) + "\n")
+    merge_section(path, "fuzz", {"profile": PROFILE, "total": sum(figures.values()), "requests": figures})
+
+
+# Other campaigns' summaries (e.g. the SIGKILL campaign, tests/e2e): name -> lines, printed at the end of the run.
+SUMMARIES: dict[str, list[str]] = {}
+
+
+def add_summary(name: str, lines: list[str]) -> None:
+    with _lock:
+        SUMMARIES[name] = list(lines)
+
+
+def merge_section(path: Path, key: str, section: Any) -> None:
+    """Set `key` in the JSON file at `path` to `section`, keeping the other campaigns' sections (fuzz, crash, ...)."""
+    with _lock:
+        existing: dict[str, Any] = {}
+        if path.exists():
+            try:
+                existing = json.loads(path.read_text())
+            except ValueError:
+                existing = {}
+        existing[key] = section
+        path.write_text(json.dumps(existing, indent=2, sort_keys=True) + "\n")

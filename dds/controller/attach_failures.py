@@ -1,0 +1,106 @@
+"""What DDS does when a scale-up's GPUs cannot be had: the decisions behind PlannerScaleUp, pure so they are tested
+on plain data (dds/controller/deciders.py applies them).
+
+After an attach of an instance failed (the whole of it, or part: `missing` devices not attached):
+
+| error (first failure)        | attempts left | action                                                              |
+|------------------------------|---------------|---------------------------------------------------------------------|
+| BackendError, Timeout        | yes           | retry what is missing on the same node after `retry_delay(attempt)` |
+| SlotsFull                    | -             | a node instead, when the group has room and the pool can equip it   |
+| OutOfResources               | -             | fail: instanceCreating + errorInfo class OutOfResources             |
+| anything else / no attempts  | -             | fail: errorInfo class Other, with the last error                    |
+
+Why no node for OutOfResources: a new node of the group draws its GPUs, the boot-time ones included, from the very pool
+that is empty — it would come up without the GPUs the pods wait for, and CA would ask again for another. Reporting
+OutOfResources lets CA back off (or try another group) instead; when devices free up, CA's next scale-up (or DDS's
+case-2 loop) attaches them. A full node (SlotsFull) is the case a node does solve: its slots are empty.
+
+The same rule judges a plan before anything is started (`nodes_without_gpus`): new nodes that only GPU pods would use,
+which the pool cannot equip, are not added; CA is told OutOfResources for them at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Sequence
+
+from tenacity import RetryCallState, wait_exponential
+
+from dds.fabric.base import ErrorCode, FabricError
+
+ATTACH_ATTEMPTS = 4  # the first try and up to three retries of what an instance's attaches did not attach
+RETRY_BASE_SECONDS = 2.0
+RETRY_MAX_SECONDS = 30.0
+ERROR_CLASS_OUT_OF_RESOURCES = 1  # cloudprovider.OutOfResourcesErrorClass
+ERROR_CLASS_OTHER = 99  # cloudprovider.OtherErrorClass
+
+_RETRY_WAIT = wait_exponential(multiplier=RETRY_BASE_SECONDS, max=RETRY_MAX_SECONDS)
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds to wait before retry number `attempt` (1 = the first retry): 2, 4, 8, ... up to 30.
+
+    tenacity's exponential wait, as the executor uses for a refused call; the retry itself cannot be tenacity's blocking
+    loop here (an attach ends long after CA's RPC answered, and the control loop never sleeps), so the wait is computed
+    and the retry scheduled."""
+    if attempt < 1:
+        raise ValueError(f"retry attempt numbers start at 1, got {attempt}")
+    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})
+    state.attempt_number = attempt
+    return float(_RETRY_WAIT(state))
+
+
+class Action(str, Enum):
+    RETRY = "retry"
+    NODE = "node"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class AfterFailure:
+    action: Action
+    code: ErrorCode
+    message: str
+    delay: float = 0.0  # RETRY: seconds before it
+    error_class: int = ERROR_CLASS_OTHER  # FAIL: what CA reads from errorInfo
+
+
+def after_attach_failure(error: FabricError, attempts: int, *, group_has_room: bool, pool_free: int,
+                         gpus_for_new_node: int) -> AfterFailure:
+    """The next step for an instance whose attach failed; `attempts` = tries made so far (1 after the first).
+
+    `pool_free`: free devices of the group's pool and model now; `gpus_for_new_node`: what a new node would need from
+    it (its boot-time GPUs, or the missing ones when more)."""
+    code = error.code
+    if code.retryable and attempts < ATTACH_ATTEMPTS:
+        delay = retry_delay(attempts)
+        return AfterFailure(Action.RETRY, code, f"{error.message}; retry {attempts} of {ATTACH_ATTEMPTS - 1} in "
+                                                f"{delay:g}s", delay=delay)
+    if code == ErrorCode.SLOTS_FULL:
+        if group_has_room and pool_free >= gpus_for_new_node:
+            return AfterFailure(Action.NODE, code, f"{error.message}; adding a node instead (its slots are free)")
+        why = "the group is at its max size" if not group_has_room else \
+            f"the pool has {pool_free} free device(s), a new node needs {gpus_for_new_node}"
+        return AfterFailure(Action.FAIL, code, f"{error.message}; no node instead: {why}",
+                            error_class=ERROR_CLASS_OUT_OF_RESOURCES)
+    if code == ErrorCode.OUT_OF_RESOURCES:
+        return AfterFailure(Action.FAIL, code, f"{error.message}; no node instead: a new node would draw its GPUs "
+                                               f"from the same pool", error_class=ERROR_CLASS_OUT_OF_RESOURCES)
+    tries = f" after {attempts} attempt(s)" if code.retryable else ""
+    return AfterFailure(Action.FAIL, code, f"attach failed{tries}: {error.message}")
+
+
+def nodes_without_gpus(pods_need_gpus: Sequence[bool], gpus_per_new_node: Sequence[int], pool_free: int) -> int:
+    """How many of a plan's new nodes (each needing `gpus_per_new_node[i]` devices: boot-time plus attaches) the pool
+    cannot equip, when every pod planned on them needs a GPU — such nodes would serve nobody. 0 when some pod needs no
+    GPU (the nodes serve it; their GPUs follow when devices free up) or the pool covers them, taken in plan order."""
+    if not gpus_per_new_node or not pods_need_gpus or not all(pods_need_gpus):
+        return 0
+    equipped = 0
+    for need in gpus_per_new_node:
+        if need > pool_free:
+            break
+        pool_free -= need
+        equipped += 1
+    return len(gpus_per_new_node) - equipped

@@ -1,0 +1,101 @@
+"""What DDS does when a scale-up's GPUs cannot be had (dds/controller/attach_failures.py and the plan check of
+dds/controller/deciders.py), on plain data."""
+
+from __future__ import annotations
+
+import pytest
+
+from dds.controller.attach_failures import (ATTACH_ATTEMPTS, ERROR_CLASS_OTHER, ERROR_CLASS_OUT_OF_RESOURCES, Action,
+                                            after_attach_failure, nodes_without_gpus, retry_delay)
+from dds.controller.deciders import _without_unequipped_nodes
+from dds.fabric.base import ErrorCode, FabricError
+from dds.planner import plan_scale_up
+from dds.planner.plan import PlannerConfig
+from dds.planner.snapshot import PoolInfo, Snapshot
+from tests.unit.planner.builders import make_group, make_node, make_pod
+
+
+def failure(code: ErrorCode, attempts: int = 1, *, room: bool = True, free: int = 4, need: int = 1):
+    return after_attach_failure(FabricError(code, "the fabric said no"), attempts, group_has_room=room,
+                                pool_free=free, gpus_for_new_node=need)
+
+
+def test_retry_waits_grow_exponentially_up_to_a_cap():
+    assert [retry_delay(n) for n in range(1, 6)] == [2.0, 4.0, 8.0, 16.0, 30.0]
+    with pytest.raises(ValueError):
+        retry_delay(0)
+
+
+@pytest.mark.parametrize("code", [ErrorCode.BACKEND, ErrorCode.TIMEOUT])
+def test_a_transient_failure_is_retried_with_backoff_then_reported(code):
+    first = failure(code, attempts=1)
+    assert first.action == Action.RETRY and first.delay == 2.0
+    assert "retry 1 of 3" in first.message
+    last = failure(code, attempts=ATTACH_ATTEMPTS)
+    assert last.action == Action.FAIL and last.error_class == ERROR_CLASS_OTHER
+    assert f"after {ATTACH_ATTEMPTS} attempt(s)" in last.message and "the fabric said no" in last.message
+
+
+def test_an_empty_pool_is_reported_as_out_of_resources_without_a_node():
+    # A new node would draw its GPUs from that same empty pool.
+    decision = failure(ErrorCode.OUT_OF_RESOURCES, free=0)
+    assert decision.action == Action.FAIL and decision.code == ErrorCode.OUT_OF_RESOURCES
+    assert decision.error_class == ERROR_CLASS_OUT_OF_RESOURCES
+    assert "same pool" in decision.message
+
+
+def test_a_full_node_falls_back_to_a_new_node_when_the_pool_can_equip_it():
+    assert failure(ErrorCode.SLOTS_FULL, free=2, need=1).action == Action.NODE
+    at_max = failure(ErrorCode.SLOTS_FULL, room=False)
+    assert at_max.action == Action.FAIL and "max size" in at_max.message
+    short = failure(ErrorCode.SLOTS_FULL, free=0, need=1)
+    assert short.action == Action.FAIL and short.error_class == ERROR_CLASS_OUT_OF_RESOURCES
+
+
+def test_a_request_the_fabric_can_never_accept_is_not_retried():
+    decision = failure(ErrorCode.INVALID)
+    assert decision.action == Action.FAIL and decision.code == ErrorCode.INVALID
+
+
+@pytest.mark.parametrize("needs, per_node, free, unequipped", [
+    ([True], [1], 0, 1),  # the talk's pool of two, both at boot: a new node would get no GPU
+    ([True], [1], 1, 0),
+    ([True, True], [1, 1], 1, 1),  # one of two new nodes can be equipped
+    ([True, False], [1], 0, 0),  # a pod needs no GPU: the node serves it, its GPU follows later
+    ([], [1], 0, 0),
+    ([True], [], 0, 0),
+])
+def test_new_nodes_the_pool_cannot_equip(needs, per_node, free, unequipped):
+    assert nodes_without_gpus(needs, per_node, free) == unequipped
+
+
+def _two_busy_workers(pool_free: int, *pending) -> Snapshot:
+    group = make_group(initial_gpus=1, replicas=2, max_size=4, memory_gib=64)
+    nodes = (make_node("w1", gpus=1, memory_gib=64), make_node("w2", gpus=1, memory_gib=64))
+    busy = (make_pod("busy-0", gpus=1, memory_gib=48, node="w1"), make_pod("busy-1", gpus=1, memory_gib=48, node="w2"))
+    return Snapshot(now=100.0, nodes=nodes, pods=busy + tuple(pending), groups=(group,),
+                    pools=(PoolInfo("pool-a", {"A30": pool_free}),))
+
+
+def test_with_the_pool_empty_the_planner_plans_a_node_and_dds_does_not_add_it():
+    train = make_pod("train-0", gpus=1, memory_gib=8)
+    snapshot = _two_busy_workers(0, train)
+    plan = plan_scale_up(snapshot, PlannerConfig(), [train])
+    assert plan.nodes == 1 and not plan.attaches  # the planner: a new node boots with 1 GPU ...
+    kept, unequipped = _without_unequipped_nodes(snapshot, plan, snapshot.groups[0])
+    assert kept.is_empty  # ... but that GPU comes from the same empty pool
+    assert unequipped is not None and unequipped.nodes == 1 and unequipped.pods == ("default/train-0",)
+    assert "pool pool-a has 0 free A30" in unequipped.message
+
+
+def test_a_node_is_still_added_when_the_pool_can_equip_it_or_a_pod_needs_no_gpu():
+    train = make_pod("train-0", gpus=1, memory_gib=8)
+    equipped = _two_busy_workers(1, train)
+    plan = plan_scale_up(equipped, PlannerConfig(), [train])
+    assert _without_unequipped_nodes(equipped, plan, equipped.groups[0]) == (plan, None)
+
+    mem = make_pod("mem-0", memory_gib=24)
+    no_gpu = _two_busy_workers(0, mem)
+    plan = plan_scale_up(no_gpu, PlannerConfig(), [mem])
+    assert plan.nodes == 1
+    assert _without_unequipped_nodes(no_gpu, plan, no_gpu.groups[0]) == (plan, None)
