@@ -23,12 +23,12 @@ detail of this stand-in that DDS does not rely on.
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from typing import Any, Callable, Optional
 
 from kubernetes import client
 
+from dds.testing.reconcile_loop import ReconcileLoop
 from dds.fabric.base import AttachRequest, DetachRequest, DeviceState, FabricError, OperationState
 from dds.fabric.composability import GROUP, REQUESTS, RESOURCES, VERSION
 from dds.fabric.simulated import SimulatedFabric
@@ -39,43 +39,15 @@ REQUEST_LABEL = "cro-standin.dds.cdi.dev/request"
 _ALIVE = ("", "Attaching", "Online")
 
 
-class StandInOperator:
+class StandInOperator(ReconcileLoop):
     def __init__(self, api: client.ApiClient, fabric: SimulatedFabric, *, poll_interval_s: float = 0.1,
                  device_in_use: Optional[Callable[[str], bool]] = None, check_nodes: bool = True) -> None:
         self._objects = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self.fabric = fabric
-        self._poll = poll_interval_s
+        super().__init__("cro-standin", poll_interval_s)
         self._in_use = device_in_use  # ComposableResource name -> busy?
         self._check_nodes = check_nodes
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-
-    # --- lifecycle ---
-    def start(self) -> "StandInOperator":
-        self._thread = threading.Thread(target=self._run, name="cro-standin", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
-
-    def __enter__(self) -> "StandInOperator":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.reconcile_once()
-            except Exception:  # keep reconciling: the next pass starts from a fresh read
-                log.exception("stand-in operator pass failed")
-            self._stop.wait(self._poll)
 
     # --- one pass ---
     def reconcile_once(self) -> None:

@@ -19,11 +19,11 @@ Systems are never removed: a deprovisioned server stays in the inventory, as it 
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Optional
 
 from kubernetes import client
 
+from dds.testing.reconcile_loop import ReconcileLoop
 from dds.kube.nodes import NodeNotFound, set_gpu_capacity
 from dds.model.groups import DEFAULT_GPU_RESOURCE
 from dds.testing.redfish_emulator import EmulatedSystem, RedfishEmulator
@@ -44,7 +44,7 @@ def composed_gpus(block_states: dict[str, tuple[str, Optional[str]]]) -> dict[st
     return counts
 
 
-class RedfishHosts:
+class RedfishHosts(ReconcileLoop):
     """Registers a ComputerSystem per Machine/Node and publishes each Node's composed GPUs; see the module docstring."""
 
     def __init__(self, api: client.ApiClient, emulator: RedfishEmulator, *, resource: str = DEFAULT_GPU_RESOURCE,
@@ -53,35 +53,8 @@ class RedfishHosts:
         self._custom = client.CustomObjectsApi(api)
         self._emulator = emulator
         self._resource = resource
-        self._poll = poll_interval_s
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        super().__init__("redfish-hosts", poll_interval_s)
         self.published: list[tuple[str, int]] = []  # (node, GPUs) each time a count was written, for tests
-
-    def start(self) -> "RedfishHosts":
-        self._thread = threading.Thread(target=self._run, name="redfish-hosts", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
-
-    def __enter__(self) -> "RedfishHosts":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.reconcile_once()
-            except Exception:  # the next pass starts from a fresh read (the apiserver may be restarting)
-                log.exception("redfish hosts pass failed")
-            self._stop.wait(self._poll)
 
     def reconcile_once(self) -> None:
         machines = self._custom.list_cluster_custom_object(CAPI_GROUP, CAPI_VERSION, "machines").get("items", [])
