@@ -1,21 +1,48 @@
 #!/usr/bin/env bash
-# Builds (once) and caches the pinned control-plane binaries: etcd, kube-apiserver, kube-scheduler, kwok, and
-# cluster-autoscaler when its module can be had. Prints the bin directory on its last line.
-# A warm run only checks that the cached binaries exist: seconds.
+# Builds (once) and caches the pinned binaries the tests and `make demo` run as local processes: etcd,
+# kube-apiserver, kube-scheduler, kwok and the real cluster-autoscaler. Prints the bin directory on its last line.
+#
+# Quiet by design: one line per binary on stderr; the Go tool's output goes to a log file the line names.
+# A warm run only checks that the cached binaries exist (well under a second).
+#
+# cluster-autoscaler is built from upstream source, never downloaded as a binary: by default from the pruned 1.35.2
+# source archive in shared/third_party (checksum verified), or from DDS_CA_SOURCE — a directory holding a checkout of
+# the upstream tag (its cluster-autoscaler/ folder or the folder itself) or another archive of it
+# (then DDS_CA_SOURCE_SHA256 pins that archive's checksum). A missing or corrupt source is an error, never a fallback.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
 cache="${DDS_BIN_CACHE:-$HOME/.cache/dds/bin}"
+logs="$cache/logs"
 export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod
-mkdir -p "$cache"
+mkdir -p "$cache" "$logs"
 log() { echo "[build-binaries] $*" >&2; }
+die() { echo "[build-binaries] error: $*" >&2; exit 1; }
 
 staging_modules=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
   cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api cri-client
   csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms kube-aggregator
   kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics mount-utils pod-security-admission
   sample-apiserver sample-cli-plugin sample-controller)
+
+# run NAME CMD...: runs one build step with its output in the binary's log; on failure shows the log's tail.
+run() {
+  local name="$1"; shift
+  if ! "$@" >>"$logs/$name.log" 2>&1; then
+    tail -n 25 "$logs/$name.log" >&2
+    die "building $name failed; full log: $logs/$name.log"
+  fi
+}
+
+# building NAME VERSION: the one progress line a build prints, and a fresh log.
+building() {
+  : >"$logs/$1.log"
+  log "building $1 $2 (log: $logs/$1.log)"
+  step_start=$(date +%s)
+}
+built() { log "built $1 in $(( $(date +%s) - step_start )) s"; }
 
 k8s_ldflags() {
   local v="$1" major minor
@@ -32,62 +59,81 @@ k8s_ldflags() {
 build_kubernetes() {
   local out="$cache/kubernetes-$KUBERNETES_VERSION"
   if [[ -x "$out/kube-apiserver" && -x "$out/kube-scheduler" ]]; then return; fi
-  log "building kube-apiserver and kube-scheduler $KUBERNETES_VERSION (cold: tens of minutes on 2 cores)"
+  building kubernetes "$KUBERNETES_VERSION"
   local w="$cache/wrappers/kubernetes-$KUBERNETES_VERSION"
   rm -rf "$w"; mkdir -p "$w"; cd "$w"
-  go mod init dds.local/wrapper/kubernetes >/dev/null 2>&1
-  go mod edit -go="$KUBERNETES_GO_DIRECTIVE" -godebug="default=$KUBERNETES_GODEBUG"
-  for m in "${staging_modules[@]}"; do go mod edit -replace "k8s.io/$m=k8s.io/$m@$KUBERNETES_STAGING_VERSION"; done
-  go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" "k8s.io/kubernetes/cmd/kube-scheduler@$KUBERNETES_VERSION"
+  run kubernetes go mod init dds.local/wrapper/kubernetes
+  run kubernetes go mod edit -go="$KUBERNETES_GO_DIRECTIVE" -godebug="default=$KUBERNETES_GODEBUG"
+  for m in "${staging_modules[@]}"; do run kubernetes go mod edit -replace "k8s.io/$m=k8s.io/$m@$KUBERNETES_STAGING_VERSION"; done
+  run kubernetes go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" \
+    "k8s.io/kubernetes/cmd/kube-scheduler@$KUBERNETES_VERSION"
   mkdir -p "$out.tmp"
-  go build -trimpath -ldflags "$(k8s_ldflags "$KUBERNETES_VERSION")" -o "$out.tmp/" \
+  run kubernetes go build -trimpath -ldflags "$(k8s_ldflags "$KUBERNETES_VERSION")" -o "$out.tmp/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler
   rm -rf "$out"; mv "$out.tmp" "$out"
+  built kubernetes
 }
 
 build_etcd() {
   local out="$cache/etcd-$ETCD_VERSION"
   if [[ -x "$out/etcd" ]]; then return; fi
-  log "building etcd $ETCD_VERSION"
+  building etcd "$ETCD_VERSION"
   local w="$cache/wrappers/etcd-$ETCD_VERSION"
   rm -rf "$w"; mkdir -p "$w"; cd "$w"
-  go mod init dds.local/wrapper/etcd >/dev/null 2>&1
-  go get -tool "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+  run etcd go mod init dds.local/wrapper/etcd
+  run etcd go get -tool "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
   mkdir -p "$out.tmp"
-  go build -trimpath -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3
+  run etcd go build -trimpath -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3
   rm -rf "$out"; mv "$out.tmp" "$out"
+  built etcd
 }
 
 build_kwok() {
   local out="$cache/kwok-$KWOK_VERSION"
   if [[ -x "$out/kwok" ]]; then return; fi
-  log "building kwok $KWOK_VERSION"
+  building kwok "$KWOK_VERSION"
   mkdir -p "$out.tmp"
-  GOBIN="$out.tmp" GOFLAGS= go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  GOBIN="$out.tmp" GOFLAGS= run kwok go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
   rm -rf "$out"; mv "$out.tmp" "$out"
+  built kwok
+}
+
+# ca_source_dir WORKDIR: prints the cluster-autoscaler module directory to build, unpacking an archive into WORKDIR.
+ca_source_dir() {
+  local w="$1" src="${DDS_CA_SOURCE:-$repo/../shared/third_party/$CLUSTER_AUTOSCALER_SOURCE_ARCHIVE}"
+  local want="${DDS_CA_SOURCE_SHA256:-$CLUSTER_AUTOSCALER_SOURCE_SHA256}" dir
+  if [[ -d "$src" ]]; then
+    dir="$src"; [[ -d "$src/cluster-autoscaler" ]] && dir="$src/cluster-autoscaler"
+  elif [[ -f "$src" ]]; then
+    local got
+    got="$(sha256sum "$src" | cut -d' ' -f1)"
+    [[ "$got" == "$want" ]] || die "cluster-autoscaler source $src has sha256 $got, expected $want (corrupt or another
+  version; set DDS_CA_SOURCE_SHA256 for an archive of your own)"
+    tar -xzf "$src" -C "$w" || die "cannot unpack cluster-autoscaler source $src"
+    dir="$w/cluster-autoscaler"
+  else
+    die "cluster-autoscaler source not found: $src (expected the upstream $CLUSTER_AUTOSCALER_TAG source archive in
+  shared/third_party beside this repository, or DDS_CA_SOURCE=/path/to/a/checkout-or-archive of that tag)"
+  fi
+  local version_go="$dir/version/version.go"
+  [[ -f "$dir/go.mod" && -f "$version_go" ]] || die "$src holds no cluster-autoscaler module (no go.mod / version/version.go)"
+  grep -q "ClusterAutoscalerVersion = \"$CLUSTER_AUTOSCALER_VERSION\"" "$version_go" ||
+    die "$src is not cluster-autoscaler $CLUSTER_AUTOSCALER_VERSION: $(grep ClusterAutoscalerVersion "$version_go" | tail -1)"
+  echo "$dir"
 }
 
 build_cluster_autoscaler() {
-  local out="$cache/cluster-autoscaler-$CLUSTER_AUTOSCALER_TAG"
+  local out="$cache/cluster-autoscaler-$CLUSTER_AUTOSCALER_VERSION"
   if [[ -x "$out/cluster-autoscaler" ]]; then return; fi
-  # The module is only reachable where the Go module proxy serves k8s.io/autoscaler; say so instead of failing the rest.
-  if ! go list -m "k8s.io/autoscaler/cluster-autoscaler@$CLUSTER_AUTOSCALER_PSEUDO_VERSION" >/dev/null 2>&1; then
-    log "cluster-autoscaler: module k8s.io/autoscaler/cluster-autoscaler@$CLUSTER_AUTOSCALER_PSEUDO_VERSION is not served by $(go env GOPROXY); skipped"
-    return
-  fi
-  log "building cluster-autoscaler $CLUSTER_AUTOSCALER_TAG (externalgrpc only)"
-  local w="$cache/wrappers/cluster-autoscaler-$CLUSTER_AUTOSCALER_TAG"
-  rm -rf "$w"; mkdir -p "$w"; cd "$w"
-  go mod init dds.local/wrapper/cluster-autoscaler >/dev/null 2>&1
-  go mod edit -go="$KUBERNETES_GO_DIRECTIVE" -godebug="default=$KUBERNETES_GODEBUG"
-  for m in "${staging_modules[@]}"; do go mod edit -replace "k8s.io/$m=k8s.io/$m@$KUBERNETES_STAGING_VERSION"; done
-  go mod edit -replace "github.com/aws/aws-sdk-go/service/eks=github.com/aws/aws-sdk-go/service/eks@v1.38.49" \
-    -replace "github.com/rancher/go-rancher=github.com/rancher/go-rancher@v0.1.0" \
-    -replace "k8s.io/autoscaler/cluster-autoscaler/apis=k8s.io/autoscaler/cluster-autoscaler/apis@$CLUSTER_AUTOSCALER_PSEUDO_VERSION"
-  go get -tool "k8s.io/autoscaler/cluster-autoscaler@$CLUSTER_AUTOSCALER_PSEUDO_VERSION"
+  local w="$cache/wrappers/cluster-autoscaler-$CLUSTER_AUTOSCALER_VERSION" dir
+  rm -rf "$w"; mkdir -p "$w"
+  dir="$(ca_source_dir "$w")"
+  building cluster-autoscaler "$CLUSTER_AUTOSCALER_VERSION"
   mkdir -p "$out.tmp"
-  go build -trimpath -tags externalgrpc -ldflags "-s -w" -o "$out.tmp/cluster-autoscaler" k8s.io/autoscaler/cluster-autoscaler
-  rm -rf "$out"; mv "$out.tmp" "$out"
+  (cd "$dir" && run cluster-autoscaler go build -trimpath -tags externalgrpc -ldflags "-s -w" \
+    -o "$out.tmp/cluster-autoscaler" .)
+  rm -rf "$out" "$w"; mv "$out.tmp" "$out"
+  built cluster-autoscaler
 }
 
 start=$(date +%s)
@@ -101,7 +147,7 @@ ln -sf "$cache/etcd-$ETCD_VERSION/etcd" "$bin/etcd"
 ln -sf "$cache/kwok-$KWOK_VERSION/kwok" "$bin/kwok"
 ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/kube-apiserver" "$bin/kube-apiserver"
 ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/kube-scheduler" "$bin/kube-scheduler"
-[[ -x "$cache/cluster-autoscaler-$CLUSTER_AUTOSCALER_TAG/cluster-autoscaler" ]] && \
-  ln -sf "$cache/cluster-autoscaler-$CLUSTER_AUTOSCALER_TAG/cluster-autoscaler" "$bin/cluster-autoscaler"
-log "done in $(( $(date +%s) - start )) s"
+ln -sf "$cache/cluster-autoscaler-$CLUSTER_AUTOSCALER_VERSION/cluster-autoscaler" "$bin/cluster-autoscaler"
+elapsed=$(( $(date +%s) - start ))
+(( elapsed > 1 )) && log "binaries ready in $elapsed s: $bin"
 echo "$bin"

@@ -1,12 +1,34 @@
 #!/usr/bin/env bash
-# Installs what the tests and the demo need on a fresh machine; a warm run takes seconds.
+# Installs what the tests and the demo need on a fresh machine, into this checkout only:
+#   .venv/            the project's Python virtual environment (pip install -e .[dev]); the machine's Python is untouched
+#   ~/.cache/dds/bin  etcd, kube-apiserver, kube-scheduler, kwok and cluster-autoscaler built from source
+#                     (hack/build-binaries.sh; one progress line per binary, full logs under ~/.cache/dds/bin/logs)
+# Prerequisites: Python >= 3.11 with venv, Go >= 1.25, and the Python package index and the Go module proxy reachable.
+# A warm run takes about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stamp=".cache/setup.stamp"
-mkdir -p .cache
-if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" ]] || ! python3 -c "import dds, grpc, kubernetes, pytest" 2>/dev/null; then
-  echo "[setup] installing Python dependencies (pip install -e .[dev])" >&2
-  python3 -m pip install --disable-pip-version-check -q -e '.[dev]'
+venv="${DDS_VENV:-.venv}"
+python="${PYTHON_FOR_VENV:-python3}"
+say() { echo "[setup] $*" >&2; }
+die() { echo "[setup] error: $*" >&2; exit 1; }
+
+"$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null ||
+  die "Python >= 3.11 is needed ($python is $("$python" --version 2>&1 || echo missing))"
+command -v go >/dev/null || die "Go >= 1.25 is needed to build the control-plane binaries (go not found)"
+go_minor="$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')"
+[[ "$go_minor" =~ ^[0-9]+$ ]] && (( go_minor >= 25 )) || die "Go >= 1.25 is needed (found $(go env GOVERSION))"
+
+stamp="$venv/.dds-installed"
+if [[ ! -x "$venv/bin/python" ]]; then
+  say "creating the project virtual environment $venv"
+  "$python" -m venv "$venv" || die "could not create $venv (on Debian: apt-get install python3-venv)"
+fi
+if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" ]] || ! "$venv/bin/python" -c "import dds, grpc, kubernetes, pytest" 2>/dev/null; then
+  say "installing Python dependencies into $venv (pip install -e .[dev]; log: $venv/pip.log)"
+  if ! "$venv/bin/python" -m pip install --disable-pip-version-check -e '.[dev]' >"$venv/pip.log" 2>&1; then
+    tail -n 20 "$venv/pip.log" >&2
+    die "pip install failed; full log: $venv/pip.log"
+  fi
   touch "$stamp"
 fi
 bash hack/build-binaries.sh >/dev/null

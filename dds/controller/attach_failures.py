@@ -15,7 +15,7 @@ that is empty — it would come up without the GPUs the pods wait for, and CA wo
 OutOfResources lets CA back off (or try another group) instead; when devices free up, CA's next scale-up (or DDS's
 case-2 loop) attaches them. A full node (SlotsFull) is the case a node does solve: its slots are empty.
 
-The same rule judges a plan before anything is started (`nodes_without_gpus`): new nodes that only GPU pods would use,
+The same rule judges a plan before anything is started (dds/planner/equip.py): new nodes that only GPU pods would use,
 which the pool cannot equip, are not added; CA is told OutOfResources for them at once.
 """
 
@@ -89,18 +89,3 @@ def after_attach_failure(error: FabricError, attempts: int, *, group_has_room: b
                                                f"from the same pool", error_class=ERROR_CLASS_OUT_OF_RESOURCES)
     tries = f" after {attempts} attempt(s)" if code.retryable else ""
     return AfterFailure(Action.FAIL, code, f"attach failed{tries}: {error.message}")
-
-
-def nodes_without_gpus(pods_need_gpus: Sequence[bool], gpus_per_new_node: Sequence[int], pool_free: int) -> int:
-    """How many of a plan's new nodes (each needing `gpus_per_new_node[i]` devices: boot-time plus attaches) the pool
-    cannot equip, when every pod planned on them needs a GPU — such nodes would serve nobody. 0 when some pod needs no
-    GPU (the nodes serve it; their GPUs follow when devices free up) or the pool covers them, taken in plan order."""
-    if not gpus_per_new_node or not pods_need_gpus or not all(pods_need_gpus):
-        return 0
-    equipped = 0
-    for need in gpus_per_new_node:
-        if need > pool_free:
-            break
-        pool_free -= need
-        equipped += 1
-    return len(gpus_per_new_node) - equipped

@@ -18,7 +18,7 @@ from kubernetes import client
 
 from dds import metrics
 from dds.controller import attach_failures
-from dds.controller.attach_failures import Action, after_attach_failure, nodes_without_gpus
+from dds.controller.attach_failures import Action, after_attach_failure
 from dds.controller.executor import machineset_ref, node_ref, pod_ref
 from dds.crashpoints import crashpoint
 from dds.controller.loop import Controller
@@ -28,6 +28,8 @@ from dds.model.events import NORMAL, WARNING
 from dds.model.groups import NodeGroupSpec, TemplateMode
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
 from dds.planner.plan import Attach, Case, NewNodes, PlannerConfig, ScaleUpPlan
+from dds.planner.equip import Unequipped, equip_new_nodes, pool_free
+from dds.planner.refusals import POOL_EMPTY
 from dds.planner.requests import effective_requests
 from dds.planner.snapshot import Snapshot
 # The servicer's own: it answers RESOURCE_EXHAUSTED (CA backs the group off). A class of our own here was answered
@@ -78,6 +80,7 @@ class PlannerScaleUp:
             with metrics.PLAN_LATENCY.labels("scale-up").time():
                 plan = plan_scale_up(observation.snapshot, config, pods)
             metrics.PENDING_PODS.set(len(pods))
+            self.controller.refusals.report_plan(plan)
             rendered = render_scale_up(plan)
             log.info("case 1: CA asked %s for %d node(s); plan:\n%s", group.id, delta, rendered)
             trigger = f"cluster-autoscaler IncreaseSize {group.id} +{delta}"
@@ -85,20 +88,25 @@ class PlannerScaleUp:
                 metrics.DECISIONS.labels(Case.SCALE_UP.value, "none").inc()
                 self.controller.journal.record(Case.SCALE_UP.value, trigger, "none", rendered)
                 raise ScaleUpRefused(_refusal(plan, group))
-            plan, unequipped = _without_unequipped_nodes(observation.snapshot, plan, group)
+            plan, unequipped = equip_new_nodes(observation.snapshot, plan, group, config)
             if unequipped is not None:
                 rendered += f"\n  not added: {unequipped.message}"
             self.controller.journal.record(Case.SCALE_UP.value, trigger,
                                            "error" if unequipped and plan.is_empty else _outcome(plan, group), rendered)
             if unequipped is None:
                 return self._execute(group, delta, plan, request_key)
+            # CA's units go first to the nodes the pool cannot equip (each one an OutOfResources instance: the part CA
+            # asked for that cannot be served), the rest to the plan. The plan's attaches are carried out either way:
+            # a unit of CA's that failed says "no node", not "no GPU for the pods a live node can take".
             failing = delta if plan.is_empty else min(delta, unequipped.nodes)
             records = self._out_of_resources(group, failing, unequipped, request_key)
             if delta > failing:
                 records += self._execute(group, delta - failing, plan, request_key)
+            elif plan.attaches:
+                self._attach_without_instance(plan.attaches, key_prefix=records[0].id)
             return records
 
-    def _out_of_resources(self, group: NodeGroupSpec, count: int, unequipped: "_Unequipped",
+    def _out_of_resources(self, group: NodeGroupSpec, count: int, unequipped: Unequipped,
                           request_key: str) -> list[InstanceRecord]:
         """Units of CA's scale-up that only GPU-less nodes could serve: listed to CA as failed (OutOfResources) at
         once, so it backs off or tries another group instead of waiting for nodes that would not help."""
@@ -109,7 +117,7 @@ class PlannerScaleUp:
         message = f"no node added: {unequipped.message}; cluster-autoscaler is told OutOfResources"
         self.controller.events.emit(machineset_ref(group), WARNING, "NoFreeGPU", message)
         for pod in unequipped.pods:
-            self.controller.events.emit(pod_ref(pod), WARNING, "NoFreeGPU", message)
+            self.controller.refusals.tell(pod, POOL_EMPTY, message)
         return records
 
     @staticmethod
@@ -163,13 +171,18 @@ class PlannerScaleUp:
                 self.controller.watcher.watch(operation, on_done=lambda op, iid=owner.id: self._on_attach_done(iid, op))
         elif plan.attaches:
             # CA asked for nodes only (delta used up by nodes); the attaches serve the rest of the pods meanwhile.
-            for index, step in enumerate(plan.attaches):
-                try:
-                    operation = executor.attach(step, key=f"{instances[0].id}#gpu{index}", case=Case.SCALE_UP)
-                except FabricError:
-                    continue
-                self.controller.watcher.watch(operation)
+            self._attach_without_instance(plan.attaches, key_prefix=instances[0].id)
         return instances
+
+    def _attach_without_instance(self, attaches: Sequence[Attach], key_prefix: str) -> None:
+        """Attaches that no GPU instance of CA's stands for: CA's units went to nodes. Keyed by the first of those
+        instances, so the same request never attaches twice."""
+        for index, step in enumerate(attaches):
+            try:
+                operation = self.controller.executor.attach(step, key=f"{key_prefix}#gpu{index}", case=Case.SCALE_UP)
+            except FabricError:
+                continue
+            self.controller.watcher.watch(operation)
 
     def _wait_for_in_flight_attaches(self, instances: list[InstanceRecord]) -> None:
         watcher = self.controller.watcher
@@ -246,7 +259,7 @@ class PlannerScaleUp:
         error = work.failed[0].error or FabricError(ErrorCode.BACKEND, "attach failed")
         wanted = sum(step.count for step in missing)
         decision = after_attach_failure(error, work.attempts, group_has_room=self._has_room(group, observation),
-                                        pool_free=_pool_free(observation.snapshot, group),
+                                        pool_free=pool_free(observation.snapshot, group),
                                         gpus_for_new_node=max(group.initial_gpus, wanted))
         pods = tuple(sorted({p for step in missing for p in step.pods}))
         where = ", ".join(sorted({step.node for step in missing}))
@@ -353,53 +366,6 @@ def _missing(work: _GpuInstanceWork) -> list[Attach]:
                           pods=step.pods if step else (), score=step.score if step else None,
                           reason=step.reason if step else f"what attach {op.key} did not attach"))
     return out
-
-
-def _pool_free(snapshot: Snapshot, group: NodeGroupSpec) -> int:
-    pool = snapshot.pool(group.fabric_pool)
-    if pool is None:
-        return 0
-    return sum(pool.free.get(model, 0) for model in (group.gpu_models or tuple(pool.free)))
-
-
-@dataclass(frozen=True)
-class _Unequipped:
-    nodes: int  # new nodes of the plan the pool cannot equip
-    pods: tuple[str, ...]  # the pods planned on the group's new nodes
-    message: str
-
-
-def _without_unequipped_nodes(snapshot: Snapshot, plan: ScaleUpPlan,
-                              group: NodeGroupSpec) -> tuple[ScaleUpPlan, Optional[_Unequipped]]:
-    """The plan without the new nodes of `group` that would come up without the GPUs their pods wait for (their
-    GPUs, boot-time ones included, come from the group's pool, and it is short): see attach_failures."""
-    mine = [n for n in plan.new_nodes if n.group == group.id]
-    if not mine:
-        return plan, None
-    pods_by_key = {p.key: p for p in snapshot.pods}
-    pods = tuple(p for n in mine for p in n.pods)
-    needs_gpu = [key in pods_by_key and effective_requests(pods_by_key[key]).get(group.gpu_resource) > 0
-                 for key in pods]
-    per_node = [group.initial_gpus + (n.gpus_per_node[i] if i < len(n.gpus_per_node) else 0)
-                for n in mine for i in range(n.count)]
-    free = _pool_free(snapshot, group) - sum(a.count for a in plan.attaches if a.pool == group.fabric_pool)
-    short = nodes_without_gpus(needs_gpu, per_node, max(0, free))
-    if not short:
-        return plan, None
-    kept, drop = [], short
-    for new in reversed(plan.new_nodes):
-        if new.group == group.id and drop:
-            taken = min(drop, new.count)
-            drop -= taken
-            if new.count > taken:
-                kept.append(replace(new, count=new.count - taken, gpus_per_node=new.gpus_per_node[:new.count - taken]))
-            continue
-        kept.append(new)
-    model = group.default_gpu_model or "GPU"
-    message = (f"pool {group.fabric_pool} has {max(0, free)} free {model} for {', '.join(pods)}: {short} new node(s) "
-               f"of {group.id} would come up without the {sum(per_node)} GPU(s) they need (a node's GPUs, boot-time "
-               f"ones included, come from that pool)")
-    return replace(plan, new_nodes=tuple(reversed(kept))), _Unequipped(short, pods, message)
 
 
 def _outcome(plan: ScaleUpPlan, group: NodeGroupSpec) -> str:

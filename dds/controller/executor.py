@@ -50,10 +50,13 @@ def machineset_ref(group: NodeGroupSpec) -> ObjectRef:
 
 
 class Executor:
-    def __init__(self, fabric: Fabric, provisioner: NodeProvisioner, events: EventRecorder) -> None:
+    def __init__(self, fabric: Fabric, provisioner: NodeProvisioner, events: EventRecorder,
+                 before_detach: Optional[Callable[[Detach], None]] = None) -> None:
         self.fabric = fabric
         self.provisioner = provisioner
         self.events = events
+        # Runs before every detach reaches the fabric (the controller's GPU label keeper: dds/controller/gpu_label.py).
+        self.before_detach = before_detach
 
     def attach(self, step: Attach, key: str, case: Case) -> Operation:
         """Start an attach; raises FabricError when the fabric refuses the request outright."""
@@ -91,6 +94,8 @@ class Executor:
         request = DetachRequest(key=key, node=step.node, device_ids=step.device_ids, force=step.force,
                                 reason=step.reason)
         crashpoint("detach.before-fabric")
+        if self.before_detach is not None:
+            self.before_detach(step)
         try:
             operation = _fabric_call(self.fabric.detach)(request)
         except FabricError as exc:

@@ -27,15 +27,17 @@ from kubernetes import client
 
 from dds import metrics
 from dds.controller.executor import Executor, OperationWatcher, node_ref
+from dds.controller.gpu_label import GpuLabelKeeper
 from dds.controller.journal import DecisionJournal
 from dds.controller.observe import ClusterObserver, Observation
 from dds.controller.orphans import OrphanFinder
+from dds.controller.refusals import RefusalReporter
 from dds.crashpoints import crashpoint
 from dds.fabric.base import Fabric, FabricError, OperationKind
 from dds.model.events import NORMAL, EventRecorder
 from dds.model.groups import TemplateMode
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
-from dds.planner.plan import Attach, Case, Detach, PlannerConfig, RemoveNode, Verdict
+from dds.planner.plan import Attach, Case, Detach, PlannerConfig, RemoveNode
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,10 @@ class Controller:
         self._removals_resumed = False  # the removals a previous process left half done are picked up once
         self.orphans = OrphanFinder(config.orphan_timeout_seconds)
         self.listeners: list[Callable[[Observation], None]] = []  # e.g. the instance tracker's reconcile
+        # CA's GPU label follows each node's GPUs; every detach, whoever plans it, goes through this executor.
+        self.gpu_labels = GpuLabelKeeper(api, fabric)
+        executor.before_detach = self.gpu_labels.before_detach
+        self.refusals = RefusalReporter(events)  # pods DDS cannot help: one Event per pod and reason
 
     @property
     def lock(self) -> threading.RLock:
@@ -121,6 +127,7 @@ class Controller:
             for listener in self.listeners:
                 listener(observation)
             self._record_pools()
+            self.gpu_labels.reconcile(observation.snapshot)
             self._resume_removals(observation)
             self._attach_initial_gpus(observation)
             self._serve_unhandled_pending(observation)
@@ -165,12 +172,16 @@ class Controller:
         waiting = [p for p in snapshot.pending_pods()
                    if p.key in observation.unschedulable_since
                    and observation.unschedulable_since[p.key] + grace <= snapshot.now]
+        pending = [p for p in snapshot.pending_pods() if p.key in observation.unschedulable_since]
         metrics.PENDING_PODS.set(len(snapshot.pending_pods()))
+        self.refusals.forget_all_but(p.key for p in pending)
+        self.refusals.report_without_planning(snapshot, pending)
         if not waiting:
             return
         config = replace(self.config.planner, allow_new_nodes=False)
         with metrics.PLAN_LATENCY.labels("scale-up").time():
             plan = plan_scale_up(snapshot, config, waiting)
+        self.refusals.report_plan(plan)
         if not plan.attaches:
             return
         rendered = render_scale_up(plan)
@@ -185,9 +196,6 @@ class Controller:
             except FabricError:
                 continue
             self.watcher.watch(operation)
-        for decision in plan.decisions:
-            if decision.verdict in (Verdict.UNSCHEDULABLE, Verdict.UNSUPPORTED):
-                log.info("case 2: %s stays pending: %s", decision.pod, decision.reason)
 
     # --- cases 3/4 driven by idleness: idle GPUs everywhere, empty nodes of spec-fixed groups ---
     def _scale_down(self, observation: Observation) -> None:

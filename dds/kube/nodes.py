@@ -60,6 +60,22 @@ def set_gpu_capacity(api: client.ApiClient, node_name: str, resource: str, count
     log.info("%s (device hot-plug made visible)", what)
 
 
+def set_node_label(api: client.ApiClient, node_name: str, key: str, value: Optional[str], *,
+                   request_timeout_seconds: float = 10.0) -> None:
+    """Set label `key` to `value` on the Node, or remove it when `value` is None (a merge patch: other labels stay).
+    A missing Node raises `NodeNotFound`; any other failure `NodeUpdateFailed`. Idempotent."""
+    what = f"node {node_name}: {'removing label ' + key if value is None else f'setting label {key}={value}'}"
+    try:
+        client.CoreV1Api(api).patch_node(node_name, {"metadata": {"labels": {key: value}}},
+                                         _request_timeout=request_timeout_seconds)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            raise NodeNotFound(f"{what}: the Node does not exist") from exc
+        raise NodeUpdateFailed(f"{what}: {exc.status} {exc.reason}{_message(exc)}") from exc
+    except Exception as exc:  # connection refused, TLS, timeouts
+        raise NodeUpdateFailed(f"{what}: apiserver unreachable: {exc}") from exc
+
+
 def gpu_capacity_hook(api: client.ApiClient,
                       resource: Union[str, ResourceOfNode] = DEFAULT_GPU_RESOURCE, *,
                       request_timeout_seconds: float = 10.0) -> DevicesChanged:

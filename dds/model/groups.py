@@ -24,6 +24,10 @@ ANN_FORCE_DETACH = ANNOTATION_PREFIX + "force-detach"  # "true": detach GPUs eve
 # Labels DDS puts on nodes it manages.
 LABEL_NODE_GROUP = ANNOTATION_PREFIX + "node-group"
 LABEL_GPU_MODEL = ANNOTATION_PREFIX + "gpu-model"
+# cluster-autoscaler's GPULabel: the GPU model, present exactly while the node has GPUs it can use (see
+# docs/gpu-label.md: CA treats a node with its GPU label and 0 GPUs as unready and, outside an autoscaled group, as an
+# error that stops every scale-up; a DDS node at 0 GPUs must look to CA like the CPU node it is).
+LABEL_ATTACHED_GPU = ANNOTATION_PREFIX + "attached-gpu"
 
 # cluster-autoscaler's Cluster API conventions that DDS reads as they are.
 ANN_CAPI_MIN = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size"

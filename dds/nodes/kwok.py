@@ -41,7 +41,7 @@ from kubernetes import client
 from dds.kube import capi
 from dds.kube.capi import MACHINES, MACHINESETS, CapiNotInstalled, CapiObjects
 from dds.kube.machinesets import machineset_from_object
-from dds.model.groups import ANNOTATION_PREFIX, LABEL_NODE_GROUP, NodeGroupSpec
+from dds.model.groups import ANNOTATION_PREFIX, LABEL_ATTACHED_GPU, LABEL_NODE_GROUP, NodeGroupSpec
 from dds.nodes.errors import NodeBackendError, NodeBackendUnavailable
 from dds.provider.sources import group_input_from_machineset, opted_in, parse_group
 from dds.provider.template import template_labels
@@ -103,6 +103,7 @@ def node_labels(group: NodeGroupSpec, machineset: Mapping[str, Any], node_name: 
     node must match): the group's labels, os/arch, hostname, the node-group label and the GPU model labels."""
     labels = {str(k): str(v) for k, v in (template_metadata(machineset).get("labels") or {}).items()}
     labels.update(template_labels(group, node_name, gpu_label))
+    labels.pop(LABEL_ATTACHED_GPU, None)  # a node boots with 0 GPUs visible: DDS labels it once its GPUs are usable
     return labels
 
 

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 from dds.planner.batch import improve_with_batch
 from dds.planner.existing import FastExisting
 from dds.planner.plan import PlannerConfig, ScaleUpPlan
+from dds.planner.refusals import with_refusals
 from dds.planner.render import render_scale_down, render_scale_up
 from dds.planner.requests import RequestCache, effective_requests
 from dds.planner.scale_down import plan_scale_down
@@ -34,4 +35,4 @@ def plan_scale_up(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequ
     reqs, notes = pending_requests(snapshot, pods, cache)
     state = ClusterState(snapshot, cache, config.groups, extra_pods=[r.pod for r in reqs])
     greedy = drive(snapshot, config, reqs, FastExisting(state, config.policy), notes)
-    return improve_with_batch(snapshot, config, reqs, greedy)
+    return with_refusals(improve_with_batch(snapshot, config, reqs, greedy), snapshot)

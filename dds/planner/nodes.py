@@ -28,7 +28,8 @@ class GpuFacts:
     not_attachable_reason: str = ""
 
 
-def _node_model(node: NodeInfo, group: Optional[NodeGroupSpec], label: str, visible: int) -> Optional[str]:
+def node_model(node: NodeInfo, group: Optional[NodeGroupSpec], label: str, visible: int) -> Optional[str]:
+    """The GPU model the node holds or is getting: its devices, else its labels or group when it shows GPUs."""
     if node.devices:
         first = node.devices[0].model
         if all(d.model == first for d in node.devices):
@@ -61,7 +62,7 @@ def gpu_facts(node: NodeInfo, snapshot: Snapshot, config_groups: Optional[Sequen
     leaving = len(set(node.detaching) & {d.id for d in node.devices}) if node.detaching else 0
     capacity = max(0, present - leaving) + node.attaching
     occupied = present + node.attaching
-    model = _node_model(node, group, snapshot.gpu_model_label, visible)
+    model = node_model(node, group, snapshot.gpu_model_label, visible)
     if group is None:
         reason = "not a DDS node" if node.group_id is None else f"group {node.group_id} is unknown"
         return GpuFacts(capacity, occupied, 0, model, (model,) if model else (), None, False, reason)

@@ -52,6 +52,9 @@ class PodDecision:
     score: Optional[float] = None
     reason: str = ""  # human sentence: "fits on worker-1 after 1 GPU (best-fit score 0.92)"
     rejected: tuple[Reject, ...] = ()
+    # Why DDS cannot help this pod at all, as an Event reason (dds/planner/refusals.py); None when it can, or when the
+    # pod waits for something else (a new node is CA's to ask for).
+    refusal: Optional[str] = None
 
 
 @dataclass(frozen=True, slots=True)

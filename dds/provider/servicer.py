@@ -12,7 +12,7 @@
 | NodeGroupNodes               | in-flight instances (+ live nodes of observed groups) |                                         |
 | NodeGroupTemplateNodeInfo    | template.build_template_node()    | optional RPC; fills nodeBytes (2) and legacy nodeInfo (1)   |
 | NodeGroupGetOptions          | CA's defaults + group overrides   | optional RPC; fills duration pairs 8/3, 9/4, 10/5           |
-| GPULabel, GetAvailableGPUTypes | settings, the groups' models    | cached by CA for its lifetime                               |
+| GPULabel, GetAvailableGPUTypes | LABEL_ATTACHED_GPU, the models | cached by CA for its lifetime                               |
 | PricingNodePrice, PricingPodPrice | -                            | UNIMPLEMENTED: the only code CA reads as "not provided"     |
 | Cleanup                      | flushes the instance store        | CA is shutting down                                         |
 
@@ -37,7 +37,7 @@ from google.protobuf import any_pb2, duration_pb2, message_factory
 from google.protobuf.message import DecodeError
 
 from dds import metrics
-from dds.model.groups import NodeGroupSpec, TemplateMode
+from dds.model.groups import LABEL_ATTACHED_GPU, NodeGroupSpec, TemplateMode
 from dds.provider.decider import ScaleDownDecider, ScaleUpDecider, ScaleUpRefused
 from dds.provider.gen.externalgrpc import externalgrpc_pb2 as pb
 from dds.provider.gen.externalgrpc import externalgrpc_pb2_grpc as pb_grpc
@@ -186,7 +186,7 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
         self.registry = registry
         self.scale_up = scale_up
         self.scale_down = scale_down
-        self.gpu_label = gpu_label
+        self.gpu_model_label = gpu_label
         self._new_request_key = new_request_key or (lambda: f"increase/{uuid.uuid4().hex[:16]}")
         self._template_names = itertools.count()
 
@@ -219,7 +219,9 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
 
     @_rpc
     def GPULabel(self, request: pb.GPULabelRequest, context: grpc.ServicerContext) -> pb.GPULabelResponse:
-        return pb.GPULabelResponse(label=self.gpu_label)
+        # Not the model label pods select on: a label DDS keeps true, present only while a node has GPUs (CA counts a
+        # node with its GPU label and no GPU as unready, and fails scale-ups over it: dds/planner/labels.py).
+        return pb.GPULabelResponse(label=LABEL_ATTACHED_GPU)
 
     @_rpc
     def GetAvailableGPUTypes(self, request: pb.GetAvailableGPUTypesRequest,
@@ -289,7 +291,7 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     def NodeGroupTemplateNodeInfo(self, request: pb.NodeGroupTemplateNodeInfoRequest,
                                   context: grpc.ServicerContext) -> pb.NodeGroupTemplateNodeInfoResponse:
         group = self.registry.require(request.id)
-        node = build_template_node(group, self.gpu_label, next(self._template_names))
+        node = build_template_node(group, self.gpu_model_label, next(self._template_names))
         response = pb.NodeGroupTemplateNodeInfoResponse(nodeBytes=node.SerializeToString(deterministic=True))
         response.nodeInfo.CopyFrom(node)  # the same Node for 1.34.0/1.34.1, which read only field 1
         return response

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from dds.model.groups import LABEL_GPU_MODEL, LABEL_NODE_GROUP, NodeGroupSpec
+from dds.model.groups import LABEL_ATTACHED_GPU, LABEL_GPU_MODEL, LABEL_NODE_GROUP, NodeGroupSpec
 from dds.provider.gen.k8s import core_v1_pb2
 
 LABEL_HOSTNAME = "kubernetes.io/hostname"
@@ -55,10 +55,11 @@ def template_labels(group: NodeGroupSpec, name: str, gpu_label: str) -> dict[str
     labels[LABEL_NODE_GROUP] = node_group_label_value(group.id)
     model = group.default_gpu_model
     if group.max_gpus_per_node > 0 and model:
-        # Pods select a GPU model with this label, and CA's GPU logic keys on it: a template without it would not
-        # count as a GPU node for CA's scale-down and GPU-readiness rules.
+        # Pods select a GPU model with `gpu_label`; CA's GPU logic keys on LABEL_ATTACHED_GPU, which a template (a node
+        # with its GPUs) carries and a live node carries only while it has GPUs (dds/controller/gpu_label.py).
         labels[gpu_label] = model
         labels[LABEL_GPU_MODEL] = model
+        labels[LABEL_ATTACHED_GPU] = model
     return labels
 
 

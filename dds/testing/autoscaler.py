@@ -1,30 +1,33 @@
-"""Start "the autoscaler" for e2e tests and `make demo`: the real cluster-autoscaler when one is available, else the
-stand-in.
+"""Start the real cluster-autoscaler for e2e tests and `make demo`, wired to DDS over externalgrpc.
 
-`DDS_CLUSTER_AUTOSCALER=/path/to/cluster-autoscaler` selects the real binary (built with the externalgrpc provider);
-it runs as a process with the flags from shared/reference/control-plane.md. Without it, `AutoscalerStandIn` runs in a
-thread of the test process. Either way the handle says which one runs (`kind`) and where its log is.
+Which binary: the one the caller names, else `DDS_CLUSTER_AUTOSCALER=/path/to/cluster-autoscaler`, else the one
+hack/build-binaries.sh built into the binary cache. There is no fallback: a missing binary, one built without the
+externalgrpc provider, or one of another version than hack/versions.env pins is an `AutoscalerError` that says so,
+before anything is started. The running process's log must then name the pinned version too.
+
+It runs with the flags from shared/reference/control-plane.md, timings short enough for tests (`AutoscalerTimings`).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import re
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
 
-from dds.testing.ca_standin import AutoscalerStandIn, StandInOptions
-
 ENV_BINARY = "DDS_CLUSTER_AUTOSCALER"
-STANDIN_KIND = "stand-in"
+VERSIONS_FILE = Path(__file__).resolve().parents[2] / "hack" / "versions.env"
 _VERSION_LINE = re.compile(r"Cluster Autoscaler (\S+)")
-_VERSION_WAIT_SECONDS = 15.0
+_PROVIDERS_IN_HELP = re.compile(r"Cloud provider type\. Available values: \[([^\]]*)\]")
+_VERSION_WAIT_SECONDS = 20.0
+
+
+class AutoscalerError(RuntimeError):
+    """The cluster-autoscaler binary is missing, not the pinned version, lacks externalgrpc, or did not start."""
 
 
 @dataclass(frozen=True)
@@ -60,15 +63,6 @@ class AutoscalerTimings:
         return [f"--{name.replace('_', '-')}={format_go_duration(value)}"
                 for name, value in asdict(self).items() if value is not None]
 
-    def standin_options(self, base: StandInOptions) -> StandInOptions:
-        given = {_STANDIN_NAMES.get(name, name): value for name, value in asdict(self).items() if value is not None}
-        return replace(base, **given)
-
-
-# Flag names whose StandInOptions field is spelled differently.
-_STANDIN_NAMES = {"initial_node_group_backoff_duration": "initial_node_group_backoff",
-                  "max_node_group_backoff_duration": "max_node_group_backoff"}
-
 
 def format_go_duration(seconds: float) -> str:
     """Seconds as a Go duration flag value ("90s", "1500ms"); whole seconds avoid float formatting surprises."""
@@ -83,105 +77,117 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def pinned_version(versions_file: Path = VERSIONS_FILE) -> str:
+    """CLUSTER_AUTOSCALER_VERSION from hack/versions.env: the one version the tests accept."""
+    for line in versions_file.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "CLUSTER_AUTOSCALER_VERSION":
+            return value.strip()
+    raise AutoscalerError(f"{versions_file} pins no CLUSTER_AUTOSCALER_VERSION")
+
+
+def find_binary(explicit: Optional[Path] = None, bin_dir: Optional[Path] = None) -> Path:
+    """The binary to run: `explicit`, else $DDS_CLUSTER_AUTOSCALER, else `bin_dir`/cluster-autoscaler."""
+    if explicit is not None:
+        source, path = "the binary named by the caller", Path(explicit)
+    elif os.environ.get(ENV_BINARY, "").strip():
+        source, path = f"{ENV_BINARY}", Path(os.environ[ENV_BINARY].strip())
+    elif bin_dir is not None:
+        source, path = "the binary cache", Path(bin_dir) / "cluster-autoscaler"
+    else:
+        raise AutoscalerError(f"no cluster-autoscaler binary: set {ENV_BINARY} or run `bash hack/build-binaries.sh`")
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise AutoscalerError(f"{source}: {path} is not an executable cluster-autoscaler "
+                              f"(run `bash hack/build-binaries.sh`, which builds it from source)")
+    return path
+
+
+def check_externalgrpc(binary: Path) -> None:
+    """Refuse a binary built without the externalgrpc provider: its --help lists the providers it was built with."""
+    try:
+        done = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise AutoscalerError(f"{binary} --help did not run: {exc}") from exc
+    match = _PROVIDERS_IN_HELP.search(done.stdout + done.stderr)
+    if match is None:
+        raise AutoscalerError(f"{binary} does not look like cluster-autoscaler: its --help has no --cloud-provider")
+    providers = [p.strip() for p in match.group(1).split(",") if p.strip()]
+    if "externalgrpc" not in providers:
+        raise AutoscalerError(f"{binary} was built without the externalgrpc provider (it has: {', '.join(providers)}); "
+                              f"build it with `go build -tags externalgrpc` (hack/build-binaries.sh does)")
+
+
 @dataclass
 class AutoscalerHandle:
-    kind: str  # "cluster-autoscaler <version>" or "stand-in"
+    kind: str  # "cluster-autoscaler <version>"
     log_path: Path
-    standin: Optional[AutoscalerStandIn] = None
-    process: Optional[subprocess.Popen[bytes]] = None
-    _log_handler: Optional[logging.Handler] = None
+    process: subprocess.Popen[bytes]
     _stopped: bool = False
 
     def running(self) -> bool:
-        if self.process is not None:
-            return self.process.poll() is None
-        return self.standin is not None and self.standin.crashed is None
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL, as when CA's pod is OOM-killed or its node dies."""
+        if self.running():
+            self.process.kill()
+            self.process.wait(30)
+        self._stopped = True
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop it; a second call does nothing (a test that restarts CA stops it before the stack's teardown does)."""
         if self._stopped:
             return
         self._stopped = True
-        if self.process is not None:
-            if self.process.poll() is None:
-                self.process.terminate()
-                try:
-                    self.process.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
-                    self.process.wait(timeout)
-            return
-        if self.standin is not None:
-            self.standin.stop(timeout)
-            calls_path = self.log_path.with_name("ca-standin-calls.jsonl")
-            with calls_path.open("w") as out:
-                for call in self.standin.calls:
-                    out.write(json.dumps(asdict(call)) + "\n")
-        if self._log_handler is not None:
-            logging.getLogger("dds.testing.ca_standin").removeHandler(self._log_handler)
-            self._log_handler.close()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
 
 
-def _read_version(log_path: Path, process: subprocess.Popen[bytes]) -> str:
-    """CA prints "Cluster Autoscaler <version>" at -v=1 when it starts; wait briefly for it."""
+def _logged_version(log_path: Path, process: subprocess.Popen[bytes]) -> str:
+    """CA prints "Cluster Autoscaler <version>" at -v=1 when it starts."""
     deadline = time.monotonic() + _VERSION_WAIT_SECONDS
     while time.monotonic() < deadline:
         match = _VERSION_LINE.search(log_path.read_text(errors="replace"))
         if match:
             return match.group(1)
         if process.poll() is not None:
-            raise RuntimeError(f"cluster-autoscaler exited with {process.returncode} at start; see {log_path}")
+            raise AutoscalerError(f"cluster-autoscaler exited with {process.returncode} at start; see {log_path}")
         time.sleep(0.2)
-    return "(version not logged)"
+    raise AutoscalerError(f"cluster-autoscaler logged no version within {_VERSION_WAIT_SECONDS:.0f}s; see {log_path}")
 
 
-def _start_binary(binary: Path, kubeconfig: Path, cloud_config: Path, workdir: Path,
-                  timings: AutoscalerTimings) -> AutoscalerHandle:
+def start_autoscaler(kubeconfig: Path, cloud_config: Path, workdir: Path, *, binary: Optional[Path] = None,
+                     bin_dir: Optional[Path] = None, **timings: Any) -> AutoscalerHandle:
+    """Start the real cluster-autoscaler (see the module docstring for which binary); `timings` are AutoscalerTimings
+    fields in seconds. Raises AutoscalerError, with nothing left running, when it is not the pinned version with the
+    externalgrpc provider."""
+    parsed = AutoscalerTimings.from_kwargs(**timings)
+    path = find_binary(binary, bin_dir)
+    check_externalgrpc(path)
+    want = pinned_version()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "cluster-autoscaler.log"
-    command = [str(binary), "--cloud-provider=externalgrpc", f"--cloud-config={cloud_config}",
+    command = [str(path), "--cloud-provider=externalgrpc", f"--cloud-config={cloud_config}",
                f"--kubeconfig={kubeconfig}", "--leader-elect=false", f"--address=127.0.0.1:{free_port()}",
-               "--skip-nodes-with-system-pods=false", "--v=4", *timings.flags()]
+               "--skip-nodes-with-system-pods=false", "--v=4", *parsed.flags()]
     (workdir / "cluster-autoscaler.cmdline").write_text(" ".join(command) + "\n")
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, cwd=workdir,
                                    start_new_session=True)
+    handle = AutoscalerHandle(kind="cluster-autoscaler", log_path=log_path, process=process)
     try:
-        version = _read_version(log_path, process)
-    except Exception:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        version = _logged_version(log_path, process)
+        if version != want:
+            raise AutoscalerError(f"{path} is cluster-autoscaler {version}; the tests pin {want} "
+                                  f"(hack/versions.env): rebuild with `bash hack/build-binaries.sh`")
+    except BaseException:
+        handle.stop()
         raise
-    return AutoscalerHandle(kind=f"cluster-autoscaler {version}", log_path=log_path, process=process)
-
-
-def _start_standin(kubeconfig: Path, cloud_config: Path, workdir: Path, timings: AutoscalerTimings,
-                   standin_options: StandInOptions) -> AutoscalerHandle:
-    log_path = workdir / "ca-standin.log"
-    handler = logging.FileHandler(log_path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logger = logging.getLogger("dds.testing.ca_standin")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    # Same behaviour as the flags the real binary gets.
-    options = timings.standin_options(replace(standin_options, skip_nodes_with_system_pods=False))
-    standin = AutoscalerStandIn(kubeconfig, cloud_config, scan_interval=options.scan_interval,
-                                max_node_provision_time=options.max_node_provision_time, options=options)
-    standin.run_in_thread()
-    return AutoscalerHandle(kind=STANDIN_KIND, log_path=log_path, standin=standin, _log_handler=handler)
-
-
-def start_autoscaler(kubeconfig: Path, cloud_config: Path, workdir: Path,
-                     standin_options: Optional[StandInOptions] = None, **timings: Any) -> AutoscalerHandle:
-    """Start the real cluster-autoscaler ($DDS_CLUSTER_AUTOSCALER) or else the stand-in; `timings` are
-    AutoscalerTimings fields in seconds. `standin_options` tunes what only the stand-in has (backoff, buffers)."""
-    parsed = AutoscalerTimings.from_kwargs(**timings)
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    binary = os.environ.get(ENV_BINARY, "").strip()
-    if binary:
-        path = Path(binary)
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise FileNotFoundError(f"{ENV_BINARY}={binary!r} is not an executable file")
-        return _start_binary(path, Path(kubeconfig), Path(cloud_config), workdir, parsed)
-    return _start_standin(Path(kubeconfig), Path(cloud_config), workdir, parsed, standin_options or StandInOptions())
+    handle.kind = f"cluster-autoscaler {version}"
+    return handle

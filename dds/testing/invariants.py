@@ -408,16 +408,13 @@ class ClusterReader:
         """NodeGroups, then per group TargetSize and Nodes, as CA asks; None when DDS does not answer."""
         import grpc
 
-        from dds.testing.ca_standin.config import load_cloud_config
-        from dds.testing.ca_standin.provider import ExternalGrpcClient, ProviderError, open_channel
+        from dds.testing.provider_client import ExternalGrpcClient, ProviderError, load_cloud_config, open_channel
 
         config = load_cloud_config(self._cloud_config)
         channel = open_channel(config)
         try:
-            grpc_client = ExternalGrpcClient(channel, self._grpc_timeout, time.time)
+            grpc_client = ExternalGrpcClient(channel, self._grpc_timeout)
             groups = grpc_client.node_groups()
-            if not groups and grpc_client.calls and grpc_client.calls[-1].status != "OK":
-                return None
             views = []
             for group in groups:
                 target = grpc_client.target_size(group.id)

@@ -5,8 +5,8 @@
     + Cluster API's part, played by KwokInfrastructure in this process (as in a cluster, it is not DDS: killing DDS
       does not stop machines from being made)
     + DDS: `python -m dds serve --config ...` as a process of its own, on mutual TLS, restartable and killable
-    + the autoscaler: the real cluster-autoscaler when one is available ($DDS_CLUSTER_AUTOSCALER, or the binary cache),
-      else the stand-in (dds/testing/ca_standin)
+    + the real cluster-autoscaler (--cloud-provider=externalgrpc; $DDS_CLUSTER_AUTOSCALER or the binary cache, the
+      pinned version only: dds/testing/autoscaler.py)
 
 `StackOptions.dds_settings` overrides any DDS setting (e.g. a different fabric backend, fault injection).
 """
@@ -30,7 +30,7 @@ from kubernetes import client
 
 from dds import certs
 from dds.model.groups import ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN
-from dds.testing.autoscaler import ENV_BINARY, AutoscalerHandle, free_port, start_autoscaler
+from dds.testing.autoscaler import AutoscalerHandle, free_port, start_autoscaler
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINESET_FILE = ROOT / "manifests" / "examples" / "machineset-gpu-workers.yaml"
@@ -54,7 +54,7 @@ class StackOptions:
     workers: int = 2
     dds_settings: dict[str, Any] = field(default_factory=dict)  # merged over the defaults below (nested dicts too)
     autoscaler: bool = True
-    autoscaler_binary: Optional[Path] = None  # None: $DDS_CLUSTER_AUTOSCALER, the binary cache, else the stand-in
+    autoscaler_binary: Optional[Path] = None  # None: $DDS_CLUSTER_AUTOSCALER, else the binary cache
     autoscaler_timings: dict[str, float] = field(default_factory=dict)
     # Merged over the example MachineSet's annotations, e.g. {"dds.cdi.dev/template-mode": "observed"}.
     machineset_annotations: dict[str, str] = field(default_factory=dict)
@@ -200,15 +200,6 @@ def start_dds(config_path: Path, log_path: Path, metrics_port: int, *, wait_read
     raise StackError(f"dds serve not {'ready' if wait_ready else 'live'} within {timeout:.0f}s:\n{tail(log_path)}")
 
 
-def autoscaler_binary(options: StackOptions, bin_dir: Path) -> Optional[Path]:
-    if options.autoscaler_binary is not None:
-        return options.autoscaler_binary
-    if os.environ.get(ENV_BINARY):
-        return Path(os.environ[ENV_BINARY])
-    cached = bin_dir / "cluster-autoscaler"
-    return cached if cached.exists() else None
-
-
 class Stack:
     """Started by `start_stack`; `close()` (or leaving the `with`) stops every part, newest first."""
 
@@ -281,24 +272,14 @@ class Stack:
 
     # --- the autoscaler ---
     def start_autoscaler(self) -> AutoscalerHandle:
-        binary = autoscaler_binary(self.options, self.control_plane.bin_dir)
-        previous = os.environ.get(ENV_BINARY)
-        if binary is not None:
-            os.environ[ENV_BINARY] = str(binary)
         timings = {"scan_interval": 2.0,
                    "max_node_provision_time": max(120.0, self.options.node_provisioning_seconds * 4),
                    "scale_down_unneeded_time": 30.0, "scale_down_delay_after_add": 30.0,
                    **self.options.autoscaler_timings}
-        try:
-            self.autoscaler = start_autoscaler(self.control_plane.kubeconfig, self.tls_dir / certs.CLOUD_CONFIG,
-                                               self.workdir / "autoscaler", **timings)
-        finally:
-            if binary is not None:
-                if previous is None:
-                    os.environ.pop(ENV_BINARY, None)
-                else:
-                    os.environ[ENV_BINARY] = previous
-        handle = self.autoscaler
+        handle = start_autoscaler(self.control_plane.kubeconfig, self.tls_dir / certs.CLOUD_CONFIG,
+                                  self.workdir / "autoscaler", binary=self.options.autoscaler_binary,
+                                  bin_dir=self.control_plane.bin_dir, **timings)
+        self.autoscaler = handle
         self._exit.callback(handle.stop)
         return handle
 

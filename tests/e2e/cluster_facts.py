@@ -17,8 +17,7 @@ from dds import certs
 from dds.kube.configmap import DATA_KEY
 from dds.provider.gen.externalgrpc import externalgrpc_pb2 as pb
 from dds.provider.gen.externalgrpc import externalgrpc_pb2_grpc as pb_grpc
-from dds.testing.ca_standin import load_cloud_config
-from dds.testing.ca_standin.provider import open_channel
+from dds.testing.provider_client import load_cloud_config, open_channel
 from dds.testing.invariants import ClusterHistory, check_invariants
 from dds.testing.stack import DDS_NAMESPACE, Stack, gpus_allocatable
 

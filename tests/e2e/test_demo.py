@@ -1,5 +1,5 @@
-"""The talk's demo end to end (issue 4): a real apiserver, scheduler and kwok, DDS as a process on mutual TLS, and the
-autoscaler (the real cluster-autoscaler when one is available, else the stand-in) driving it over externalgrpc.
+"""The talk's demo end to end (issue 4): a real apiserver, scheduler and kwok, DDS as a process on mutual TLS, and
+the real cluster-autoscaler driving it over externalgrpc.
 
 One run, several assertions about what a user sees: the order of events, how many GPUs were attached and nodes added,
 and the GPU path's Pending -> Running time against the configured fabric latency.
@@ -72,9 +72,9 @@ def test_scale_down_detaches_then_removes_the_empty_node(demo: DemoResult):
 
 
 def test_gpu_counts_add_up_in_metrics(demo: DemoResult):
-    # train-0's GPU and the new node's boot-time GPU were attached; both were detached when idle.
-    assert demo.gpus_attached == 2
-    assert demo.gpus_detached == 2
+    # Every attach counted: the two workers' and the added node's boot GPUs, and train-0's.
+    assert (demo.gpus_attached, demo.gpus_attached_at_boot) == (4, 3)
+    assert demo.gpus_detached == 2  # train-0's once idle, and the removed node's boot GPU
     decisions = {k: v for k, v in demo.metrics.items() if k.startswith("dds_decisions_total{")}
     assert any('outcome="gpu"' in k and 'case="case1-scale-up"' in k and v >= 1 for k, v in decisions.items()), decisions
     assert any('outcome="node"' in k and 'case="case1-scale-up"' in k and v >= 1 for k, v in decisions.items()), decisions

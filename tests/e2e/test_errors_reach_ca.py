@@ -1,4 +1,4 @@
-"""Errors reach cluster-autoscaler (issue 6 part 6), on the stack with the autoscaler (the real one when available).
+"""Errors reach cluster-autoscaler (issue 6 part 6), on the stack with the real cluster-autoscaler.
 
 A pool of two A30, both composed into the two workers at boot. A third GPU pod goes Pending; CA asks DDS for a node
 (IncreaseSize). The planner would add one — a new node boots with one GPU — but that GPU comes from the same empty pool,
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import pytest
 
 from dds import certs
-from dds.testing.ca_standin.config import load_cloud_config
-from dds.testing.ca_standin.provider import INSTANCE_CREATING, ExternalGrpcClient, Instance, open_channel
+from dds.testing.provider_client import (INSTANCE_CREATING, ExternalGrpcClient, Instance, Placeholder, load_cloud_config,
+                                         open_channel)
 from dds.testing.invariants import describe as describe_violations
 from dds.testing.invariants import wait_converged
 from dds.testing.stack import Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
@@ -61,12 +61,15 @@ def outcome(tmp_path_factory) -> Iterator[Outcome]:
         deleted = stack.wait_for("CA to delete the failed instance's placeholder",
                                  lambda: log_lines(stack.dds.log_path, "deleted its placeholder (create-error)"), 30.0)
         # What CA reads: the real one deletes the placeholder within its loop, too fast to watch from outside; so
-        # ask for a node ourselves, with CA's certificate, and read NodeGroupNodes at once.
+        # ask for a node ourselves, with CA's certificate, and read NodeGroupNodes at once. That instance is ours, not
+        # CA's: CA re-reads NodeGroupNodes only every 2 minutes (CloudProviderNodeInstancesCacheRefreshInterval), so
+        # we drop it as CA drops its own (DeleteNodes with a create-error placeholder).
         channel = open_channel(load_cloud_config(stack.tls_dir / certs.CLOUD_CONFIG))
         try:
-            provider = ExternalGrpcClient(channel, 10.0, time.time)
+            provider = ExternalGrpcClient(channel)
             provider.increase_size(GROUP, 1)
             listed = provider.nodes(GROUP)
+            provider.delete_placeholders(GROUP, [Placeholder(i.id, "create-error") for i in listed if i.failed_creating])
         finally:
             channel.close()
         time.sleep(5.0)  # CA loops on (every 2 s): still no node, no attach
@@ -85,11 +88,7 @@ def outcome(tmp_path_factory) -> Iterator[Outcome]:
 
 
 def _ca_backed_off(stack: Stack) -> str:
-    handle = stack.autoscaler
-    if handle.standin is not None:
-        entry = handle.standin.backoff.entries.get(GROUP)
-        return entry.reason if entry is not None else ""
-    lines = [line for line in log_lines(handle.log_path, "Disabling scale-up for node group") if GROUP in line]
+    lines = [line for line in log_lines(stack.autoscaler.log_path, "Disabling scale-up for node group") if GROUP in line]
     return lines[0] if lines else ""
 
 

@@ -34,8 +34,8 @@ import pytest
 
 from dds import certs
 from dds.kube.configmap import DATA_KEY
-from dds.testing.ca_standin.config import load_cloud_config
-from dds.testing.ca_standin.provider import INSTANCE_CREATING, ExternalGrpcClient, Instance, Placeholder, open_channel
+from dds.testing.provider_client import (INSTANCE_CREATING, ExternalGrpcClient, Instance, Placeholder, load_cloud_config,
+                                         open_channel)
 from dds.testing.invariants import describe as describe_violations
 from dds.testing.invariants import wait_converged
 from dds.testing.stack import DDS_NAMESPACE, Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
@@ -101,7 +101,7 @@ class Provider:
 
     def __enter__(self) -> ExternalGrpcClient:
         self._channel = open_channel(load_cloud_config(self.stack.tls_dir / certs.CLOUD_CONFIG))
-        return ExternalGrpcClient(self._channel, 10.0, time.time)
+        return ExternalGrpcClient(self._channel)
 
     def __exit__(self, *_exc: object) -> None:
         self._channel.close()
@@ -146,7 +146,7 @@ def failed_instances(stack: Stack) -> list[Instance]:
 def drop_failed(stack: Stack, instances: list[Instance]) -> None:
     """What CA does with failed instances: delete their placeholders."""
     with Provider(stack) as provider:
-        provider.delete_nodes(GROUP, [Placeholder(i.id, "create-error") for i in instances])
+        provider.delete_placeholders(GROUP, [Placeholder(i.id, "create-error") for i in instances])
 
 
 def events_about(stack: Stack, involved: str, reason: str) -> list[str]:

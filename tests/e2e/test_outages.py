@@ -4,7 +4,7 @@ double action (exactly the GPUs and nodes the pods need, each device attached at
 node shows the GPUs the fabric gave it, CA's view converges), DDS recovers (/readyz back, its loop goes on) and the pods
 end Running.
 
-One stack for the module (one DDS, the real cluster-autoscaler when available, else the stand-in), steps in file order:
+One stack for the module (one DDS, the real cluster-autoscaler), steps in file order:
 1. two workers, each with its boot A30 busy (busy-0, busy-1);
 2. train-0 asks for a GPU; the apiserver restarts while DDS attaches it;
 3. train-1 asks for a GPU; cluster-autoscaler is killed while DDS attaches it, and started again;
@@ -91,18 +91,11 @@ class Outages:
         return took
 
     def restart_autoscaler(self, during: str) -> None:
-        """Kill cluster-autoscaler (SIGKILL for the real binary; the stand-in, a thread, is stopped) and start a new one
-        on the same flags; the old log is kept beside the new one."""
+        """SIGKILL cluster-autoscaler and start a new one on the same flags; the old log is kept beside the new one."""
         self.injected.append(("cluster-autoscaler", during))
         handle = self.stack.autoscaler
-        if handle.process is not None:
-            handle.process.kill()
-            handle.process.wait(10)
-        else:
-            handle.stop()
-        for path in (handle.log_path, handle.log_path.with_name("ca-standin-calls.jsonl")):
-            if path.exists():  # the new one writes its own
-                path.rename(path.with_name(f"before-restart-{path.name}"))
+        handle.kill()
+        handle.log_path.rename(handle.log_path.with_name(f"before-restart-{handle.log_path.name}"))
         self.stack.start_autoscaler()
         self.note(f"{handle.kind} killed and started again")
 

@@ -3,14 +3,16 @@ dds/controller/deciders.py), on plain data."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dds.controller.attach_failures import (ATTACH_ATTEMPTS, ERROR_CLASS_OTHER, ERROR_CLASS_OUT_OF_RESOURCES, Action,
-                                            after_attach_failure, nodes_without_gpus, retry_delay)
-from dds.controller.deciders import _without_unequipped_nodes
+                                            after_attach_failure, retry_delay)
+from dds.planner.equip import equip_new_nodes, nodes_without_gpus, without_unequipped_nodes
 from dds.fabric.base import ErrorCode, FabricError
 from dds.planner import plan_scale_up
-from dds.planner.plan import PlannerConfig
+from dds.planner.plan import NewNodes, PlannerConfig
 from dds.planner.snapshot import PoolInfo, Snapshot
 from tests.unit.planner.builders import make_group, make_node, make_pod
 
@@ -82,7 +84,7 @@ def test_with_the_pool_empty_the_planner_plans_a_node_and_dds_does_not_add_it():
     snapshot = _two_busy_workers(0, train)
     plan = plan_scale_up(snapshot, PlannerConfig(), [train])
     assert plan.nodes == 1 and not plan.attaches  # the planner: a new node boots with 1 GPU ...
-    kept, unequipped = _without_unequipped_nodes(snapshot, plan, snapshot.groups[0])
+    kept, unequipped = without_unequipped_nodes(snapshot, plan, snapshot.groups[0])
     assert kept.is_empty  # ... but that GPU comes from the same empty pool
     assert unequipped is not None and unequipped.nodes == 1 and unequipped.pods == ("default/train-0",)
     assert "pool pool-a has 0 free A30" in unequipped.message
@@ -92,10 +94,29 @@ def test_a_node_is_still_added_when_the_pool_can_equip_it_or_a_pod_needs_no_gpu(
     train = make_pod("train-0", gpus=1, memory_gib=8)
     equipped = _two_busy_workers(1, train)
     plan = plan_scale_up(equipped, PlannerConfig(), [train])
-    assert _without_unequipped_nodes(equipped, plan, equipped.groups[0]) == (plan, None)
+    assert without_unequipped_nodes(equipped, plan, equipped.groups[0]) == (plan, None)
 
     mem = make_pod("mem-0", memory_gib=24)
     no_gpu = _two_busy_workers(0, mem)
     plan = plan_scale_up(no_gpu, PlannerConfig(), [mem])
     assert plan.nodes == 1
-    assert _without_unequipped_nodes(no_gpu, plan, no_gpu.groups[0]) == (plan, None)
+    assert without_unequipped_nodes(no_gpu, plan, no_gpu.groups[0]) == (plan, None)
+
+
+def test_pods_of_a_node_the_pool_cannot_equip_still_get_the_gpus_live_nodes_can_take():
+    # The batch plan packs both pods onto one new node (boot GPU + 1): the pool's one free A30 cannot equip it. The
+    # node is dropped, and one pod gets that A30 on a live worker instead.
+    pods = (make_pod("train-a", gpus=1, memory_gib=8), make_pod("train-b", gpus=1, memory_gib=8))
+    snapshot = _two_busy_workers(1, *pods)
+    packed = plan_scale_up(snapshot, PlannerConfig(), list(pods))
+    one_node = replace(packed, attaches=(), new_nodes=(NewNodes(group=snapshot.groups[0].id, count=1,
+                                                                pods=tuple(p.key for p in pods), reason="batch",
+                                                                gpus_per_node=(1,)),))
+    plan, unequipped = equip_new_nodes(snapshot, one_node, snapshot.groups[0], PlannerConfig())
+    assert plan.nodes == 0 and [(a.count, a.model) for a in plan.attaches] == [(1, "A30")]
+    served = [d for d in plan.decisions if d.verdict.value == "fits-after-gpus"]
+    assert len(served) == 1 and served[0].node in ("w1", "w2")
+    # What is refused is the node, for the pod that got nothing, with what the pool has left.
+    assert unequipped is not None and unequipped.nodes == 1
+    assert unequipped.pods == tuple(p.key for p in pods if p.key != served[0].pod)
+    assert unequipped.message.startswith(f"pool pool-a has 0 free A30 for {unequipped.pods[0]}: 1 new node(s)")

@@ -89,7 +89,8 @@ def test_node_group_for_node_rejects_missing_fields(provider, request_, fragment
 
 
 def test_gpu_label_and_types(provider):
-    assert provider.stub.GPULabel(pb.GPULabelRequest(), timeout=5).label == "nvidia.com/gpu.product"
+    # CA's GPU label is DDS's own, kept true per node (docs/gpu-label.md), not the model label pods select on.
+    assert provider.stub.GPULabel(pb.GPULabelRequest(), timeout=5).label == "dds.cdi.dev/attached-gpu"
     types = provider.stub.GetAvailableGPUTypes(pb.GetAvailableGPUTypesRequest(), timeout=5).gpuTypes
     assert list(types) == ["A30"] and types["A30"].type_url == ""
 

@@ -33,7 +33,8 @@ def test_template_shape_labels_and_conditions():
     labels = dict(node.metadata.labels)
     assert labels == {"tier": "gpu", "kubernetes.io/hostname": node.metadata.name, "kubernetes.io/os": "linux",
                       "kubernetes.io/arch": "amd64", "dds.cdi.dev/node-group": "MachineSet.default.gpu-workers",
-                      "nvidia.com/gpu.product": "A30", "dds.cdi.dev/gpu-model": "A30"}
+                      "nvidia.com/gpu.product": "A30", "dds.cdi.dev/gpu-model": "A30",
+                      "dds.cdi.dev/attached-gpu": "A30"}
     assert [(t.key, t.value, t.effect) for t in node.spec.taints] == [("dedicated", "gpu", "NoSchedule")]
     capacity = {k: v.string for k, v in node.status.capacity.items()}
     assert capacity == {k: v.string for k, v in node.status.allocatable.items()}

@@ -331,7 +331,7 @@ class ProviderMachine(RuleBasedStateMachine):
         if rpc == "GetAvailableGPUTypes":
             assert set(answer.gpuTypes) == {"A30", "H100", "L40S"}
         if rpc == "GPULabel":
-            assert answer.label == GPU_LABEL
+            assert answer.label == "dds.cdi.dev/attached-gpu"
 
     @rule(data=st.data(), pod_bytes=st.binary(max_size=64), timestamp=st.integers(*INT64))
     def pricing(self, data: st.DataObject, pod_bytes: bytes, timestamp: int) -> None:

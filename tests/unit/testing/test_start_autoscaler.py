@@ -1,12 +1,29 @@
-"""start_autoscaler: the real binary when DDS_CLUSTER_AUTOSCALER names one, the stand-in otherwise."""
+"""start_autoscaler runs only the real cluster-autoscaler, of the pinned version and with externalgrpc: anything else
+is refused with a message that says what is wrong and how to fix it, and nothing is left running."""
 
 from __future__ import annotations
 
 import stat
+from pathlib import Path
 
 import pytest
 
-from dds.testing.autoscaler import AutoscalerTimings, format_go_duration, start_autoscaler
+from dds.testing.autoscaler import (AutoscalerError, AutoscalerTimings, format_go_duration, pinned_version,
+                                    start_autoscaler)
+
+HELP_WITH_EXTERNALGRPC = "Cloud provider type. Available values: [externalgrpc]"
+
+
+def fake_ca(directory: Path, version: str, help_text: str = HELP_WITH_EXTERNALGRPC) -> Path:
+    """A shell script that answers --help like cluster-autoscaler and logs its version line when started."""
+    binary = directory / "cluster-autoscaler"
+    binary.write_text(
+        "#!/bin/sh\n"
+        f"if [ \"$1\" = --help ]; then echo '      --cloud-provider string  {help_text}' >&2; exit 0; fi\n"
+        f"echo \"I0101 main.go:393] Cluster Autoscaler {version}\"\n"
+        "echo \"$@\" > args\nexec sleep 60\n")
+    binary.chmod(0o755)
+    return binary
 
 
 @pytest.mark.parametrize("seconds, flag", [
@@ -28,23 +45,14 @@ def test_unknown_timing_is_refused():
         AutoscalerTimings.from_kwargs(scan_intervall=1)
 
 
-def test_without_a_binary_the_stand_in_runs(tmp_path, monkeypatch, provider):
-    _, port = provider
+def test_the_pinned_version_comes_from_hack_versions_env():
+    assert pinned_version() == "1.35.2"
+
+
+def test_no_binary_anywhere_is_an_error_naming_the_build_script(tmp_path, monkeypatch):
     monkeypatch.delenv("DDS_CLUSTER_AUTOSCALER", raising=False)
-    cloud_config = tmp_path / "cloud-config.yaml"
-    cloud_config.write_text(f"address: 127.0.0.1:{port}\n")
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\n")
-    handle = start_autoscaler(kubeconfig, cloud_config, tmp_path / "ca", scan_interval=0.1)
-    try:
-        assert handle.kind == "stand-in" and handle.running()
-    finally:
-        handle.stop()
-    assert (tmp_path / "ca" / "ca-standin.log").exists()
-    assert (tmp_path / "ca" / "ca-standin-calls.jsonl").read_text().strip().endswith('"status": "OK"}')
+    with pytest.raises(AutoscalerError, match="binary cache.*not an executable.*hack/build-binaries.sh"):
+        start_autoscaler(tmp_path / "kubeconfig", tmp_path / "cloud-config", tmp_path / "ca", bin_dir=tmp_path)
 
 
 def test_a_binary_that_is_not_executable_is_an_error(tmp_path, monkeypatch):
@@ -52,21 +60,33 @@ def test_a_binary_that_is_not_executable_is_an_error(tmp_path, monkeypatch):
     binary.write_text("")
     binary.chmod(stat.S_IRUSR)
     monkeypatch.setenv("DDS_CLUSTER_AUTOSCALER", str(binary))
-    with pytest.raises(FileNotFoundError, match="DDS_CLUSTER_AUTOSCALER=.*not an executable"):
+    with pytest.raises(AutoscalerError, match="DDS_CLUSTER_AUTOSCALER.*not an executable"):
         start_autoscaler(tmp_path / "kubeconfig", tmp_path / "cloud-config", tmp_path / "ca")
 
 
-def test_the_real_binary_gets_ca_flags_and_its_version_is_read(tmp_path, monkeypatch):
-    binary = tmp_path / "cluster-autoscaler"
-    binary.write_text("#!/bin/sh\necho \"I0101 main.go:250] Cluster Autoscaler 1.36.1\"\necho \"$@\" > args\n"
-                      "exec sleep 60\n")
-    binary.chmod(0o755)
+def test_a_binary_without_externalgrpc_is_refused_before_it_starts(tmp_path, monkeypatch):
+    binary = fake_ca(tmp_path, pinned_version(), help_text="Cloud provider type. Available values: [aws,gce]")
     monkeypatch.setenv("DDS_CLUSTER_AUTOSCALER", str(binary))
+    with pytest.raises(AutoscalerError, match=r"without the externalgrpc provider \(it has: aws, gce\)"):
+        start_autoscaler(tmp_path / "kubeconfig", tmp_path / "cloud-config", tmp_path / "ca")
+    assert not (tmp_path / "ca" / "cluster-autoscaler.log").exists()
+
+
+def test_another_version_is_refused_and_stopped(tmp_path, monkeypatch):
+    binary = fake_ca(tmp_path, "1.34.0")
+    monkeypatch.setenv("DDS_CLUSTER_AUTOSCALER", str(binary))
+    with pytest.raises(AutoscalerError, match=r"is cluster-autoscaler 1\.34\.0; the tests pin 1\.35\.2"):
+        start_autoscaler(tmp_path / "kubeconfig", tmp_path / "cloud-config", tmp_path / "ca")
+
+
+def test_the_pinned_binary_gets_ca_flags_and_names_its_version(tmp_path, monkeypatch):
+    monkeypatch.delenv("DDS_CLUSTER_AUTOSCALER", raising=False)
+    binary = fake_ca(tmp_path, pinned_version())
     workdir = tmp_path / "ca"
-    handle = start_autoscaler(tmp_path / "kubeconfig", tmp_path / "cloud-config.yaml", workdir,
+    handle = start_autoscaler(tmp_path / "kubeconfig", tmp_path / "cloud-config.yaml", workdir, binary=binary,
                               max_node_provision_time=90)
     try:
-        assert handle.kind == "cluster-autoscaler 1.36.1" and handle.running()
+        assert handle.kind == "cluster-autoscaler 1.35.2" and handle.running()
         cmdline = (workdir / "cluster-autoscaler.cmdline").read_text()
         for flag in ("--cloud-provider=externalgrpc", f"--cloud-config={tmp_path / 'cloud-config.yaml'}",
                      "--leader-elect=false", "--skip-nodes-with-system-pods=false",

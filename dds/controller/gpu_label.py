@@ -1,0 +1,63 @@
+"""Keeps cluster-autoscaler's GPU label (`LABEL_ATTACHED_GPU`) true on DDS nodes: present exactly while a node has a
+GPU it can use. Why CA needs that is in dds/planner/labels.py and docs/gpu-label.md.
+
+Two moments matter:
+- every control-loop pass sets or removes the label where it disagrees with the node's GPUs (an attach becomes
+  allocatable, the device plugin drops a GPU, a removal before a crash was not finished);
+- before a detach that leaves the node without fabric GPUs, the label goes first, so CA never sees the node with its
+  GPU label and 0 GPUs, even for one scan.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kubernetes import client
+
+from dds.fabric.base import DeviceState, Fabric
+from dds.kube.nodes import NodeNotFound, NodeUpdateFailed, set_node_label
+from dds.model.groups import LABEL_ATTACHED_GPU
+from dds.planner.labels import attached_gpu_label
+from dds.planner.plan import Detach
+from dds.planner.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+
+class GpuLabelKeeper:
+    def __init__(self, api: client.ApiClient, fabric: Fabric) -> None:
+        self._api = api
+        self._fabric = fabric
+
+    def reconcile(self, snapshot: Snapshot) -> None:
+        for node in snapshot.nodes:
+            if node.group_id is None:
+                continue  # not DDS's node: its labels are someone else's
+            group = snapshot.group(node.group_id)
+            want = attached_gpu_label(node, group, snapshot.gpu_model_label)
+            have = node.labels.get(LABEL_ATTACHED_GPU)
+            if want == have:
+                continue
+            why = (f"{node.allocatable.get(node.gpu_resource)} GPU(s) allocatable" if want
+                   else "no GPU left that it can use")
+            self._set(node.name, want, why)
+
+    def before_detach(self, step: Detach) -> None:
+        """Remove the label when this detach takes the node's last fabric GPU."""
+        leaving = set(step.device_ids)
+        staying = [d for d in self._fabric.devices(step.node)
+                   if d.id not in leaving and d.state != DeviceState.DETACHING]
+        if not staying:
+            self._set(step.node, None, f"its last GPU(s) {', '.join(step.device_ids)} are being detached")
+
+    def _set(self, node_name: str, value: str | None, why: str) -> None:
+        try:
+            set_node_label(self._api, node_name, LABEL_ATTACHED_GPU, value)
+        except NodeNotFound:
+            return  # a node that is gone carries no label
+        except NodeUpdateFailed as exc:
+            # The next loop pass tries again; a detach is not held back for it (the window is one pass).
+            log.warning("could not update %s on %s (%s): %s", LABEL_ATTACHED_GPU, node_name, why, exc)
+            return
+        log.info("%s %s on %s: %s", "set" if value else "removed",
+                 f"{LABEL_ATTACHED_GPU}={value}" if value else LABEL_ATTACHED_GPU, node_name, why)
