@@ -53,7 +53,8 @@ INSTANCES_CONFIGMAP = "dds-instances"
 
 def planner_config(settings: Settings) -> PlannerConfig:
     return PlannerConfig(policy=settings.policy, batch_solver=settings.batch_solver,
-                         solver_time_budget_seconds=settings.solver_time_budget_seconds)
+                         solver_time_budget_seconds=settings.solver_time_budget_seconds,
+                         warm_gpus_by_pool={p.name: p.warm_gpus for p in settings.simulated_fabric.pools})
 
 
 class ObservedClusterView:
@@ -236,7 +237,7 @@ def build_app(settings: Settings, api: Optional[client.ApiClient] = None,
     watcher = OperationWatcher(fabric, events, clock)
     planner = planner_config(settings)
     loop = LoopConfig(interval_seconds=settings.loop_interval_seconds,
-                      unhandled_pending_grace_seconds=settings.unhandled_pending_grace_seconds, planner=planner,
+                      pending_debounce_seconds=settings.pending_debounce_seconds, planner=planner,
                       orphan_timeout_seconds=settings.orphan_attach_timeout_seconds)
     app_ref: dict[str, App] = {}
     controller = Controller(observer, executor, watcher, fabric, api, events, loop, clock,

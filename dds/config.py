@@ -54,6 +54,9 @@ class PoolSpec(_Section):
     name: str
     devices: dict[str, int]  # model -> count
     max_slots_per_node: Optional[int] = None  # a fabric-side limit on top of each group's max GPUs
+    # Idle GPUs each group drawing from this pool keeps attached for the next pods (warm headroom), unless the group's
+    # dds.cdi.dev/warm-gpus says otherwise. Never held while a pending pod waits for a device of this pool.
+    warm_gpus: int = Field(default=0, ge=0)
 
 
 class SimulatedFabricSettings(_Section):
@@ -105,7 +108,9 @@ class Settings(BaseSettings):
     namespace: str = "dds-system"  # where DDS keeps its own state (Lease, state ConfigMaps)
     machineset_namespaces: list[str] = Field(default_factory=list)  # empty = all namespaces
 
-    gpu_label: str = "nvidia.com/gpu.product"  # CA's GPULabel; also the label pods use to ask for a GPU model
+    # The label pods select a GPU model with (on nodes and templates). CA's GPULabel is DDS's own
+    # dds.cdi.dev/attached-gpu, present only while a node has GPUs: docs/gpu-label.md.
+    gpu_label: str = "nvidia.com/gpu.product"
     fabric: FabricBackend = FabricBackend.SIMULATED
     simulated_fabric: SimulatedFabricSettings = Field(default_factory=SimulatedFabricSettings)
     redfish: RedfishSettings = Field(default_factory=RedfishSettings)
@@ -120,7 +125,10 @@ class Settings(BaseSettings):
     # A pending pod unschedulable this long without CA starting a scale-up is DDS's to serve (case 2).
     # Case 2 starts only after CA had its chance: CA waits 30 s before scaling up for a GPU pod (its
     # unschedulablePodWithGpuTimeBuffer) and scans every 10 s, so 60 s leaves CA's case 1 the first word.
-    unhandled_pending_grace_seconds: float = Field(default=60.0, ge=0)
+    # The fast path: DDS's loop attaches GPUs for a pending pod that fits on a live node once they are attached, as
+    # soon as the pod has been unschedulable this long (a short debounce batches a burst). Pods that need a new node
+    # are left to cluster-autoscaler. A large value gives CA the first word on GPU pods too.
+    pending_debounce_seconds: float = Field(default=2.0, ge=0)
     loop_interval_seconds: float = Field(default=5.0, gt=0)
     orphan_attach_timeout_seconds: float = Field(default=600.0, gt=0)
     max_node_provision_seconds: float = Field(default=900.0, gt=0)

@@ -45,6 +45,7 @@ POINTS: Mapping[str, str] = MappingProxyType({
     "scale-up.node-instance-recorded": "CA's node instance is persisted; the MachineSet is not scaled yet",
     "nodes.add.patched": "the MachineSet's replicas (and request record) are patched; CA not answered yet",
     "initial-gpus.attached": "a new node's initial GPUs are being attached; the node is not labelled done yet",
+    "loop.attach-started": "the loop's fast path (or warm refill) started an attach; the pod is still pending",
     # node remove
     "remove.cordoned": "the node carries the dds.cdi.dev/removing taint; its Machine is not marked yet",
     "nodes.remove.marked": "the Machine is marked cluster.x-k8s.io/delete-machine; replicas not lowered yet",

@@ -7,8 +7,10 @@ source by hack/build-binaries.sh ($DDS_CLUSTER_AUTOSCALER names another build of
 
 The scenario (shared/seeds/004, the talk's demo):
 1. Two workers of MachineSet gpu-workers, one A30 each, both busy.
-2. A pod asks for one more GPU: Pending -> CA calls IncreaseSize -> DDS attaches a GPU to a worker, adds no node -> Running.
-3. Memory-heavy pods that no worker can hold even with every GPU slot filled -> DDS adds a node -> Running.
+2. A pod asks for one more GPU: Pending -> DDS's fast path attaches a GPU to a worker within seconds (no node, no wait
+   for CA, which holds GPU pods back for 30 s) -> Running.
+3. Memory-heavy pods that no worker can hold even with every GPU slot filled -> CA calls IncreaseSize -> DDS adds a
+   node -> Running.
 4. Those pods go away -> idle GPUs are detached after the cooldown, the empty node is removed.
 
     python -m dds.demo [--workdir DIR] [--attach-latency 4:6] [--node-provisioning 20] [--json]
@@ -244,14 +246,15 @@ class Demo:
         self.wait_for("busy-0 and busy-1 Running", lambda: self.pods_running(["busy-0", "busy-1"]),
                       describe=self.pods_describe)
 
-        self.step("a pod asks for one more GPU: case 1, expect a GPU attach and no new node")
+        self.step("a pod asks for one more GPU: expect DDS's fast path to attach one to a worker, and no new node")
         self.core.create_namespaced_pod(DEMO_NAMESPACE, pod("train-0", memory_gib=8, gpus=1))
         gpu_started = time.monotonic()
         self.wait_for("train-0 Running", lambda: self.pods_running(["train-0"]), describe=self.pods_describe)
         gpu_path = time.monotonic() - gpu_started
         self.step(f"train-0 Running {gpu_path:.1f}s after it was created, on a worker that got a GPU")
 
-        self.step("two memory-heavy pods (24Gi each) no worker can hold even with all 4 GPU slots: expect a new node")
+        self.step("two memory-heavy pods (24Gi each) no worker can hold even with all 4 GPU slots: expect CA's "
+                  "scale-up and a new node")
         for name in ("mem-0", "mem-1"):
             self.core.create_namespaced_pod(DEMO_NAMESPACE, pod(name, memory_gib=24))
         node_started = time.monotonic()

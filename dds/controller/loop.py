@@ -2,14 +2,17 @@
 
 Ownership, so DDS never races cluster-autoscaler (one owner per decision):
 
-| decision                                   | owner                                   | where                         |
-|--------------------------------------------|-----------------------------------------|-------------------------------|
-| scale-up CA asked for (case 1)             | CA's IncreaseSize -> planner            | `deciders.PlannerScaleUp`     |
-| pending pods CA did not act on (case 2)    | this loop, after `unhandled_pending_grace` | `_serve_unhandled_pending` |
-| node removal CA asked for (case 3)         | CA's DeleteNodes -> planner             | `deciders.PlannerScaleDown`   |
-| idle GPUs anywhere (case 4)                | this loop                               | `_scale_down`                 |
-| empty nodes of spec-fixed groups (case 4)  | this loop (CA never sees those nodes)   | `_scale_down`                 |
-| empty nodes of observed groups             | CA (this loop only detaches their idle GPUs) |                           |
+| decision                                                                                   | owner                                                                   | where                             |
+|--------------------------------------------------------------------------------------------|-------------------------------------------------------------------------|-----------------------------------|
+| scale-up CA asked for (case 1)                                                             | CA's IncreaseSize -> planner                                            | `deciders.PlannerScaleUp`         |
+| pending pods that fit live nodes once GPUs are attached: the fast path (serves case 2 too) | this loop, after `pending_debounce` (2 s)                               | `_serve_pending_by_attach`        |
+| pending pods that need a new node                                                          | CA (IncreaseSize, case 1)                                               | `deciders.PlannerScaleUp`         |
+| CA's scale-up for pods whose GPUs are already on their way                                 | nobody: the plan is covered; CA's GPU instance ends with those attaches | `deciders.PlannerScaleUp`         |
+| warm headroom (idle GPUs a group keeps)                                                    | this loop                                                               | `_refill_headroom`, `_scale_down` |
+| node removal CA asked for (case 3)                                                         | CA's DeleteNodes -> planner                                             | `deciders.PlannerScaleDown`       |
+| idle GPUs anywhere (case 4)                                                                | this loop                                                               | `_scale_down`                     |
+| empty nodes of spec-fixed groups (case 4)                                                  | this loop (CA never sees those nodes)                                   | `_scale_down`                     |
+| empty nodes of observed groups                                                             | CA (this loop only detaches their idle GPUs)                            |                                   |
 
 Capacity already on its way (attaches in flight, nodes provisioning) is part of every snapshot, so a pod that CA and
 this loop both see is planned once: whoever comes second finds it covered.
@@ -21,7 +24,7 @@ import logging
 import threading
 import uuid
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from kubernetes import client
 
@@ -37,6 +40,7 @@ from dds.fabric.base import Fabric, FabricError, OperationKind
 from dds.model.events import NORMAL, EventRecorder
 from dds.model.groups import TemplateMode
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
+from dds.planner.headroom import hungry_pools, plan_warm_refill
 from dds.planner.plan import Attach, Case, Detach, PlannerConfig, RemoveNode
 
 log = logging.getLogger(__name__)
@@ -48,7 +52,7 @@ ANN_INITIAL_GPUS_DONE = "dds.cdi.dev/initial-gpus-attached"
 @dataclass(frozen=True)
 class LoopConfig:
     interval_seconds: float = 5.0
-    unhandled_pending_grace_seconds: float = 30.0
+    pending_debounce_seconds: float = 2.0
     planner: PlannerConfig = PlannerConfig()
     orphan_timeout_seconds: float = 600.0  # settings.orphan_attach_timeout_seconds; see dds/controller/orphans.py
 
@@ -71,7 +75,8 @@ class Controller:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.RLock()  # one planning pass at a time (loop and CA's RPCs share the fabric)
-        self._pending_removals: dict[str, str] = {}  # node -> group id: detaching first, removal next
+        # node -> (group id, the case that decided it): detaching first, removal next
+        self._pending_removals: dict[str, tuple[str, Case]] = {}
         self._removals_resumed = False  # the removals a previous process left half done are picked up once
         self.orphans = OrphanFinder(config.orphan_timeout_seconds)
         self.listeners: list[Callable[[Observation], None]] = []  # e.g. the instance tracker's reconcile
@@ -130,7 +135,8 @@ class Controller:
             self.gpu_labels.reconcile(observation.snapshot)
             self._resume_removals(observation)
             self._attach_initial_gpus(observation)
-            self._serve_unhandled_pending(observation)
+            if not self._serve_pending_by_attach(observation):
+                self._refill_headroom(observation)  # the pool as observed is up to date only if nothing was attached
             self._scale_down(observation)
             self._reclaim_orphans(observation)
             return observation
@@ -165,43 +171,68 @@ class Controller:
                 crashpoint("initial-gpus.attached")
             self._core.patch_node(node.name, {"metadata": {"labels": {ANN_INITIAL_GPUS_DONE: "true"}}})
 
-    # --- case 2: pending pods CA did not (or could not) act on ---
-    def _serve_unhandled_pending(self, observation: Observation) -> None:
+    # --- the fast path (and case 2): pending pods that fit on live nodes once GPUs are attached ---
+    def _serve_pending_by_attach(self, observation: Observation) -> bool:
+        """Attach GPUs for pods unschedulable for `pending_debounce_seconds` that fit a live node once the GPUs are
+        there; pods that need a new node stay CA's. Returns whether anything was attached."""
         snapshot = observation.snapshot
-        grace = self.config.unhandled_pending_grace_seconds
-        waiting = [p for p in snapshot.pending_pods()
-                   if p.key in observation.unschedulable_since
-                   and observation.unschedulable_since[p.key] + grace <= snapshot.now]
+        debounce = self.config.pending_debounce_seconds
         pending = [p for p in snapshot.pending_pods() if p.key in observation.unschedulable_since]
+        waiting = [p for p in pending if observation.unschedulable_since[p.key] + debounce <= snapshot.now]
         metrics.PENDING_PODS.set(len(snapshot.pending_pods()))
         self.refusals.forget_all_but(p.key for p in pending)
         self.refusals.report_without_planning(snapshot, pending)
         if not waiting:
-            return
+            return False
         config = replace(self.config.planner, allow_new_nodes=False)
         with metrics.PLAN_LATENCY.labels("scale-up").time():
             plan = plan_scale_up(snapshot, config, waiting)
         self.refusals.report_plan(plan)
         if not plan.attaches:
-            return
+            return False
         rendered = render_scale_up(plan)
-        log.info("case 2: %d pending pod(s) unserved for over %.0fs; plan:\n%s", len(waiting), grace, rendered)
-        self.journal.record(Case.SCALE_UP_BLOCKED.value, f"control loop: {len(waiting)} pod(s) pending over {grace:.0f}s "
-                            "that cluster-autoscaler did not serve", "gpu", rendered)
-        metrics.DECISIONS.labels(Case.SCALE_UP_BLOCKED.value, "gpu").inc()
+        log.info("fast path: %d pending pod(s) unschedulable for %.0fs or more; plan:\n%s", len(waiting), debounce,
+                 rendered)
+        self.journal.record(Case.FAST_PATH.value, f"control loop: {len(waiting)} pending pod(s) fit live nodes once "
+                            "GPUs are attached", "gpu", rendered)
+        metrics.DECISIONS.labels(Case.FAST_PATH.value, "gpu").inc()
+        self._attach(plan.attaches, "fast-path", Case.FAST_PATH)
+        return True
+
+    # --- warm headroom: idle GPUs kept attached ahead of demand ---
+    def _refill_headroom(self, observation: Observation) -> None:
+        snapshot = observation.snapshot
+        attaches = plan_warm_refill(snapshot, self.config.planner, self._hungry_pools(observation))
+        if not attaches:
+            return
+        log.info("warm headroom: %s", "; ".join(f"{a.count} x {a.model} to {a.node} ({a.reason})" for a in attaches))
+        self.journal.record(Case.WARM_HEADROOM.value, "control loop: groups below their warm-gpus", "gpu",
+                            "\n".join(f"attach {a.count} x {a.model} from pool {a.pool} to {a.node}: {a.reason}"
+                                       for a in attaches))
+        metrics.DECISIONS.labels(Case.WARM_HEADROOM.value, "gpu").inc()
+        self._attach(attaches, "warm", Case.WARM_HEADROOM)
+
+    @staticmethod
+    def _hungry_pools(observation: Observation) -> frozenset[str]:
+        snapshot = observation.snapshot
+        return hungry_pools(snapshot, [p for p in snapshot.pending_pods() if p.key in observation.unschedulable_since])
+
+    def _attach(self, steps: Sequence[Attach], prefix: str, case: Case) -> None:
         pass_id = uuid.uuid4().hex[:8]
-        for index, step in enumerate(plan.attaches):
+        for index, step in enumerate(steps):
             try:
-                operation = self.executor.attach(step, key=f"case2/{pass_id}/{index}", case=Case.SCALE_UP_BLOCKED)
+                operation = self.executor.attach(step, key=f"{prefix}/{pass_id}/{index}", case=case)
             except FabricError:
                 continue
             self.watcher.watch(operation)
+            crashpoint("loop.attach-started")
 
     # --- cases 3/4 driven by idleness: idle GPUs everywhere, empty nodes of spec-fixed groups ---
     def _scale_down(self, observation: Observation) -> None:
         snapshot = observation.snapshot
         with metrics.PLAN_LATENCY.labels("scale-down").time():
-            plan = plan_scale_down(snapshot, replace(self.config.planner, node_removal_enabled=True))
+            plan = plan_scale_down(snapshot, replace(self.config.planner, node_removal_enabled=True),
+                                   hungry_pools=self._hungry_pools(observation))
         owned_removals = []
         for removal in plan.removals:
             group = snapshot.group(removal.group)
@@ -229,7 +260,7 @@ class Controller:
         if detaches and not owned_removals:
             metrics.DECISIONS.labels(Case.SCALE_DOWN_BLOCKED.value, "gpu").inc(len(detaches))
         for removal in owned_removals:
-            self._pending_removals.setdefault(removal.node, removal.group)
+            self._pending_removals.setdefault(removal.node, (removal.group, Case.SCALE_DOWN_BLOCKED))
         self._finish_removals(observation)
 
     def _detach_is_ours(self, snapshot, node_name: str) -> bool:
@@ -239,7 +270,7 @@ class Controller:
     def request_removal(self, node: str, group_id: str) -> None:
         """Case 3: CA asked to delete this node; its GPUs are being released, the node goes when they are gone."""
         with self._lock:
-            self._pending_removals.setdefault(node, group_id)
+            self._pending_removals.setdefault(node, (group_id, Case.SCALE_DOWN))
 
     def _operations_on(self, node_name: str) -> bool:
         return any(op.node == node_name for op in self.watcher.in_flight())
@@ -247,7 +278,7 @@ class Controller:
     def _finish_removals(self, observation: Observation) -> None:
         snapshot = observation.snapshot
         removed: dict[str, int] = {}  # group id -> nodes this pass took out of it
-        for node_name, group_id in list(self._pending_removals.items()):
+        for node_name, (group_id, case) in list(self._pending_removals.items()):
             node = next((n for n in snapshot.nodes if n.name == node_name), None)
             group = snapshot.group(group_id)
             if node is None:
@@ -273,8 +304,9 @@ class Controller:
             crashpoint("remove.cordoned")
             self.executor.remove_node(
                 RemoveNode(node_name, group_id, "its GPUs are released and it holds no work"), group,
-                key=f"remove/{node_name}/{node.provider_id}", case=Case.SCALE_DOWN_BLOCKED)
-            metrics.DECISIONS.labels(Case.SCALE_DOWN_BLOCKED.value, "node").inc()
+                key=f"remove/{node_name}/{node.provider_id}", case=case)
+            if case == Case.SCALE_DOWN_BLOCKED:  # CA's removals (case 3) are counted when DeleteNodes decides them
+                metrics.DECISIONS.labels(case.value, "node").inc()
             self._pending_removals.pop(node_name, None)
             if not node.being_deleted:
                 removed[group_id] = removed.get(group_id, 0) + 1
@@ -312,13 +344,13 @@ class Controller:
         for node in observation.snapshot.nodes:
             if node.group_id and any(t.key == REMOVAL_TAINT for t in node.taints):
                 log.info("resuming the removal of %s, cordoned by a previous process", node.name)
-                self._pending_removals.setdefault(node.name, node.group_id)
+                self._pending_removals.setdefault(node.name, (node.group_id, Case.SCALE_DOWN_BLOCKED))
             elif node.group_id and self._is_ca_drained(node):
                 # CA's DeleteNodes was accepted (request_removal), its GPUs maybe still being released: CA counts the
                 # node as deleted and will neither ask again nor lift its taint. (A drain CA has under way right now
                 # is resumed too: the node then goes when it holds no work, as CA's DeleteNodes would have it.)
                 log.info("resuming the removal of %s, which cluster-autoscaler asked for", node.name)
-                self._pending_removals.setdefault(node.name, node.group_id)
+                self._pending_removals.setdefault(node.name, (node.group_id, Case.SCALE_DOWN))
 
     # --- orphaned devices: on nodes that are gone, or held by attaches that never end ---
     def _reclaim_orphans(self, observation: Observation) -> None:
@@ -329,7 +361,7 @@ class Controller:
             if reclaim.node in busy:
                 continue  # a detach already runs there; judged again when it ends
             step = Detach(reclaim.node, reclaim.device_ids, force=True, reason=reclaim.reason)
-            operation = self.executor.detach(step, key=f"orphan/{uuid.uuid4().hex[:8]}", case=Case.SCALE_DOWN_BLOCKED)
+            operation = self.executor.detach(step, key=f"orphan/{uuid.uuid4().hex[:8]}", case=Case.ORPHAN_RECLAIM)
             if operation is not None:
                 metrics.ORPHANS_RECLAIMED.inc(len(reclaim.device_ids))
                 self.watcher.watch(operation)

@@ -134,7 +134,7 @@ class DeviceRepair:
         step = Detach(node=device.node or "", device_ids=(device.id,), force=True,
                       reason=f"GPU {device.id} failed while attached")
         operation = self.executor.detach(step, key=f"repair/{device.id}/{tries.attempts}/{uuid.uuid4().hex[:6]}",
-                                         case=Case.SCALE_DOWN_BLOCKED)
+                                         case=Case.REPAIR)
         if operation is not None:
             self.watcher.watch(operation)
 
@@ -148,7 +148,7 @@ class DeviceRepair:
                              f"{restore.have} (a GPU failed or went missing): replacing {restore.count}")
         try:
             operation = self.executor.attach(step, key=f"restore/{restore.node}/{uuid.uuid4().hex[:8]}",
-                                             case=Case.SCALE_UP_BLOCKED)
+                                             case=Case.REPAIR)
         except FabricError:
             return  # counted and told by the executor; tried again after the backoff
         self.watcher.watch(operation, on_done=lambda op: self._restored(restore.node, op))

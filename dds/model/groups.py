@@ -20,6 +20,7 @@ ANN_TEMPLATE_MODE = ANNOTATION_PREFIX + "template-mode"  # spec-fixed (default) 
 ANN_GPU_IDLE_COOLDOWN = ANNOTATION_PREFIX + "gpu-idle-cooldown"  # duration, default 10m
 ANN_NODE_IDLE_COOLDOWN = ANNOTATION_PREFIX + "node-idle-cooldown"  # duration, default 10m
 ANN_FORCE_DETACH = ANNOTATION_PREFIX + "force-detach"  # "true": detach GPUs even while in use
+ANN_WARM_GPUS = ANNOTATION_PREFIX + "warm-gpus"  # idle GPUs kept attached across the group's nodes (headroom)
 
 # Labels DDS puts on nodes it manages.
 LABEL_NODE_GROUP = ANNOTATION_PREFIX + "node-group"
@@ -111,6 +112,9 @@ class NodeGroupSpec(BaseModel):
     gpu_idle_cooldown_seconds: float = Field(default=600.0, ge=0)
     node_idle_cooldown_seconds: float = Field(default=600.0, ge=0)
     force_detach: bool = False
+    # Idle GPUs kept attached across the group's nodes, ready for the next pods (None: the pool's default,
+    # PlannerConfig.warm_gpus_by_pool): dds/planner/headroom.py.
+    warm_gpus: Optional[int] = Field(default=None, ge=0)
     options: OptionOverrides = Field(default_factory=OptionOverrides)
     source: SourceRef
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import Mapping, Optional
 
 
 class Verdict(str, Enum):
@@ -16,10 +16,15 @@ class Verdict(str, Enum):
 
 
 class Case(str, Enum):
-    """The talk's four cases."""
+    """Why an action was taken: the talk's four cases, and what DDS does of its own beyond them (metric label `case`)."""
 
     SCALE_UP = "case1-scale-up"  # CA asked for a node
-    SCALE_UP_BLOCKED = "case2-scale-up-blocked"  # CA wanted a node but could not (max, backoff)
+    # Case 2 (CA wanted a node but could not: max, backoff) and more: DDS's loop attaches for a pending pod that fits
+    # on a live node once GPUs are attached, without waiting for CA, whether CA could add a node or not.
+    FAST_PATH = "fast-path-attach"
+    WARM_HEADROOM = "warm-headroom"  # idle GPUs attached ahead of demand, up to a group's warm-gpus
+    REPAIR = "repair-failed-gpu"  # a GPU that failed while attached is detached, and replaced for the pods that had it
+    ORPHAN_RECLAIM = "orphan-reclaim"  # devices held for a node that is gone, or by an attach that never ended
     SCALE_DOWN = "case3-scale-down"  # CA asked to remove a node
     SCALE_DOWN_BLOCKED = "case4-scale-down-blocked"  # CA wanted to remove but could not / DDS-owned scale-down
 
@@ -144,4 +149,7 @@ class PlannerConfig:
     allow_new_nodes: bool = True
     groups: Optional[tuple[str, ...]] = None  # restrict new nodes / attaches to these groups (None = all)
     node_removal_enabled: bool = True  # False when CA owns node removal (observed mode)
+    # Warm headroom per pool: idle GPUs each group of the pool keeps attached unless the group sets its own
+    # (NodeGroupSpec.warm_gpus); see dds/planner/headroom.py.
+    warm_gpus_by_pool: Mapping[str, int] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)

@@ -42,7 +42,8 @@ class _Gpus:
     in_use: int
 
 
-def _gpu_usage(node: NodeInfo, pods: Sequence[PodInfo], cache: RequestCache) -> _Gpus:
+def gpu_usage(node: NodeInfo, pods: Sequence[PodInfo], cache: RequestCache) -> _Gpus:
+    """The node's fabric devices: which are attached, which of them idle (newest first), how many in use."""
     leaving = set(node.detaching)
     active = tuple(d for d in node.devices if d.id not in leaving)
     used = sum(cache.get(p).gpus(node.gpu_resource) for p in pods)
@@ -62,9 +63,12 @@ def _gpus(count: int) -> str:
 
 
 class _ScaleDown:
-    def __init__(self, snapshot: Snapshot, config: PlannerConfig) -> None:
+    def __init__(self, snapshot: Snapshot, config: PlannerConfig, hungry_pools: frozenset[str] = frozenset()) -> None:
+        from dds.planner.headroom import WarmBudget  # headroom builds on this module's gpu_usage
+
         self.snapshot = snapshot
         self.config = config
+        self.warm = WarmBudget(snapshot, config, hungry_pools)
         self.cache = RequestCache()
         self.state = ClusterState(snapshot, self.cache, None)
         self.live = FastExisting(self.state, config.policy)
@@ -88,7 +92,7 @@ class _ScaleDown:
         return self.snapshot.group(node.group_id) if node.group_id else None
 
     def usage(self, node: NodeInfo) -> _Gpus:
-        return _gpu_usage(node, self.pods.get(node.name, ()), self.cache)
+        return gpu_usage(node, self.pods.get(node.name, ()), self.cache)
 
     def work(self, node: NodeInfo) -> list[PodInfo]:
         return [p for p in self.pods.get(node.name, ()) if is_work(p)]
@@ -240,14 +244,20 @@ class _ScaleDown:
                 continue
             waited, cooldown = now - node.gpus_idle_since, group.gpu_idle_cooldown_seconds
             if waited >= cooldown:
+                warm = self.warm.reserve(group, len(usage.idle))
+                if warm:  # idle is newest first: the oldest stay warm
+                    self.kept.append(Keep(node.name, f"keeps {_gpus(warm)} idle as warm headroom of {group.id}"))
+                    usage = _Gpus(usage.devices, usage.idle[:len(usage.idle) - warm], usage.in_use)
                 self.release_idle(node, usage, f"GPUs idle on {node.name} for {duration_text(waited)} (cooldown "
-                                               f"{duration_text(cooldown)}, {_gpus(usage.in_use)} in use stay)")
+                                               f"{duration_text(cooldown)}, {_gpus(usage.in_use)} in use stay"
+                                               + (f", {_gpus(warm)} kept warm" if warm else "") + ")")
 
 
-def plan_scale_down(snapshot: Snapshot, config: PlannerConfig, candidates: Optional[Sequence[str]] = None
-                    ) -> ScaleDownPlan:
+def plan_scale_down(snapshot: Snapshot, config: PlannerConfig, candidates: Optional[Sequence[str]] = None,
+                    hungry_pools: frozenset[str] = frozenset()) -> ScaleDownPlan:
+    """`hungry_pools`: pools a pending pod waits on (dds/planner/headroom.py): no warm headroom is kept from them."""
     check_policy(config.policy)
-    run = _ScaleDown(snapshot, config)
+    run = _ScaleDown(snapshot, config, hungry_pools)
     for name in dict.fromkeys(candidates or ()):
         run.candidate(name)
     if config.node_removal_enabled:

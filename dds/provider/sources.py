@@ -21,6 +21,7 @@ Both are read through one parser (`parse_group`), so a key means the same thing 
 | dds.cdi.dev/template-mode (spec-fixed, observed)                 | template_mode                    | spec-fixed       |
 | dds.cdi.dev/gpu-idle-cooldown, node-idle-cooldown (10m, 600)     | *_cooldown_seconds               | 10m              |
 | dds.cdi.dev/force-detach (true, false)                           | force_detach                     | false            |
+| dds.cdi.dev/warm-gpus (whole number >= 0)                         | warm_gpus (idle GPUs kept)       | the pool's       |
 | cluster.x-k8s.io/autoscaling-options-<option>                    | options (CA's per-group options) | CA's defaults    |
 
 Options as cluster-autoscaler's clusterapi provider names them: scaledownutilizationthreshold,
@@ -389,6 +390,7 @@ def parse_group(item: GroupInput) -> tuple[Optional[NodeGroupSpec], tuple[GroupC
             gpu_idle_cooldown_seconds=f.get(g.ANN_GPU_IDLE_COOLDOWN, _duration, 600.0, "a duration such as 10m"),
             node_idle_cooldown_seconds=f.get(g.ANN_NODE_IDLE_COOLDOWN, _duration, 600.0, "a duration such as 10m"),
             force_detach=f.get(g.ANN_FORCE_DETACH, _bool, False, "true or false"),
+            warm_gpus=f.get(g.ANN_WARM_GPUS, _count, None, "a whole number >= 0"),
             options=options, source=item.source)
     except ValidationError as exc:
         for problem in exc.errors():

@@ -60,7 +60,7 @@ KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 ADMIN_USER = "dds-test-admin"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 
-BUILD_TIMEOUT_S = 3600.0  # a cold build on 2 cores took 423 s here (etcd, kwok, apiserver, scheduler)
+BUILD_TIMEOUT_S = 3600.0  # a cold build of all five on 2 cores took 555 s here (module downloads included)
 READY_TIMEOUT_S = 90.0  # per component; the apiserver's post-start hooks take a few seconds on a busy 2-core machine
 CRD_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0

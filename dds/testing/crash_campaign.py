@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from kubernetes import client
@@ -32,6 +33,8 @@ from dds.testing.invariants import (CA_VIEW, CONVERGED, POOL_COUNTS, ClusterHist
 from dds.testing.stack import WORKLOAD_NAMESPACE, DdsProcess, Stack, StackError, pod, tail
 
 log = logging.getLogger(__name__)
+
+LOOP_ATTACH = "loop.attach-started"  # reached only by a DDS running its fast path (or a warm refill)
 
 PART_OF = "app.kubernetes.io/part-of=dds-demo"
 DDS_EXITED = "dds-exited-on-its-own"  # a death that is no crash point and no kill of ours: a DDS bug
@@ -51,6 +54,10 @@ class CampaignOptions:
     serve_bound: float = 240.0  # at the end: the final workload served (and everything settled) within this
     scale_down_bound: float = 180.0  # then everything gone and the pool whole within this
     seed: int = 9
+    # Every n-th life (and every life armed at the loop's own attach) DDS runs its fast path: pods a live node takes
+    # once GPUs are attached get them from the loop at once. The other lives let CA answer GPU pods first (IncreaseSize).
+    fast_path_every: int = 2
+    fast_path_debounce_seconds: float = 2.0
 
 
 @dataclass
@@ -210,6 +217,8 @@ class CrashCampaign:
         self._capi = CapiObjects(stack.api)
         self._failure_lives = self._spread_failures()
         self._rare: set[str] = set()  # points armed in a life that ended before reaching them
+        self._fast_path_config = stack.write_dds_config(
+            "dds-fast-path.yaml", stack.grpc_port, pending_debounce_seconds=options.fast_path_debounce_seconds)
 
     # --- the campaign ---
     def run(self) -> CampaignFigures:
@@ -255,7 +264,8 @@ class CrashCampaign:
             self.figures.random_kills += 1
             self._check_dead()
         offset = self._log_size()
-        process = self._start(env, offset)
+        fast_path = life % self.options.fast_path_every == 0 or LOOP_ATTACH in arming
+        process = self._start(env, offset, self._fast_path_config if fast_path else None)
         if process is None:  # died while starting: an armed step hit while resuming
             self._record_crash(offset, during_start=True)
             self._check_dead()
@@ -275,11 +285,12 @@ class CrashCampaign:
         path = self.stack.workdir / "dds.log"
         return path.stat().st_size if path.exists() else 0
 
-    def _start(self, env: dict[str, str], offset: int) -> Optional[DdsProcess]:
-        """The started DDS, or None when it died at an armed point before it was ready."""
+    def _start(self, env: dict[str, str], offset: int, config: Optional[Path] = None) -> Optional[DdsProcess]:
+        """The started DDS (on `config`, else the stack's), or None when it died at an armed point before it was
+        ready."""
         self.figures.restarts += 1
         try:
-            process = self.stack.start_dds(env=env)
+            process = self.stack.start_dds(config_path=config, env=env)
         except StackError:
             if crashpoints.LOG_MARKER not in self._log_since(offset):
                 raise

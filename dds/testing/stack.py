@@ -105,7 +105,6 @@ def dds_settings(options: StackOptions, kubeconfig: Path, tls_dir: Path, grpc_po
         "kubeconfig": str(kubeconfig),
         "namespace": DDS_NAMESPACE,
         "loop_interval_seconds": 1.0,
-        "unhandled_pending_grace_seconds": 45.0,  # CA (scanning every 2 s here) answers first; see dds/config.py
         "max_node_provision_seconds": max(120.0, options.node_provisioning_seconds * 4),
         "simulated_fabric": {
             "pools": [{"name": "default", "devices": {"A30": options.pool_size}}],

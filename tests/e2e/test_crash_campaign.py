@@ -32,9 +32,10 @@ STACK = StackOptions(
     attach_latency=(1.0, 2.0), detach_latency=DETACH_LATENCY, node_provisioning_seconds=4.0,
     gpu_idle_cooldown_seconds=4.0, node_idle_cooldown_seconds=6.0, pool_size=8, workers=2,
     dds_settings={
-        # CA (its 30 s GPU-pod buffer, 2 s scans) answers GPU pods first, through IncreaseSize; DDS's own loop (case 2)
-        # serves what CA does not, e.g. while it backs off after a crash during IncreaseSize.
-        "unhandled_pending_grace_seconds": 40.0,
+        # In these lives CA (its 30 s GPU-pod buffer, 2 s scans) answers GPU pods first, through IncreaseSize, and DDS's
+        # loop serves what CA does not, e.g. while it backs off after a crash during IncreaseSize. Every other life
+        # runs the fast path instead (CampaignOptions.fast_path_every): the loop attaches after 2 s.
+        "pending_debounce_seconds": 40.0,
         "orphan_attach_timeout_seconds": ORPHAN_TIMEOUT,
     },
     # A crash during IncreaseSize fails CA's scale-up, and CA backs the group off (5 min by default).

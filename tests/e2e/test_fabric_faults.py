@@ -61,7 +61,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
                            node_idle_cooldown_seconds=600.0,
                            # No CA here: DDS's own loop for pods CA did not serve (case 2) would act after this.
                            dds_settings={"orphan_attach_timeout_seconds": HANG_TIMEOUT,
-                                         "unhandled_pending_grace_seconds": 600.0})
+                                         "pending_debounce_seconds": 600.0})
     with start_stack(tmp_path_factory.mktemp("fabric-faults"), options) as started:
         started.wait_for("two Ready workers with their boot GPU",
                          lambda: len([n for n in started.nodes() if is_ready(n) and gpus_allocatable(n) == 1]) == 2,

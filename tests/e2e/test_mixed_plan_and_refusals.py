@@ -32,7 +32,7 @@ ATTACH_LATENCY = (2.0, 3.0)
 def stack(tmp_path_factory) -> Iterator[Stack]:
     options = StackOptions(pool_size=POOL_SIZE, attach_latency=ATTACH_LATENCY, detach_latency=(1.0, 2.0),
                            node_provisioning_seconds=10.0, gpu_idle_cooldown_seconds=600.0,
-                           node_idle_cooldown_seconds=600.0, dds_settings={"unhandled_pending_grace_seconds": 300.0})
+                           node_idle_cooldown_seconds=600.0, dds_settings={"pending_debounce_seconds": 300.0})
     with start_stack(tmp_path_factory.mktemp("mixed-plan"), options) as stack:
         stack.wait_for("two Ready workers with their boot GPU",
                        lambda: len([n for n in stack.nodes() if is_ready(n) and gpus_allocatable(n) == 1]) == 2,
@@ -68,7 +68,7 @@ def test_a_mixed_plan_attaches_what_it_can_and_refuses_only_the_node(stack: Stac
     assert "OutOfResources" in backoff[0]
     assert machineset_replicas(stack) == 2
     metrics = stack.dds.metrics()
-    assert metrics.get('dds_decisions_total{case="case2-scale-up-blocked",outcome="gpu"}', 0.0) == 0.0
+    assert metrics.get('dds_decisions_total{case="fast-path-attach",outcome="gpu"}', 0.0) == 0.0
 
 
 def test_pods_dds_cannot_help_are_told_why_once(stack: Stack):

@@ -30,7 +30,7 @@ from tests.integration.nodes.harness import GROUP, NodeGroupHarness, machineset_
 GPU = "nvidia.com/gpu"
 TEST_LABEL = "dds.test/namespace"  # on the group's template and nodes; the tests' pods select it
 CA_TAINT = "ToBeDeletedByClusterAutoscaler"
-GRACE_SECONDS = 30.0
+DEBOUNCE_SECONDS = 30.0
 ATTACH_SECONDS = 45.0  # longer than the grace: a pod can outwait the grace while its GPU is on its way
 DETACH_SECONDS = 10.0
 
@@ -55,7 +55,7 @@ def settings_for(namespace: str, pool_size: int = 4) -> Settings:
     return Settings(
         listen="127.0.0.1:0", insecure=True, metrics_listen="127.0.0.1:0",
         namespace=namespace, machineset_namespaces=[namespace], node_backend=NodeBackend.MACHINESET,
-        loop_interval_seconds=1.0, unhandled_pending_grace_seconds=GRACE_SECONDS,
+        loop_interval_seconds=1.0, pending_debounce_seconds=DEBOUNCE_SECONDS,
         simulated_fabric=SimulatedFabricSettings(
             pools=[PoolSpec(name="default", devices={"A30": pool_size})],
             attach_latency=LatencySpec(min=ATTACH_SECONDS, max=ATTACH_SECONDS),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dds.fabric.base import OperationKind
-from tests.integration.controller.harness import GRACE_SECONDS, ControllerHarness
+from tests.integration.controller.harness import DEBOUNCE_SECONDS, ControllerHarness
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +19,7 @@ def test_a_pod_pending_past_the_grace_while_the_group_is_at_max_gets_a_gpu_from_
     dds.wait_unschedulable("train-0")
 
     dds.run_once()
-    dds.clock.advance(GRACE_SECONDS - 5)
+    dds.clock.advance(DEBOUNCE_SECONDS - 5)
     dds.run_once()
     assert dds.operations() == [], "within the grace the pod is CA's to serve"
 
@@ -43,7 +43,7 @@ def test_a_pod_ca_is_already_serving_is_not_planned_again_by_the_loop(dds: Contr
     dds.wait_unschedulable("train-0")
     [instance] = dds.app.scale_up.increase(group, 1, "ca-request-1")
 
-    dds.clock.advance(GRACE_SECONDS + 1)  # past the grace, the attach still on its way
+    dds.clock.advance(DEBOUNCE_SECONDS + 1)  # past the grace, the attach still on its way
     assert dds.app.fabric.operation(dds.operations()[0].key).state.done is False
     dds.run_once()
     dds.run_once()
