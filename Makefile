@@ -13,7 +13,7 @@ binaries:
 	bash hack/build-binaries.sh
 
 demo: setup  ## The talk's demo end to end: control plane, DDS, the real cluster-autoscaler, simulated fabric, kwok nodes
-	$(PYTHON) -m dds.demo
+	$(PYTHON) -m harness.demo
 
 test: setup  ## Every test: lint contracts, unit, integration (real apiserver), e2e (DDS driven by the real cluster-autoscaler); the long soak variants are `make soak`
 	$(VENV)/bin/lint-imports

@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 from kubernetes import client
 
 from dds.config import Settings
-from dds.controller.deciders import PlannerScaleDown, PlannerScaleUp
+from dds.controller.ca_requests import PlannerScaleDown, PlannerScaleUp
 from dds.controller.executor import Executor, OperationWatcher
 from dds.controller.repair import DeviceRepair
 from dds.controller.idle import IdleTracker
@@ -29,22 +29,25 @@ from dds.controller.loop import Controller, LoopConfig
 from dds.controller.observe import ClusterObserver
 from dds.fabric.base import Fabric, ResumableFabric
 from dds.fabric.factory import build_fabric
+from dds.kube.cache import CachedMachineSetLister, ClusterCache, cluster_cache
 from dds.kube.events import KubeEventRecorder
 from dds.kube.leader import LeaderElector, default_identity
 from dds.kube.machinesets import MachineSetLister
 from dds.kube.nodes import gpu_capacity_hook
+from dds.kube.requests import instrument
 from dds.kube.state import ConfigMapStateStore
 from dds.model.groups import DEFAULT_GPU_RESOURCE, LABEL_NODE_GROUP, NodeGroupSpec
 from dds.nodes.factory import build_node_backend
 from dds.nodes.kwok import KwokInfrastructure
 from dds.ops.http import OpsServer
 from dds.planner.plan import PlannerConfig
-from dds.provider.instances import InstanceFactory, InstanceTracker
+from dds.scaling.instances import InstanceFactory, InstanceTracker
 from dds.provider.leadership import LeaderGate
-from dds.provider.registry import LiveNode, Registry
+from dds.scaling.requests import LiveNode
+from dds.provider.registry import Registry
 from dds.provider.server import ProviderServer, build_server
-from dds.provider.sources import MachineSetSource, NodeGroupCatalog
-from dds.provider.template import node_group_label_value
+from dds.groups.sources import MachineSetSource, NodeGroupCatalog
+from dds.groups.labels import node_group_label_value
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +69,6 @@ class ObservedClusterView:
     def __init__(self, observer: ClusterObserver, api: client.ApiClient, clock: Callable[[], float],
                  max_age_seconds: float = 1.0) -> None:
         self._observer = observer
-        self._core = client.CoreV1Api(api)
         self._clock = clock
         self._max_age = max_age_seconds
         self._lock = threading.Lock()
@@ -90,22 +92,23 @@ class ObservedClusterView:
         group_of_provider = {m.provider_id: m.group_id for m in machines if m.provider_id}
         group_of_node = {m.node_name: m.group_id for m in machines if m.node_name}
         out = []
-        for node in self._core.list_node().items:
-            provider_id = node.spec.provider_id or ""
-            ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or ()))
-            out.append(LiveNode(name=node.metadata.name, provider_id=provider_id,
-                                group_id=group_of_provider.get(provider_id) or group_of_node.get(node.metadata.name),
-                                ready=ready, labels=dict(node.metadata.labels or {})))
+        for node in self._observer.node_records():  # the watch cache once synced: no LIST per CA loop
+            out.append(LiveNode(name=node.name, provider_id=node.provider_id,
+                                group_id=group_of_provider.get(node.provider_id) or group_of_node.get(node.name),
+                                ready=node.ready, labels=dict(node.labels)))
         return tuple(out)
 
 
-def gpu_resource_of(api: client.ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]]) -> Callable[[str], Optional[str]]:
+def gpu_resource_of(api: client.ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]],
+                    cache: Optional[ClusterCache] = None) -> Callable[[str], Optional[str]]:
     """A node's GPU resource name: its group's (through the node-group label), None for a node DDS does not manage."""
     core = client.CoreV1Api(api)
 
     def resource_of(node_name: str) -> Optional[str]:
+        cached = cache.nodes.reflectors[0].get(node_name) if cache is not None and cache.nodes.synced else None
         try:
-            label = (core.read_node(node_name).metadata.labels or {}).get(LABEL_NODE_GROUP)
+            label = (cached.labels if cached is not None else
+                     (core.read_node(node_name).metadata.labels or {})).get(LABEL_NODE_GROUP)
         except client.ApiException as exc:
             if exc.status == 404:
                 return DEFAULT_GPU_RESOURCE  # gone: publishing finds it missing and says so
@@ -147,6 +150,7 @@ class App:
     scale_up: PlannerScaleUp  # what CA's IncreaseSize calls (case 1)
     scale_down: PlannerScaleDown  # what CA's DeleteNodes calls (case 3)
     infrastructure: Optional[KwokInfrastructure] = None  # node_backend kwok: DDS also makes the Machines and Nodes
+    cache: Optional[ClusterCache] = None  # settings.watch_cache: what every decision reads the cluster from
     stopped: threading.Event = field(default_factory=threading.Event)
     exit_code: int = 0
 
@@ -156,6 +160,7 @@ class App:
 
     def start(self) -> None:
         self.ops.start()
+        self._start_cache()
         self.catalog.refresh()
         self.server.start()
         if self.elector is None:
@@ -165,6 +170,15 @@ class App:
             self.elector.run_in_thread()
         log.info("DDS serving %d node group(s) on %s (fabric %s, metrics on %s)", len(self.catalog.groups()),
                  self.server.address, self.fabric.name, self.settings.metrics_listen)
+
+    def _start_cache(self, sync_timeout_seconds: float = 120.0) -> None:
+        """Start the watches and wait for their first LIST (bounded: until then decisions LIST, as without a cache)."""
+        if self.cache is None:
+            return
+        self.cache.start()
+        if not self.cache.wait_synced(sync_timeout_seconds):
+            log.warning("the cluster cache is not synced after %.0fs: reading the apiserver directly until it is",
+                        sync_timeout_seconds)
 
     def _started_leading(self) -> None:
         try:
@@ -209,6 +223,8 @@ class App:
             self.elector.stop()
         if self.infrastructure is not None:
             self.infrastructure.stop()
+        if self.cache is not None:
+            self.cache.stop()
         self.fabric.close()
         self.events.close()
         self.ops.stop()
@@ -219,25 +235,29 @@ def build_app(settings: Settings, api: Optional[client.ApiClient] = None,
     from dds.kube.client import api_client
 
     api = api or api_client(settings.kubeconfig, settings.in_cluster)
+    instrument(api)  # dds_apiserver_requests_total{verb}: steady state must show no LIST
     if settings.leader_election and not settings.identity:
         # One name for the lease holder and the Events' reportingInstance: which replica acted is then on every Event.
         settings = settings.model_copy(update={"identity": default_identity()})
     events = KubeEventRecorder.for_cluster(api, reporting_instance=settings.identity)
-    catalog = NodeGroupCatalog(source=MachineSetSource(MachineSetLister(api, settings.machineset_namespaces)),
+    cache = cluster_cache(api, settings.machineset_namespaces) if settings.watch_cache else None
+    lister = MachineSetLister(api, settings.machineset_namespaces)
+    catalog = NodeGroupCatalog(source=MachineSetSource(CachedMachineSetLister(cache, lister) if cache else lister),
                                events=events)
     fabric = build_fabric(settings, clock=clock, api_client=api,
-                          on_node_devices_changed=gpu_capacity_hook(api, gpu_resource_of(api, catalog.groups)))
+                          on_node_devices_changed=gpu_capacity_hook(api, gpu_resource_of(api, catalog.groups, cache)))
     nodes = build_node_backend(settings, clock=clock, api_client=api)
     groups = fresh_groups(catalog, clock, settings.loop_interval_seconds)
     observer = ClusterObserver(api, fabric, groups, clock, IdleTracker(), settings.gpu_label,
-                               settings.machineset_namespaces)
+                               settings.machineset_namespaces, cache=cache)
     tracker = InstanceTracker(ConfigMapStateStore(api, settings.namespace, INSTANCES_CONFIGMAP))
     registry = Registry(catalog, ObservedClusterView(observer, api, clock), tracker)
     executor = Executor(fabric, nodes.provisioner, events)
     watcher = OperationWatcher(fabric, events, clock)
     planner = planner_config(settings)
     loop = LoopConfig(interval_seconds=settings.loop_interval_seconds,
-                      pending_debounce_seconds=settings.pending_debounce_seconds, planner=planner,
+                      pending_debounce_seconds=settings.pending_debounce_seconds,
+                      gang_start_timeout_seconds=settings.gang_start_timeout_seconds, planner=planner,
                       orphan_timeout_seconds=settings.orphan_attach_timeout_seconds)
     app_ref: dict[str, App] = {}
     controller = Controller(observer, executor, watcher, fabric, api, events, loop, clock,
@@ -260,6 +280,6 @@ def build_app(settings: Settings, api: Optional[client.ApiClient] = None,
                  if query.get("format") == ["json"] else (controller.journal.render_text(), "text/plain; charset=utf-8"))
     app = App(settings=settings, api=api, fabric=fabric, catalog=catalog, registry=registry, controller=controller,
               server=server, ops=ops, events=events, elector=elector, tracker=tracker, scale_up=scale_up,
-              scale_down=scale_down, infrastructure=nodes.infrastructure)
+              scale_down=scale_down, infrastructure=nodes.infrastructure, cache=cache)
     app_ref["app"] = app
     return app

@@ -129,9 +129,13 @@ class Settings(BaseSettings):
     # soon as the pod has been unschedulable this long (a short debounce batches a burst). Pods that need a new node
     # are left to cluster-autoscaler. A large value gives CA the first word on GPU pods too.
     pending_debounce_seconds: float = Field(default=2.0, ge=0)
+    # A gang whose GPUs are attached but that has not reached its minimum of running pods this long after (or one of
+    # whose attaches failed) gets them detached: dds/controller/gang_attaches.py.
+    gang_start_timeout_seconds: float = Field(default=300.0, gt=0)
     loop_interval_seconds: float = Field(default=5.0, gt=0)
     orphan_attach_timeout_seconds: float = Field(default=600.0, gt=0)
     max_node_provision_seconds: float = Field(default=900.0, gt=0)
+    watch_cache: bool = True  # read the cluster through LIST+WATCH (dds/kube/cache.py); false: a LIST per decision
 
     # Operations.
     metrics_listen: str = "0.0.0.0:8087"

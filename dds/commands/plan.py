@@ -54,17 +54,20 @@ def snapshot_from_file(args: argparse.Namespace) -> Snapshot:
 
 def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
     """What DDS itself would plan on: the cluster's nodes, pods and MachineSet groups, and the fabric's pools, devices
-    and operations in flight, read with the same code (dds/controller/observe.py). Read-only: nothing is planned into
-    action. Idleness is unknown to a one-shot reader (DDS measures it across loops), so no GPU counts as idle yet."""
+    and operations in flight, read with the same code (dds/controller/observe.py) from one LIST of each kind, decoded
+    as the watch cache decodes them (dds/kube/cache.py). Read-only: every request is a GET (the fabric's state store is
+    wrapped so nothing is written back, even where a backend would normally create or advance its state), and nothing
+    is planned into action. Idleness is unknown to a one-shot reader (DDS measures it across loops), so no GPU counts
+    as idle yet."""
     import time
 
     from dds.controller.idle import IdleTracker
     from dds.controller.observe import ClusterObserver
-    from dds.fabric.factory import build_fabric
+    from dds.kube.cache import cluster_cache
     from dds.kube.client import api_client
     from dds.kube.machinesets import MachineSetLister
     from dds.model.events import LogEventRecorder
-    from dds.provider.sources import MachineSetSource, NodeGroupCatalog
+    from dds.groups.sources import MachineSetSource, NodeGroupCatalog
 
     settings = _settings(args)
     try:
@@ -73,10 +76,14 @@ def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
                                    events=LogEventRecorder())
         if not catalog.refresh():
             raise UsageError(f"cannot read the node groups: {catalog.last_error}")
-        fabric = build_fabric(settings, clock=time.time, api_client=api)
+        cache = None
+        if settings.watch_cache:  # off: the model-object LISTs DDS used before the cache (the scale benchmark's baseline)
+            cache = cluster_cache(api, settings.machineset_namespaces)
+            cache.list_once()
+        fabric = read_only_fabric(settings, api)
         try:
             observer = ClusterObserver(api, fabric, catalog.groups, time.time, IdleTracker(), settings.gpu_label,
-                                       settings.machineset_namespaces)
+                                       settings.machineset_namespaces, cache=cache)
             observation = observer.observe()
         finally:
             fabric.close()
@@ -95,6 +102,50 @@ def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
 
         args.save_snapshot.write_text(dump_snapshot(snapshot))
     return snapshot
+
+
+class ReadOnlyStore:
+    """A fabric state store that reads the real one and keeps every write in memory: the backend may create or advance
+    its state as it always does (a simulated manager with no state yet creates it), and the cluster never sees it."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._version = 0
+
+    def describe(self) -> str:
+        return f"{self._inner.describe()} (read-only)"
+
+    def load(self) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+        return self._inner.load()  # a missing ConfigMap (or namespace) reads as nothing stored
+
+    def save(self, document: dict[str, Any], expected_version: Optional[str]) -> str:
+        self._version += 1
+        return f"read-only-{self._version}"
+
+
+def read_only_fabric(settings: Settings, api: Any) -> Any:
+    """The settings' fabric backend as DDS would build it, with its state store read-only (see ReadOnlyStore)."""
+    from dds.config import FabricBackend
+    from dds.fabric.factory import REDFISH_LOG_SUFFIX, build_fabric
+    from dds.fabric.redfish import RedfishFabric
+    from dds.fabric.simulated import SimulatedFabric
+    from dds.fabric.state_configmap import ConfigMapFabricStateStore
+
+    name = settings.simulated_fabric.state_configmap
+    if settings.fabric == FabricBackend.SIMULATED:
+        store = ReadOnlyStore(ConfigMapFabricStateStore(api, settings.namespace, name))
+        return SimulatedFabric(settings.simulated_fabric, clock=time_now, store=store)
+    if settings.fabric == FabricBackend.REDFISH:
+        store = ReadOnlyStore(ConfigMapFabricStateStore(api, settings.namespace, name + REDFISH_LOG_SUFFIX))
+        return RedfishFabric(settings.redfish, clock=time_now, store=store, pools=settings.simulated_fabric.pools)
+    # composability-request: its state is the ComposabilityRequests themselves, which queries only read.
+    return build_fabric(settings, clock=time_now, api_client=api)
+
+
+def time_now() -> float:
+    import time  # imported here like the rest of the live-cluster path: `dds plan --snapshot` needs none of it
+
+    return time.time()
 
 
 def choose_provider(args: argparse.Namespace) -> SnapshotProvider:

@@ -32,11 +32,11 @@ from dds import crashpoints
 from dds.config import Settings
 from dds.model.events import LogEventRecorder
 from dds.nodes.memory import MemoryProvisioner
-from dds.provider.decider import AddNodesDecider, RemoveNodesDecider
-from dds.provider.instances import InstanceFactory, InstanceTracker, MemoryStateStore
+from dds.scaling.whole_nodes import AddNodesDecider, RemoveNodesDecider
+from dds.scaling.instances import InstanceFactory, InstanceTracker, MemoryStateStore
 from dds.provider.registry import Registry, StaticClusterView
 from dds.provider.server import ProviderServer, ServerConfigError, build_server, check_tls_material
-from dds.provider.sources import FileSource, NodeGroupCatalog
+from dds.groups.sources import FileSource, NodeGroupCatalog
 
 log = logging.getLogger("dds.serve")
 

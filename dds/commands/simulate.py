@@ -18,8 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from dds.planner.reservations import ReservationConfig
 from dds.sim.engine import SimResult, simulate
-from dds.sim.policies import Policy, parse_policies
+from dds.sim.policies import GANG_BASELINE, POLICIES, Policy, parse_policies
 from dds.sim.progress import ProgressBar
 from dds.sim.results import baseline_name, compare, jobs_csv, render_table, summaries_csv, timeline_csv
 from dds.sim.scenario import Scenario, Timing
@@ -51,6 +52,15 @@ def register(subparsers: Any) -> None:
                         help="seconds a GPU stays idle before it is detached (default 60 in simulations)")
     parser.add_argument("--solver", choices=("greedy", "auto", "milp"), default="greedy",
                         help="planner batch solver for scale steps (default greedy: reproducible at any CPU speed)")
+    parser.add_argument("--reservations", action="store_true",
+                        help="reserve a node for a large GPU pod that waited 600 s (dds/planner/reservations.py; the "
+                             "controller does not apply reservations yet, so they are off by default)")
+    parser.add_argument("--reserve-after", type=_non_negative_float,
+                        help="with reservations (implies --reservations): seconds a large GPU pod waits first")
+    parser.add_argument("--warm-gpus", type=int, default=0, metavar="K",
+                        help="warm headroom: idle GPUs each group keeps attached and refills (dds.cdi.dev/warm-gpus)")
+    parser.add_argument("--move-idle-gpus", action="store_true",
+                        help="release idle GPUs at once when pending pods elsewhere would get them (experimental)")
     parser.add_argument("--save-trace", type=Path, help="also write the jobs simulated as a CSV trace")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-files", action="store_true", help="print the table only; write nothing")
@@ -91,7 +101,12 @@ def run(args: argparse.Namespace) -> int:
     except (TraceError, ValueError) as exc:
         print(f"dds simulate: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    results, seconds = run_policies(scenario, policies, args.progress, args.solver)
+    policies = with_gang_baseline(scenario, policies)
+    if args.warm_gpus < 0:
+        print("dds simulate: --warm-gpus must be >= 0", file=sys.stderr)
+        return EXIT_USAGE
+    results, seconds = run_policies(scenario, policies, args.progress, args.solver, reservations_from_args(args),
+                                    args.move_idle_gpus, args.warm_gpus)
     summaries = compare(results, scenario.baseline)
     print(f"workload {scenario.name}: {scenario.description}")
     for note in scenario.notes:
@@ -135,18 +150,35 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
                    description=f"trace {args.trace.name} on the {args.workload} cluster")
 
 
+def with_gang_baseline(scenario: Scenario, policies: Sequence[Policy]) -> tuple[Policy, ...]:
+    """Jobs in gangs are compared with the gang-unaware planner in the same run (added once, after the rest)."""
+    if not any(j.group for j in scenario.jobs) or any(not p.gang_aware for p in policies):
+        return tuple(policies)
+    if not any(p.moves_gpus for p in policies):
+        return tuple(policies)
+    return tuple(policies) + (POLICIES[GANG_BASELINE],)
+
+
 def _pick(value: Optional[float], default: float) -> float:
     return default if value is None else value
 
 
-def run_policies(scenario: Scenario, policies: Sequence[Policy], progress: str = "auto",
-                 solver: str = "greedy") -> tuple[list[SimResult], list[float]]:
+def reservations_from_args(args: argparse.Namespace) -> ReservationConfig:
+    defaults = ReservationConfig()
+    return ReservationConfig(enabled=args.reservations or args.reserve_after is not None,
+                             min_age_seconds=_pick(args.reserve_after, defaults.min_age_seconds))
+
+
+def run_policies(scenario: Scenario, policies: Sequence[Policy], progress: str = "auto", solver: str = "greedy",
+                 reservations: ReservationConfig = ReservationConfig(enabled=False), moves: bool = False,
+                 warm_gpus: int = 0) -> tuple[list[SimResult], list[float]]:
     results, seconds = [], []
     enabled = {"auto": None, "always": True, "never": False}[progress]
     for policy in policies:
         bar = ProgressBar(policy.name, enabled=enabled)
         started = time.perf_counter()  # wall time of the run, reported to the user; the simulation itself is virtual
-        results.append(simulate(scenario, policy, progress=bar.update, batch_solver=solver))
+        results.append(simulate(scenario, policy, progress=bar.update, batch_solver=solver, reservations=reservations,
+                                moves=moves, warm_gpus=warm_gpus))
         seconds.append(time.perf_counter() - started)
         bar.close()
     return results, seconds
@@ -161,7 +193,10 @@ def write_outputs(out: Path, scenario: Scenario, results: Sequence[SimResult], s
         path = out / name
         path.write_text(text)
         written.append(path)
-    if plots:
+    if plots and not _have_matplotlib():
+        # A plain install (without the `sim` extra) still simulates: the tables and CSVs are the results.
+        print("note: no plots (matplotlib is not installed: pip install 'dds[sim]'); the CSV files have every figure")
+    elif plots:
         from dds.sim.plots import gpus_over_time, wait_cdf
 
         written.append(wait_cdf(results, out / "wait_cdf.png", scenario.name))
@@ -169,9 +204,13 @@ def write_outputs(out: Path, scenario: Scenario, results: Sequence[SimResult], s
     return written
 
 
-def _listing() -> str:
-    from dds.sim.policies import POLICIES
+def _have_matplotlib() -> bool:
+    import importlib.util
 
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def _listing() -> str:
     lines = ["workloads:"]
     lines += [f"  {name:<22} {description}" for name, (description, _) in BUILTIN.items()]
     lines.append("policies (--policies all, or a comma-separated list):")

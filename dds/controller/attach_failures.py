@@ -1,5 +1,5 @@
 """What DDS does when a scale-up's GPUs cannot be had: the decisions behind PlannerScaleUp, pure so they are tested
-on plain data (dds/controller/deciders.py applies them).
+on plain data (dds/controller/ca_requests.py applies them).
 
 After an attach of an instance failed (the whole of it, or part: `missing` devices not attached):
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Sequence
 
 from tenacity import RetryCallState, wait_exponential
 

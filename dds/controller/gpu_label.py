@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from kubernetes import client
-
 from dds.fabric.base import DeviceState, Fabric
+from dds.kube import ApiClient
 from dds.kube.nodes import NodeNotFound, NodeUpdateFailed, set_node_label
 from dds.model.groups import LABEL_ATTACHED_GPU
 from dds.planner.labels import attached_gpu_label
@@ -25,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class GpuLabelKeeper:
-    def __init__(self, api: client.ApiClient, fabric: Fabric) -> None:
+    def __init__(self, api: ApiClient, fabric: Fabric) -> None:
         self._api = api
         self._fabric = fabric
 

@@ -4,12 +4,12 @@ Ownership, so DDS never races cluster-autoscaler (one owner per decision):
 
 | decision                                                                                   | owner                                                                   | where                             |
 |--------------------------------------------------------------------------------------------|-------------------------------------------------------------------------|-----------------------------------|
-| scale-up CA asked for (case 1)                                                             | CA's IncreaseSize -> planner                                            | `deciders.PlannerScaleUp`         |
+| scale-up CA asked for (case 1)                                                             | CA's IncreaseSize -> planner                                            | `ca_requests.PlannerScaleUp`         |
 | pending pods that fit live nodes once GPUs are attached: the fast path (serves case 2 too) | this loop, after `pending_debounce` (2 s)                               | `_serve_pending_by_attach`        |
-| pending pods that need a new node                                                          | CA (IncreaseSize, case 1)                                               | `deciders.PlannerScaleUp`         |
-| CA's scale-up for pods whose GPUs are already on their way                                 | nobody: the plan is covered; CA's GPU instance ends with those attaches | `deciders.PlannerScaleUp`         |
+| pending pods that need a new node                                                          | CA (IncreaseSize, case 1)                                               | `ca_requests.PlannerScaleUp`         |
+| CA's scale-up for pods whose GPUs are already on their way                                 | nobody: the plan is covered; CA's GPU instance ends with those attaches | `ca_requests.PlannerScaleUp`         |
 | warm headroom (idle GPUs a group keeps)                                                    | this loop                                                               | `_refill_headroom`, `_scale_down` |
-| node removal CA asked for (case 3)                                                         | CA's DeleteNodes -> planner                                             | `deciders.PlannerScaleDown`       |
+| node removal CA asked for (case 3)                                                         | CA's DeleteNodes -> planner                                             | `ca_requests.PlannerScaleDown`       |
 | idle GPUs anywhere (case 4)                                                                | this loop                                                               | `_scale_down`                     |
 | empty nodes of spec-fixed groups (case 4)                                                  | this loop (CA never sees those nodes)                                   | `_scale_down`                     |
 | empty nodes of observed groups                                                             | CA (this loop only detaches their idle GPUs)                            |                                   |
@@ -24,12 +24,12 @@ import logging
 import threading
 import uuid
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, Sequence
-
-from kubernetes import client
+from typing import Callable, Optional
 
 from dds import metrics
+from dds.controller.apply import Actions
 from dds.controller.executor import Executor, OperationWatcher, node_ref
+from dds.controller.gang_attaches import GangAttaches
 from dds.controller.gpu_label import GpuLabelKeeper
 from dds.controller.journal import DecisionJournal
 from dds.controller.observe import ClusterObserver, Observation
@@ -37,6 +37,9 @@ from dds.controller.orphans import OrphanFinder
 from dds.controller.refusals import RefusalReporter
 from dds.crashpoints import crashpoint
 from dds.fabric.base import Fabric, FabricError, OperationKind
+from dds.kube import ApiClient
+from dds.kube.convert import TAINT_TO_BE_DELETED
+from dds.kube.nodes import add_taint, label_node, remove_taint, work_on_node
 from dds.model.events import NORMAL, EventRecorder
 from dds.model.groups import TemplateMode
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
@@ -53,20 +56,21 @@ ANN_INITIAL_GPUS_DONE = "dds.cdi.dev/initial-gpus-attached"
 class LoopConfig:
     interval_seconds: float = 5.0
     pending_debounce_seconds: float = 2.0
+    gang_start_timeout_seconds: float = 300.0  # see dds/controller/gang_attaches.py
     planner: PlannerConfig = PlannerConfig()
     orphan_timeout_seconds: float = 600.0  # settings.orphan_attach_timeout_seconds; see dds/controller/orphans.py
 
 
 class Controller:
     def __init__(self, observer: ClusterObserver, executor: Executor, watcher: OperationWatcher, fabric: Fabric,
-                 api: client.ApiClient, events: EventRecorder, config: LoopConfig,
+                 api: ApiClient, events: EventRecorder, config: LoopConfig,
                  clock: Callable[[], float], is_leader: Callable[[], bool] = lambda: True,
                  journal: Optional[DecisionJournal] = None) -> None:
         self.observer = observer
         self.executor = executor
         self.watcher = watcher
         self.fabric = fabric
-        self._core = client.CoreV1Api(api)
+        self._api = api
         self.events = events
         self.config = config
         self.clock = clock
@@ -80,10 +84,12 @@ class Controller:
         self._removals_resumed = False  # the removals a previous process left half done are picked up once
         self.orphans = OrphanFinder(config.orphan_timeout_seconds)
         self.listeners: list[Callable[[Observation], None]] = []  # e.g. the instance tracker's reconcile
+        self.actions = Actions(executor, watcher)  # the one way every attach and detach is started and followed
         # CA's GPU label follows each node's GPUs; every detach, whoever plans it, goes through this executor.
         self.gpu_labels = GpuLabelKeeper(api, fabric)
         executor.before_detach = self.gpu_labels.before_detach
         self.refusals = RefusalReporter(events)  # pods DDS cannot help: one Event per pod and reason
+        self.gangs = GangAttaches(self.actions, fabric, events, config.gang_start_timeout_seconds, clock)
 
     @property
     def lock(self) -> threading.RLock:
@@ -123,7 +129,7 @@ class Controller:
 
     # --- one pass ---
     def run_once(self) -> Observation:
-        with self._lock:
+        with self._lock, metrics.LOOP_LATENCY.time():
             tick = getattr(self.fabric, "tick", None)
             if callable(tick):
                 tick()
@@ -133,6 +139,7 @@ class Controller:
                 listener(observation)
             self._record_pools()
             self.gpu_labels.reconcile(observation.snapshot)
+            self.gangs.reconcile(observation.snapshot)
             self._resume_removals(observation)
             self._attach_initial_gpus(observation)
             if not self._serve_pending_by_attach(observation):
@@ -163,13 +170,11 @@ class Controller:
                 step = Attach(node=node.name, pool=group.fabric_pool, model=model, count=missing, pods=(),
                               reason=f"group {group.id} composes {group.initial_gpus} GPU(s) into each new node")
                 try:
-                    operation = self.executor.attach(step, key=f"initial/{node.name}/{node.provider_id}",
-                                                     case=Case.SCALE_UP)
+                    self.actions.attach(step, f"initial/{node.name}/{node.provider_id}", Case.SCALE_UP)
                 except FabricError:
                     continue
-                self.watcher.watch(operation)
                 crashpoint("initial-gpus.attached")
-            self._core.patch_node(node.name, {"metadata": {"labels": {ANN_INITIAL_GPUS_DONE: "true"}}})
+            label_node(self._api, node.name, {ANN_INITIAL_GPUS_DONE: "true"})
 
     # --- the fast path (and case 2): pending pods that fit on live nodes once GPUs are attached ---
     def _serve_pending_by_attach(self, observation: Observation) -> bool:
@@ -187,7 +192,7 @@ class Controller:
         config = replace(self.config.planner, allow_new_nodes=False)
         with metrics.PLAN_LATENCY.labels("scale-up").time():
             plan = plan_scale_up(snapshot, config, waiting)
-        self.refusals.report_plan(plan)
+        self.refusals.report_plan(plan, nodes_allowed=False)
         if not plan.attaches:
             return False
         rendered = render_scale_up(plan)
@@ -196,7 +201,8 @@ class Controller:
         self.journal.record(Case.FAST_PATH.value, f"control loop: {len(waiting)} pending pod(s) fit live nodes once "
                             "GPUs are attached", "gpu", rendered)
         metrics.DECISIONS.labels(Case.FAST_PATH.value, "gpu").inc()
-        self._attach(plan.attaches, "fast-path", Case.FAST_PATH)
+        started = self.actions.attach_all(plan.attaches, f"fast-path/{uuid.uuid4().hex[:8]}", Case.FAST_PATH)
+        self.gangs.started(snapshot, [step for step, _ in started], [op.key for _, op in started])
         return True
 
     # --- warm headroom: idle GPUs kept attached ahead of demand ---
@@ -210,22 +216,12 @@ class Controller:
                             "\n".join(f"attach {a.count} x {a.model} from pool {a.pool} to {a.node}: {a.reason}"
                                        for a in attaches))
         metrics.DECISIONS.labels(Case.WARM_HEADROOM.value, "gpu").inc()
-        self._attach(attaches, "warm", Case.WARM_HEADROOM)
+        self.actions.attach_all(attaches, f"warm/{uuid.uuid4().hex[:8]}", Case.WARM_HEADROOM)
 
     @staticmethod
     def _hungry_pools(observation: Observation) -> frozenset[str]:
         snapshot = observation.snapshot
         return hungry_pools(snapshot, [p for p in snapshot.pending_pods() if p.key in observation.unschedulable_since])
-
-    def _attach(self, steps: Sequence[Attach], prefix: str, case: Case) -> None:
-        pass_id = uuid.uuid4().hex[:8]
-        for index, step in enumerate(steps):
-            try:
-                operation = self.executor.attach(step, key=f"{prefix}/{pass_id}/{index}", case=case)
-            except FabricError:
-                continue
-            self.watcher.watch(operation)
-            crashpoint("loop.attach-started")
 
     # --- cases 3/4 driven by idleness: idle GPUs everywhere, empty nodes of spec-fixed groups ---
     def _scale_down(self, observation: Observation) -> None:
@@ -252,10 +248,8 @@ class Controller:
         for index, step in enumerate(detaches):
             if step.node in in_flight:
                 continue  # a detach already runs there; idleness is judged again when it ends
-            operation = self.executor.detach(step, key=f"detach/{uuid.uuid4().hex[:8]}/{index}",
-                                             case=Case.SCALE_DOWN_BLOCKED)
+            operation = self.actions.detach(step, f"detach/{uuid.uuid4().hex[:8]}/{index}", Case.SCALE_DOWN_BLOCKED)
             if operation is not None:
-                self.watcher.watch(operation)
                 self.observer.idle.reset(step.node)
         if detaches and not owned_removals:
             metrics.DECISIONS.labels(Case.SCALE_DOWN_BLOCKED.value, "gpu").inc(len(detaches))
@@ -329,9 +323,7 @@ class Controller:
             self._lift_removal_taint(node_name)
 
     def _lift_removal_taint(self, node_name: str) -> None:
-        node = self._core.read_node(node_name)
-        kept = [t for t in node.spec.taints or [] if t.key != REMOVAL_TAINT]
-        self._core.patch_node(node_name, {"spec": {"taints": [t.to_dict() for t in kept]}})
+        remove_taint(self._api, node_name, REMOVAL_TAINT)
 
     def _resume_removals(self, observation: Observation) -> None:
         """Once, on the first pass: a node carrying our removal taint (or CA's ToBeDeleted taint) was being removed by a
@@ -361,31 +353,21 @@ class Controller:
             if reclaim.node in busy:
                 continue  # a detach already runs there; judged again when it ends
             step = Detach(reclaim.node, reclaim.device_ids, force=True, reason=reclaim.reason)
-            operation = self.executor.detach(step, key=f"orphan/{uuid.uuid4().hex[:8]}", case=Case.ORPHAN_RECLAIM)
-            if operation is not None:
+            if self.actions.detach(step, f"orphan/{uuid.uuid4().hex[:8]}", Case.ORPHAN_RECLAIM) is not None:
                 metrics.ORPHANS_RECLAIMED.inc(len(reclaim.device_ids))
-                self.watcher.watch(operation)
 
     @staticmethod
     def _is_ca_drained(node) -> bool:
-        return any(t.key == "ToBeDeletedByClusterAutoscaler" for t in node.taints)
+        return any(t.key == TAINT_TO_BE_DELETED for t in node.taints)
 
     def _cordon_and_recheck(self, node_name: str) -> bool:
         """Taint the node NoSchedule, then look again: a pod that landed meanwhile keeps the node (and lifts the taint)."""
-        node = self._core.read_node(node_name)
-        taints = list(node.spec.taints or [])
-        if not any(t.key == REMOVAL_TAINT for t in taints):
-            taints.append(client.V1Taint(key=REMOVAL_TAINT, value="true", effect="NoSchedule"))
-            self._core.patch_node(node_name, {"spec": {"taints": [t.to_dict() for t in taints]}})
-        pods = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}").items
-        work = [p for p in pods if (p.status.phase not in ("Succeeded", "Failed"))
-                and not any(o.kind == "DaemonSet" and o.controller for o in p.metadata.owner_references or ())
-                and "kubernetes.io/config.mirror" not in (p.metadata.annotations or {})]
+        add_taint(self._api, node_name, REMOVAL_TAINT, "true", "NoSchedule")
+        work = work_on_node(self._api, node_name)
         if work:
-            kept = [t for t in taints if t.key != REMOVAL_TAINT]
-            self._core.patch_node(node_name, {"spec": {"taints": [t.to_dict() for t in kept]}})
+            remove_taint(self._api, node_name, REMOVAL_TAINT)
             self.events.emit(node_ref(node_name), NORMAL, "RemovalCancelled",
-                             f"kept: pods arrived before removal ({', '.join(p.metadata.name for p in work)})")
+                             f"kept: pods arrived before removal ({', '.join(work)})")
             return False
         return True
 

@@ -1,14 +1,21 @@
-"""Observe: read the cluster (nodes, pods, Machines) and the fabric once, and freeze it into the planner's Snapshot.
+"""Observe: read the cluster (nodes, pods, Machines, MachineSets) and the fabric, and freeze it into the planner's Snapshot.
 
-Reads are plain LISTs each loop: simple and always consistent with the apiserver; at thousands of nodes a watch cache
-would replace them (noted in the README), the planner does not change.
+Two readers of the cluster, one answer:
+
+| reader          | when                                                   | cost per observe()                      |
+|-----------------|--------------------------------------------------------|-----------------------------------------|
+| the watch cache | `cache` given and synced (dds/kube/cache.py)           | no request: dicts of decoded records    |
+| LISTs           | no cache, or the cache is relisting after a lost watch | a LIST of each kind, decoded per call   |
+
+Falling back to LISTs while the cache relists keeps a decision from ever being taken on a store known to have missed
+events; the price is a slow call during that window, never a wrong one.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from kubernetes import client
 
@@ -16,6 +23,8 @@ from dds.controller.idle import IdleTracker, NodeUsage
 from dds.controller.devices import devices_by_node
 from dds.fabric.base import Fabric, OperationKind
 from dds.kube import capi, convert
+from dds.kube.cache import ClusterCache
+from dds.kube.decode import NodeRecord, PodRecord
 from dds.model.groups import NodeGroupSpec
 from dds.planner.snapshot import NodeInfo, PodInfo, PoolInfo, Snapshot
 
@@ -55,9 +64,11 @@ def replicas_without_machine(machines: Sequence[MachineRef], replicas: Mapping[s
 
 
 def _gpu_requests(pod: PodInfo, resource: str) -> int:
-    from dds.planner import effective_requests  # the planner owns kube-scheduler's request rule
+    # The planner owns kube-scheduler's request rule, and remembers it per pod object: with the watch cache the same
+    # PodInfo comes back every observe until the pod changes, so only changed pods are computed again.
+    from dds.planner.state import LASTING_REQUESTS
 
-    return effective_requests(pod).get(resource)
+    return LASTING_REQUESTS.get(pod).get(resource)
 
 
 def _is_work(pod: PodInfo) -> bool:
@@ -67,8 +78,9 @@ def _is_work(pod: PodInfo) -> bool:
 class ClusterObserver:
     def __init__(self, api: client.ApiClient, fabric: Fabric, groups: Callable[[], Sequence[NodeGroupSpec]],
                  clock: Callable[[], float], idle: IdleTracker, gpu_model_label: str,
-                 machineset_namespaces: Sequence[str] = ()) -> None:
+                 machineset_namespaces: Sequence[str] = (), cache: Optional[ClusterCache] = None) -> None:
         self._core = client.CoreV1Api(api)
+        self.cache = cache
         self._custom = client.CustomObjectsApi(api)
         self._fabric = fabric
         self._groups = groups
@@ -80,6 +92,9 @@ class ClusterObserver:
 
     # --- Machines: the Cluster API link from a Node to its MachineSet (= node group) ---
     def machines(self) -> tuple[MachineRef, ...]:
+        cached = self.cache.machines if self.cache is not None else None
+        if cached is not None and cached.synced:
+            return machine_refs(cached.values())
         try:
             items = self._capi.list(capi.MACHINES, self._namespaces)
         except capi.CapiNotInstalled:
@@ -88,30 +103,29 @@ class ClusterObserver:
             if exc.status == 404:  # the version in use stopped being served (Cluster API upgraded)
                 self._capi.forget_version()
             raise
-        out = []
-        for item in items:
-            owner = capi.owner_machineset(item)
-            if owner is None:
-                continue
-            namespace = capi.namespace_of(item)
-            out.append(MachineRef(
-                namespace=namespace, name=capi.name_of(item), group_id=f"MachineSet/{namespace}/{owner['name']}",
-                provider_id=capi.provider_id(item), node_name=capi.node_ref_name(item),
-                deleting=capi.is_deleting(item) or capi.marked_for_deletion(item), terminating=capi.is_deleting(item)))
-        return tuple(out)
+        return machine_refs(items)
 
     def machineset_replicas(self) -> dict[str, int]:
         """spec.replicas per MachineSet group id, read now (the group catalog may be a loop old)."""
+        cached = self.cache.machinesets if self.cache is not None else None
+        if cached is not None and cached.synced:
+            return replicas_by_group(cached.values())
         try:
             items = self._capi.list(capi.MACHINESETS, self._namespaces)
         except capi.CapiNotInstalled:
             return {}
-        out = {}
-        for item in items:
-            replicas = capi.spec_replicas(item)
-            if replicas is not None:
-                out[f"MachineSet/{capi.namespace_of(item)}/{capi.name_of(item)}"] = replicas
-        return out
+        return replicas_by_group(items)
+
+    # --- pods and nodes: from the cache when it is synced, else one LIST each ---
+    def pod_records(self) -> Sequence[PodRecord]:
+        if self.cache is not None and self.cache.pods.synced:
+            return self.cache.pods.values()
+        return tuple(_pod_record(p) for p in self._core.list_pod_for_all_namespaces().items)
+
+    def node_records(self) -> Sequence[NodeRecord]:
+        if self.cache is not None and self.cache.nodes.synced:
+            return self.cache.nodes.values()
+        return tuple(_node_record(n) for n in self._core.list_node().items)
 
     # --- the snapshot ---
     def observe(self) -> Observation:
@@ -123,14 +137,10 @@ class ClusterObserver:
         group_of_node = {m.node_name: m.group_id for m in machines if m.node_name}
         deleting_nodes = {m.node_name for m in machines if m.deleting and m.node_name}
 
-        raw_pods = [p for p in self._core.list_pod_for_all_namespaces().items if not convert.pod_is_terminal(p)]
-        pods = tuple(convert.pod_info(p) for p in raw_pods)
-        unschedulable = {}
-        for raw, info in zip(raw_pods, pods):
-            if info.node_name is None:
-                since = convert.pod_unschedulable_since(raw)
-                if since is not None:
-                    unschedulable[info.key] = since
+        records = [r for r in self.pod_records() if not r.terminal]
+        pods = tuple(r.info for r in records)
+        unschedulable = {r.info.key: r.unschedulable_since for r in records
+                         if r.info.node_name is None and r.unschedulable_since is not None}
 
         grouped = devices_by_node(self._fabric.devices())
         online_by_node, detaching_by_node = grouped.online, grouped.detaching
@@ -146,13 +156,14 @@ class ClusterObserver:
         for pod in pods:
             if pod.node_name:
                 pods_by_node.setdefault(pod.node_name, []).append(pod)
-        for raw in self._core.list_node().items:
-            name = raw.metadata.name
-            provider_id = raw.spec.provider_id or ""
+        groups_by_id = {g.id: g for g in groups}
+        for raw in self.node_records():
+            name = raw.name
+            provider_id = raw.provider_id
             group_id = group_of_provider.get(provider_id) or group_of_node.get(name)
             if group_id not in group_ids:
                 group_id = None
-            group = next((g for g in groups if g.id == group_id), None)
+            group = groups_by_id.get(group_id) if group_id is not None else None
             gpu_resource = group.gpu_resource if group else "nvidia.com/gpu"
             devices = tuple(sorted(online_by_node.get(name, ()), key=lambda d: (d.attached_at, d.id)))
             bound = pods_by_node.get(name, [])
@@ -161,13 +172,13 @@ class ClusterObserver:
                                         used_gpus=sum(_gpu_requests(p, gpu_resource) for p in bound),
                                         has_work=any(_is_work(p) for p in bound)))
             nodes.append(NodeInfo(
-                name=name, provider_id=provider_id, group_id=group_id, labels=convert.labels_of(raw),
-                taints=convert.node_taints(raw), unschedulable=bool(raw.spec.unschedulable),
-                ready=convert.node_ready(raw), allocatable=convert.node_allocatable(raw), gpu_resource=gpu_resource,
+                name=name, provider_id=provider_id, group_id=group_id, labels=raw.labels,
+                taints=raw.taints, unschedulable=raw.unschedulable,
+                ready=raw.ready, allocatable=raw.allocatable, gpu_resource=gpu_resource,
                 devices=devices, attaching=attaching_by_node.get(name, 0),
                 detaching=tuple(detaching_by_node.get(name, ())),
-                created_at=raw.metadata.creation_timestamp.timestamp() if raw.metadata.creation_timestamp else 0.0,
-                being_deleted=convert.node_marked_for_deletion(raw) or name in deleting_nodes))
+                created_at=raw.created_at,
+                being_deleted=raw.marked_for_deletion or name in deleting_nodes))
         self.idle.observe(usages, now)
         nodes = [_with_idle(n, self.idle) for n in nodes]
 
@@ -194,3 +205,45 @@ def _with_idle(node: NodeInfo, idle: IdleTracker) -> NodeInfo:
     from dataclasses import replace
 
     return replace(node, gpus_idle_since=idle.gpus_idle_since(node.name), empty_since=idle.empty_since(node.name))
+
+
+def machine_refs(items: Iterable[Mapping[str, Any]]) -> tuple[MachineRef, ...]:
+    """Machines owned by a MachineSet, as references from a node to its group."""
+    out = []
+    for item in items:
+        owner = capi.owner_machineset(item)
+        if owner is None:
+            continue
+        namespace = capi.namespace_of(item)
+        out.append(MachineRef(
+            namespace=namespace, name=capi.name_of(item), group_id=f"MachineSet/{namespace}/{owner['name']}",
+            provider_id=capi.provider_id(item), node_name=capi.node_ref_name(item),
+            deleting=capi.is_deleting(item) or capi.marked_for_deletion(item), terminating=capi.is_deleting(item)))
+    return tuple(out)
+
+
+def replicas_by_group(items: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        replicas = capi.spec_replicas(item)
+        if replicas is not None:
+            out[f"MachineSet/{capi.namespace_of(item)}/{capi.name_of(item)}"] = replicas
+    return out
+
+
+def _pod_record(pod: Any) -> PodRecord:
+    """A kubernetes.client V1Pod as the record the cache keeps (the LIST path)."""
+    return PodRecord(info=convert.pod_info(pod), terminal=convert.pod_is_terminal(pod),
+                     unschedulable_since=convert.pod_unschedulable_since(pod),
+                     resource_version=pod.metadata.resource_version or "")
+
+
+def _node_record(node: Any) -> NodeRecord:
+    """A kubernetes.client V1Node as the record the cache keeps (the LIST path)."""
+    meta = node.metadata
+    return NodeRecord(
+        name=meta.name, provider_id=node.spec.provider_id or "", labels=convert.labels_of(node),
+        taints=convert.node_taints(node), unschedulable=bool(node.spec.unschedulable), ready=convert.node_ready(node),
+        allocatable=convert.node_allocatable(node),
+        created_at=meta.creation_timestamp.timestamp() if meta.creation_timestamp else 0.0,
+        marked_for_deletion=convert.node_marked_for_deletion(node), resource_version=meta.resource_version or "")

@@ -11,6 +11,7 @@ from typing import Iterable
 
 from dds.controller.executor import pod_ref
 from dds.model.events import WARNING, EventRecorder
+from dds.planner.gangs import GANG_INCOMPLETE
 from dds.planner.plan import ScaleUpPlan
 from dds.planner.refusals import cannot_serve
 from dds.planner.snapshot import PodInfo, Snapshot
@@ -31,10 +32,13 @@ class RefusalReporter:
         log.info("pod %s: DDS cannot help (%s): %s", pod, reason, message, extra={"pod": pod, "reason": reason})
         self._events.emit(pod_ref(pod), WARNING, reason, message)
 
-    def report_plan(self, plan: ScaleUpPlan) -> None:
+    def report_plan(self, plan: ScaleUpPlan, nodes_allowed: bool = True) -> None:
+        """`nodes_allowed=False` (the loop's fast path, which leaves new nodes to CA): a gang that would fit with a new
+        node is not refused, so gangs left out are not told here."""
         for decision in plan.decisions:
-            if decision.refusal is not None:
-                self.tell(decision.pod, decision.refusal, decision.reason)
+            if decision.refusal is None or (decision.refusal == GANG_INCOMPLETE and not nodes_allowed):
+                continue
+            self.tell(decision.pod, decision.refusal, decision.reason)
 
     def report_without_planning(self, snapshot: Snapshot, pods: Iterable[PodInfo]) -> None:
         """The refusals that need no simulation (a GPU model no pool holds, more GPUs than a node takes), for pods the

@@ -18,10 +18,12 @@ from typing import Any, Mapping, Optional, Sequence
 
 from kubernetes import client
 
-from dds.kube.machinesets import CAPI_GROUP, CAPI_VERSIONS
 from dds.model.groups import ANN_CAPI_DELETE_MACHINE
 
 log = logging.getLogger(__name__)
+
+CAPI_GROUP = "cluster.x-k8s.io"
+CAPI_VERSIONS = ("v1beta2", "v1beta1")  # newest first
 
 MACHINESETS = "machinesets"
 MACHINES = "machines"

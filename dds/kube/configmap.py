@@ -1,5 +1,5 @@
 """A JSON document in one ConfigMap (key `state.json`): DDS's state that must outlive a process — in-flight instances
-(dds/provider/instances.py) and the simulated fabric's devices and operations (dds/fabric/state.py).
+(dds/scaling/instances.py) and the simulated fabric's devices and operations (dds/fabric/state.py).
 
 Writes are compare-and-swap on the ConfigMap's resourceVersion: a replace (PUT) carries `metadata.resourceVersion`, the
 apiserver answers 409 Conflict when someone wrote in between, which becomes `StateConflict` (re-read, re-apply, save

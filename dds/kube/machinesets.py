@@ -1,6 +1,6 @@
 """Read Cluster API MachineSets (cluster.x-k8s.io v1beta2 or v1beta1) through the custom-objects API.
 
-Only reads: turning a MachineSet into a node group is dds/provider/sources.py's job, scaling one is dds/nodes'.
+Only reads: turning a MachineSet into a node group is dds/groups/sources.py's job, scaling one is dds/nodes'.
 The served version is discovered once (newest first) and kept; a 404 for every version means Cluster API is not
 installed, which is "no MachineSets", not an error.
 """
@@ -13,11 +13,11 @@ from typing import Any, Mapping, Optional, Sequence
 
 from kubernetes import client
 
+from dds.kube.capi import CAPI_GROUP, MACHINESETS, CapiNotInstalled, CapiObjects
+
 log = logging.getLogger(__name__)
 
-CAPI_GROUP = "cluster.x-k8s.io"
-CAPI_VERSIONS = ("v1beta2", "v1beta1")  # newest first
-PLURAL = "machinesets"
+PLURAL = MACHINESETS
 
 
 class MachineSetReadError(Exception):
@@ -57,16 +57,12 @@ def machineset_from_object(item: Mapping[str, Any]) -> MachineSetObject:
 
 class MachineSetLister:
     def __init__(self, api: client.ApiClient, namespaces: Sequence[str] = ()) -> None:
-        from dds.kube.capi import CapiObjects  # capi builds on this module's constants
-
         self._capi = CapiObjects(api)
         self._namespaces = tuple(namespaces)
         self._logged_version: Optional[str] = None
 
     def list(self) -> list[MachineSetObject]:
         """All MachineSets in the configured namespaces (all namespaces when none are configured)."""
-        from dds.kube.capi import MACHINESETS, CapiNotInstalled
-
         try:
             items = self._capi.list(MACHINESETS, self._namespaces)
             version = self._capi.version()

@@ -47,16 +47,9 @@ def set_gpu_capacity(api: client.ApiClient, node_name: str, resource: str, count
     if not resource:
         raise ValueError(f"node {node_name}: no GPU resource name given")
     what = f"node {node_name}: setting {resource} capacity and allocatable to {count}"
-    try:
-        # A dict body is sent as a strategic merge patch: only this resource's entries change.
-        client.CoreV1Api(api).patch_node_status(node_name, gpu_capacity_patch(resource, count),
-                                                _request_timeout=request_timeout_seconds)
-    except client.ApiException as exc:
-        if exc.status == 404:
-            raise NodeNotFound(f"{what}: the Node does not exist") from exc
-        raise NodeUpdateFailed(f"{what}: {exc.status} {exc.reason}{_message(exc)}") from exc
-    except Exception as exc:  # connection refused, TLS, timeouts
-        raise NodeUpdateFailed(f"{what}: apiserver unreachable: {exc}") from exc
+    # A dict body is sent as a strategic merge patch: only this resource's entries change.
+    _patch(what, lambda: client.CoreV1Api(api).patch_node_status(
+        node_name, gpu_capacity_patch(resource, count), _request_timeout=request_timeout_seconds))
     log.info("%s (device hot-plug made visible)", what)
 
 
@@ -65,15 +58,54 @@ def set_node_label(api: client.ApiClient, node_name: str, key: str, value: Optio
     """Set label `key` to `value` on the Node, or remove it when `value` is None (a merge patch: other labels stay).
     A missing Node raises `NodeNotFound`; any other failure `NodeUpdateFailed`. Idempotent."""
     what = f"node {node_name}: {'removing label ' + key if value is None else f'setting label {key}={value}'}"
+    _patch(what, lambda: client.CoreV1Api(api).patch_node(
+        node_name, {"metadata": {"labels": {key: value}}}, _request_timeout=request_timeout_seconds))
+
+
+def _patch(what: str, call: Callable[[], object]) -> None:
+    """Run one Node patch; a missing Node is `NodeNotFound`, any other failure `NodeUpdateFailed` saying `what`."""
     try:
-        client.CoreV1Api(api).patch_node(node_name, {"metadata": {"labels": {key: value}}},
-                                         _request_timeout=request_timeout_seconds)
+        call()
     except client.ApiException as exc:
         if exc.status == 404:
             raise NodeNotFound(f"{what}: the Node does not exist") from exc
         raise NodeUpdateFailed(f"{what}: {exc.status} {exc.reason}{_message(exc)}") from exc
     except Exception as exc:  # connection refused, TLS, timeouts
         raise NodeUpdateFailed(f"{what}: apiserver unreachable: {exc}") from exc
+
+
+def label_node(api: client.ApiClient, node_name: str, labels: Mapping[str, str]) -> None:
+    """Merge `labels` into the Node's labels (others stay)."""
+    client.CoreV1Api(api).patch_node(node_name, {"metadata": {"labels": dict(labels)}})
+
+
+def add_taint(api: client.ApiClient, node_name: str, key: str, value: str, effect: str) -> None:
+    """Add the taint unless the Node has one with that key (re-read first, so a taint added meanwhile stays)."""
+    core = client.CoreV1Api(api)
+    taints = list(core.read_node(node_name).spec.taints or [])
+    if any(t.key == key for t in taints):
+        return
+    taints.append(client.V1Taint(key=key, value=value, effect=effect))
+    core.patch_node(node_name, {"spec": {"taints": [t.to_dict() for t in taints]}})
+
+
+def remove_taint(api: client.ApiClient, node_name: str, key: str, *, uncordon: bool = False) -> None:
+    """Remove every taint with `key` (re-read first); `uncordon` also clears spec.unschedulable (CA's drain sets it)."""
+    core = client.CoreV1Api(api)
+    kept = [t for t in core.read_node(node_name).spec.taints or [] if t.key != key]
+    spec: dict[str, object] = {"taints": [t.to_dict() for t in kept]}
+    if uncordon:
+        spec["unschedulable"] = False
+    core.patch_node(node_name, {"spec": spec})
+
+
+def work_on_node(api: client.ApiClient, node_name: str) -> list[str]:
+    """Names of the pods on the node that count as work: not finished, not DaemonSet-owned, not mirror pods. Read
+    fresh from the apiserver (not a cache): it decides whether a node may go."""
+    pods = client.CoreV1Api(api).list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}").items
+    return [p.metadata.name for p in pods if p.status.phase not in ("Succeeded", "Failed")
+            and not any(o.kind == "DaemonSet" and o.controller for o in p.metadata.owner_references or ())
+            and "kubernetes.io/config.mirror" not in (p.metadata.annotations or {})]
 
 
 def gpu_capacity_hook(api: client.ApiClient,

@@ -1,4 +1,4 @@
-"""In-flight instances (dds/provider/instances.py `StateStore`) kept in a ConfigMap, so a restarted DDS lists to CA
+"""In-flight instances (dds/scaling/instances.py `StateStore`) kept in a ConfigMap, so a restarted DDS lists to CA
 exactly what the previous process had promised it.
 
 A hand-edited or truncated ConfigMap must not stop DDS from answering CA: it is logged and overwritten by the next

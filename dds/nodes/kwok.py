@@ -43,8 +43,8 @@ from dds.kube.capi import MACHINES, MACHINESETS, CapiNotInstalled, CapiObjects
 from dds.kube.machinesets import machineset_from_object
 from dds.model.groups import ANNOTATION_PREFIX, LABEL_ATTACHED_GPU, LABEL_NODE_GROUP, NodeGroupSpec
 from dds.nodes.errors import NodeBackendError, NodeBackendUnavailable
-from dds.provider.sources import group_input_from_machineset, opted_in, parse_group
-from dds.provider.template import template_labels
+from dds.groups.sources import group_input_from_machineset, opted_in, parse_group
+from dds.groups.labels import template_labels
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 from dds.planner.batch import improve_with_batch
 from dds.planner.existing import FastExisting
+from dds.planner.gangs import plan_all_or_nothing
 from dds.planner.plan import PlannerConfig, ScaleUpPlan
 from dds.planner.refusals import with_refusals
 from dds.planner.render import render_scale_down, render_scale_up
@@ -29,10 +30,15 @@ __all__ = ["plan_scale_up", "plan_scale_down", "render_scale_up", "render_scale_
 
 def plan_scale_up(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]] = None) -> ScaleUpPlan:
     """Plan for the pending pods (`pods`, default: every pending pod of the snapshot): which fit now, which after
-    attaching GPUs to live nodes, which need new nodes, and why each."""
+    attaching GPUs to live nodes, which need new nodes, and why each. A gang's minimum gets capacity as one unit or
+    not at all (dds/planner/gangs.py)."""
     check_policy(config.policy)
+    return with_refusals(plan_all_or_nothing(_plan_pods, snapshot, config, pods), snapshot)
+
+
+def _plan_pods(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]]) -> ScaleUpPlan:
     cache = RequestCache()
     reqs, notes = pending_requests(snapshot, pods, cache)
     state = ClusterState(snapshot, cache, config.groups, extra_pods=[r.pod for r in reqs])
     greedy = drive(snapshot, config, reqs, FastExisting(state, config.policy), notes)
-    return with_refusals(improve_with_batch(snapshot, config, reqs, greedy), snapshot)
+    return improve_with_batch(snapshot, config, reqs, greedy)

@@ -3,7 +3,7 @@
 A new node of a group draws its GPUs — the boot-time ones included — from the group's fabric pool. When every pod
 planned on it needs a GPU and the pool is short, the node would come up without them and serve nobody (and CA, seeing
 its pods still pending, would ask for another). Such nodes are dropped from the plan; CA is told OutOfResources for
-them (dds/controller/deciders.py). The pods that were planned on them may still fit on a live node with a GPU attached
+them (dds/controller/ca_requests.py). The pods that were planned on them may still fit on a live node with a GPU attached
 from what the pool has left — a batch plan that packs two pods onto one new node hides that — so they are planned
 again on live nodes alone, and those attaches join the plan.
 """

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 
 from dds.planner.existing import MAX_REJECTS, Explanation
 from dds.planner.filters import FILTERS, first_reject, term_matches_pod
+from dds.planner.gangs import plan_all_or_nothing
 from dds.planner.nodes import SimNode, sim_node
 from dds.planner.plan import PlannerConfig, Reject, ScaleUpPlan
 from dds.planner.requests import PodRequest, RequestCache
@@ -165,8 +166,12 @@ class NaiveExisting:
 
 def plan_scale_up_reference(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]] = None
                             ) -> ScaleUpPlan:
-    """The greedy scale-up plan, computed naively (no batch solver)."""
+    """The greedy scale-up plan, computed naively (no batch solver); gangs as in `plan_scale_up`."""
     check_policy(config.policy)
+    return plan_all_or_nothing(_plan_pods, snapshot, config, pods)
+
+
+def _plan_pods(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]]) -> ScaleUpPlan:
     cache = RequestCache()
     reqs, notes = pending_requests(snapshot, pods, cache)
     return drive(snapshot, config, reqs, NaiveExisting(snapshot, config, cache), notes)

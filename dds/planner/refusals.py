@@ -66,6 +66,8 @@ def with_refusals(plan: ScaleUpPlan, snapshot: Snapshot) -> ScaleUpPlan:
 
 
 def _explained(decision: PodDecision, pod: Optional[PodInfo], snapshot: Snapshot) -> PodDecision:
+    if decision.refusal is not None:
+        return decision  # already explained where it was decided (a gang left out: dds/planner/gangs.py)
     if decision.verdict == Verdict.UNSUPPORTED:
         return replace(decision, refusal=UNSUPPORTED)
     if decision.verdict != Verdict.UNSCHEDULABLE or pod is None:

@@ -95,6 +95,11 @@ class PodInfo:
     unsupported: tuple[str, ...] = ()
     # Set when a PodDisruptionBudget, annotation or local storage forbids evicting it (it cannot move).
     not_movable_reason: Optional[str] = None
+    # The gang the pod belongs to (a coscheduling PodGroup, or the Workload of `spec.workloadRef`), by name in the
+    # pod's namespace, and how many of its pods must run at once (PodGroup minMember, the Workload's gang minCount;
+    # 0 = unknown: every member the snapshot shows). Filled at the edge; see dds/planner/gangs.py.
+    pod_group: Optional[str] = None
+    pod_group_min_member: int = 0
 
     @property
     def key(self) -> str:
@@ -157,6 +162,10 @@ class Snapshot:
     upcoming_nodes: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     # Label key a pod uses to ask for a GPU model (nodeSelector / required affinity).
     gpu_model_label: str = "nvidia.com/gpu.product"
+    # Bound pods by node, built on the first `pods_on` call: asking per node would otherwise scan every pod for every
+    # node (nodes x pods per pass). The snapshot is frozen, so the index never goes stale.
+    _pods_by_node: dict[str, tuple[PodInfo, ...]] = field(default_factory=dict, init=False, repr=False,
+                                                          compare=False)
 
     def group(self, group_id: str) -> Optional[NodeGroupSpec]:
         return next((g for g in self.groups if g.id == group_id), None)
@@ -168,4 +177,12 @@ class Snapshot:
         return tuple(p for p in self.pods if p.node_name is None)
 
     def pods_on(self, node_name: str) -> tuple[PodInfo, ...]:
-        return tuple(p for p in self.pods if p.node_name == node_name)
+        index = self._pods_by_node
+        if not index and self.pods:
+            by_node: dict[str, list[PodInfo]] = {}
+            for pod in self.pods:
+                if pod.node_name is not None:
+                    by_node.setdefault(pod.node_name, []).append(pod)
+            index.update({name: tuple(pods) for name, pods in by_node.items()})
+            index[""] = ()  # built, even when no pod is bound
+        return index.get(node_name, ())

@@ -25,7 +25,8 @@ Format (camelCase keys, Kubernetes quantities where Kubernetes uses them; every 
          tolerations: [{key, operator, value, effect}], hostPorts: [{port: 8080, protocol: TCP, hostIP: 0.0.0.0}],
          podAffinity: [{labelSelector: {matchLabels: {}, matchExpressions: []}, topologyKey: kubernetes.io/hostname,
                         namespaces: []}],
-         podAntiAffinity: [...], unsupported: [], notMovable: null}
+         podAntiAffinity: [...], unsupported: [], notMovable: null,
+         podGroup: null, podGroupMinMember: 0}                   # optional: the pod's gang and its minimum
 
 A group's `cpu`/`memory`/`ephemeralStorage` are quantities (the model's milliCpu/memory/ephemeralStorage integers
 are accepted too). Unknown keys are errors, so a typo never silently changes a plan. Errors name the field:
@@ -251,7 +252,8 @@ def _pod(data: Any, path: str) -> PodInfo:
         required_pod_anti_affinity=o.items("podAntiAffinity", _affinity_term), priority=o.integer("priority"),
         owner_kind=o.text("owner") or None, created_at=o.number("createdAt") or 0.0,
         unsupported=tuple(str(u) for u in o.typed("unsupported", list, [])),
-        not_movable_reason=o.text("notMovable") or None)
+        not_movable_reason=o.text("notMovable") or None, pod_group=o.text("podGroup") or None,
+        pod_group_min_member=o.integer("podGroupMinMember"))
     o.done()
     return pod
 
@@ -407,7 +409,14 @@ def _pod_out(p: PodInfo) -> dict[str, Any]:
         "podAffinity": [_affinity_out(t) for t in p.required_pod_affinity],
         "podAntiAffinity": [_affinity_out(t) for t in p.required_pod_anti_affinity],
         "priority": p.priority, "owner": p.owner_kind, "createdAt": p.created_at, "unsupported": list(p.unsupported),
-        "notMovable": p.not_movable_reason}
+        "notMovable": p.not_movable_reason, **_gang_out(p)}
+
+
+def _gang_out(p: PodInfo) -> dict[str, Any]:
+    """Only pods in a gang carry the gang keys, so snapshots written before gangs existed read back unchanged."""
+    if p.pod_group is None and not p.pod_group_min_member:
+        return {}
+    return {"podGroup": p.pod_group, "podGroupMinMember": p.pod_group_min_member}
 
 
 def _node_out(n: NodeInfo) -> dict[str, Any]:

@@ -17,15 +17,43 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from dds.model.resources import CPU, EPHEMERAL_STORAGE, MEMORY, PODS, STANDARD
+from dds.model.resources import CPU, EPHEMERAL_STORAGE, MEMORY, PODS, STANDARD, Resources
 from dds.planner.filters import (AFFINITY_UNMET, ANTI_AFFINITY_UNMET, EXISTING_ANTI_AFFINITY, FILTERS, PORTS_TAKEN,
                                  STATIC_FILTERS, first_reject, ports_conflict, term_matches_pod)
 from dds.planner.nodes import effective_labels, gpu_facts
 from dds.planner.plan import Reject
-from dds.planner.requests import PodRequest, RequestCache
+from dds.planner.requests import PodRequest, RequestCache, effective_requests
 from dds.planner.snapshot import HostPort, NodeInfo, PodAffinityTerm, PodInfo, Snapshot
 
 UNLIMITED = np.int64(2**62)  # free amount of a resource a filter never checks on that node
+
+
+class LastingRequests:
+    """Effective requests of bound pods across planning passes, by object identity.
+
+    Pods are frozen, and the watch cache (dds/kube/cache.py) hands every snapshot the same PodInfo until the pod
+    changes, so a pass computes requests only for the pods that changed since the last one, instead of for the whole
+    cluster. Each entry holds the pod itself, so an id reused by a new object is never mistaken for the old pod; the
+    table is cleared whole when it outgrows `limit` (pods gone from the cluster are forgotten that way). A pure memo:
+    the same pod always gives the same requests, whichever pass computed them.
+    """
+
+    def __init__(self, limit: int = 500_000) -> None:
+        self._limit = limit
+        self._table: dict[int, tuple[PodInfo, Resources]] = {}
+
+    def get(self, pod: PodInfo) -> Resources:
+        found = self._table.get(id(pod))
+        if found is not None and found[0] is pod:
+            return found[1]
+        if len(self._table) >= self._limit:
+            self._table = {}
+        requests = effective_requests(pod)
+        self._table[id(pod)] = (pod, requests)
+        return requests
+
+
+LASTING_REQUESTS = LastingRequests()
 
 
 @dataclass(frozen=True)
@@ -131,7 +159,10 @@ class ClusterState:
         scalars: set[str] = set()
         for node in self.nodes:
             scalars.update(node.allocatable.scalar)
-        for pod in tuple(self.snapshot.pods) + tuple(extra_pods):
+        lasting = LASTING_REQUESTS.get
+        for pod in self.snapshot.pods:
+            scalars.update(lasting(pod).scalar)
+        for pod in extra_pods:
             scalars.update(self.cache.requests(pod).scalar)
         self.resource_names: tuple[str, ...] = STANDARD + tuple(sorted(scalars - set(STANDARD)))
         self.resource_row = {r: i for i, r in enumerate(self.resource_names)}
@@ -185,26 +216,47 @@ class ClusterState:
         self.by_label: dict[tuple[str, str, str], list[int]] = {}  # (namespace, key, value) -> positions in all_pods
         self.elsewhere: list[PodInfo] = []  # pods the plan puts on nodes that are not live (shared by the driver)
         # Bound pods' requests, summed per node in one vector step per resource (per-pod array writes are slow).
+        index_of, lasting = self.index, LASTING_REQUESTS.get
         where: list[int] = []
-        amounts: list[list[int]] = [[] for _ in self.resource_names]
-        gpus: list[int] = []
+        requests: list[Resources] = []
         for pod in self.snapshot.pods:
-            i = self.index.get(pod.node_name) if pod.node_name else None
+            i = index_of.get(pod.node_name) if pod.node_name else None
             if i is None:
                 continue
-            requests = self.cache.requests(pod)
-            gpu = self.nodes[i].gpu_resource
             where.append(i)
-            for row, name in enumerate(self.resource_names):
-                amounts[row].append(0 if name == gpu else requests.get(name))
-            amounts[self.resource_row[PODS]][-1] = 1
-            gpus.append(requests.get(gpu))
+            requests.append(lasting(pod))
+            self._record_bound_pod(i, pod)
+        if not where:
+            return
+        index = np.array(where, dtype=np.int64)
+        gpu_of_pod = self.gpu_name_of[index]
+        for row, name in enumerate(self.resource_names):
+            if name == PODS:
+                amounts = np.ones(len(where), dtype=np.int64)
+            else:
+                amounts = np.array([r.get(name) for r in requests], dtype=np.int64)
+                if name in self.gpu_names:  # a node's own GPU resource is judged by the GPU arrays, not this row
+                    amounts[gpu_of_pod == self.gpu_names.index(name)] = 0
+            np.subtract.at(self.free[row], index, amounts)
+        gpus = np.zeros(len(where), dtype=np.int64)
+        for g, name in enumerate(self.gpu_names):
+            mine = gpu_of_pod == g
+            if mine.any():
+                gpus[mine] = np.array([r.get(name) for r in requests], dtype=np.int64)[mine]
+        np.subtract.at(self.gpu_free, index, gpus)
+
+    def _record_bound_pod(self, i: int, pod: PodInfo) -> None:
+        """_record_pod without the journal, for the pods bound when the pass starts (tens of thousands of them)."""
+        if pod.host_ports or pod.required_pod_anti_affinity:
             self._record_pod(i, pod, journal=False)
-        if where:
-            index = np.array(where, dtype=np.int64)
-            for row in range(len(self.resource_names)):
-                np.subtract.at(self.free[row], index, np.array(amounts[row], dtype=np.int64))
-            np.subtract.at(self.gpu_free, index, np.array(gpus, dtype=np.int64))
+            return
+        self.pods[i].append(pod)
+        position = len(self.all_pods)
+        self.all_pods.append(pod)
+        self.pod_node.append(i)
+        namespace, by_label = pod.namespace, self.by_label
+        for key, value in pod.labels.items():
+            by_label.setdefault((namespace, key, value), []).append(position)
 
     def _init_coming(self) -> None:
         """GPUs on their way (in-flight attaches) that no pod counts on yet. They are part of `gpu_free` (capacity

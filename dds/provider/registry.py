@@ -30,17 +30,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Protocol, Sequence, Union
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol, Sequence
 
 from dds.model.groups import LABEL_NODE_GROUP, NodeGroupSpec, TemplateMode
-from dds.provider.instances import InstanceRecord, InstanceTracker, group_of_instance_id
-from dds.provider.sources import NodeGroupCatalog
-from dds.provider.template import node_group_label_value
+from dds.scaling.instances import InstanceRecord, InstanceTracker, group_of_instance_id
+from dds.scaling.requests import DeleteTarget, LiveNode, Placeholder, RequestNode
+from dds.groups.sources import NodeGroupCatalog
+from dds.groups.labels import node_group_label_value
 
 log = logging.getLogger(__name__)
-
-FAKE_NODE_REASON = "k8s.io/cluster-autoscaler/fake-node-reason"
 
 
 # --- errors the servicer maps to gRPC status codes ---
@@ -59,52 +58,6 @@ class InvalidRequest(RegistryError):
 
 class PreconditionFailed(RegistryError):
     pass
-
-
-# --- nodes ---
-
-@dataclass(frozen=True)
-class LiveNode:
-    """A registered Kubernetes node as the cluster view reports it."""
-
-    name: str
-    provider_id: str = ""
-    group_id: Optional[str] = None  # None: not in any DDS group
-    ready: bool = False
-    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
-
-
-@dataclass(frozen=True)
-class Placeholder:
-    """A node CA made up for one of our instances (failed or never registered): name = providerID = instance id.
-    `instance` is the record the registry dropped for it (None when it was already gone)."""
-
-    name: str
-    provider_id: str
-    reason: str = ""  # CA's fake-node-reason annotation (create-error, unregistered), if any
-    instance: Optional[InstanceRecord] = None
-
-
-DeleteTarget = Union[LiveNode, Placeholder]
-
-
-@dataclass(frozen=True)
-class RequestNode:
-    """A node as CA sends it (ExternalGrpcNode)."""
-
-    name: str = ""
-    provider_id: str = ""
-    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
-    annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
-
-    @property
-    def placeholder_reason(self) -> Optional[str]:
-        return self.annotations.get(FAKE_NODE_REASON)
-
-    def describe(self) -> str:
-        if self.provider_id and self.provider_id != self.name:
-            return f"{self.name or '(no name)'} (providerID {self.provider_id})"
-        return self.name or self.provider_id or "(unnamed node)"
 
 
 class ClusterView(Protocol):

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dds.config import Settings
-from dds.provider.decider import ScaleDownDecider, ScaleUpDecider
+from dds.scaling.requests import ScaleDownDecider, ScaleUpDecider
 from dds.provider.gen.externalgrpc import externalgrpc_pb2
 from dds.provider.registry import Registry
 from dds.provider.servicer import CloudProviderServicer, add_to_server

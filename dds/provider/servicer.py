@@ -38,12 +38,12 @@ from google.protobuf.message import DecodeError
 
 from dds import metrics
 from dds.model.groups import LABEL_ATTACHED_GPU, NodeGroupSpec, TemplateMode
-from dds.provider.decider import ScaleDownDecider, ScaleUpDecider, ScaleUpRefused
+from dds.scaling.requests import ScaleDownDecider, ScaleUpDecider, ScaleUpRefused
 from dds.provider.gen.externalgrpc import externalgrpc_pb2 as pb
 from dds.provider.gen.externalgrpc import externalgrpc_pb2_grpc as pb_grpc
-from dds.provider.instances import InstanceRecord, InstanceState
-from dds.provider.registry import (InvalidRequest, Placeholder, PreconditionFailed, Registry, RegistryError,
-                                   RequestNode, UnknownGroup)
+from dds.scaling.instances import InstanceRecord, InstanceState
+from dds.provider.registry import InvalidRequest, PreconditionFailed, Registry, RegistryError, UnknownGroup
+from dds.scaling.requests import Placeholder, RequestNode
 from dds.provider.template import build_template_node
 
 log = logging.getLogger(__name__)

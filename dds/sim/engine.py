@@ -13,7 +13,11 @@ What happens, in the order the production pieces do it:
   still pending on the full snapshot (attaches in flight and nodes provisioning count as capacity to come), its
   attaches go to the fabric and its new nodes to the provisioner (ready after `Timing.node_provision_s`);
   `plan_scale_down` then detaches idle GPUs past their cooldown and removes empty nodes above the group minimum (GPUs
-  released first, node removed when they are gone).
+  released first, node removed when they are gone). Before the scale-up, `plan_reservations` may reserve a node for a
+  large pod that waited too long: its taints, the pod's toleration and its GPU moves are applied here as the
+  controller would apply them, and scale-down leaves reserved nodes' GPUs alone.
+- **Gangs**: the scheduler binds a gang's jobs only together (the planner's all-or-nothing verdicts on the binding
+  snapshot); the `gang-unaware` policy hides gangs from the scale-up planner only.
 - **Fabric**: the production simulated backend (`dds.fabric.simulated.SimulatedFabric`, the one `dds serve` runs with
   the simulated fabric) on the virtual clock, with fixed latencies and no faults: attaches and detaches complete after
   their latency.
@@ -23,6 +27,8 @@ fast-forwards to the next cooldown expiry, so long quiet stretches of a trace co
 """
 
 from __future__ import annotations
+
+from types import MappingProxyType
 
 import heapq
 import itertools
@@ -37,16 +43,22 @@ from dds.config import FaultSpec, LatencySpec, PoolSpec, SimulatedFabricSettings
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, FabricDevice, FabricError, OperationKind,
                              OperationState, PoolState)
 from dds.fabric.simulated import SimulatedFabric
-from dds.model.groups import NodeGroupSpec
+from dds.model.groups import NodeGroupSpec, Taint
 from dds.model.resources import Resources
 from dds.planner import plan_scale_down, plan_scale_up
+from dds.planner.headroom import hungry_pools, plan_warm_refill
+from dds.planner.gangs import POD_GROUP_LABEL
+from dds.planner.moves import plan_moves
 from dds.planner.plan import PlannerConfig, Verdict
+from dds.planner.reservations import (ReservationConfig, claim_taint, keep_reserved, plan_reservations, pod_token,
+                                      reservation_taint)
 from dds.planner.snapshot import ContainerRequests, Device, NodeInfo, PodInfo, PoolInfo, Snapshot
 from dds.sim.policies import Layout, Mode, Policy
 from dds.sim.scenario import Scenario, concentrated_layout
-from dds.sim.trace import Job
+from dds.sim.trace import Job, gang_minimums
 
 POD_NAMESPACE = "sim"
+STALL_LIMIT_S = 3600.0  # see Simulation._stalled
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 Progress = Callable[[int, int], None]
 
@@ -84,6 +96,7 @@ class Sample:
     gpus_present: int  # GPUs held by nodes: fixed ones, and attached ones until their detach completes
     pending: int
     nodes: int
+    gpus_stranded: int = 0  # attached for gangs that have not started, unused meanwhile
 
 
 @dataclass
@@ -117,6 +130,8 @@ class _Node:
     fixed_gpus: int  # GPUs that are part of the server (node-only, static); never detached
     pods: dict[str, "_Pod"] = field(default_factory=dict)
     removing: bool = False
+    reserved_for: Optional[str] = None  # the token of the pod the node is reserved for (its reservation taint)
+    claimed_by: Optional[str] = None  # the token of a reservation that waits for this node's busy GPUs (claim taint)
     # Sums of the requests of the pods bound here, kept as pods come and go.
     used_cpu: int = 0
     used_memory: int = 0
@@ -146,8 +161,15 @@ class _Pod:
 
 class Simulation:
     def __init__(self, scenario: Scenario, policy: Policy, *, progress: Optional[Progress] = None,
-                 batch_solver: str = "greedy", exhaustive: bool = False) -> None:
-        """`exhaustive`: ask the planner at every step about every pending pod on the whole cluster, without the
+                 batch_solver: str = "greedy", exhaustive: bool = False,
+                 reservations: ReservationConfig = ReservationConfig(enabled=False), moves: bool = False,
+                 warm_gpus: int = 0) -> None:
+        """`warm_gpus`: idle GPUs each group keeps attached past the cooldown and refills after pods take them (the
+        warm headroom of dds/planner/headroom.py, as the controller applies it; attach-first policies only).
+        `reservations`: when a large pod that waited too long gets a node reserved (attach-first policies only).
+        `moves`: release idle GPUs at once when pending pods elsewhere would get them (dds/planner/moves.py; off by
+        default: it has not yet paid off in the built-in workloads, see docs/simulation.md).
+        `exhaustive`: ask the planner at every step about every pending pod on the whole cluster, without the
         shortcuts that skip questions whose answer cannot change (slow; the reference the shortcuts are tested
         against)."""
         self.scenario = scenario
@@ -160,6 +182,10 @@ class Simulation:
         self._groups = self._planner_groups()
         self._progress = progress
         self._batch_solver = batch_solver
+        self._reservations = reservations
+        self._warm = (MappingProxyType({p.name: warm_gpus for p in self._cluster.pools}) if policy.moves_gpus and warm_gpus
+                      else MappingProxyType({}))
+        self._moves = policy.moves_gpus and moves
         self._gpu_resource = self._groups[0].gpu_resource if self._groups else "nvidia.com/gpu"
         self.fabric = sim_fabric(self._cluster.pools, self._clock, self._timing.attach_s, self._timing.detach_s)
         self.counters = Counters()
@@ -195,6 +221,10 @@ class Simulation:
         self._gpus_held = 0  # attached GPUs not yet released (fixed GPUs are counted from the nodes)
         self._timeline: list[Sample] = []
         self._finished = 0
+        self._gang_members: dict[str, list[_Pod]] = {}
+        # Devices attached for gangs that have not started, by device id: GPUs held for pods that cannot run yet.
+        self._held_for_gang: dict[str, str] = {}
+        self._attach_gangs: dict[str, tuple[str, ...]] = {}  # attach operation key -> the gangs it was for
 
     # --- setup ---
     def _planner_groups(self) -> tuple[NodeGroupSpec, ...]:
@@ -217,9 +247,13 @@ class Simulation:
             if device.node is not None:
                 self._last_node_of_device[device.id] = device.node
                 self._gpus_held += 1
+        minimums = gang_minimums(self.scenario.jobs)
         for job in self.scenario.jobs:
-            pod = _Pod(job, pod_info(job, self._gpu_resource, self._cluster.gpu_model_label))
+            pod = _Pod(job, pod_info(job, self._gpu_resource, self._cluster.gpu_model_label,
+                                     minimums.get(job.group or "", 0)))
             self._pods[job.name] = pod
+            if job.group:
+                self._gang_members.setdefault(job.group, []).append(pod)
             self._push(job.arrival_s, _Kind.ARRIVAL, job.name)
 
     def _preattach(self, node: _Node, gpus: int) -> None:
@@ -241,7 +275,7 @@ class Simulation:
     def run(self) -> SimResult:
         self._start_cluster()
         total = len(self.scenario.jobs)
-        while self._events:
+        while self._events and not self._stalled():
             t = self._events[0][0]
             self.now = max(self.now, t)
             loop_due = False
@@ -265,6 +299,17 @@ class Simulation:
             if self._progress is not None:
                 self._progress(self._finished, total)
         return self._result()
+
+    def _stalled(self) -> bool:
+        """Every job has arrived, none runs, and none has started for STALL_LIMIT_S: what still waits cannot start
+        (e.g. a gang larger than the pool) and only idle churn is left, which would go on for ever."""
+        if not self._pending or len(self._pending) + self._finished < len(self._pods):
+            return False
+        if any(p.start_s is not None and p.finish_s is None for p in self._pods.values()):
+            return False
+        last = max((p.finish_s or 0.0 for p in self._pods.values()), default=0.0)
+        last = max(last, max((p.job.arrival_s for p in self._pods.values()), default=0.0))
+        return self.now - last > STALL_LIMIT_S
 
     def _push(self, t: float, kind: _Kind, payload: object) -> None:
         heapq.heappush(self._events, (t, int(kind), next(self._seq), payload))
@@ -314,7 +359,7 @@ class Simulation:
     # --- scheduler step: bind what fits now, using the planner's own fit logic ---
     def _schedule_pending(self) -> None:
         candidates = (list(self._pending.values()) if self._capacity_changed
-                      else [p for p in self._arrived if p.job.name in self._pending])
+                      else self._with_gang_mates([p for p in self._arrived if p.job.name in self._pending]))
         self._capacity_changed = False
         self._arrived.clear()
         if self._exhaustive:
@@ -334,6 +379,18 @@ class Simulation:
         for decision in plan.decisions:
             if decision.verdict == Verdict.FITS_NOW and decision.node is not None:
                 self._bind(self._pods[decision.pod.partition("/")[2]], decision.node)
+
+    def _with_gang_mates(self, pods: list[_Pod]) -> list[_Pod]:
+        """A gang is judged whole: a member arriving brings its pending mates back to the scheduler."""
+        groups = {p.job.group for p in pods if p.job.group}
+        if not groups:
+            return pods
+        chosen = {p.job.name: p for p in pods}
+        for group in sorted(groups):
+            for mate in self._gang_members[group]:
+                if mate.job.name in self._pending:
+                    chosen.setdefault(mate.job.name, mate)
+        return sorted(chosen.values(), key=lambda p: (p.job.arrival_s, p.job.name))
 
     def _with_room_somewhere(self, pods: list[_Pod]) -> tuple[list[_Pod], set[str]]:
         """The pods whose raw cpu/memory/GPU request some node has free, and those nodes. Only a necessary condition
@@ -367,6 +424,15 @@ class Simulation:
         pod.node, pod.start_s = node_name, self.now
         pod.info = replace(pod.info, node_name=node_name)
         node.bind(pod)
+        if pod.job.group:
+            self._held_for_gang = {d: g for d, g in self._held_for_gang.items() if g != pod.job.group}
+        for other in self._nodes.values():
+            token = pod_token(pod.info)
+            if token in (other.reserved_for, other.claimed_by):
+                # The edge lifts the reservation's taints as soon as it sees the pod bound.
+                other.reserved_for = None if other.reserved_for == token else other.reserved_for
+                other.claimed_by = None if other.claimed_by == token else other.claimed_by
+                self._capacity_changed = True
         self._push(self.now + pod.job.duration_s, _Kind.FINISH, pod.job.name)
         self._arm_loop(self.now)  # idleness changed
 
@@ -375,17 +441,54 @@ class Simulation:
         self.counters.scale_steps += 1
         self._observe_idleness()
         snapshot = self._snapshot(capacity_to_come=True)
+        if self._reserve(snapshot):
+            snapshot = self._snapshot(capacity_to_come=True)
         if self._pending and (self._exhaustive or (self._changed_since_scale_up and self._scale_up_could_act())):
             self._changed_since_scale_up = False
             self._scale_up(snapshot)
         self._scale_down(snapshot)
+        self._refill_headroom()
         self._finish_removals()
+
+    def _reserve(self, snapshot: Snapshot) -> bool:
+        """The planner's reservations, carried out as the controller would: taint the reserved node and give its pod
+        the toleration, release taints of pods no longer waiting, and move GPUs towards the reserved nodes (before
+        the scale-up pass, so they get first claim on the pool). True when anything changed."""
+        if not (self.policy.moves_gpus and self._reservations.enabled and (self._pending or self._reserved_nodes())):
+            return False
+        plan = plan_reservations(snapshot, self._reservations)
+        if plan.is_empty:
+            return False
+        for name in plan.released:
+            if name in self._nodes:
+                self._nodes[name].reserved_for = None
+        for reservation in plan.new:
+            self._nodes[reservation.node].reserved_for = reservation.token
+            pod = self._pods[reservation.pod.partition("/")[2]]
+            pod.info = replace(pod.info, tolerations=pod.info.tolerations + (reservation.toleration,))
+        claims = dict(plan.claimed)
+        for node in self._nodes.values():
+            node.claimed_by = claims.get(node.name)
+        for step in plan.attaches:
+            self._attach(step.node, step.pool, step.model, step.count, step.reason)
+        busy = set(self._ops_in_flight.values())
+        for step in plan.detaches:
+            if step.node not in busy and self._detach(step.node, step.device_ids, step.force, step.reason):
+                self._idle.reset(step.node)
+                busy.add(step.node)
+        self._capacity_changed = self._changed_since_scale_up = True  # taints and tolerations changed
+        return True
+
+    def _reserved_nodes(self) -> set[str]:
+        return {n.name for n in self._nodes.values() if n.reserved_for is not None or n.claimed_by is not None}
 
     def _scale_up_could_act(self) -> bool:
         """A scale-up can only attach from a pool with free devices or add a node to a group below its max size.
         When neither exists the planner cannot act, however long the queue: spare it the pass."""
         if self.policy.moves_gpus and any(sum(p.free.values()) for p in self._pools()):
             return True
+        if self._moves and any(self._idle.gpus_idle_since(n) is not None for n in self._nodes):
+            return True  # an idle GPU may move straight to a pending pod
         live: dict[str, int] = {}
         for node in self._nodes.values():
             live[node.group.id] = live.get(node.group.id, 0) + 1
@@ -394,18 +497,30 @@ class Simulation:
     def _scale_up(self, snapshot: Snapshot) -> None:
         config = PlannerConfig(policy=self.policy.planner_policy, batch_solver=self._batch_solver,
                                allow_new_nodes=True)
-        plan = plan_scale_up(snapshot, config, [p.info for p in self._pending.values()])
+        pods = [p.info for p in self._pending.values()]
+        if not self.policy.gang_aware:
+            snapshot = replace(snapshot, pods=tuple(without_gang(p) for p in snapshot.pods))
+            pods = [without_gang(p) for p in pods]
+        plan = plan_scale_up(snapshot, config, pods)
         if not plan.is_empty:
             self._changed_since_scale_up = True
+        if self._moves:
+            busy = set(self._ops_in_flight.values())
+            for step in plan_moves(snapshot, config, plan, plan_scale_up, pods):
+                if step.node not in busy and self._detach(step.node, step.device_ids, step.force, step.reason):
+                    self._idle.reset(step.node)
+                    busy.add(step.node)
+                    self._changed_since_scale_up = True
         for step in plan.attaches:
-            self._attach(step.node, step.pool, step.model, step.count, step.reason)
+            gangs = tuple(sorted({g for g in (self._pods[k.partition("/")[2]].job.group for k in step.pods) if g}))
+            self._attach(step.node, step.pool, step.model, step.count, step.reason, gangs)
         for step in plan.new_nodes:
             self._provisioning[step.group] = self._provisioning.get(step.group, 0) + step.count
             self.counters.nodes_added += step.count
             for _ in range(step.count):
                 self._push(self.now + self._timing.node_provision_s, _Kind.NODE_READY, step.group)
 
-    def _attach(self, node: str, pool: str, model: str, count: int, reason: str) -> None:
+    def _attach(self, node: str, pool: str, model: str, count: int, reason: str, gangs: tuple[str, ...] = ()) -> None:
         key = f"attach/{next(self._op_ids)}"
         try:
             self._fabric_changes += 1
@@ -421,6 +536,8 @@ class Simulation:
             self.counters.attach_failures += 1
             return
         self._track(operation.key, node, self._timing.attach_s)
+        if gangs:
+            self._attach_gangs[operation.key] = gangs
 
     def _cooldown_over_somewhere(self) -> bool:
         """Whether some node's GPUs or the node itself have been idle past their cooldown: the planner releases nothing
@@ -437,8 +554,10 @@ class Simulation:
     def _scale_down(self, snapshot: Snapshot) -> None:
         if not (self._exhaustive or self._cooldown_over_somewhere()):
             return
-        config = PlannerConfig(policy=self.policy.planner_policy, node_removal_enabled=True)
-        plan = plan_scale_down(snapshot, config)
+        config = PlannerConfig(policy=self.policy.planner_policy, node_removal_enabled=True,
+                               warm_gpus_by_pool=self._warm)
+        hungry = hungry_pools(snapshot, [p.info for p in self._pending.values()]) if self._warm else frozenset()
+        plan = keep_reserved(plan_scale_down(snapshot, config, hungry_pools=hungry), self._reserved_nodes())
         busy = set(self._ops_in_flight.values())
         for step in plan.detaches:
             if step.node in busy:
@@ -450,6 +569,18 @@ class Simulation:
             node = self._nodes.get(removal.node)
             if node is not None and not node.pods:
                 node.removing = True  # cordoned: nothing new lands; removed once its GPUs are released
+
+    def _refill_headroom(self) -> None:
+        """Bring each group back to its warm GPUs from what the pools hold now (after this pass's attaches)."""
+        if not self._warm:
+            return
+        snapshot = self._snapshot(capacity_to_come=True)
+        config = PlannerConfig(policy=self.policy.planner_policy, warm_gpus_by_pool=self._warm)
+        busy = set(self._ops_in_flight.values())
+        for step in plan_warm_refill(snapshot, config, hungry_pools(snapshot, [p.info for p in self._pending.values()])):
+            if step.node not in busy:
+                self._attach(step.node, step.pool, step.model, step.count, step.reason)
+                busy.add(step.node)
 
     def _detach(self, node: str, device_ids: tuple[str, ...], force: bool, reason: str) -> bool:
         key = f"detach/{next(self._op_ids)}"
@@ -507,11 +638,41 @@ class Simulation:
                 if operation.state == OperationState.FAILED:
                     self.counters.attach_failures += 1
                 self._gpus_held += len(operation.devices)
+                self._hold_for_gangs(key, operation.devices)
                 self._capacity_changed = True
             else:
                 self.counters.gpus_detached += len(operation.devices)
                 self._gpus_held -= len(operation.devices)
+                for device_id in operation.devices:
+                    self._held_for_gang.pop(device_id, None)
             self._arm_loop(self.now)
+
+    def _hold_for_gangs(self, key: str, devices: Sequence[str]) -> None:
+        """Devices attached for a gang that has not started yet are held for it (stranded while it cannot start)."""
+        waiting = [g for g in self._attach_gangs.pop(key, ()) if self._gang_waiting(g)]
+        if waiting:
+            for device_id in devices:
+                self._held_for_gang[device_id] = waiting[0]
+
+    def _gang_waiting(self, group: str) -> bool:
+        return any(p.start_s is None for p in self._gang_members.get(group, ()))
+
+    def _stranded_gpus(self) -> int:
+        """GPUs attached for gangs that have not started and that no running pod uses (per node: at most its idle)."""
+        if not self._held_for_gang:
+            return 0
+        held: dict[str, int] = {}
+        for device in self._devices():
+            if device.node is not None and device.id in self._held_for_gang:
+                held[device.node] = held.get(device.node, 0) + 1
+        online = self._online_devices()
+        total = 0
+        for name, count in held.items():
+            node = self._nodes.get(name)
+            if node is not None:
+                idle = node.fixed_gpus + len(online.get(name, ())) - node.used_gpus
+                total += max(0, min(count, idle))
+        return total
 
     def _arm_after_scale(self) -> None:
         """Keep stepping while something is on its way; otherwise sleep until a cooldown can expire."""
@@ -533,6 +694,10 @@ class Simulation:
             empty = self._idle.empty_since(node.name)
             if empty is not None and self._above_min(node.group):
                 times.append(empty + node.group.node_idle_cooldown_seconds)
+        if self.policy.moves_gpus and self._reservations.enabled:
+            # A large pod may become old enough for a reservation: the planner is asked again then.
+            times += [p.info.created_at + self._reservations.min_age_seconds for p in self._pending.values()
+                      if p.job.gpus]
         # An expiry already past that the planner did not act on will not be acted on until something changes (and
         # every change arms the loop again): waiting for it would tick for ever.
         future = [t for t in times if t > self.now]
@@ -604,8 +769,8 @@ class Simulation:
 
     def _node_info(self, node: _Node, devices: list[Device], detaching: list[str], attaching: int) -> NodeInfo:
         # Most nodes do not change between two steps: reuse the NodeInfo built last time when nothing it holds moved.
-        key = (tuple(d.id for d in devices), tuple(detaching), attaching, node.removing,
-               self._idle.gpus_idle_since(node.name), self._idle.empty_since(node.name))
+        key = (tuple(d.id for d in devices), tuple(detaching), attaching, node.removing, node.reserved_for,
+               node.claimed_by, self._idle.gpus_idle_since(node.name), self._idle.empty_since(node.name))
         cached = self._node_infos.get(node.name)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -626,6 +791,7 @@ class Simulation:
             labels[self._cluster.gpu_model_label] = model  # what GPU feature discovery would label
         return NodeInfo(
             name=node.name, provider_id=f"sim://{node.name}", group_id=group.id, labels=labels,
+            taints=_reservation_taints(node),
             unschedulable=node.removing, allocatable=allocatable, gpu_resource=group.gpu_resource,
             devices=tuple(sorted(devices, key=lambda d: (d.attached_at, d.id))), attaching=attaching,
             detaching=tuple(detaching), created_at=node.created_at,
@@ -636,7 +802,7 @@ class Simulation:
     def _sample(self) -> None:
         sample = Sample(t_s=self.now, gpus_used=sum(n.used_gpus for n in self._nodes.values()),
                         gpus_present=self._gpus_held + sum(n.fixed_gpus for n in self._nodes.values()),
-                        pending=len(self._pending), nodes=len(self._nodes))
+                        pending=len(self._pending), nodes=len(self._nodes), gpus_stranded=self._stranded_gpus())
         if self._timeline and self._timeline[-1].t_s == sample.t_s:
             self._timeline[-1] = sample
         elif not self._timeline or replace(self._timeline[-1], t_s=sample.t_s) != sample:
@@ -662,14 +828,34 @@ def sim_fabric(pools: Sequence[PoolSpec], clock: Callable[[], float], attach_s: 
     return SimulatedFabric(settings, clock=clock, name="sim", persist=False)
 
 
-def pod_info(job: Job, gpu_resource: str, gpu_model_label: str) -> PodInfo:
-    """A job as the pod the planner sees: one container, a Job owner, created when it arrives."""
+def pod_info(job: Job, gpu_resource: str, gpu_model_label: str, group_min: int = 0) -> PodInfo:
+    """A job as the pod the planner sees: one container, a Job owner, created when it arrives; a gang's jobs carry
+    the coscheduling label and their PodGroup's minMember (`group_min`)."""
     scalar = {gpu_resource: job.gpus} if job.gpus else {}
     selector = {gpu_model_label: job.gpu_model} if job.gpu_model else {}
-    return PodInfo(namespace=POD_NAMESPACE, name=job.name, uid=f"sim-{job.name}",
+    labels = {POD_GROUP_LABEL: job.group} if job.group else {}
+    return PodInfo(namespace=POD_NAMESPACE, name=job.name, uid=f"sim-{job.name}", labels=labels,
                    containers=(ContainerRequests(Resources(milli_cpu=job.milli_cpu, memory=job.memory,
                                                            scalar=scalar)),),
-                   owner_kind="Job", created_at=job.arrival_s, node_selector=selector)
+                   owner_kind="Job", created_at=job.arrival_s, node_selector=selector, pod_group=job.group,
+                   pod_group_min_member=group_min if job.group else 0)
+
+
+def without_gang(pod: PodInfo) -> PodInfo:
+    """The pod as a gang-unaware planner sees it."""
+    if pod.pod_group is None:
+        return pod
+    labels = {k: v for k, v in pod.labels.items() if k != POD_GROUP_LABEL}
+    return replace(pod, pod_group=None, pod_group_min_member=0, labels=labels)
+
+
+def _reservation_taints(node: _Node) -> tuple[Taint, ...]:
+    taints = []
+    if node.reserved_for is not None:
+        taints.append(reservation_taint(node.reserved_for))
+    if node.claimed_by is not None:
+        taints.append(claim_taint(node.claimed_by))
+    return tuple(taints)
 
 
 def _first_model(devices: dict[str, int]) -> str:
@@ -677,5 +863,7 @@ def _first_model(devices: dict[str, int]) -> str:
 
 
 def simulate(scenario: Scenario, policy: Policy, progress: Optional[Progress] = None, batch_solver: str = "greedy",
-             exhaustive: bool = False) -> SimResult:
-    return Simulation(scenario, policy, progress=progress, batch_solver=batch_solver, exhaustive=exhaustive).run()
+             exhaustive: bool = False, reservations: ReservationConfig = ReservationConfig(enabled=False),
+             moves: bool = False, warm_gpus: int = 0) -> SimResult:
+    return Simulation(scenario, policy, progress=progress, batch_solver=batch_solver, exhaustive=exhaustive,
+                      reservations=reservations, moves=moves, warm_gpus=warm_gpus).run()

@@ -9,6 +9,7 @@
 | `concentrated`        | yes (DDS)  | yes          | concentrated   | preconfigured, as fabric devices  |
 | `static`              | no         | no           | spread         | preconfigured (KubeComp "even")   |
 | `static-concentrated` | no         | no           | spread         | packed onto the fewest nodes      |
+| `gang-unaware`        | yes (DDS)  | yes          | best-fit       | as best-fit; gangs planned pod by pod |
 
 `node-only` is cluster-autoscaler without DDS: servers carry fixed GPUs and every shortfall adds a server of the group's
 template (max GPUs); empty servers are removed after the group's node cooldown. The static baselines are KubeComp's:
@@ -42,6 +43,10 @@ class Policy:
     planner_policy: str
     layout: Layout = Layout.PRECONFIGURED
     description: str = ""
+    # False: the scale-up planner is not told which pods form gangs (the baseline for gang workloads; the scheduler
+    # still starts a gang only whole, as coscheduling does).
+    gang_aware: bool = True
+    in_all: bool = True  # part of `--policies all` (the gang baseline is added by itself when a trace has gangs)
 
     @property
     def moves_gpus(self) -> bool:
@@ -57,7 +62,10 @@ POLICIES: Mapping[str, Policy] = MappingProxyType({p.name: p for p in (
     Policy("static", Mode.STATIC, "spread", description="fixed preconfigured GPUs per node (KubeComp even)"),
     Policy("static-concentrated", Mode.STATIC, "spread", Layout.CONCENTRATED,
            description="fixed GPUs packed on the fewest nodes (KubeComp concentrated)"),
+    Policy("gang-unaware", Mode.DDS, "best-fit", gang_aware=False, in_all=False,
+           description="best-fit, planning gang pods one by one (the baseline for gang workloads)"),
 )})
+GANG_BASELINE = "gang-unaware"
 
 
 def parse_policies(text: str) -> tuple[Policy, ...]:
@@ -66,7 +74,7 @@ def parse_policies(text: str) -> tuple[Policy, ...]:
     if not names:
         raise ValueError("no policy given; use 'all' or a comma-separated list of: " + ", ".join(POLICIES))
     if names == ["all"]:
-        return tuple(POLICIES.values())
+        return tuple(p for p in POLICIES.values() if p.in_all)
     unknown = [name for name in names if name not in POLICIES]
     if unknown:
         raise ValueError(f"unknown polic{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "

@@ -32,6 +32,8 @@ class Summary:
     nodes_added: int
     nodes_removed: int
     wait_vs_baseline: Optional[float] = None  # mean wait relative to the baseline policy: -0.3 = 30% shorter
+    # GPU-seconds of GPUs attached for gangs that could not start yet, unused meanwhile.
+    gpu_stranded_s: float = 0.0
 
 
 def percentile(values: Sequence[float], fraction: float) -> Optional[float]:
@@ -48,7 +50,7 @@ def summarize(result: SimResult) -> Summary:
     waits = [j.wait_s for j in result.jobs if j.wait_s is not None]
     start = min((j.arrival_s for j in result.jobs), default=0.0)
     end = max((j.finish_s for j in result.jobs if j.finish_s is not None), default=start)
-    used, present = _gpu_seconds(result, start, end)
+    used, present, stranded = _gpu_seconds(result, start, end)
     span = max(end - start, 0.0)
     return Summary(
         policy=result.policy, jobs=len(result.jobs), never_started=len(result.jobs) - len(waits),
@@ -57,12 +59,12 @@ def summarize(result: SimResult) -> Summary:
         gpu_utilization=used / present if present else 0.0, gpus_present_avg=present / span if span else 0.0,
         gpus_attached=result.counters.gpus_attached, gpus_detached=result.counters.gpus_detached,
         gpus_reallocated=result.counters.gpus_reallocated, nodes_added=result.counters.nodes_added,
-        nodes_removed=result.counters.nodes_removed)
+        nodes_removed=result.counters.nodes_removed, gpu_stranded_s=stranded)
 
 
-def _gpu_seconds(result: SimResult, start: float, end: float) -> tuple[float, float]:
-    """Integrate the step functions of GPUs used and present over [start, end]."""
-    used = present = 0.0
+def _gpu_seconds(result: SimResult, start: float, end: float) -> tuple[float, float, float]:
+    """Integrate the step functions of GPUs used, present and stranded over [start, end]."""
+    used = present = stranded = 0.0
     timeline = result.timeline
     for current, following in zip(timeline, timeline[1:] + (None,)):
         left = max(current.t_s, start)
@@ -70,7 +72,8 @@ def _gpu_seconds(result: SimResult, start: float, end: float) -> tuple[float, fl
         if right > left:
             used += current.gpus_used * (right - left)
             present += current.gpus_present * (right - left)
-    return used, present
+            stranded += current.gpus_stranded * (right - left)
+    return used, present, stranded
 
 
 def compare(results: Sequence[SimResult], baseline: str = "static") -> tuple[Summary, ...]:
@@ -109,6 +112,7 @@ _COLUMNS = (
     ("gpus_attached", "attach", "{}"),
     ("gpus_detached", "detach", "{}"),
     ("gpus_reallocated", "realloc", "{}"),
+    ("gpu_stranded_s", "stranded", "{:.0f}s"),
     ("nodes_added", "+nodes", "{}"),
     ("nodes_removed", "-nodes", "{}"),
 )
@@ -159,11 +163,11 @@ def jobs_csv(results: Sequence[SimResult]) -> str:
 def timeline_csv(results: Sequence[SimResult]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["policy", "t_s", "gpus_used", "gpus_present", "pending", "nodes"])
+    writer.writerow(["policy", "t_s", "gpus_used", "gpus_present", "pending", "nodes", "gpus_stranded"])
     for result in results:
         for sample in result.timeline:
             writer.writerow([result.policy, _csv_value(sample.t_s), sample.gpus_used, sample.gpus_present,
-                             sample.pending, sample.nodes])
+                             sample.pending, sample.nodes, sample.gpus_stranded])
     return out.getvalue()
 
 

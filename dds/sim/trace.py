@@ -11,6 +11,8 @@ A trace is one job per row, in CSV (with a header) or JSON lines (one object per
 | `memory`     | memory request: bytes or a Kubernetes quantity (`32Gi`)       | yes      | `32Gi`    |
 | `gpus`       | whole GPUs requested (>= 0)                                   | yes      | `4`       |
 | `gpu_model`  | GPU model the job insists on (empty = any model)              | no       | `A30`     |
+| `group`      | gang (pod group) the job belongs to; its pods start together  | no       | `ddp-3`   |
+| `group_min`  | pods of the gang that must run at once (empty: all its jobs)  | no       | `4`       |
 
 Lines starting with `#` and blank lines are skipped. Every error names the file, the line and the field.
 """
@@ -27,7 +29,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from dds.model.quantity import QuantityError, to_int, to_milli
 
 REQUIRED_FIELDS = ("name", "arrival_s", "duration_s", "cpu", "memory", "gpus")
-OPTIONAL_FIELDS = ("gpu_model",)
+OPTIONAL_FIELDS = ("gpu_model", "group", "group_min")
 CSV_HEADER = REQUIRED_FIELDS + OPTIONAL_FIELDS
 
 
@@ -46,6 +48,8 @@ class Job:
     memory: int  # bytes
     gpus: int
     gpu_model: Optional[str] = None
+    group: Optional[str] = None  # gang name: its jobs start together (see gang_minimums)
+    group_min: int = 0  # jobs of the gang that must run at once; 0 = all of them
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -56,6 +60,19 @@ class Job:
             raise ValueError(f"job {self.name}: duration_s must be > 0, got {self.duration_s}")
         if self.milli_cpu < 0 or self.memory < 0 or self.gpus < 0:
             raise ValueError(f"job {self.name}: cpu, memory and gpus must be >= 0")
+        if self.group_min < 0 or (self.group_min and not self.group):
+            raise ValueError(f"job {self.name}: group_min must be >= 0 and needs a group")
+
+
+def gang_minimums(jobs: Iterable[Job]) -> dict[str, int]:
+    """Per gang, the jobs that must run at once: the largest group_min its jobs give, else all of its jobs."""
+    sizes: dict[str, int] = {}
+    declared: dict[str, int] = {}
+    for job in jobs:
+        if job.group:
+            sizes[job.group] = sizes.get(job.group, 0) + 1
+            declared[job.group] = max(declared.get(job.group, 0), job.group_min)
+    return {group: declared[group] or size for group, size in sizes.items()}
 
 
 def load_trace(path: Path) -> tuple[Job, ...]:
@@ -128,6 +145,10 @@ def _jobs_from_rows(rows: Sequence[tuple[int, Mapping[str, Any]]], source: str) 
             raise TraceError(f"{source}:{number}: job name {job.name!r} already used on line {seen[job.name]}")
         seen[job.name] = number
         jobs.append(job)
+    for group, minimum in gang_minimums(jobs).items():
+        size = sum(1 for j in jobs if j.group == group)
+        if minimum > size:
+            raise TraceError(f"{source}: group {group!r} needs {minimum} jobs at once (group_min) but has {size}")
     return tuple(sorted(jobs, key=lambda j: j.arrival_s))
 
 
@@ -147,8 +168,13 @@ def _job_from_row(row: Mapping[str, Any], where: str) -> Job:
     gpus = _whole(row["gpus"], where, "gpus")
     model = row.get("gpu_model")
     model = str(model).strip() if model not in (None, "") else None
+    group = row.get("group")
+    group = str(group).strip() if group not in (None, "") else None
+    minimum = _whole(row["group_min"], where, "group_min") if row.get("group_min") not in (None, "") else 0
+    if minimum and group is None:
+        raise TraceError(f"{where}: field 'group_min' needs a 'group'")
     return Job(name=name, arrival_s=arrival, duration_s=duration, milli_cpu=milli_cpu, memory=memory, gpus=gpus,
-               gpu_model=model)
+               gpu_model=model, group=group, group_min=minimum)
 
 
 def _number(value: Any, where: str, field: str) -> float:
@@ -188,7 +214,7 @@ def dump_csv(jobs: Iterable[Job]) -> str:
     for job in jobs:
         cpu = f"{job.milli_cpu // 1000}" if job.milli_cpu % 1000 == 0 else f"{job.milli_cpu}m"
         writer.writerow([job.name, _compact(job.arrival_s), _compact(job.duration_s), cpu, job.memory, job.gpus,
-                         job.gpu_model or ""])
+                         job.gpu_model or "", job.group or "", job.group_min or ""])
     return out.getvalue()
 
 

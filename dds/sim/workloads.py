@@ -295,6 +295,55 @@ def scale_test(params: WorkloadParams) -> Scenario:
         notes=(f"{count} jobs, Poisson mean gap {interval:g} s (about 80% offered GPU load)",))
 
 
+GANG_SHAPES = ((0.70, "single", 1, 1), (0.25, "ddp", 4, 2), (0.05, "oversized", 3, 8))  # share, kind, pods, GPUs
+
+
+def gang_jobs(count: int, mean_interval_s: float, seed: int) -> tuple[Job, ...]:
+    """Our AI mix: `count` jobs (pods), submitted at Poisson arrivals: 70% of submissions single 1-GPU jobs
+    (exponential, mean 15 min); 25% data-parallel gangs of 4 pods x 2 GPUs that must start together (mean 30 min);
+    5% gangs of 3 x 8 GPUs, more than the pool holds, which can never start (what a gang-unaware planner strands GPUs
+    on). A gang that would overshoot `count` is submitted as a single job."""
+    rng = random.Random(seed)
+    jobs: list[Job] = []
+    for index, arrival in enumerate(poisson_arrivals(count, mean_interval_s, rng)):
+        if len(jobs) >= count:
+            break
+        pick, kind, pods, gpus = rng.random(), "single", 1, 1
+        for share, kind, pods, gpus in GANG_SHAPES:
+            if pick < share:
+                break
+            pick -= share
+        if len(jobs) + pods > count:
+            kind, pods, gpus = "single", 1, 1
+        mean = 900.0 if kind == "single" else 1800.0
+        duration = round(max(60.0, rng.expovariate(1 / mean)), 1)
+        group = None if kind == "single" else f"{kind}-{index:03d}"
+        for member in range(pods):
+            name = f"{kind}-{index:03d}" + (f"-{member}" if group else "")
+            jobs.append(Job(name=name, arrival_s=arrival, duration_s=duration, milli_cpu=8000 * gpus,
+                            memory=32 * GiB * gpus, gpus=gpus, gpu_model="A30", group=group,
+                            group_min=pods if group else 0))
+    return tuple(jobs)
+
+
+def gangs(params: WorkloadParams) -> Scenario:
+    """Gang workloads (issue 15): 4 fixed nodes of 64 cores sharing a 16-GPU A30 pool, gangs mixed with single jobs."""
+    group = gpu_group("gpu-workers", nodes=4, cores=64, memory=512 * GiB, max_gpus=8, models=("A30",),
+                      gpu_idle_cooldown_s=_cooldown(params))
+    cluster = ClusterSpec(groups=(group,), pools=(PoolSpec(name="pool-0", devices={"A30": 16}),),
+                          initial_nodes={"gpu-workers": 4}, preconfigured={"gpu-workers": (4, 4, 4, 4)})
+    count = params.jobs or 180
+    interval = params.mean_interval_s or 300.0
+    return Scenario(
+        name="gangs", cluster=cluster, timing=_timing(params), seed=params.seed,
+        jobs=gang_jobs(count, interval, params.seed),
+        description="4 nodes (64 cores, up to 8 GPUs), 16-GPU pool; single jobs and gangs that start together",
+        notes=(f"{count} jobs; submissions at Poisson mean gap {interval:g} s: 70% 1-GPU jobs, 25% gangs of "
+               f"4 x 2 GPUs, 5% gangs of 3 x 8 GPUs that cannot fit the pool",
+               "the scheduler starts a gang only whole (coscheduling); gang-unaware = best-fit planning its pods "
+               "one by one"))
+
+
 def trace_scenario(jobs: Sequence[Job], params: WorkloadParams, name: str = "trace") -> Scenario:
     """A user's trace on the `elastic` cluster shape, unless a caller passes its own cluster (docs/simulation.md)."""
     base = elastic(replace(params, jobs=1))
@@ -314,6 +363,7 @@ BUILTIN: Mapping[str, tuple[str, Callable[[WorkloadParams], Scenario]]] = Mappin
     "kubecomp-multipool": ("KubeComp multi-pool (4 x 24 GPUs), Helios-like trace", kubecomp_multipool),
     "elastic": ("2-12 servers, 48-GPU pool: node-only vs attach-first", elastic),
     "scale-50x1000": ("1,000 jobs on 50 nodes: simulator speed", scale_test),
+    "gangs": ("4 nodes, 16-GPU pool: gangs of 4 x 2 GPUs among single jobs", gangs),
 })
 
 

@@ -1,6 +1,6 @@
 """What the e2e tests read off a running stack to judge "no double action": the simulated fabric's stored state, DDS's
 Events (with the replica that wrote them), the MachineSet and its nodes, what one DDS replica answers cluster-autoscaler,
-and the reliability invariants (dds/testing/invariants.py) with the exact counts a scenario expects.
+and the reliability invariants (harness/invariants.py) with the exact counts a scenario expects.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dds import certs
 from dds.kube.configmap import DATA_KEY
 from dds.provider.gen.externalgrpc import externalgrpc_pb2 as pb
 from dds.provider.gen.externalgrpc import externalgrpc_pb2_grpc as pb_grpc
-from dds.testing.provider_client import load_cloud_config, open_channel
-from dds.testing.invariants import ClusterHistory, check_invariants
-from dds.testing.stack import DDS_NAMESPACE, Stack, gpus_allocatable
+from harness.provider_client import load_cloud_config, open_channel
+from harness.invariants import ClusterHistory, check_invariants
+from harness.stack import DDS_NAMESPACE, Stack, gpus_allocatable, is_ready, pod
 
 GROUP = "MachineSet/default/gpu-workers"
 FABRIC_STATE_CONFIGMAP = "dds-simulated-fabric"
@@ -101,6 +101,17 @@ def describe(stack: Stack) -> str:
     return f"pods: {pods} | nodes: {nodes}"
 
 
+def busy_workers(stack: Stack, memory_gib: int = 48, timeout: float = 150.0) -> None:
+    """The stack's two workers Ready with their boot GPU, each taken by a pod (busy-0, busy-1) of `memory_gib`."""
+    stack.wait_for("two Ready workers with their boot GPU",
+                   lambda: len([n for n in stack.nodes() if is_ready(n) and gpus_allocatable(n) >= 1]) == 2,
+                   timeout, lambda: describe(stack))
+    for name in ("busy-0", "busy-1"):
+        stack.core.create_namespaced_pod("demo", pod(name, memory_gib=memory_gib, gpus=1))
+    stack.wait_for("busy pods Running", lambda: pods_running(stack, ["busy-0", "busy-1"]), timeout,
+                   lambda: describe(stack))
+
+
 # --- what DDS answers cluster-autoscaler ---
 
 class ProviderClient:
@@ -137,7 +148,7 @@ class ProviderClient:
 
 def check_no_double_action(stack: Stack, *, expected_nodes: int, expected_attached: int,
                            history: Optional[ClusterHistory] = None) -> list[str]:
-    """The reliability invariants at rest (dds/testing/invariants.py: each device attached at most once, pool counts add
+    """The reliability invariants at rest (harness/invariants.py: each device attached at most once, pool counts add
     up, every node shows the GPUs the fabric attached to it, CA's view converged, ...) and the exact counts the scenario
     expects: as many devices attached and nodes as the pods need, not one more. Empty: nothing wrong."""
     problems = [str(v) for v in check_invariants(stack, history=history, settled=True)]

@@ -1,7 +1,7 @@
 """The SIGKILL campaign on the whole stack (issue 6 "Done when", issue 9 part 1): DDS killed at every named step of
 attach, detach, node add and node remove (dds/crashpoints.py) and at random times while a workload keeps all four going,
 with the real apiserver, scheduler, kwok nodes and the autoscaler; after every crash and restart, and at the end after
-convergence, the invariants of dds/testing/invariants.py must hold.
+convergence, the invariants of harness/invariants.py must hold.
 
 `make test` runs the short campaign (each step crashed at least once, a few minutes); `make soak` (DDS_SOAK=1) the long
 one (at least 100 crashes, each step several times). Both print their figures and, with DDS_RELIABILITY_FIGURES=path,
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from dds import crashpoints
-from dds.testing.crash_campaign import CampaignFigures, CampaignOptions, CrashCampaign, WorkloadDriver
-from dds.testing.invariants import ClusterHistory, ClusterReader, HistoryBounds, describe
-from dds.testing.stack import StackOptions, start_stack
+from harness.crash_campaign import CampaignFigures, CampaignOptions, CrashCampaign, WorkloadDriver
+from harness.invariants import ClusterHistory, ClusterReader, HistoryBounds, describe
+from harness.stack import StackOptions, start_stack
 from tests.unit.reliability import figures as reliability_figures
 
 pytestmark = pytest.mark.e2e

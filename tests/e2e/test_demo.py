@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from dds.demo import DemoOptions, DemoResult, Entry, run_demo
-from dds.testing.stack import StackOptions
+from harness.demo import DemoOptions, DemoResult, Entry, run_demo
+from harness.stack import StackOptions
 
 pytestmark = pytest.mark.e2e
 

@@ -2,12 +2,12 @@
 assertions as tests/e2e/test_demo.py, with DDS driving
 
 - `composability-request`: DDS writes ComposabilityRequests on the real apiserver; the stand-in CDI operator
-  (dds/testing/cro_operator.py) runs in this process and reconciles them against a simulated CDI manager. As the real
+  (harness/cro_operator.py) runs in this process and reconciles them against a simulated CDI manager. As the real
   operator makes an attached GPU visible (it restarts the device plugin, which publishes the node's GPUs), the
   stand-in's manager publishes each node's online devices as its GPU capacity (dds.kube.nodes.gpu_capacity_hook).
 - `redfish`: DDS composes GPU resource blocks into ComputerSystems of the Redfish emulator on loopback
-  (dds/testing/redfish_emulator.py). The servers' side — a ComputerSystem per machine, and the device plugin publishing
-  the GPUs composed into it — is played by dds/testing/redfish_hosts.py, reading the emulator, never DDS.
+  (harness/redfish_emulator.py). The servers' side — a ComputerSystem per machine, and the device plugin publishing
+  the GPUs composed into it — is played by harness/redfish_hosts.py, reading the emulator, never DDS.
 
 One stack per backend (module-scoped, parametrized): two runs of ~2 minutes each.
 """
@@ -23,13 +23,13 @@ import pytest
 
 import tests.e2e.test_demo as reference
 from dds.config import LatencySpec, PoolSpec, SimulatedFabricSettings
-from dds.demo import Demo, DemoOptions, DemoResult
+from harness.demo import Demo, DemoOptions, DemoResult
 from dds.fabric.simulated import SimulatedFabric
 from dds.kube.nodes import gpu_capacity_hook
-from dds.testing.cro_operator import StandInOperator
-from dds.testing.redfish_emulator import EmulatorConfig, RedfishEmulator
-from dds.testing.redfish_hosts import RedfishHosts
-from dds.testing.stack import StackOptions
+from harness.cro_operator import StandInOperator
+from harness.redfish_emulator import EmulatorConfig, RedfishEmulator
+from harness.redfish_hosts import RedfishHosts
+from harness.stack import StackOptions
 
 pytestmark = pytest.mark.e2e
 

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 import pytest
 
 from dds import certs
-from dds.testing.provider_client import (INSTANCE_CREATING, ExternalGrpcClient, Instance, Placeholder, load_cloud_config,
+from harness.provider_client import (INSTANCE_CREATING, ExternalGrpcClient, Instance, Placeholder, load_cloud_config,
                                          open_channel)
-from dds.testing.invariants import describe as describe_violations
-from dds.testing.invariants import wait_converged
-from dds.testing.stack import Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
-from tests.e2e.cluster_facts import GROUP, dds_events, describe, log_lines, machineset_replicas, pods_running
+from harness.invariants import describe as describe_violations
+from harness.invariants import wait_converged
+from harness.stack import Stack, StackOptions, pod, start_stack
+from tests.e2e.cluster_facts import (GROUP, busy_workers, dds_events, describe, log_lines, machineset_replicas,
+                                     pods_running)
 
 pytestmark = pytest.mark.e2e
 
@@ -47,13 +48,7 @@ def outcome(tmp_path_factory) -> Iterator[Outcome]:
                            node_provisioning_seconds=10.0, gpu_idle_cooldown_seconds=600.0,
                            node_idle_cooldown_seconds=600.0)
     with start_stack(tmp_path_factory.mktemp("errors-reach-ca"), options) as stack:
-        stack.wait_for("two Ready workers with their boot GPU",
-                       lambda: len([n for n in stack.nodes() if is_ready(n) and gpus_allocatable(n) == 1]) == 2,
-                       TIMEOUT, lambda: describe(stack))
-        for name in ("busy-0", "busy-1"):
-            stack.core.create_namespaced_pod("demo", pod(name, memory_gib=48, gpus=1))
-        stack.wait_for("busy pods Running", lambda: pods_running(stack, ["busy-0", "busy-1"]), TIMEOUT,
-                       lambda: describe(stack))
+        busy_workers(stack, memory_gib=48, timeout=TIMEOUT)
         stack.core.create_namespaced_pod("demo", pod("train-0", memory_gib=8, gpus=1))
         # CA waits 30 s before scaling up for a GPU pod, asks, is told OutOfResources and backs off.
         backed_off = stack.wait_for("the autoscaler to back off", lambda: _ca_backed_off(stack), TIMEOUT,

@@ -15,7 +15,7 @@ stored state).
 | device_failure_after_attach  | detaches the failed GPU, attaches a replacement        | Running        |
 | detach_error                 | the idle GPU is detached again after the cooldown      | (gone)         |
 
-After each: the pod goes, its GPUs are detached when idle, and the invariants of dds/testing/invariants.py must hold
+After each: the pod goes, its GPUs are detached when idle, and the invariants of harness/invariants.py must hold
 (no device leaked: pool counts add up, every node shows what the fabric attached, nothing in flight, CA's view empty).
 Figures (faults injected, recovered) are printed and merged into $DDS_RELIABILITY_FIGURES under "faults".
 """
@@ -34,12 +34,13 @@ import pytest
 
 from dds import certs
 from dds.kube.configmap import DATA_KEY
-from dds.testing.provider_client import (INSTANCE_CREATING, ExternalGrpcClient, Instance, Placeholder, load_cloud_config,
+from harness.provider_client import (INSTANCE_CREATING, ExternalGrpcClient, Instance, Placeholder, load_cloud_config,
                                          open_channel)
-from dds.testing.invariants import describe as describe_violations
-from dds.testing.invariants import wait_converged
-from dds.testing.stack import DDS_NAMESPACE, Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
-from tests.e2e.cluster_facts import FABRIC_STATE_CONFIGMAP, GROUP, dds_events, describe, fabric_facts, pods_running
+from harness.invariants import describe as describe_violations
+from harness.invariants import wait_converged
+from harness.stack import DDS_NAMESPACE, Stack, StackOptions, gpus_allocatable, pod, start_stack
+from tests.e2e.cluster_facts import (FABRIC_STATE_CONFIGMAP, GROUP, busy_workers, dds_events, describe, fabric_facts,
+                                     pods_running)
 from tests.unit.reliability import figures
 
 pytestmark = pytest.mark.e2e
@@ -63,13 +64,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
                            dds_settings={"orphan_attach_timeout_seconds": HANG_TIMEOUT,
                                          "pending_debounce_seconds": 600.0})
     with start_stack(tmp_path_factory.mktemp("fabric-faults"), options) as started:
-        started.wait_for("two Ready workers with their boot GPU",
-                         lambda: len([n for n in started.nodes() if is_ready(n) and gpus_allocatable(n) == 1]) == 2,
-                         TIMEOUT, lambda: describe(started))
-        for name in ("busy-0", "busy-1"):
-            started.core.create_namespaced_pod("demo", pod(name, memory_gib=48, gpus=1))
-        started.wait_for("busy pods Running", lambda: pods_running(started, ["busy-0", "busy-1"]), TIMEOUT,
-                         lambda: describe(started))
+        busy_workers(started, memory_gib=48, timeout=TIMEOUT)
         yield started
     _report()
 

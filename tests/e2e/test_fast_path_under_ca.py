@@ -12,8 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from dds.testing.stack import Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
-from tests.e2e.cluster_facts import GROUP, dds_events, describe, log_lines, machineset_replicas, pods_running
+from harness.stack import Stack, StackOptions, gpus_allocatable, pod, start_stack
+from tests.e2e.cluster_facts import (GROUP, busy_workers, dds_events, describe, log_lines, machineset_replicas,
+                                     pods_running)
 
 pytestmark = pytest.mark.e2e
 
@@ -27,13 +28,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
                            node_provisioning_seconds=10.0, gpu_idle_cooldown_seconds=600.0,
                            node_idle_cooldown_seconds=600.0)
     with start_stack(tmp_path_factory.mktemp("fast-path-ca"), options) as stack:
-        stack.wait_for("two Ready workers with their boot GPU",
-                       lambda: len([n for n in stack.nodes() if is_ready(n) and gpus_allocatable(n) == 1]) == 2,
-                       TIMEOUT, lambda: describe(stack))
-        for name in ("busy-0", "busy-1"):
-            stack.core.create_namespaced_pod("demo", pod(name, memory_gib=24, gpus=1))
-        stack.wait_for("busy pods Running", lambda: pods_running(stack, ["busy-0", "busy-1"]), TIMEOUT,
-                       lambda: describe(stack))
+        busy_workers(stack, memory_gib=24, timeout=TIMEOUT)
         # From here on the fabric is slow: DDS restarts on the new latency (the fabric's state survives it).
         stack.config_path = stack.write_dds_config(
             "dds.yaml", stack.grpc_port, simulated_fabric={"attach_latency": {"min": ATTACH_LATENCY[0],

@@ -3,7 +3,7 @@ duration). Real apiserver, scheduler and kwok; both replicas are `dds serve` pro
 on one Lease (dds-system/dds-leader), identities dds-a and dds-b, each on its own ports.
 
 How cluster-autoscaler reaches "DDS": its cloud-config has one address. In a cluster that is the DDS Service, which routes
-only to Ready pods, and DDS is Ready only on the leader. Here a `ReadyForwarder` (dds/testing/forwarder.py) plays the
+only to Ready pods, and DDS is Ready only on the leader. Here a `ReadyForwarder` (harness/forwarder.py) plays the
 Service: CA dials it, each new connection goes to the replica whose /readyz passes at that moment, and a killed replica's
 connections break so CA's channel reconnects to the new leader. Pointing CA at the leader's port instead would hide the
 one thing worth seeing: that CA finds the new leader by itself.
@@ -30,10 +30,10 @@ import yaml
 from kubernetes import client
 
 from dds import certs
-from dds.testing.autoscaler import free_port
-from dds.testing.forwarder import Backend, ReadyForwarder, Route
-from dds.testing.invariants import wait_converged
-from dds.testing.stack import (DDS_NAMESPACE, WORKLOAD_NAMESPACE, DdsProcess, Stack, StackOptions, gpus_allocatable,
+from harness.autoscaler import free_port
+from harness.forwarder import Backend, ReadyForwarder, Route
+from harness.invariants import wait_converged
+from harness.stack import (DDS_NAMESPACE, WORKLOAD_NAMESPACE, DdsProcess, Stack, StackOptions, gpus_allocatable,
                                is_ready, pod, start_stack)
 from tests.e2e.cluster_facts import (DdsEvent, ProviderClient, check_no_double_action, dds_events, describe,
                                      fabric_facts, machineset_replicas, pods_running)

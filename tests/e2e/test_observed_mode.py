@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client
 
 from dds.planner.plan import Case
-from dds.testing.stack import (WORKLOAD_NAMESPACE, Stack, StackOptions, gpus_allocatable, is_ready, pod,
+from harness.stack import (WORKLOAD_NAMESPACE, Stack, StackOptions, gpus_allocatable, is_ready, pod,
                                start_stack)
 
 pytestmark = pytest.mark.e2e

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from dds.testing.stack import (WORKLOAD_NAMESPACE, Stack, StackOptions, gpus_allocatable, is_ready, pod,
+from harness.stack import (WORKLOAD_NAMESPACE, Stack, StackOptions, gpus_allocatable, is_ready, pod,
                                start_stack)
-from dds.testing.invariants import ClusterHistory, ClusterReader, HistoryBounds, wait_converged
-from dds.testing.invariants import describe as describe_violations
+from harness.invariants import ClusterHistory, ClusterReader, HistoryBounds, wait_converged
+from harness.invariants import describe as describe_violations
 from tests.e2e.cluster_facts import (check_no_double_action, describe, fabric_facts, log_lines, machineset_replicas,
                                      pods_running)
 from tests.unit.reliability import figures

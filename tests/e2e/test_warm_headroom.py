@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from dds.model.groups import ANN_WARM_GPUS
-from dds.testing.stack import Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
-from tests.e2e.cluster_facts import dds_events, describe, machineset_replicas, pods_running
+from harness.stack import Stack, StackOptions, gpus_allocatable, pod, start_stack
+from tests.e2e.cluster_facts import busy_workers, dds_events, describe, machineset_replicas, pods_running
 
 pytestmark = pytest.mark.e2e
 
@@ -37,13 +37,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
                            node_provisioning_seconds=10.0, gpu_idle_cooldown_seconds=COOLDOWN,
                            node_idle_cooldown_seconds=600.0, machineset_annotations={ANN_WARM_GPUS: "1"})
     with start_stack(tmp_path_factory.mktemp("warm-headroom"), options) as stack:
-        stack.wait_for("two Ready workers with their boot GPU",
-                       lambda: len([n for n in stack.nodes() if is_ready(n) and gpus_allocatable(n) >= 1]) == 2,
-                       TIMEOUT, lambda: describe(stack))
-        for name in ("busy-0", "busy-1"):
-            stack.core.create_namespaced_pod("demo", pod(name, memory_gib=24, gpus=1))
-        stack.wait_for("busy pods Running", lambda: pods_running(stack, ["busy-0", "busy-1"]), TIMEOUT,
-                       lambda: describe(stack))
+        busy_workers(stack, memory_gib=24, timeout=TIMEOUT)
         yield stack
 
 

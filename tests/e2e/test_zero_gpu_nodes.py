@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from dds.model.groups import ANN_CAPI_MAX, LABEL_ATTACHED_GPU
-from dds.testing.stack import Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
+from harness.stack import Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
 from tests.e2e.cluster_facts import dds_events, describe, machineset_replicas, pods_running
 
 pytestmark = pytest.mark.e2e

@@ -18,7 +18,7 @@ from typing import Callable
 import pytest
 from kubernetes import client
 
-from dds.testing.controlplane import (BINARIES, KWOK_NODE_ANNOTATION, ControlPlane, ControlPlaneError,
+from harness.controlplane import (BINARIES, KWOK_NODE_ANNOTATION, ControlPlane, ControlPlaneError,
                                       start_control_plane)
 
 pytestmark = pytest.mark.integration
@@ -156,7 +156,7 @@ def test_a_failing_test_session_still_tears_the_control_plane_down(tmp_path: Pat
     """))
     pids_file = tmp_path / "pids.json"
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "test_inner.py", "-p", "dds.testing.pytest_plugin", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "test_inner.py", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
          "-q", f"--basetemp={tmp_path / 'base'}"],
         cwd=tmp_path, env={**os.environ, "PIDS_FILE": str(pids_file)}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "1 failed" in done.stdout, done.stdout + done.stderr

@@ -7,7 +7,7 @@
 - Cluster API's part: the kwok infrastructure provider (tests/integration/nodes/harness.py) turns the MachineSet's
   replicas into kwok Nodes, on the same virtual clock, in a background thread.
 - The virtual clock is wall time plus an offset the test moves forward: the apiserver's timestamps (a pod's
-  Unschedulable condition) stay comparable with DDS's "now", while fabric latencies, cooldowns and the case-2 grace pass
+  Unschedulable condition) stay comparable with DDS's "now", while fabric latencies, cooldowns and the pending debounce pass
   in an instant.
 """
 
@@ -24,14 +24,14 @@ from dds.config import LatencySpec, NodeBackend, PoolSpec, Settings, SimulatedFa
 from dds.fabric.base import AttachRequest, FabricDevice, Operation
 from dds.model.groups import (ANN_CAPI_MIN, ANN_FORCE_DETACH, ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN,
                               ANN_TEMPLATE_MODE, NodeGroupSpec)
-from dds.provider.registry import LiveNode
+from dds.scaling.requests import LiveNode
 from tests.integration.nodes.harness import GROUP, NodeGroupHarness, machineset_manifest, wait_for
 
 GPU = "nvidia.com/gpu"
 TEST_LABEL = "dds.test/namespace"  # on the group's template and nodes; the tests' pods select it
 CA_TAINT = "ToBeDeletedByClusterAutoscaler"
-DEBOUNCE_SECONDS = 30.0
-ATTACH_SECONDS = 45.0  # longer than the grace: a pod can outwait the grace while its GPU is on its way
+DEBOUNCE_SECONDS = 30.0  # the loop's pending_debounce_seconds, long here to watch both sides of it
+ATTACH_SECONDS = 45.0  # longer than the debounce: a pod can outwait it while its GPU is on its way
 DETACH_SECONDS = 10.0
 
 

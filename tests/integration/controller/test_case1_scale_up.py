@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from dds.controller.deciders import ScaleUpRefused
+from dds.controller.ca_requests import ScaleUpRefused
 from dds.fabric.base import OperationKind, OperationState
-from dds.provider.instances import InstanceKind
+from dds.scaling.instances import InstanceKind
 from tests.integration.controller.harness import ControllerHarness
 
 pytestmark = pytest.mark.integration

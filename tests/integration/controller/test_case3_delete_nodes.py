@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from dds.fabric.base import OperationKind
-from dds.provider.registry import Placeholder
+from dds.scaling.requests import Placeholder
 from tests.integration.controller.harness import CA_TAINT, ControllerHarness
 
 pytestmark = pytest.mark.integration

@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubernetes import client
 
+from dds.controller import loop
 from dds.controller.loop import REMOVAL_TAINT
+from dds.kube.nodes import add_taint
 from dds.fabric.base import OperationKind
 from tests.integration.controller.harness import ControllerHarness
 
@@ -97,30 +98,18 @@ def test_an_empty_node_goes_after_its_cooldown_and_the_group_keeps_its_min_size(
     assert dds.replicas("workers") == 1 and dds.node_names() == [second]
 
 
-class PodArrivesAtCordon:
-    """CoreV1Api as the controller uses it, except that right after DDS cordons a node a pod is bound to it: the pod
-    the scheduler had placed there a moment before the taint arrives. The race the recheck exists for, made certain."""
-
-    def __init__(self, core: client.CoreV1Api, arrive: Any) -> None:
-        self._core = core
-        self._arrive = arrive
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._core, name)
-
-    def patch_node(self, name: str, body: Any, **kwargs: Any) -> Any:
-        result = self._core.patch_node(name, body, **kwargs)
-        taints = (body.get("spec") or {}).get("taints") or ()
-        if any(t.get("key") == REMOVAL_TAINT for t in taints):
-            self._arrive(name)
-        return result
-
-
-def test_a_pod_arriving_between_cordon_and_removal_keeps_the_node(dds: ControllerHarness):
+def test_a_pod_arriving_between_cordon_and_removal_keeps_the_node(dds: ControllerHarness, monkeypatch):
+    """Right after DDS cordons the node a pod is bound to it: the pod the scheduler had placed there a moment before
+    the taint arrived. The race the recheck exists for, made certain."""
     dds.create_group("workers", replicas=1)
     [node] = dds.node_names()
-    dds.controller._core = PodArrivesAtCordon(dds.controller._core,
-                                              lambda name: dds.create_pod("late", bind_to=name))
+
+    def cordon_then_a_pod_arrives(api: Any, name: str, key: str, value: str, effect: str) -> None:
+        add_taint(api, name, key, value, effect)
+        if key == REMOVAL_TAINT:
+            dds.create_pod("late", bind_to=name)
+
+    monkeypatch.setattr(loop, "add_taint", cordon_then_a_pod_arrives)
     dds.run_once()
     dds.clock.advance(COOLDOWN + 1)
 

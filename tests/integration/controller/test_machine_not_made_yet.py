@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from dds.controller.deciders import ScaleUpRefused
+from dds.controller.ca_requests import ScaleUpRefused
 from tests.integration.controller.harness import ControllerHarness
 
 pytestmark = pytest.mark.integration

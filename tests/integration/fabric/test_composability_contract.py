@@ -14,7 +14,7 @@ from dds.config import ComposabilitySettings, LatencySpec, SimulatedFabricSettin
 from dds.fabric.base import AttachRequest, Fabric, Operation, OperationState
 from dds.fabric.composability import GROUP, REQUESTS, RESOURCES, VERSION, ComposabilityRequestFabric, request_name
 from dds.fabric.simulated import SimulatedFabric
-from dds.testing.cro_operator import StandInOperator
+from harness.cro_operator import StandInOperator
 from tests.unit.fabric import contract
 from tests.unit.fabric.contract import MODEL, NODE_A, NODE_B, NODE_C, POOL
 from tests.unit.fabric.harnesses import contract_pools, wait_until_done

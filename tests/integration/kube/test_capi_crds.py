@@ -13,7 +13,7 @@ import yaml
 from kubernetes import client
 
 from dds.kube.machinesets import MachineSetLister
-from dds.testing.controlplane import REPO_ROOT, ControlPlane
+from harness.controlplane import REPO_ROOT, ControlPlane
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from kubernetes import client
 
 from dds.provider.gen.k8s import core_v1_pb2
-from dds.testing.controlplane import ControlPlane
+from harness.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from kubernetes import client
 from dds.fabric.state_configmap import ConfigMapFabricStateStore
 from dds.kube.configmap import DATA_KEY, ConfigMapDocument, CorruptDocument
 from dds.kube.state import ConfigMapStateStore
-from dds.provider.instances import InstanceFactory, InstanceKind, InstanceTracker
+from dds.scaling.instances import InstanceFactory, InstanceKind, InstanceTracker
 from tests.unit.provider.conftest import FakeClock, make_group
 
 pytestmark = pytest.mark.integration

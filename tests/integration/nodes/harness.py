@@ -13,7 +13,7 @@ from dds.kube.machinesets import MachineSetLister
 from dds.model.groups import NodeGroupSpec
 from dds.nodes.kwok import KwokInfrastructure
 from dds.nodes.machineset import MachineSetProvisioner
-from dds.provider.sources import MachineSetSource
+from dds.groups.sources import MachineSetSource
 
 GROUP = "cluster.x-k8s.io"
 GPU_LABEL = "nvidia.com/gpu.product"

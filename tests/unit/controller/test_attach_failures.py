@@ -1,5 +1,5 @@
 """What DDS does when a scale-up's GPUs cannot be had (dds/controller/attach_failures.py and the plan check of
-dds/controller/deciders.py), on plain data."""
+dds/controller/ca_requests.py), on plain data."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The README and docs/ as a user reads them: every setting, annotation, flag and metric the code has is documented,
-the annotation table is the one dds/provider/sources.py holds, and every relative link and anchor resolves.
+the annotation table is the one dds/groups/sources.py holds, and every relative link and anchor resolves.
 
 These fail when code grows a setting, flag or metric that nobody wrote down, or when a doc links to a heading that
 was renamed.
@@ -21,7 +21,7 @@ from dds import metrics
 from dds.cli import build_parser
 from dds.config import Settings
 from dds.model import groups
-from dds.provider import sources
+from dds.groups import sources
 
 ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
@@ -112,7 +112,7 @@ def test_the_annotation_table_is_the_one_in_sources_py() -> None:
     table = [line for line in (sources.__doc__ or "").splitlines() if line.startswith("|")]
     assert len(table) > 10
     documented = text(CONFIGURATION)
-    assert "\n".join(table) in documented, "docs/configuration.md must carry dds/provider/sources.py's table unchanged"
+    assert "\n".join(table) in documented, "docs/configuration.md must carry dds/groups/sources.py's table unchanged"
 
 
 def annotation_keys() -> list[str]:

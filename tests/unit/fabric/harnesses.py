@@ -10,7 +10,7 @@ from dds.fabric.base import Fabric, FabricDevice, Operation
 from dds.fabric.redfish import RedfishFabric
 from dds.fabric.simulated import SimulatedFabric
 from dds.fabric.state import InMemoryFabricStateStore
-from dds.testing.redfish_emulator import EmulatedSystem, EmulatorConfig, RedfishEmulator
+from harness.redfish_emulator import EmulatedSystem, EmulatorConfig, RedfishEmulator
 from tests.unit.fabric.contract import MODEL, NODE_A, NODE_B, NODE_C, POOL, SLOTS, TOTAL
 
 

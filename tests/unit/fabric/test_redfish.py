@@ -13,7 +13,7 @@ from dds.config import RedfishSettings
 from dds.fabric.base import AttachRequest, DeviceState, ErrorCode, FabricError, OperationState
 from dds.fabric.redfish import RedfishFabric
 from dds.fabric.state import InMemoryFabricStateStore
-from dds.testing.redfish_emulator import ADD_ACTION, BLOCKS, EmulatedSystem, EmulatorConfig, RedfishEmulator
+from harness.redfish_emulator import ADD_ACTION, BLOCKS, EmulatedSystem, EmulatorConfig, RedfishEmulator
 from tests.unit.fabric.contract import MODEL, NODE_A, NODE_B, POOL
 from tests.unit.fabric.harnesses import RedfishHarness, contract_pools, wait_until_done
 

@@ -13,12 +13,14 @@ from dds.config import Settings
 from dds.model.events import ObjectRef
 from dds.model.groups import NodeGroupSpec
 from dds.nodes.memory import MemoryProvisioner
-from dds.provider.decider import AddNodesDecider, ScaleUpRefused
+from dds.scaling.whole_nodes import AddNodesDecider
+from dds.scaling.requests import ScaleUpRefused
 from dds.provider.gen.externalgrpc import externalgrpc_pb2_grpc
-from dds.provider.instances import InstanceFactory, InstanceRecord, InstanceTracker
-from dds.provider.registry import DeleteTarget, LiveNode, Registry, StaticClusterView
+from dds.scaling.instances import InstanceFactory, InstanceRecord, InstanceTracker
+from dds.scaling.requests import DeleteTarget, LiveNode
+from dds.provider.registry import Registry, StaticClusterView
 from dds.provider.server import ProviderServer, build_server
-from dds.provider.sources import GroupInput, NodeGroupCatalog, SourceRead, parse_group
+from dds.groups.sources import GroupInput, NodeGroupCatalog, SourceRead, parse_group
 from dds.model.groups import SourceRef
 
 

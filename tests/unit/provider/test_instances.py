@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dds.provider.instances import (ERROR_CLASS_OTHER, InstanceFactory, InstanceKind, InstanceState, InstanceTracker,
-                                    MemoryStateStore, group_of_instance_id)
+from dds.scaling.instances import (ERROR_CLASS_OTHER, InstanceFactory, InstanceKind, InstanceState, InstanceTracker,
+                                   MemoryStateStore, group_of_instance_id)
 
 from .conftest import FakeClock, make_group
 

@@ -1,4 +1,4 @@
-"""The planner-backed IncreaseSize (dds/controller/deciders.py) refuses with the servicer's ScaleUpRefused, so CA gets
+"""The planner-backed IncreaseSize (dds/controller/ca_requests.py) refuses with the servicer's ScaleUpRefused, so CA gets
 RESOURCE_EXHAUSTED and backs the group off. It once had a class of its own, answered INTERNAL ("failed inside DDS") with a
 traceback in DDS's log for every ordinary "nothing to add" — seen in the outage e2e when CA asked a group at its max."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import grpc
 
-from dds.controller.deciders import ScaleUpRefused
+from dds.controller.ca_requests import ScaleUpRefused
 from dds.provider.servicer import status_for
 
 

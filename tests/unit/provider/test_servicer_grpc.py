@@ -8,8 +8,8 @@ from google.protobuf import duration_pb2
 
 from dds.provider.gen.externalgrpc import externalgrpc_pb2 as pb
 from dds.provider.gen.k8s import core_v1_pb2, meta_v1_pb2
-from dds.provider.instances import ERROR_CLASS_OUT_OF_RESOURCES
-from dds.provider.registry import FAKE_NODE_REASON, LiveNode, Placeholder
+from dds.scaling.instances import ERROR_CLASS_OUT_OF_RESOURCES
+from dds.scaling.requests import FAKE_NODE_REASON, LiveNode, Placeholder
 
 from .conftest import RefusingScaleUp, make_group
 
@@ -96,7 +96,7 @@ def test_gpu_label_and_types(provider):
 
 
 def test_refresh_keeps_last_good_groups_when_the_source_fails(provider):
-    from dds.provider.sources import SourceUnavailable
+    from dds.groups.sources import SourceUnavailable
 
     provider.source.result = SourceUnavailable("apiserver unreachable")
     provider.stub.Refresh(pb.RefreshRequest(), timeout=5)  # no error: CA's loop must go on

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dds.provider.gen.k8s import core_v1_pb2
-from dds.provider.registry import LiveNode
-from dds.provider.template import node_group_label_value, template_node_bytes
+from dds.scaling.requests import LiveNode
+from dds.groups.labels import node_group_label_value
+from dds.provider.template import template_node_bytes
 
 from .conftest import make_group
 

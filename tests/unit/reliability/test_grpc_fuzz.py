@@ -26,8 +26,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from dds.model.groups import LABEL_NODE_GROUP
 from dds.provider.gen.externalgrpc import externalgrpc_pb2 as pb
 from dds.provider.gen.k8s import core_v1_pb2, meta_v1_pb2
-from dds.provider.instances import ERROR_CLASS_OTHER, ERROR_CLASS_OUT_OF_RESOURCES
-from dds.provider.registry import FAKE_NODE_REASON, LiveNode
+from dds.scaling.instances import ERROR_CLASS_OTHER, ERROR_CLASS_OUT_OF_RESOURCES
+from dds.scaling.requests import FAKE_NODE_REASON, LiveNode
 from dds.provider.server import SERVICE_NAME
 from tests.unit.provider.conftest import Provider, make_group, provider_factory, start_provider  # noqa: F401
 from tests.unit.reliability import figures

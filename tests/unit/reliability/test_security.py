@@ -35,9 +35,9 @@ from dds.kube.client import api_client
 from dds.kube.machinesets import MachineSetLister
 from dds.provider.gen.externalgrpc import externalgrpc_pb2 as pb
 from dds.provider.gen.externalgrpc import externalgrpc_pb2_grpc
-from dds.provider.registry import FAKE_NODE_REASON
+from dds.scaling.requests import FAKE_NODE_REASON
 from dds.provider.server import ServerConfigError, build_server, check_tls_material
-from dds.testing.redfish_emulator import EmulatedSystem, EmulatorConfig, RedfishEmulator
+from harness.redfish_emulator import EmulatedSystem, EmulatorConfig, RedfishEmulator
 from tests.unit.provider.conftest import Provider, make_group, start_provider
 from tests.unit.provider.test_tls_and_serve import _free_port, _wait_serving
 

@@ -123,3 +123,14 @@ def test_shortcuts_change_no_outcome(workload, policy):
     assert fast.timeline == slow.timeline
     assert (fast.counters.gpus_attached, fast.counters.gpus_detached, fast.counters.nodes_added) == (
         slow.counters.gpus_attached, slow.counters.gpus_detached, slow.counters.nodes_added)
+
+
+def test_warm_headroom_starts_the_next_job_without_an_attach_and_holds_one_gpu():
+    # One GPU-less node, a pool of 4. With one warm GPU the refill attaches it at t=0 (online at 30), so b, arriving
+    # at t=1000, long after a's GPU idled out, starts at once; without headroom b waits for an attach (30 s).
+    jobs = [job("a", 0, gpus=1), job("b", 1000, gpus=1)]
+    cold = simulate(scenario(cluster((0,), 4), jobs), POLICIES["best-fit"])
+    warm = simulate(scenario(cluster((0,), 4), jobs), POLICIES["best-fit"], warm_gpus=1)
+    assert waits(cold)["b"] == 30.0
+    assert waits(warm)["b"] == 0.0
+    assert warm.timeline[-1].gpus_present >= 1  # the headroom stays once both jobs are done

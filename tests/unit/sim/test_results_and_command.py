@@ -123,3 +123,14 @@ def test_progress_bar_redraws_only_when_the_percentage_moves():
     silent = io.StringIO()
     ProgressBar("x", stream=silent, enabled=False).update(1, 2)
     assert silent.getvalue() == ""
+
+
+def test_without_matplotlib_simulate_still_writes_its_results_and_says_why_no_plots(tmp_path, capsys, monkeypatch):
+    # A plain `pip install dds` has no matplotlib (it is the `sim` extra): a one-line note, not a traceback.
+    monkeypatch.setattr(command, "_have_matplotlib", lambda: False)
+    out = tmp_path / "out"
+    code = run_cli("--trace", str(EXAMPLES / "small.csv"), "--policies", "static", "--out", str(out),
+                   "--progress", "never")
+    assert code == 0
+    assert "note: no plots (matplotlib is not installed: pip install 'dds[sim]')" in capsys.readouterr().out
+    assert {p.name for p in out.iterdir()} == {"summary.csv", "jobs.csv", "timeline.csv"}

@@ -98,3 +98,20 @@ def test_the_example_traces_load():
     csv_jobs = load_trace(examples / "small.csv")
     assert csv_jobs == load_trace(examples / "small.jsonl")
     assert len(csv_jobs) >= 10
+
+
+def test_gang_columns_round_trip_and_default_to_the_whole_group():
+    from dds.sim.trace import gang_minimums
+
+    jobs = parse_csv("name,arrival_s,duration_s,cpu,memory,gpus,group,group_min\n"
+                     "w-0,0,60,1,1Gi,2,ddp,\nw-1,0,60,1,1Gi,2,ddp,\nsolo,5,60,1,1Gi,1,,\n")
+    assert [j.group for j in jobs] == ["ddp", "ddp", None]
+    assert gang_minimums(jobs) == {"ddp": 2}
+    assert parse_csv(dump_csv(jobs)) == jobs
+
+
+def test_a_group_min_larger_than_the_group_is_an_error():
+    import pytest
+
+    with pytest.raises(TraceError, match="group 'ddp' needs 3 jobs"):
+        parse_csv("name,arrival_s,duration_s,cpu,memory,gpus,group,group_min\nw-0,0,60,1,1Gi,2,ddp,3\n")

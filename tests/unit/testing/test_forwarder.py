@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dds.testing.forwarder import Backend, ReadyForwarder
+from harness.forwarder import Backend, ReadyForwarder
 
 
 class NamedServer:

@@ -1,4 +1,4 @@
-"""The crash campaign's invariants (dds/testing/invariants.py) on hand-made readings: each one catches what it is for,
+"""The crash campaign's invariants (harness/invariants.py) on hand-made readings: each one catches what it is for,
 and none fires on a healthy cluster with work in flight."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from dds.provider.template import node_group_label_value
-from dds.testing.invariants import (CA_VIEW, CONVERGED, DEVICE_ONCE, GPUS_VISIBLE, NO_ORPHANS, NO_WORK_LOST, NODE_SLOTS,
+from dds.groups.labels import node_group_label_value
+from harness.invariants import (CA_VIEW, CONVERGED, DEVICE_ONCE, GPUS_VISIBLE, NO_ORPHANS, NO_WORK_LOST, NODE_SLOTS,
                                     POOL_COUNTS, CaGroupView, ClusterHistory, DeviceRow, FabricReading, GroupRow,
                                     HistoryBounds, NodeRow, OperationRow, PodRow, Reading, check_settled,
                                     instant_violations, parse_fabric)

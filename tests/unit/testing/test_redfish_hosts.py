@@ -1,12 +1,12 @@
-"""The servers' side of the Redfish e2e variant (dds/testing/redfish_hosts.py): which GPUs a host's device plugin would
+"""The servers' side of the Redfish e2e variant (harness/redfish_hosts.py): which GPUs a host's device plugin would
 publish, and servers racked while the emulator runs."""
 
 from __future__ import annotations
 
 import requests
 
-from dds.testing.redfish_emulator import EmulatedSystem, EmulatorConfig, RedfishEmulator
-from dds.testing.redfish_hosts import composed_gpus
+from harness.redfish_emulator import EmulatedSystem, EmulatorConfig, RedfishEmulator
+from harness.redfish_hosts import composed_gpus
 
 
 def test_only_composed_blocks_are_published():

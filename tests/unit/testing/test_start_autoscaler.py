@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dds.testing.autoscaler import (AutoscalerError, AutoscalerTimings, format_go_duration, pinned_version,
+from harness.autoscaler import (AutoscalerError, AutoscalerTimings, format_go_duration, pinned_version,
                                     start_autoscaler)
 
 HELP_WITH_EXTERNALGRPC = "Cloud provider type. Available values: [externalgrpc]"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 ENV_BINARY = "DDS_CLUSTER_AUTOSCALER"
-VERSIONS_FILE = Path(__file__).resolve().parents[2] / "hack" / "versions.env"
+VERSIONS_FILE = Path(__file__).resolve().parents[1] / "hack" / "versions.env"
 _VERSION_LINE = re.compile(r"Cluster Autoscaler (\S+)")
 _PROVIDERS_IN_HELP = re.compile(r"Cloud provider type\. Available values: \[([^\]]*)\]")
 _VERSION_WAIT_SECONDS = 20.0

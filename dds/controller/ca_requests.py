@@ -14,7 +14,6 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
-from kubernetes import client
 
 from dds import metrics
 from dds.controller import attach_failures
@@ -24,19 +23,21 @@ from dds.crashpoints import crashpoint
 from dds.controller.loop import Controller
 from dds.controller.observe import Observation
 from dds.fabric.base import ErrorCode, FabricError, Operation, OperationKind, OperationState
+from dds.kube import ApiClient
+from dds.kube.convert import TAINT_TO_BE_DELETED
+from dds.kube.nodes import remove_taint
 from dds.model.events import NORMAL, WARNING
 from dds.model.groups import NodeGroupSpec, TemplateMode
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
 from dds.planner.plan import Attach, Case, NewNodes, PlannerConfig, ScaleUpPlan
 from dds.planner.equip import Unequipped, equip_new_nodes, pool_free
 from dds.planner.refusals import POOL_EMPTY
-from dds.planner.requests import effective_requests
 from dds.planner.snapshot import Snapshot
 # The servicer's own: it answers RESOURCE_EXHAUSTED (CA backs the group off). A class of our own here was answered
 # INTERNAL, with a traceback in the log, for every "nothing to add" (pool empty and group at max, or no pod fits).
-from dds.provider.decider import ScaleUpRefused
-from dds.provider.instances import InstanceKind, InstanceRecord, InstanceTracker
-from dds.provider.registry import DeleteTarget, Placeholder
+from dds.scaling.requests import ScaleUpRefused
+from dds.scaling.instances import InstanceKind, InstanceRecord, InstanceTracker
+from dds.scaling.requests import DeleteTarget, Placeholder
 
 log = logging.getLogger(__name__)
 
@@ -94,16 +95,16 @@ class PlannerScaleUp:
             self.controller.journal.record(Case.SCALE_UP.value, trigger,
                                            "error" if unequipped and plan.is_empty else _outcome(plan, group), rendered)
             if unequipped is None:
-                return self._execute(group, delta, plan, request_key)
+                return self._execute(group, delta, plan, request_key, observation.snapshot)
             # CA's units go first to the nodes the pool cannot equip (each one an OutOfResources instance: the part CA
             # asked for that cannot be served), the rest to the plan. The plan's attaches are carried out either way:
             # a unit of CA's that failed says "no node", not "no GPU for the pods a live node can take".
             failing = delta if plan.is_empty else min(delta, unequipped.nodes)
             records = self._out_of_resources(group, failing, unequipped, request_key)
             if delta > failing:
-                records += self._execute(group, delta - failing, plan, request_key)
+                records += self._execute(group, delta - failing, plan, request_key, observation.snapshot)
             elif plan.attaches:
-                self._attach_without_instance(plan.attaches, key_prefix=records[0].id)
+                self._attach_without_instance(observation.snapshot, plan.attaches, key_prefix=records[0].id)
             return records
 
     def _out_of_resources(self, group: NodeGroupSpec, count: int, unequipped: Unequipped,
@@ -130,7 +131,8 @@ class PlannerScaleUp:
         verdicts = {d.verdict for d in plan.decisions}
         return Verdict.FITS_NOW in verdicts and verdicts <= {Verdict.FITS_NOW, Verdict.UNSCHEDULABLE}
 
-    def _execute(self, group: NodeGroupSpec, delta: int, plan: ScaleUpPlan, request_key: str) -> list[InstanceRecord]:
+    def _execute(self, group: NodeGroupSpec, delta: int, plan: ScaleUpPlan, request_key: str,
+                 snapshot: Snapshot) -> list[InstanceRecord]:
         executor = self.controller.executor
         nodes_wanted = min(sum(n.count for n in plan.new_nodes if n.group == group.id), delta)
         gpu_slots = delta - nodes_wanted
@@ -161,28 +163,28 @@ class PlannerScaleUp:
             for index, step in enumerate(plan.attaches):
                 owner = gpu_instances[index % len(gpu_instances)]
                 key = f"{owner.id}#{index}"
+                work = self._work[owner.id]
+                work.pending.add(key)  # before the attach starts: an attach that ends at once reports to it
+                work.steps[key] = step
                 try:
-                    operation = executor.attach(step, key=key, case=Case.SCALE_UP)
+                    self.controller.actions.attach(step, key, Case.SCALE_UP,
+                                                   on_done=lambda op, iid=owner.id: self._on_attach_done(iid, op))
                 except FabricError as exc:
+                    work.pending.discard(key)
+                    del work.steps[key]
                     self._fail(owner, exc.code, exc.message)
                     continue
-                self._work[owner.id].pending.add(key)
-                self._work[owner.id].steps[key] = step
-                self.controller.watcher.watch(operation, on_done=lambda op, iid=owner.id: self._on_attach_done(iid, op))
+                self.controller.gangs.started(snapshot, [step], [key])
         elif plan.attaches:
             # CA asked for nodes only (delta used up by nodes); the attaches serve the rest of the pods meanwhile.
-            self._attach_without_instance(plan.attaches, key_prefix=instances[0].id)
+            self._attach_without_instance(snapshot, plan.attaches, key_prefix=instances[0].id)
         return instances
 
-    def _attach_without_instance(self, attaches: Sequence[Attach], key_prefix: str) -> None:
+    def _attach_without_instance(self, snapshot: Snapshot, attaches: Sequence[Attach], key_prefix: str) -> None:
         """Attaches that no GPU instance of CA's stands for: CA's units went to nodes. Keyed by the first of those
         instances, so the same request never attaches twice."""
-        for index, step in enumerate(attaches):
-            try:
-                operation = self.controller.executor.attach(step, key=f"{key_prefix}#gpu{index}", case=Case.SCALE_UP)
-            except FabricError:
-                continue
-            self.controller.watcher.watch(operation)
+        started = self.controller.actions.attach_all(attaches, f"{key_prefix}#gpu", Case.SCALE_UP)
+        self.controller.gangs.started(snapshot, [step for step, _ in started], [op.key for _, op in started])
 
     def _wait_for_in_flight_attaches(self, instances: list[InstanceRecord]) -> None:
         watcher = self.controller.watcher
@@ -284,15 +286,15 @@ class PlannerScaleUp:
         for index, step in enumerate(steps):
             key = f"{record.id}#{index}.r{work.attempts}"
             work.steps[key] = step
+            work.pending.add(key)  # before the attach starts: an attach that ends at once reports to it
             try:
-                operation = self.controller.executor.attach(step, key=key, case=Case.SCALE_UP)
+                self.controller.actions.attach(step, key, Case.SCALE_UP,
+                                               on_done=lambda op, iid=record.id: self._on_attach_done(iid, op))
             except FabricError as exc:  # refused outright: judged like an attach that failed at once
+                work.pending.discard(key)
                 work.failed.append(Operation(key=key, kind=OperationKind.ATTACH, node=step.node,
                                              state=OperationState.FAILED, requested=step.count, model=step.model,
                                              pool=step.pool, error=exc, started_at=now, finished_at=now))
-                continue
-            work.pending.add(key)
-            self.controller.watcher.watch(operation, on_done=lambda op, iid=record.id: self._on_attach_done(iid, op))
 
     def _has_room(self, group: NodeGroupSpec, observation: Observation) -> bool:
         live = sum(1 for n in observation.snapshot.nodes if n.group_id == group.id)
@@ -382,11 +384,11 @@ class PlannerScaleDown:
     """Case 3: CA asked to delete nodes of a group (observed mode), or placeholders of failed instances."""
 
     def __init__(self, controller: Controller, tracker: InstanceTracker, planner: PlannerConfig,
-                 api: client.ApiClient) -> None:
+                 api: ApiClient) -> None:
         self.controller = controller
         self.tracker = tracker
         self.planner = planner
-        self._core = client.CoreV1Api(api)
+        self._api = api
 
     def delete_nodes(self, group: NodeGroupSpec, nodes: Sequence[DeleteTarget], request_key: str) -> None:
         names = []
@@ -409,11 +411,8 @@ class PlannerScaleDown:
             self.controller.journal.record(Case.SCALE_DOWN.value,
                                            f"cluster-autoscaler DeleteNodes {group.id}: {', '.join(names)}",
                                            "node" if removed else "gpu", rendered)
-            executor = self.controller.executor
             for index, step in enumerate(d for d in plan.detaches if d.node in names):
-                operation = executor.detach(step, key=f"{request_key}/detach/{index}", case=Case.SCALE_DOWN)
-                if operation is not None:
-                    self.controller.watcher.watch(operation)
+                self.controller.actions.detach(step, f"{request_key}/detach/{index}", Case.SCALE_DOWN)
             for removal in plan.removals:
                 if removal.node in names:
                     self.controller.request_removal(removal.node, group.id)
@@ -426,7 +425,5 @@ class PlannerScaleDown:
                                                 f"CA asked to remove it; only idle GPUs are released: {keep.reason}")
 
     def _untaint(self, node_name: str) -> None:
-        node = self._core.read_node(node_name)
-        taints = [t for t in node.spec.taints or [] if t.key != "ToBeDeletedByClusterAutoscaler"]
-        self._core.patch_node(node_name, {"spec": {"taints": [t.to_dict() for t in taints],
-                                                   "unschedulable": False}})
+        """CA tainted (and cordoned) the node it asked to delete; DDS keeps it, so both go."""
+        remove_taint(self._api, node_name, TAINT_TO_BE_DELETED, uncordon=True)

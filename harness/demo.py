@@ -1,6 +1,6 @@
 """`make demo`: the talk's demo end to end on the embedded default, with a readable timeline.
 
-What runs, all on this machine: etcd, kube-apiserver, kube-scheduler and kwok as processes (dds/testing/controlplane.py),
+What runs, all on this machine: etcd, kube-apiserver, kube-scheduler and kwok as processes (harness/controlplane.py),
 DDS (`dds serve` in cluster mode, mutual TLS, simulated fabric), Cluster API's part that turns MachineSet replicas into
 kwok nodes (dds/nodes/kwok.py), and the real cluster-autoscaler 1.35.2 with `--cloud-provider=externalgrpc`, built from
 source by hack/build-binaries.sh ($DDS_CLUSTER_AUTOSCALER names another build of the same version).
@@ -13,7 +13,7 @@ The scenario (shared/seeds/004, the talk's demo):
    node -> Running.
 4. Those pods go away -> idle GPUs are detached after the cooldown, the empty node is removed.
 
-    python -m dds.demo [--workdir DIR] [--attach-latency 4:6] [--node-provisioning 20] [--json]
+    python -m harness.demo [--workdir DIR] [--attach-latency 4:6] [--node-provisioning 20] [--json]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, TextIO
 
 from kubernetes import client
 
-from dds.testing.stack import (WORKLOAD_NAMESPACE as DEMO_NAMESPACE, StackError, StackOptions, gpus_allocatable,
+from harness.stack import (WORKLOAD_NAMESPACE as DEMO_NAMESPACE, StackError, StackOptions, gpus_allocatable,
                                is_ready, pod, start_stack)
 
 BOOT_GPUS = 1  # the demo MachineSet's capacity.cluster-autoscaler.kubernetes.io/gpu-count: each node boots with one
@@ -328,7 +328,7 @@ def _latency(value: str) -> tuple[float, float]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dds.demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m harness.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, help="where logs and configs go (default: a new temporary directory)")
     parser.add_argument("--attach-latency", type=_latency, default=(4.0, 6.0), metavar="MIN:MAX")

@@ -1,6 +1,6 @@
 """The SIGKILL campaign (issues 6 and 9): a workload keeps attaches, detaches, node adds and node removals going on the
-whole stack (dds/testing/stack.py) while DDS is killed again and again, at named steps (dds/crashpoints.py) and at
-random times; after every crash and every restart the invariants (dds/testing/invariants.py) are checked, and at the
+whole stack (harness/stack.py) while DDS is killed again and again, at named steps (dds/crashpoints.py) and at
+random times; after every crash and every restart the invariants (harness/invariants.py) are checked, and at the
 end, with the crashes stopped, the cluster must converge: the workload served, then scaled back down with the pool whole.
 
     one DDS life:  choose (arm the least-crashed points, or a random-time kill)  ->  start DDS (it may die while
@@ -28,9 +28,9 @@ from kubernetes import client
 from dds import crashpoints
 from dds.kube import capi
 from dds.kube.capi import MACHINES, CapiObjects
-from dds.testing.invariants import (CA_VIEW, CONVERGED, POOL_COUNTS, ClusterHistory, ClusterReader, Violation, check_invariants,
+from harness.invariants import (CA_VIEW, CONVERGED, POOL_COUNTS, ClusterHistory, ClusterReader, Violation, check_invariants,
                                     instant_violations, wait_converged)
-from dds.testing.stack import WORKLOAD_NAMESPACE, DdsProcess, Stack, StackError, pod, tail
+from harness.stack import WORKLOAD_NAMESPACE, DdsProcess, Stack, StackError, pod, tail
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class WorkloadDriver:
         return all(phases.get(n) == "Running" for n in names)
 
     def ready_nodes(self) -> int:
-        from dds.testing.stack import is_ready
+        from harness.stack import is_ready
 
         return sum(1 for n in self.stack.nodes() if is_ready(n) and n.spec.provider_id)
 

@@ -4,6 +4,16 @@ One instance stands for one unit of an IncreaseSize `delta`: a node being provis
 being attached in place of a node (`InstanceKind.GPU`). It is listed to CA as `instanceCreating` until its work is done
 (then it is dropped: `complete`) or has failed (it stays listed with errorInfo until CA deletes its placeholder).
 
+Lifecycle (what CA reads in NodeGroupNodes, and which call moves an instance on):
+
+| state                 | listed to CA as                      | moves on when                                   | to               |
+|-----------------------|--------------------------------------|-------------------------------------------------|------------------|
+| creating              | instanceCreating                     | its node is up / its attaches ended (`complete`) | gone             |
+| creating              | instanceCreating                     | its work failed for good (`fail`)               | creating, failed |
+| creating, failed      | instanceCreating + errorInfo         | CA deletes its placeholder (`remove`)            | gone             |
+| creating (any)        |                                      | CA's DecreaseTargetSize or DeleteNodes (`set_state`) | deleting     |
+| deleting              | instanceDeleting                     | the removal is done (`remove`)                   | gone             |
+
 The tracker is the only owner of these records. Every change is written through a `StateStore` so that a restarted
 DDS lists the same instances (CA would otherwise see its scale-up vanish and count the group size as wrong).
 """

@@ -23,10 +23,10 @@ from typing import Any, Optional
 
 from kubernetes import client
 
-from dds.testing.reconcile_loop import ReconcileLoop
+from harness.reconcile_loop import ReconcileLoop
 from dds.kube.nodes import NodeNotFound, set_gpu_capacity
 from dds.model.groups import DEFAULT_GPU_RESOURCE
-from dds.testing.redfish_emulator import EmulatedSystem, RedfishEmulator
+from harness.redfish_emulator import EmulatedSystem, RedfishEmulator
 
 log = logging.getLogger(__name__)
 

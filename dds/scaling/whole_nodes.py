@@ -1,42 +1,21 @@
-"""Who decides what an IncreaseSize or DeleteNodes really does. The servicer validates CA's call and hands it here.
+"""The simplest answer to CA's scale requests: whole nodes through a `NodeProvisioner`, no GPU planning.
 
-The narrow interface lets the planner-backed deciders (dds/controller/deciders.py: GPUs first, nodes when needed)
-replace the defaults below, which only add and remove whole nodes through a `NodeProvisioner`.
-
-Contract for implementations:
-- `increase` answers well within CA's gRPC deadline (default 5 s): it records one in-flight instance per unit of
-  `delta` in the tracker before returning (CA reads TargetSize right after) and starts slow work asynchronously.
-  It raises `ScaleUpRefused` when nothing can be done (CA backs the group off).
-- `delete_nodes` receives live nodes of the group and placeholders of instances the registry has already dropped;
-  it starts their removal and returns.
+What `dds serve --node-groups FILE` runs (no cluster, no planner); in a cluster the planner-backed deciders of
+dds/controller/ca_requests.py take their place behind the same interface (dds/scaling/requests.py).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 from dds import metrics
 from dds.model.groups import NodeGroupSpec
 from dds.nodes.base import MachinePhase, NodeProvisioner
-from dds.provider.instances import ERROR_CLASS_OTHER, InstanceKind, InstanceRecord, InstanceTracker
-from dds.provider.registry import DeleteTarget, Placeholder
+from dds.scaling.instances import ERROR_CLASS_OTHER, InstanceKind, InstanceRecord, InstanceTracker
+from dds.scaling.requests import DeleteTarget, Placeholder, ScaleUpRefused
 
 log = logging.getLogger(__name__)
-
-
-class ScaleUpRefused(Exception):
-    """Nothing can be added to the group now; the message says why (shown to the CA operator)."""
-
-
-
-
-class ScaleUpDecider(Protocol):
-    def increase(self, group: NodeGroupSpec, delta: int, request_key: str) -> Sequence[InstanceRecord]: ...
-
-
-class ScaleDownDecider(Protocol):
-    def delete_nodes(self, group: NodeGroupSpec, nodes: Sequence[DeleteTarget], request_key: str) -> None: ...
 
 
 InstanceFactoryFn = Callable[[NodeGroupSpec, InstanceKind, str, str], InstanceRecord]

@@ -1,12 +1,12 @@
 """The whole DDS stack on this machine, for `make demo`, the e2e tests and the reliability campaign.
 
-    control plane (etcd, kube-apiserver, kube-scheduler, kwok; dds/testing/controlplane.py)
+    control plane (etcd, kube-apiserver, kube-scheduler, kwok; harness/controlplane.py)
     + MachineSet default/gpu-workers (manifests/examples, with short cooldowns)
     + Cluster API's part, played by KwokInfrastructure in this process (as in a cluster, it is not DDS: killing DDS
       does not stop machines from being made)
     + DDS: `python -m dds serve --config ...` as a process of its own, on mutual TLS, restartable and killable
     + the real cluster-autoscaler (--cloud-provider=externalgrpc; $DDS_CLUSTER_AUTOSCALER or the binary cache, the
-      pinned version only: dds/testing/autoscaler.py)
+      pinned version only: harness/autoscaler.py)
 
 `StackOptions.dds_settings` overrides any DDS setting (e.g. a different fabric backend, fault injection).
 """
@@ -30,9 +30,9 @@ from kubernetes import client
 
 from dds import certs
 from dds.model.groups import ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN
-from dds.testing.autoscaler import AutoscalerHandle, free_port, start_autoscaler
+from harness.autoscaler import AutoscalerHandle, free_port, start_autoscaler
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 MACHINESET_FILE = ROOT / "manifests" / "examples" / "machineset-gpu-workers.yaml"
 GPU = "nvidia.com/gpu"
 WORKLOAD_NAMESPACE = "demo"
@@ -220,7 +220,7 @@ class Stack:
 
     def _start(self) -> None:
         from dds.nodes.kwok import KwokInfrastructure
-        from dds.testing.controlplane import start_control_plane
+        from harness.controlplane import start_control_plane
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.control_plane = self._exit.enter_context(start_control_plane(self.workdir / "control-plane"))

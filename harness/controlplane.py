@@ -12,7 +12,7 @@ There is no kube-controller-manager: no garbage collection, no Deployment/Replic
 namespace controller (`ControlPlane.delete_namespace` does that controller's job for tests). Because nothing would ever
 remove the `node.kubernetes.io/not-ready` taint, the TaintNodesByCondition admission plugin is off; ServiceAccount
 admission is off too (no token controller). kwok manages the Nodes annotated `kwok.x-k8s.io/node: fake`
-(`KWOK_NODE_ANNOTATION`): Ready at once, pods bound to them Running at once (dds/testing/kwok_stages.yaml).
+(`KWOK_NODE_ANNOTATION`): Ready at once, pods bound to them Running at once (harness/kwok_stages.yaml).
 
 No process outlives its ControlPlane: `stop()` (also the context manager's exit) terminates each component's process
 group and kills what is left after a timeout; a finalizer and an atexit hook do the same if a test run forgets or
@@ -50,7 +50,7 @@ from dds import certs
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-binaries.sh"
 KWOK_STAGES = Path(__file__).with_name("kwok_stages.yaml")
 CRD_DIRECTORIES = (REPO_ROOT / "manifests" / "crds" / "cluster-api", REPO_ROOT / "manifests" / "crds" / "composability")

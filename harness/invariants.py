@@ -300,7 +300,7 @@ def instant_violations(reading: Reading) -> list[Violation]:
 # --- reading the cluster ---
 
 def _label_value(group_id: str) -> str:
-    from dds.provider.template import node_group_label_value
+    from dds.groups.labels import node_group_label_value
 
     return node_group_label_value(group_id)
 
@@ -408,7 +408,7 @@ class ClusterReader:
         """NodeGroups, then per group TargetSize and Nodes, as CA asks; None when DDS does not answer."""
         import grpc
 
-        from dds.testing.provider_client import ExternalGrpcClient, ProviderError, load_cloud_config, open_channel
+        from harness.provider_client import ExternalGrpcClient, ProviderError, load_cloud_config, open_channel
 
         config = load_cloud_config(self._cloud_config)
         channel = open_channel(config)

@@ -20,7 +20,7 @@ from typing import Union
 
 import pytest
 
-from dds.testing.controlplane import ControlPlane, ensure_binaries, start_control_plane
+from harness.controlplane import ControlPlane, ensure_binaries, start_control_plane
 
 _FIXTURE = "control_plane"
 _binaries_key = pytest.StashKey[Union[Path, BaseException]]()

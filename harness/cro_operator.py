@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 from kubernetes import client
 
-from dds.testing.reconcile_loop import ReconcileLoop
+from harness.reconcile_loop import ReconcileLoop
 from dds.fabric.base import AttachRequest, DetachRequest, DeviceState, FabricError, OperationState
 from dds.fabric.composability import GROUP, REQUESTS, RESOURCES, VERSION
 from dds.fabric.simulated import SimulatedFabric

@@ -1,0 +1,107 @@
+"""No GPU stays attached for a gang that cannot start.
+
+The planner gives a gang's minimum capacity as one unit or not at all (dds/planner/gangs.py). What it planned can still
+fall apart: one member's attach fails, or the gang does not start in time (a member the scheduler will not place).
+Then the GPUs attached for it would sit idle until the idle cooldown. This keeps, per gang, the attaches started for
+it, and rolls them back — detaches the GPUs that no pod uses, with an Event on every member saying why — when one of
+them failed, or when the gang has not reached its minimum `timeout_seconds` after its attaches started. A gang that
+reaches its minimum is forgotten. (The memory is per process: after a restart, what remains idle goes with the
+cooldown, as any idle GPU.)
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from dds import metrics
+from dds.controller.apply import Actions
+from dds.controller.executor import pod_ref
+from dds.fabric.base import Fabric, OperationState
+from dds.model.events import WARNING, EventRecorder
+from dds.planner.gangs import find_gangs, gang_of
+from dds.planner.plan import Attach, Case, Detach
+from dds.planner.requests import RequestCache
+from dds.planner.scale_down import gpu_usage
+from dds.planner.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _GangWork:
+    started_at: float
+    min_member: int
+    operations: set[str] = field(default_factory=set)  # keys of the attaches started for the gang
+
+
+class GangAttaches:
+    def __init__(self, actions: Actions, fabric: Fabric, events: EventRecorder, timeout_seconds: float,
+                 clock: Callable[[], float]) -> None:
+        self._actions = actions
+        self._fabric = fabric
+        self._events = events
+        self._timeout = timeout_seconds
+        self._clock = clock
+        self._gangs: dict[str, _GangWork] = {}
+
+    def started(self, snapshot: Snapshot, steps: Sequence[Attach], keys: Sequence[str]) -> None:
+        """Remember the attaches (`keys[i]` started `steps[i]`) that were planned for members of a gang."""
+        pods = {p.key: p for p in snapshot.pods}
+        gangs = find_gangs(snapshot, snapshot.pending_pods())
+        now = self._clock()
+        for step, key in zip(steps, keys):
+            for gang in {gang_of(pods[p]) for p in step.pods if p in pods} - {None}:
+                work = self._gangs.setdefault(gang, _GangWork(now, gangs[gang].min_member if gang in gangs else 0))
+                work.operations.add(key)
+
+    def reconcile(self, snapshot: Snapshot) -> None:
+        """Forget gangs that started; roll back those whose attaches failed or that outlived the timeout."""
+        if not self._gangs:
+            return
+        now = self._clock()
+        bound: dict[str, int] = {}
+        for pod in snapshot.pods:
+            gang = gang_of(pod)
+            if gang in self._gangs and pod.node_name is not None:
+                bound[gang] = bound.get(gang, 0) + 1
+        for gang, work in list(self._gangs.items()):
+            if work.min_member and bound.get(gang, 0) >= work.min_member:
+                del self._gangs[gang]
+                continue
+            operations = [op for op in (self._fabric.operation(k) for k in work.operations) if op is not None]
+            failed = [op for op in operations if op.state == OperationState.FAILED]
+            if failed:
+                self._roll_back(snapshot, gang, work, f"the attach of {len(failed)} of its GPU set(s) failed "
+                                                      f"({failed[0].error.message if failed[0].error else 'no reason'})")
+            elif now - work.started_at > self._timeout and all(op.state.done for op in operations):
+                self._roll_back(snapshot, gang, work, f"it did not reach its {work.min_member} running pod(s) within "
+                                                      f"{self._timeout:g}s of its GPUs being attached")
+
+    def _roll_back(self, snapshot: Snapshot, gang: str, work: _GangWork, why: str) -> None:
+        """Detach the gang's GPUs that no pod uses (in use ones stay: a member that did start keeps its GPUs)."""
+        del self._gangs[gang]
+        attached: dict[str, set[str]] = {}
+        for key in work.operations:
+            op = self._fabric.operation(key)
+            if op is not None:
+                attached.setdefault(op.node, set()).update(op.devices)
+        cache = RequestCache()
+        released = 0
+        for node in snapshot.nodes:
+            mine = attached.get(node.name)
+            if not mine:
+                continue
+            idle = [d.id for d in gpu_usage(node, snapshot.pods_on(node.name), cache).idle if d.id in mine]
+            if idle:
+                step = Detach(node.name, tuple(idle), reason=f"gang {gang} cannot start: {why}")
+                if self._actions.detach(step, f"gang-rollback/{uuid.uuid4().hex[:8]}", Case.GANG_ROLLBACK):
+                    released += len(idle)
+        message = f"gang {gang} cannot start: {why}; {released} GPU(s) attached for it released"
+        log.warning(message)
+        metrics.DECISIONS.labels(Case.GANG_ROLLBACK.value, "gpu").inc()
+        for pod in snapshot.pods:
+            if gang_of(pod) == gang and pod.node_name is None:
+                self._events.emit(pod_ref(pod.key), WARNING, "GangRolledBack", message)

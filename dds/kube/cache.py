@@ -1,0 +1,408 @@
+"""A watch-fed cache of what DDS reads on every decision: the informer pattern (client-go's Reflector + Store).
+
+    LIST (paged, limit=500) ──► store replaced whole, synced ──► WATCH ?resourceVersion=<list's>&allowWatchBookmarks=true
+          ▲                                                         │ ADDED / MODIFIED / DELETED: one key changes
+          │                                                         │ BOOKMARK: only the resourceVersion moves
+          └── 410 Gone, an ERROR event, or the connection broke ◄───┘ the server ended the watch cleanly: WATCH again
+
+Every object is decoded once, when it arrives, into the lean record the observer needs (dds/kube/decode.py), so a
+decision reads dicts of frozen records and sends no request at all. Responses are read raw (`_preload_content=False`)
+and parsed with orjson; docs/scale.md says why that and not the client's models.
+
+Staleness is bounded by the watch itself: a reflector that lost its stream is not `synced` until its relist finishes,
+and the observer then reads the apiserver directly (dds/controller/observe.py), so no decision is made on a cache
+known to have missed events. A relist after a broken connection (not only after 410) is deliberate: an apiserver
+restart may come back with etcd compacted, and a relist is the only way to notice deletions missed in between.
+
+Writes never go through the cache: they carry a resourceVersion precondition or re-read the one object they change.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Iterator, Mapping, Optional, Sequence, TypeVar
+
+import orjson
+from kubernetes import client
+
+from dds.kube import decode
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+
+PAGE_SIZE = 500
+WATCH_TIMEOUT_SECONDS = (240, 360)  # server-side watch length, randomized so reflectors do not renew in lockstep
+_CONNECT_TIMEOUT_SECONDS = 10.0
+_READ_SLACK_SECONDS = 60.0  # bookmarks arrive about once a minute; a stream silent for longer than this is dead
+_BACKOFF_SECONDS = (0.2, 10.0)
+
+
+class Gone(Exception):
+    """The resourceVersion to watch from is too old (410): only a relist can continue."""
+
+
+class WatchError(Exception):
+    """The apiserver ended a watch with an ERROR event other than 410."""
+
+
+@dataclass(frozen=True)
+class Resource(Generic[T]):
+    """One collection to mirror: its URL path, and the decoder that turns an object into what is kept."""
+
+    name: str  # for logs: "pods", "machines in ns-a"
+    path: str  # "/api/v1/pods", "/apis/cluster.x-k8s.io/v1beta2/namespaces/ns-a/machines"
+    decode: Callable[[Obj], T]
+
+
+@dataclass
+class ReflectorStats:
+    lists: int = 0
+    watches: int = 0
+    events: int = 0
+    relists_after_gone: int = 0
+    relists_after_error: int = 0
+    last_error: Optional[str] = None
+    last_sync_seconds: float = 0.0
+
+
+class Reflector(Generic[T]):
+    """Mirrors one collection into a dict keyed by namespace/name. Thread-safe reads; one writer thread."""
+
+    def __init__(self, api: client.ApiClient, resource: Resource[T], *, page_size: int = PAGE_SIZE,
+                 watch_timeout_seconds: tuple[int, int] = WATCH_TIMEOUT_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._api = api
+        self.resource = resource
+        self._page_size = page_size
+        self._watch_timeout = watch_timeout_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._items: dict[str, T] = {}
+        self._values: Optional[tuple[T, ...]] = None  # items as a tuple, kept until the next change
+        self._resource_version = ""
+        self._synced = threading.Event()
+        self.generation = 0  # bumped on every change: readers may keep derived data until it moves
+        self.stats = ReflectorStats()
+        self._response: Any = None  # the open watch, closed by stop()
+
+    # --- reads ---
+    @property
+    def synced(self) -> bool:
+        """The store holds a LIST and every event after it, with the watch open (or being renewed cleanly)."""
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout: Optional[float] = None) -> bool:
+        return self._synced.wait(timeout)
+
+    def values(self) -> tuple[T, ...]:
+        with self._lock:
+            if self._values is None:
+                self._values = tuple(self._items.values())
+            return self._values
+
+    def get(self, key: str) -> Optional[T]:
+        with self._lock:
+            return self._items.get(key)
+
+    def keys(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._items)
+
+    @property
+    def resource_version(self) -> str:
+        return self._resource_version
+
+    # --- the loop ---
+    def run(self, stop: threading.Event) -> None:
+        """LIST (unless the store is already synced), then WATCH until `stop`; relist whenever the watch cannot
+        continue from where it was."""
+        delay = _BACKOFF_SECONDS[0]
+        need_list = not self.synced
+        while not stop.is_set():
+            try:
+                if need_list:
+                    self.relist()
+                    need_list = False
+                self.watch_once(stop)
+                delay = _BACKOFF_SECONDS[0]  # a clean end: renew the watch from the last resourceVersion
+            except Gone:
+                self.stats.relists_after_gone += 1
+                log.info("%s: resourceVersion %s is too old (410 Gone): relisting", self.resource.name,
+                         self._resource_version)
+                self._synced.clear()
+                need_list = True
+            except Exception as exc:  # connection refused/reset, apiserver restart, a 5xx, an ERROR event
+                if stop.is_set():
+                    break
+                self.stats.relists_after_error += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("%s: watch lost (%s): relisting in %.1fs", self.resource.name, self.stats.last_error,
+                            delay)
+                self._synced.clear()
+                need_list = True
+                stop.wait(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, _BACKOFF_SECONDS[1])
+
+    def close_stream(self) -> None:
+        response = self._response
+        if response is not None:
+            try:
+                response.shutdown() if hasattr(response, "shutdown") else response.close()
+            except Exception:  # already closed
+                pass
+
+    def relist(self) -> None:
+        """Read the whole collection (in pages) and replace the store with it."""
+        started = self._clock()
+        self.stats.lists += 1
+        items: dict[str, T] = {}
+        version = ""
+        continue_token = ""
+        while True:
+            query: list[tuple[str, Any]] = [("limit", self._page_size)]
+            if continue_token:
+                query.append(("continue", continue_token))
+            body = orjson.loads(self._get(query, stream=False).data)
+            for obj in body.get("items") or ():
+                items[decode.object_key(obj)] = self.resource.decode(obj)
+            meta = body.get("metadata") or {}
+            version = meta.get("resourceVersion") or version
+            continue_token = meta.get("continue") or ""
+            if not continue_token:
+                break
+        with self._lock:
+            self._items = items
+            self._values = None
+            self._resource_version = version
+            self.generation += 1
+        self.stats.last_sync_seconds = self._clock() - started
+        self._synced.set()
+        log.debug("%s: listed %d at resourceVersion %s in %.2fs", self.resource.name, len(items), version,
+                  self.stats.last_sync_seconds)
+
+    def watch_once(self, stop: threading.Event) -> None:
+        """One WATCH from the current resourceVersion, applying events until the server ends it."""
+        timeout = random.randint(*self._watch_timeout)
+        query = [("watch", "true"), ("allowWatchBookmarks", "true"), ("resourceVersion", self._resource_version),
+                 ("timeoutSeconds", timeout)]
+        response = self._get(query, stream=True, read_timeout=timeout + _READ_SLACK_SECONDS)
+        self._response = response
+        self.stats.watches += 1
+        try:
+            for line in _lines(response):
+                if stop.is_set():
+                    return
+                self.apply(orjson.loads(line))
+        finally:
+            self._response = None
+            response.release_conn()
+
+    def apply(self, event: Mapping[str, Any]) -> None:
+        """One watch event into the store."""
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Gone(obj.get("message", "410 Gone"))
+            raise WatchError(f"{obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
+        version = decode.resource_version(obj)
+        self.stats.events += 1
+        if kind == "BOOKMARK":
+            self._resource_version = version or self._resource_version
+            return
+        key = decode.object_key(obj)
+        value = self.resource.decode(obj) if kind in ("ADDED", "MODIFIED") else None
+        with self._lock:
+            if kind == "DELETED":
+                self._items.pop(key, None)
+            elif value is not None:
+                self._items[key] = value
+            else:
+                log.warning("%s: ignoring watch event of type %r", self.resource.name, kind)
+                return
+            self._values = None
+            self._resource_version = version or self._resource_version
+            self.generation += 1
+
+    def _get(self, query: list[tuple[str, Any]], *, stream: bool, read_timeout: float = 60.0) -> Any:
+        """A GET of the collection, answered as the raw urllib3 response (nothing decoded by the client)."""
+        timeout = (_CONNECT_TIMEOUT_SECONDS, read_timeout)
+        headers = {"Accept": "application/json"}
+        try:
+            if hasattr(self._api, "param_serialize"):  # kubernetes >= 35: call_api never decodes, never raises
+                method, url, headers, _, _ = self._api.param_serialize(
+                    "GET", self.resource.path, query_params=query, header_params=headers, auth_settings=["BearerToken"])
+                response = self._api.call_api(method, url, header_params=headers, _request_timeout=timeout).response
+            else:
+                response = self._api.call_api(
+                    self.resource.path, "GET", query_params=query, header_params=headers,
+                    auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+                    _request_timeout=timeout)
+        except client.ApiException as exc:
+            if exc.status == 410:
+                raise Gone(str(exc.reason)) from exc
+            raise
+        if response.status == 410:
+            raise Gone(response.data.decode(errors="replace")[:300])
+        if response.status >= 300:
+            raise client.ApiException(status=response.status, reason=f"{response.reason}: "
+                                      f"{response.data.decode(errors='replace')[:300]}")
+        return response
+
+
+def _lines(response: Any) -> Iterator[bytes]:
+    """The newline-delimited JSON events of a watch response, as they arrive."""
+    pending = b""
+    for chunk in response.stream(amt=None, decode_content=False):
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield pending
+
+
+# --- the collections DDS reads ---
+
+def pods() -> Resource[decode.PodRecord]:
+    return Resource("pods", "/api/v1/pods", decode.pod_record)
+
+
+def nodes() -> Resource[decode.NodeRecord]:
+    return Resource("nodes", "/api/v1/nodes", decode.node_record)
+
+
+def custom_objects(group: str, version: str, plural: str, namespaces: Sequence[str] = ()) -> list[Resource[Obj]]:
+    """One Resource per namespace (all namespaces when none are given), kept as lean dicts."""
+    if not namespaces:
+        return [Resource(plural, f"/apis/{group}/{version}/{plural}", decode.lean_object)]
+    return [Resource(f"{plural} in {ns}", f"/apis/{group}/{version}/namespaces/{ns}/{plural}", decode.lean_object)
+            for ns in namespaces]
+
+
+class Collection(Generic[T]):
+    """Several reflectors read as one (a custom resource watched in a few namespaces)."""
+
+    def __init__(self, reflectors: Sequence[Reflector[T]]) -> None:
+        self.reflectors = tuple(reflectors)
+
+    @property
+    def synced(self) -> bool:
+        return all(r.synced for r in self.reflectors)
+
+    def values(self) -> tuple[T, ...]:
+        if len(self.reflectors) == 1:
+            return self.reflectors[0].values()
+        return tuple(v for r in self.reflectors for v in r.values())
+
+    def keys(self) -> frozenset[str]:
+        return frozenset(k for r in self.reflectors for k in r.keys())
+
+    @property
+    def generation(self) -> tuple[int, ...]:
+        return tuple(r.generation for r in self.reflectors)
+
+
+@dataclass
+class ClusterCache:
+    """Pods, Nodes, and (when Cluster API is served) Machines and MachineSets, each fed by its own watch."""
+
+    pods: Collection[decode.PodRecord]
+    nodes: Collection[decode.NodeRecord]
+    machines: Optional[Collection[Obj]] = None  # None: Cluster API not served when the cache started
+    machinesets: Optional[Collection[Obj]] = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    @classmethod
+    def for_cluster(cls, api: client.ApiClient, *, capi_version: Optional[str], machineset_namespaces: Sequence[str] = (),
+                    **options: Any) -> "ClusterCache":
+        """`capi_version`: the served cluster.x-k8s.io version, or None when Cluster API is not installed."""
+        from dds.kube.machinesets import CAPI_GROUP
+
+        def collection(resources: Sequence[Resource[Any]]) -> Collection[Any]:
+            return Collection([Reflector(api, r, **options) for r in resources])
+
+        machines = machinesets = None
+        if capi_version is not None:
+            machines = collection(custom_objects(CAPI_GROUP, capi_version, "machines", machineset_namespaces))
+            machinesets = collection(custom_objects(CAPI_GROUP, capi_version, "machinesets", machineset_namespaces))
+        return cls(pods=collection([pods()]), nodes=collection([nodes()]), machines=machines, machinesets=machinesets)
+
+    def collections(self) -> tuple[Collection[Any], ...]:
+        return tuple(c for c in (self.pods, self.nodes, self.machines, self.machinesets) if c is not None)
+
+    def reflectors(self) -> tuple[Reflector[Any], ...]:
+        return tuple(r for c in self.collections() for r in c.reflectors)
+
+    @property
+    def synced(self) -> bool:
+        return all(c.synced for c in self.collections())
+
+    def start(self) -> None:
+        """One daemon thread per reflector. Idempotent."""
+        if self._threads:
+            return
+        for reflector in self.reflectors():
+            thread = threading.Thread(target=reflector.run, args=(self._stop,), daemon=True,
+                                      name=f"dds-cache-{reflector.resource.name}")
+            thread.start()
+            self._threads.append(thread)
+
+    def list_once(self) -> None:
+        """Fill every store with one LIST in this thread, without watching (a one-shot reader: `dds plan`)."""
+        for reflector in self.reflectors():
+            reflector.relist()
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for reflector in self.reflectors():
+            if not reflector.wait_synced(max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        for reflector in self.reflectors():
+            reflector.close_stream()
+        for thread in self._threads:
+            thread.join(timeout)
+
+
+def cluster_cache(api: client.ApiClient, machineset_namespaces: Sequence[str] = (), **options: Any) -> ClusterCache:
+    """A ClusterCache for this cluster, Machines and MachineSets included when Cluster API is served now."""
+    from dds.kube.capi import CapiNotInstalled, CapiObjects
+
+    try:
+        version: Optional[str] = CapiObjects(api).version(machineset_namespaces[0] if machineset_namespaces else None)
+    except CapiNotInstalled:
+        version = None  # the observer lists (and finds nothing) should Cluster API be installed later
+    except Exception as exc:  # the apiserver is unreachable right now: pods and nodes are still watched
+        log.warning("cannot tell which Cluster API version is served (%s): Machines and MachineSets are listed per "
+                    "decision instead of watched", exc)
+        version = None
+    return ClusterCache.for_cluster(api, capi_version=version, machineset_namespaces=machineset_namespaces, **options)
+
+
+class CachedMachineSetLister:
+    """MachineSetLister's interface over the cache: the node-group catalog's refresh (every loop pass and every CA
+    Refresh) reads the watched MachineSets instead of listing them; until the cache is synced it lists."""
+
+    def __init__(self, cache: ClusterCache, fallback: Any) -> None:
+        self._cache = cache
+        self._fallback = fallback
+
+    def list(self) -> list[Any]:
+        from dds.kube.machinesets import machineset_from_object
+
+        cached = self._cache.machinesets
+        if cached is None or not cached.synced:
+            return self._fallback.list()
+        return [machineset_from_object(item) for item in cached.values()]

@@ -1,0 +1,156 @@
+"""Gangs: pods that are useless until a minimum number of them run together (distributed training).
+
+Planning pod by pod can attach GPUs for 3 of a 4-worker gang and leave them idle: the costliest waste there is. A
+gang's minimum is planned as one unit instead: every member up to the minimum gets capacity in the same plan (fits
+now, fits after GPUs, or a new node) — or none does, and each member's decision says why.
+
+Recognised gangs (the edge fills `PodInfo.pod_group` / `pod_group_min_member`; the label is a fallback):
+
+| source                                   | group name                                | minimum                     |
+|------------------------------------------|-------------------------------------------|-----------------------------|
+| scheduler-plugins coscheduling PodGroup  | label `scheduling.x-k8s.io/pod-group`     | PodGroup `spec.minMember`   |
+| Kubernetes 1.35 Workload API (alpha)     | `spec.workloadRef.name` (+ `podGroup`)    | the gang policy's `minCount`|
+
+A minimum of 0 (unknown) means every member the snapshot shows. Members already bound count towards the minimum.
+
+`plan_all_or_nothing(plan_pods, snapshot, config, pods)` wraps a pod-by-pod planner: it plans, drops every gang that
+fell short and plans again (until no gang falls short), so the capacity those gangs could not use goes to the other
+pods in the same pass. A gang may have fallen short only because another short gang took its capacity (a gang larger
+than the pool, ahead of it in the queue, would otherwise block every gang after it for ever), so each dropped gang
+is then offered again on its own, in scheduling order, and kept when it fits whole. Without gangs it is one call, as
+before; with k gangs left out, k + 2 calls at most.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Optional, Sequence
+
+from dds.planner.plan import PlannerConfig, PodDecision, ScaleUpPlan, Verdict
+from dds.planner.requests import scheduling_order
+from dds.planner.snapshot import PodInfo, Snapshot
+
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+# The refusal (Event reason) of a member of a gang left out: its whole minimum does not get capacity in this plan.
+GANG_INCOMPLETE = "GangDoesNotFit"
+
+PlanPods = Callable[[Snapshot, PlannerConfig, Optional[Sequence[PodInfo]]], ScaleUpPlan]
+
+
+def gang_of(pod: PodInfo) -> Optional[str]:
+    """The pod's gang as `namespace/name`, or None."""
+    name = pod.pod_group or pod.labels.get(POD_GROUP_LABEL)
+    return f"{pod.namespace}/{name}" if name else None
+
+
+@dataclass(frozen=True)
+class Gang:
+    key: str
+    min_member: int  # pods that must run at once
+    pending: tuple[str, ...]  # keys of the members being planned, in scheduling order
+    bound: int  # members already bound to nodes
+
+    @property
+    def needed(self) -> int:
+        """Members still to place so the gang reaches its minimum."""
+        return max(0, self.min_member - self.bound)
+
+
+def find_gangs(snapshot: Snapshot, pending: Sequence[PodInfo]) -> dict[str, Gang]:
+    """The gangs among `pending`, with their minimum and the members already bound (from the snapshot)."""
+    members: dict[str, list[PodInfo]] = {}
+    for pod in sorted(pending, key=scheduling_order):
+        key = gang_of(pod)
+        if key is not None and pod.node_name is None:
+            members.setdefault(key, []).append(pod)
+    if not members:
+        return {}
+    bound: dict[str, int] = {}
+    declared: dict[str, int] = {}
+    for pod in tuple(snapshot.pods) + tuple(pending):
+        key = gang_of(pod)
+        if key in members:
+            declared[key] = max(declared.get(key, 0), pod.pod_group_min_member)
+    for pod in snapshot.pods:
+        key = gang_of(pod)
+        if key in members and pod.node_name is not None:
+            bound[key] = bound.get(key, 0) + 1
+    return {key: Gang(key, declared[key] or len(pods) + bound.get(key, 0), tuple(p.key for p in pods),
+                      bound.get(key, 0))
+            for key, pods in members.items()}
+
+
+_PLACED = (Verdict.FITS_NOW, Verdict.FITS_AFTER_GPUS)
+
+
+def placed_pods(plan: ScaleUpPlan) -> set[str]:
+    """Pods the plan gives capacity: fits now, fits after its attaches, or on one of its new nodes."""
+    on_new_nodes = {p for n in plan.new_nodes for p in n.pods}
+    return {d.pod for d in plan.decisions if d.verdict in _PLACED or d.pod in on_new_nodes}
+
+
+def short_gangs(gangs: Mapping[str, Gang], plan: ScaleUpPlan) -> list[tuple[Gang, int]]:
+    """The gangs the plan leaves below their minimum, with how many of their members it placed."""
+    placed = placed_pods(plan)
+    out = []
+    for gang in gangs.values():
+        count = sum(1 for p in gang.pending if p in placed)
+        if count < gang.needed:
+            out.append((gang, count))
+    return out
+
+
+def plan_all_or_nothing(plan_pods: PlanPods, snapshot: Snapshot, config: PlannerConfig,
+                        pods: Optional[Sequence[PodInfo]] = None) -> ScaleUpPlan:
+    """`plan_pods` with every gang's minimum planned as one unit (see the module docstring)."""
+    pending = list(snapshot.pending_pods() if pods is None else pods)
+    gangs = find_gangs(snapshot, pending)
+    if not gangs:
+        return plan_pods(snapshot, config, pods)
+    dropped: dict[str, str] = {}
+    while True:
+        plan = plan_pods(snapshot, config, [p for p in pending if gang_of(p) not in dropped])
+        short = short_gangs({k: g for k, g in gangs.items() if k not in dropped}, plan)
+        if not short:
+            break
+        for gang, count in short:
+            dropped[gang.key] = _reason(gang, count)
+    for key in [k for k in gangs if k in dropped]:  # gangs iterate in scheduling order
+        trial = {k: v for k, v in dropped.items() if k != key}
+        candidate = plan_pods(snapshot, config, [p for p in pending if gang_of(p) not in trial])
+        if not short_gangs({k: g for k, g in gangs.items() if k not in trial}, candidate):
+            dropped, plan = trial, candidate
+    return _with_dropped(plan, pending, gangs, dropped)
+
+
+def _reason(gang: Gang, count: int) -> str:
+    running = f", {gang.bound} already running" if gang.bound else ""
+    return (f"gang {gang.key} needs {gang.min_member} pod(s) at once{running}; only {count} of the "
+            f"{gang.needed} still needed would get capacity, so nothing is attached or added for it (all or nothing)")
+
+
+def _with_dropped(plan: ScaleUpPlan, pending: Sequence[PodInfo], gangs: Mapping[str, Gang],
+                  dropped: Mapping[str, str]) -> ScaleUpPlan:
+    """The plan with a decision for every member of the gangs left out, in the order the pods were given."""
+    if not dropped:
+        return plan
+    by_pod = {d.pod: d for d in plan.decisions}
+    for key, reason in dropped.items():
+        for pod in gangs[key].pending:
+            by_pod[pod] = PodDecision(pod, Verdict.UNSCHEDULABLE, reason=reason, refusal=GANG_INCOMPLETE)
+    seen: set[str] = set()
+    decisions = []
+    for pod in sorted(pending, key=scheduling_order):
+        if pod.key in by_pod and pod.key not in seen and pod.node_name is None:
+            seen.add(pod.key)
+            decisions.append(by_pod[pod.key])
+    notes = plan.notes + tuple(dropped[k] for k in sorted(dropped))
+    return replace(plan, decisions=tuple(decisions), notes=notes)
+
+
+def gangs_ready(snapshot: Snapshot, plan: ScaleUpPlan) -> dict[str, bool]:
+    """Per gang among the pending pods: whether the plan gives its whole minimum capacity. For the edge, e.g. to
+    bind or start a gang's attaches only together."""
+    gangs = find_gangs(snapshot, snapshot.pending_pods())
+    short = {g.key for g, _ in short_gangs(gangs, plan)}
+    return {key: key not in short for key in gangs}

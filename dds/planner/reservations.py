@@ -1,0 +1,338 @@
+"""No starvation of large GPU requests: reserve one node for a large pod that has waited too long.
+
+The problem: a pod asking for most of a node's GPU slots (an 8-GPU training job on 8-slot nodes) only fits once that
+many GPUs are free on one node at the same instant. kube-scheduler keeps binding the small pods that arrive meanwhile,
+and DDS keeps attaching GPUs for them, so the large pod can wait for hours.
+
+The mechanism (decided here, carried out at the edge):
+
+1. **Reserve.** A pending pod whose GPU request is more than `large_fraction` of a node's GPU slots and that is older
+   than `min_age_seconds` gets one node: the node of its pool that needs the fewest GPUs drained (in use by running
+   pods), then the one holding the most GPUs, then by name. At most `per_pool` reservations per pool at a time.
+2. **Fence.** The edge taints the node `dds.cdi.dev/reserved-for=<pod uid>:NoSchedule` and adds the matching
+   toleration to the waiting pod (tolerations may be added to a live pod). kube-scheduler itself then keeps every
+   other new pod off the node — nothing has to win a race against it — while the pods already running there finish
+   normally (NoSchedule evicts nothing). The planner sees the taint in its snapshot like any other, so it stops
+   attaching GPUs there for other pods too, and the reservation survives restarts: the taint is the state.
+3. **Gather.** Every loop, GPUs go to the node until it holds what the pod asks for: free pool devices first (before
+   any other attach of the pass), then idle GPUs of other nodes of the same pool, detached at once without waiting
+   for their idle cooldown (a GPU idle on another node is the quickest source). The node's own idle GPUs are kept:
+   scale-down must not return them to the pool (`keep_reserved`).
+4. **Claim.** When the pool and the idle GPUs cannot cover the rest, the GPUs must come from other nodes' running
+   pods as they finish, and kube-scheduler would hand each one to the next small pod the instant it frees. So the
+   fewest such nodes (most GPUs first) are fenced too, with `dds.cdi.dev/gpus-claimed-by=<pod uid>:NoSchedule`, only
+   until they have released their share (recomputed every pass: the fence lifts as soon as it is not needed).
+5. **Release.** When the pod is bound (or gone) every taint of its reservation goes.
+
+Why not attach all of its GPUs at once: the pool rarely holds that many free devices while small pods run, and a
+half-gathered set is exactly what other pods then take. The taint makes the gathered GPUs the waiting pod's alone,
+using only what kube-scheduler already honours.
+
+Pure: reads the snapshot, returns a plan; the controller or the simulator applies it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable, Optional, Sequence
+
+from dds.model.groups import Taint
+from dds.planner.filters import STATIC_FILTERS, first_reject
+from dds.planner.gangs import gang_of
+from dds.planner.nodes import gpu_facts, sim_node
+from dds.planner.plan import Attach, Detach, Keep, ScaleDownPlan
+from dds.planner.requests import RequestCache, scheduling_order
+from dds.planner.snapshot import NodeInfo, PodAffinityTerm, PodInfo, Snapshot, Toleration
+
+RESERVATION_TAINT_KEY = "dds.cdi.dev/reserved-for"
+CLAIM_TAINT_KEY = "dds.cdi.dev/gpus-claimed-by"
+RESERVATION_EFFECT = "NoSchedule"
+
+
+@dataclass(frozen=True)
+class ReservationConfig:
+    enabled: bool = True
+    # A pod is large when it asks for more than this share of a node's GPU slots (default: more than half).
+    large_fraction: float = 0.5
+    # How long a large pod waits on its own before it gets a node reserved.
+    min_age_seconds: float = 600.0
+    # Reservations at a time per fabric pool: each one drains a node, so they are kept few.
+    per_pool: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    pod: str  # namespace/name
+    token: str  # the taint's value: the pod's uid (its key when it has none)
+    node: str
+    pool: str
+    gpus: int  # what the pod asks for: the node gathers this many
+    reason: str
+
+    @property
+    def taint(self) -> Taint:
+        return reservation_taint(self.token)
+
+    @property
+    def toleration(self) -> Toleration:
+        return reservation_toleration(self.token)
+
+
+@dataclass(frozen=True)
+class ReservationPlan:
+    reservations: tuple[Reservation, ...] = ()  # in force after this pass: the nodes to keep tainted
+    new: tuple[Reservation, ...] = ()  # of those, the ones to taint now (and whose pod gets the toleration)
+    released: tuple[str, ...] = ()  # nodes whose reservation taint goes (its pod is bound or gone)
+    attaches: tuple[Attach, ...] = ()  # free pool devices for the reserved nodes, before any other attach
+    detaches: tuple[Detach, ...] = ()  # idle GPUs of other nodes, released for the reserved nodes now
+    # Nodes to keep fenced (claim taint, value: the token) because a reservation needs GPUs their pods still use.
+    claimed: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        return frozenset(r.node for r in self.reservations)
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing for the edge to change, given the claim taints it already shows."""
+        return not (self.new or self.released or self.attaches or self.detaches or self.claims_changed)
+
+    claims_changed: bool = False  # the set of claimed nodes differs from the claim taints in the snapshot
+
+
+def pod_token(pod: PodInfo) -> str:
+    return pod.uid or f"{pod.namespace}.{pod.name}"
+
+
+def reservation_taint(token: str) -> Taint:
+    return Taint(key=RESERVATION_TAINT_KEY, value=token, effect=RESERVATION_EFFECT)
+
+
+def claim_taint(token: str) -> Taint:
+    return Taint(key=CLAIM_TAINT_KEY, value=token, effect=RESERVATION_EFFECT)
+
+
+def claimed_token(node: NodeInfo) -> Optional[str]:
+    return next((t.value for t in node.taints if t.key == CLAIM_TAINT_KEY), None)
+
+
+def reservation_toleration(token: str) -> Toleration:
+    return Toleration(key=RESERVATION_TAINT_KEY, operator="Equal", value=token, effect=RESERVATION_EFFECT)
+
+
+def reserved_token(node: NodeInfo) -> Optional[str]:
+    return next((t.value for t in node.taints if t.key == RESERVATION_TAINT_KEY), None)
+
+
+class _NoPods:
+    """Static filters never look at other pods; a cluster view for their signature."""
+
+    def any_pod_matches(self, term: PodAffinityTerm, namespace: str) -> bool:
+        return False
+
+
+def plan_reservations(snapshot: Snapshot, config: ReservationConfig = ReservationConfig()) -> ReservationPlan:
+    """Which nodes are reserved for which pending pods after this pass, and the GPUs to move towards them."""
+    shown = tuple(sorted((n.name, t) for n in snapshot.nodes if (t := claimed_token(n)) is not None))
+    if not config.enabled:
+        return ReservationPlan(released=tuple(n.name for n in snapshot.nodes if reserved_token(n) is not None),
+                               claims_changed=bool(shown))
+    cache = RequestCache()
+    pending = {pod_token(p): p for p in snapshot.pending_pods()}
+    kept, released = _existing(snapshot, pending, cache)
+    new = _new_reservations(snapshot, config, pending, kept, cache)
+    reservations = kept + new
+    gathered = _gather(snapshot, reservations, cache)
+    claimed = tuple(sorted(gathered.claimed))
+    return ReservationPlan(reservations=reservations, new=new, released=released,
+                           attaches=tuple(gathered.attaches), detaches=tuple(gathered.detaches), claimed=claimed,
+                           notes=tuple(gathered.notes),
+                           claims_changed=claimed != shown)
+
+
+def _existing(snapshot: Snapshot, pending: dict[str, PodInfo], cache: RequestCache
+              ) -> tuple[tuple[Reservation, ...], tuple[str, ...]]:
+    kept: list[Reservation] = []
+    released: list[str] = []
+    for node in sorted(snapshot.nodes, key=lambda n: n.name):
+        token = reserved_token(node)
+        if token is None:
+            continue
+        pod = pending.get(token)
+        if pod is None:
+            released.append(node.name)
+            continue
+        facts = gpu_facts(node, snapshot, None)
+        kept.append(Reservation(pod.key, token, node.name, facts.pool or "", cache.get(pod).gpus(node.gpu_resource),
+                                reason=f"reserved for {pod.key}"))
+    return tuple(kept), tuple(released)
+
+
+def node_slots(node: NodeInfo, snapshot: Snapshot) -> int:
+    """GPUs the node can hold at most: its group's max, capped by its pool's per-node limit."""
+    group = snapshot.group(node.group_id) if node.group_id else None
+    if group is None:
+        return 0
+    pool = snapshot.pool(group.fabric_pool)
+    limit = pool.max_slots_per_node if pool is not None else None
+    return group.max_gpus_per_node if limit is None else min(group.max_gpus_per_node, limit)
+
+
+def _new_reservations(snapshot: Snapshot, config: ReservationConfig, pending: dict[str, PodInfo],
+                      kept: Sequence[Reservation], cache: RequestCache) -> tuple[Reservation, ...]:
+    taken = {r.token for r in kept}
+    busy_nodes = {r.node for r in kept}
+    per_pool: dict[str, int] = {}
+    for r in kept:
+        per_pool[r.pool] = per_pool.get(r.pool, 0) + 1
+    used = _gpus_in_use(snapshot, cache)
+    out: list[Reservation] = []
+    for pod in sorted(pending.values(), key=scheduling_order):
+        if (pod_token(pod) in taken or snapshot.now - pod.created_at < config.min_age_seconds or pod.unsupported
+                or gang_of(pod) is not None):
+            continue  # a gang member alone is no use: gangs get capacity all or nothing (gangs.py), not reservations
+        choice = _choose_node(snapshot, config, pod, cache, used, busy_nodes, per_pool)
+        if choice is None:
+            continue
+        node, pool, gpus = choice
+        waited = snapshot.now - pod.created_at
+        out.append(Reservation(pod.key, pod_token(pod), node.name, pool, gpus, reason=(
+            f"{pod.key} asks for {gpus} GPUs (more than {config.large_fraction:.0%} of {node.name}'s "
+            f"{node_slots(node, snapshot)} slots) and has waited {waited:.0f}s: {node.name} is reserved for it "
+            f"({used.get(node.name, 0)} GPU(s) in use there to drain)")))
+        busy_nodes.add(node.name)
+        per_pool[pool] = per_pool.get(pool, 0) + 1
+    return tuple(out)
+
+
+def _gpus_in_use(snapshot: Snapshot, cache: RequestCache) -> dict[str, int]:
+    resource = {n.name: n.gpu_resource for n in snapshot.nodes}
+    used: dict[str, int] = {}
+    for pod in snapshot.pods:
+        if pod.node_name in resource:
+            used[pod.node_name] = used.get(pod.node_name, 0) + cache.requests(pod).get(resource[pod.node_name])
+    return used
+
+
+def _choose_node(snapshot: Snapshot, config: ReservationConfig, pod: PodInfo, cache: RequestCache,
+                 used: dict[str, int], busy_nodes: set[str], per_pool: dict[str, int]
+                 ) -> Optional[tuple[NodeInfo, str, int]]:
+    req = cache.get(pod)
+    best: Optional[tuple[tuple[int, int, str], NodeInfo, str, int]] = None
+    for node in snapshot.nodes:
+        gpus = req.gpus(node.gpu_resource)
+        slots = node_slots(node, snapshot)
+        if node.name in busy_nodes or not gpus or gpus <= config.large_fraction * slots or gpus > slots:
+            continue
+        facts = gpu_facts(node, snapshot, None)
+        if not facts.attachable or facts.pool is None or per_pool.get(facts.pool, 0) >= config.per_pool:
+            continue
+        a = node.allocatable
+        if req.requests.milli_cpu > a.milli_cpu or req.requests.memory > a.memory:
+            continue  # it could never hold the pod, however long it drains
+        model = facts.model or (facts.allowed_models[0] if facts.allowed_models else None)
+        view = sim_node(node, snapshot, None).with_model(model)
+        if first_reject(STATIC_FILTERS, req, view, _NoPods()) is not None:
+            continue
+        # The node already holding most GPUs: fewest to bring from elsewhere (its own come back as its pods end).
+        key = (-facts.capacity, used.get(node.name, 0), node.name)
+        if best is None or key < best[0]:
+            best = (key, node, facts.pool, gpus)
+    return None if best is None else (best[1], best[2], best[3])
+
+
+@dataclass
+class _Gathered:
+    attaches: list[Attach]
+    detaches: list[Detach]
+    claimed: list[tuple[str, str]]
+    notes: list[str]
+
+
+def _gather(snapshot: Snapshot, reservations: Sequence[Reservation], cache: RequestCache) -> _Gathered:
+    """Free pool devices first, then idle GPUs of unreserved nodes of the same pool, then claims on the GPUs other
+    nodes' pods still use, up to each reserved node's shortfall."""
+    nodes = {n.name: n for n in snapshot.nodes}
+    reserved = {r.node for r in reservations}
+    pool_free = {(p.name, m): max(0, int(c)) for p in snapshot.pools for m, c in p.free.items()}
+    used = _gpus_in_use(snapshot, cache)
+    idle = _idle_devices(snapshot, used, reserved)
+    out = _Gathered([], [], [], [])
+    claimed: set[str] = set()
+    for r in reservations:
+        node = nodes[r.node]
+        facts = gpu_facts(node, snapshot, None)
+        missing = min(r.gpus - facts.capacity, facts.free_slots)
+        if missing <= 0:
+            continue
+        model = facts.model or (facts.allowed_models[0] if facts.allowed_models else "")
+        take = min(missing, pool_free.get((r.pool, model), 0))
+        if take:
+            pool_free[(r.pool, model)] -= take
+            out.attaches.append(Attach(node=r.node, pool=r.pool, model=model, count=take, pods=(r.pod,),
+                                       reason=f"{take} {model} GPU(s) gathered on {r.node}, reserved for {r.pod}"))
+        still = missing - take
+        donors = [name for name in idle if gpu_facts(nodes[name], snapshot, None).pool == r.pool]
+        for other in donors:
+            if still <= 0:
+                break
+            chosen = tuple(d.id for d in idle[other] if d.model == model)[:still]
+            if not chosen:
+                continue
+            idle[other] = tuple(d for d in idle[other] if d.id not in chosen)
+            still -= len(chosen)
+            out.detaches.append(Detach(node=other, device_ids=chosen, reason=(
+                f"{len(chosen)} idle GPU(s) of {other} released now for {r.node}, reserved for {r.pod}")))
+        for other in _busy_donors(snapshot, r, model, used, reserved | claimed):
+            if still <= 0:
+                break
+            claimed.add(other.name)
+            out.claimed.append((other.name, r.token))
+            still -= min(used.get(other.name, 0), sum(1 for d in other.devices if d.model == model))
+        if still > 0:
+            out.notes.append(f"{r.node} (reserved for {r.pod}) lacks {still} GPU(s) the pool cannot supply")
+    return out
+
+
+def _busy_donors(snapshot: Snapshot, r: Reservation, model: str, used: dict[str, int], skip: set[str]
+                 ) -> list[NodeInfo]:
+    """Unreserved nodes of the reservation's pool whose pods use GPUs of its model, most such GPUs first."""
+    found = []
+    for node in snapshot.nodes:
+        if node.name in skip or node.group_id is None or not used.get(node.name):
+            continue
+        if gpu_facts(node, snapshot, None).pool != r.pool or not any(d.model == model for d in node.devices):
+            continue
+        found.append(node)
+    return sorted(found, key=lambda n: (-min(used[n.name], len(n.devices)), n.name))
+
+
+def _idle_devices(snapshot: Snapshot, used: dict[str, int], reserved: Iterable[str]) -> dict[str, tuple]:
+    """Per unreserved DDS node (name order), its attached devices no bound pod uses, newest attached first."""
+    skip = set(reserved)
+    out: dict[str, tuple] = {}
+    for node in sorted(snapshot.nodes, key=lambda n: n.name):
+        if node.name in skip or node.group_id is None or not node.devices:
+            continue
+        leaving = set(node.detaching)
+        active = [d for d in node.devices if d.id not in leaving]
+        idle = len(active) - used.get(node.name, 0)
+        if idle > 0:
+            out[node.name] = tuple(sorted(active, key=lambda d: (d.attached_at, d.id), reverse=True)[:idle])
+    return out
+
+
+def keep_reserved(plan: ScaleDownPlan, nodes: Iterable[str]) -> ScaleDownPlan:
+    """Scale-down without the reserved nodes: their idle GPUs are being gathered, not left over."""
+    reserved = set(nodes)
+    if not reserved:
+        return plan
+    dropped = {d.node for d in plan.detaches if d.node in reserved} | {r.node for r in plan.removals
+                                                                          if r.node in reserved}
+    if not dropped:
+        return plan
+    kept = plan.kept + tuple(Keep(n, "reserved for a large pending pod: its GPUs are being gathered, not released")
+                             for n in sorted(dropped))
+    return replace(plan, detaches=tuple(d for d in plan.detaches if d.node not in reserved),
+                   removals=tuple(r for r in plan.removals if r.node not in reserved), kept=kept)

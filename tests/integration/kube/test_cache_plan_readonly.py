@@ -1,0 +1,62 @@
+"""`dds plan --kubeconfig` reads the cluster with one LIST per kind (the cache's decoder) and writes nothing: not the
+simulated fabric's state ConfigMap, not in a namespace that does not exist, not anywhere."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+import dds.kube.client
+from dds.cli import main
+from dds.kube.requests import RequestCounts, instrument
+from tests.integration.nodes.harness import NodeGroupHarness, wait_for
+from tests.integration.nodes.test_hotplug_visibility import gpu_pod, unschedulable
+
+pytestmark = pytest.mark.integration
+
+READS = {"GET", "LIST"}
+
+
+@pytest.mark.parametrize("watch_cache", [True, False], ids=["cache-decoder", "list-per-call"])
+def test_plan_on_a_live_cluster_sends_only_reads(control_plane: Any, namespace: str, tmp_path: Any, capsys: Any,
+                                                 monkeypatch: pytest.MonkeyPatch, watch_cache: bool) -> None:
+    harness = NodeGroupHarness(control_plane.api_client(), namespace)
+    harness.infrastructure.run_in_thread(interval_seconds=0.2)
+    try:
+        group = harness.create_machineset("gpu-workers")
+        harness.provisioner.add_nodes(group, 1, key="boot")
+        [node] = harness.wait_ready_nodes(1)
+        core = client.CoreV1Api(control_plane.api_client())
+        core.create_namespaced_pod(namespace, gpu_pod("train-0", node))
+        wait_for("train-0 unschedulable", lambda: unschedulable(core, namespace, "train-0"), timeout=30)
+
+        counts = RequestCounts()
+        make_client = dds.kube.client.api_client
+
+        def counted_client(*args: Any, **kwargs: Any) -> client.ApiClient:
+            api = make_client(*args, **kwargs)
+            instrument(api, counts)
+            return api
+
+        monkeypatch.setattr(dds.kube.client, "api_client", counted_client)
+        absent = f"absent-{uuid.uuid4().hex[:8]}"  # where the fabric would keep its state: never created
+        config = tmp_path / "dds.yaml"
+        config.write_text(yaml.safe_dump({"namespace": absent, "machineset_namespaces": [namespace],
+                                          "watch_cache": watch_cache}))
+        code = main(["plan", "--kubeconfig", str(control_plane.kubeconfig), "--config", str(config), "--json"])
+        out = json.loads(capsys.readouterr().out)
+
+        assert code == 0
+        attaches = [a for a in out["scaleUp"]["attaches"] if a["node"] == node]
+        assert [a["count"] for a in attaches] == [1], out["scaleUp"]
+        sent = counts.snapshot()
+        assert sent and set(sent) <= READS, sent
+        namespaces = {n.metadata.name for n in core.list_namespace().items}
+        assert absent not in namespaces
+    finally:
+        harness.close()

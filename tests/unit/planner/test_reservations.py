@@ -1,0 +1,69 @@
+"""Reservations for large pods that waited too long (dds/planner/reservations.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dds.planner.plan import Detach, ScaleDownPlan
+from dds.planner.reservations import (CLAIM_TAINT_KEY, ReservationConfig, keep_reserved, plan_reservations,
+                                      reservation_taint)
+from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
+
+GROUP = make_group(replicas=2, max_size=2, max_gpus=8)
+
+
+def test_a_young_or_small_pod_gets_no_reservation():
+    nodes = [make_node("w1", gpus=2), make_node("w2", gpus=2)]
+    pods = [make_pod("big", gpus=8, created=900.0), make_pod("small", gpus=4, created=0.0)]  # now = 1000
+    plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=0)]))
+    assert plan.reservations == ()
+
+
+def test_the_node_holding_most_gpus_is_reserved_and_gathers_the_pool_first():
+    nodes = [make_node("w1", gpus=2), make_node("w2", gpus=5)]
+    pods = [make_pod("busy", gpus=2, node="w2"), make_pod("big", gpus=8, created=0.0)]
+    plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=1)]))
+    (reservation,) = plan.new
+    assert (reservation.pod, reservation.node, reservation.gpus) == ("default/big", "w2", 8)
+    assert reservation.taint == reservation_taint("uid-big")
+    assert reservation.toleration.value == "uid-big"
+    # 3 missing: 1 from the pool, then w1's 2 idle GPUs, released at once.
+    assert [(a.node, a.count) for a in plan.attaches] == [("w2", 1)]
+    assert [(d.node, len(d.device_ids)) for d in plan.detaches] == [("w1", 2)]
+    assert plan.claimed == ()
+
+
+def test_gpus_other_pods_still_use_are_claimed_by_fencing_their_node():
+    nodes = [make_node("w1", gpus=4), make_node("w2", gpus=4)]
+    pods = [make_pod("a", gpus=4, node="w1"), make_pod("b", gpus=3, node="w2"), make_pod("big", gpus=8)]
+    plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=0)]))
+    assert [r.node for r in plan.new] == ["w2"]  # as many GPUs as w1, fewer of them in use
+    assert plan.claimed == (("w1", "uid-big"),)  # its 4 busy GPUs are the rest; nothing is idle to take now
+    assert plan.detaches == ()
+
+
+def test_a_reservation_ends_when_its_pod_is_bound():
+    tainted = replace(make_node("w1", gpus=8), taints=(reservation_taint("uid-big"),))
+    pods = [make_pod("big", gpus=8, node="w1")]
+    plan = plan_reservations(make_snapshot([tainted], pods, groups=[GROUP], pools=[make_pool(A30=0)]))
+    assert plan.released == ("w1",)
+    assert plan.reservations == ()
+
+
+def test_one_reservation_per_pool_and_none_when_disabled():
+    nodes = [make_node("w1"), make_node("w2")]
+    pods = [make_pod("big-1", gpus=8, created=0.0), make_pod("big-2", gpus=8, created=1.0)]
+    snapshot = make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=8)])
+    assert [r.pod for r in plan_reservations(snapshot).new] == ["default/big-1"]
+    assert plan_reservations(snapshot, ReservationConfig(enabled=False)).reservations == ()
+
+
+def test_scale_down_keeps_the_reserved_nodes_gpus():
+    plan = ScaleDownPlan(detaches=(Detach("w1", ("g1",), "idle"), Detach("w2", ("g2",), "idle")))
+    kept = keep_reserved(plan, {"w1"})
+    assert [d.node for d in kept.detaches] == ["w2"]
+    assert [k.node for k in kept.kept] == ["w1"]
+
+
+def test_claim_taint_key_is_distinct_from_the_reservation():
+    assert CLAIM_TAINT_KEY != reservation_taint("x").key

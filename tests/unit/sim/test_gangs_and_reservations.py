@@ -1,0 +1,51 @@
+"""Gangs and reservations in the simulator, on traces small enough to work out by hand."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dds.planner.reservations import ReservationConfig
+from dds.sim.engine import simulate
+from dds.sim.policies import POLICIES
+from dds.sim.results import summarize
+from tests.unit.sim.builders import cluster, job, scenario
+
+
+def gang(name: str, at: float, pods: int, gpus: int, duration: float = 100.0):
+    return [replace(job(f"{name}-{i}", at, gpus=gpus, duration=duration), group=name, group_min=pods)
+            for i in range(pods)]
+
+
+def starts(result):
+    return {j.name: j.start_s for j in result.jobs}
+
+
+def test_a_gang_starts_only_whole_and_a_gang_too_large_strands_nothing_when_planned_as_one():
+    # Two 4-slot nodes with no GPUs, a 6-GPU pool: the 4 x 2-GPU gang can never start; the single job must.
+    jobs = gang("ddp", 0.0, pods=4, gpus=2) + [job("single", 5.0, gpus=1)]
+    spec = scenario(cluster((0, 0), pool_gpus=6, max_gpus=4), jobs)
+    aware = simulate(spec, POLICIES["best-fit"])
+    unaware = simulate(spec, POLICIES["gang-unaware"])
+    assert all(starts(aware)[f"ddp-{i}"] is None for i in range(4))
+    assert starts(aware)["single"] == 40.0  # the loop tick after its arrival (10 s), then the attach (30 s)
+    assert summarize(aware).gpu_stranded_s == 0
+    assert all(starts(unaware)[f"ddp-{i}"] is None for i in range(4))
+    assert summarize(unaware).gpu_stranded_s > 0
+
+
+def test_gang_members_start_together_once_all_fit():
+    jobs = gang("ddp", 0.0, pods=2, gpus=2)
+    result = simulate(scenario(cluster((0, 0), pool_gpus=4, max_gpus=4), jobs), POLICIES["best-fit"])
+    assert starts(result)["ddp-0"] == starts(result)["ddp-1"] == 30.0  # the loop tick at 0, then the attach
+
+
+def test_a_large_job_gets_a_node_reserved_and_starts_while_small_jobs_keep_arriving():
+    # One 8-GPU pool on two 8-slot nodes, 4/4. 1-GPU jobs of 300 s arrive every 100 s and keep both nodes busy; the
+    # 8-GPU job arriving at 50 s needs every GPU on one node.
+    small = [job(f"s-{i}", 100.0 * i, gpus=1, duration=300.0) for i in range(30)]
+    spec = scenario(cluster((4, 4), pool_gpus=8), small + [job("big", 50.0, gpus=8, duration=300.0)])
+    with_reservation = simulate(spec, POLICIES["best-fit"], reservations=ReservationConfig(min_age_seconds=100.0))
+    big = starts(with_reservation)["big"]
+    assert big is not None and big - 50.0 <= 600.0
+    without = simulate(spec, POLICIES["best-fit"], reservations=ReservationConfig(enabled=False))
+    assert starts(without)["big"] is None or starts(without)["big"] > big
