@@ -287,7 +287,10 @@ def test_killing_the_leader_hands_over_within_the_lease_duration(election: Elect
 
 
 def test_the_new_leader_plans_on_the_fabric_as_it_is_not_as_it_was_at_its_start(election: ElectionRun):
-    assert election.pool_used_seen_by_new_leader == election.pool_used_at_takeover == election.attached_before_kill
+    # Its first pass publishes the pool as the fabric held it when dds-a died (not as it was when dds-b started, before
+    # dds-a added a node); the same pass may then attach for train-1 (the fast path), which the fabric count includes.
+    assert election.pool_used_seen_by_new_leader == election.attached_before_kill
+    assert election.pool_used_at_takeover in (election.attached_before_kill, election.attached_before_kill + 1)
 
 
 def test_the_next_scale_up_is_served_once_by_the_new_leader(election: ElectionRun):

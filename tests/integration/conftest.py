@@ -1,3 +1,21 @@
 """Integration tests run against the real control plane: the session-scoped `control_plane` fixture (etcd,
 kube-apiserver, kube-scheduler and kwok as local processes, with the Cluster API and ComposabilityRequest CRDs) and the
 per-test `namespace` come from harness/pytest_plugin.py, registered in tests/conftest.py so tests/e2e shares them."""
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.integration.controller.harness import ControllerHarness
+
+
+@pytest.fixture
+def dds(control_plane: Any, namespace: str) -> Iterator[ControllerHarness]:
+    """DDS's controller, planner-backed deciders and simulated fabric in this process, on the test's namespace, with a
+    clock the test advances (tests/integration/controller/harness.py)."""
+    harness = ControllerHarness(control_plane.api_client(), namespace)
+    try:
+        yield harness
+    finally:
+        harness.close()

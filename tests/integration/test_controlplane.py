@@ -18,8 +18,8 @@ from typing import Callable
 import pytest
 from kubernetes import client
 
-from harness.controlplane import (BINARIES, KWOK_NODE_ANNOTATION, ControlPlane, ControlPlaneError,
-                                      start_control_plane)
+from harness.controlplane import (BINARIES, KWOK_NODE_ANNOTATION, REPO_ROOT, ControlPlane, ControlPlaneError,
+                                 start_control_plane)
 
 pytestmark = pytest.mark.integration
 
@@ -158,7 +158,9 @@ def test_a_failing_test_session_still_tears_the_control_plane_down(tmp_path: Pat
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "test_inner.py", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
          "-q", f"--basetemp={tmp_path / 'base'}"],
-        cwd=tmp_path, env={**os.environ, "PIDS_FILE": str(pids_file)}, capture_output=True, text=True, timeout=300)
+        # The harness lives in the checkout, not in the installed package: the inner session finds it on PYTHONPATH.
+        cwd=tmp_path, env={**os.environ, "PIDS_FILE": str(pids_file), "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "1 failed" in done.stdout, done.stdout + done.stderr
     pids = json.loads(pids_file.read_text())
     assert set(pids) == {"etcd", "kube-apiserver", "kube-scheduler", "kwok"}

@@ -11,8 +11,7 @@ import yaml
 from kubernetes import client
 
 from dds.cli import main
-from tests.integration.nodes.harness import NodeGroupHarness, wait_for
-from tests.integration.nodes.test_hotplug_visibility import gpu_pod, unschedulable
+from tests.integration.nodes.harness import NodeGroupHarness, one_node_and_a_pending_gpu_pod, unschedulable
 
 pytestmark = pytest.mark.integration
 
@@ -22,12 +21,8 @@ def test_plan_on_a_live_cluster_attaches_a_gpu_for_a_pending_pod(control_plane: 
     harness = NodeGroupHarness(control_plane.api_client(), namespace)
     harness.infrastructure.run_in_thread(interval_seconds=0.2)
     try:
-        group = harness.create_machineset("gpu-workers")
-        harness.provisioner.add_nodes(group, 1, key="boot")
-        [node] = harness.wait_ready_nodes(1)
+        node = one_node_and_a_pending_gpu_pod(harness, namespace)
         core = client.CoreV1Api(control_plane.api_client())
-        core.create_namespaced_pod(namespace, gpu_pod("train-0", node))
-        wait_for("train-0 unschedulable", lambda: unschedulable(core, namespace, "train-0"), timeout=30)
         config = tmp_path / "dds.yaml"
         # The fabric's state ConfigMap lives in the test's namespace; only this namespace's MachineSets are groups.
         config.write_text(yaml.safe_dump({"namespace": namespace, "machineset_namespaces": [namespace]}))

@@ -3,7 +3,7 @@ nodes read the cache (no LIST reaches the apiserver), and the snapshot they plan
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -16,15 +16,6 @@ from tests.integration.controller.harness import ControllerHarness
 from tests.integration.nodes.harness import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def dds(control_plane: Any, namespace: str) -> Iterator[ControllerHarness]:
-    harness = ControllerHarness(control_plane.api_client(), namespace)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def start_cache(dds: ControllerHarness) -> None:

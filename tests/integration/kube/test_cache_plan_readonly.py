@@ -14,8 +14,7 @@ from kubernetes import client
 import dds.kube.client
 from dds.cli import main
 from dds.kube.requests import RequestCounts, instrument
-from tests.integration.nodes.harness import NodeGroupHarness, wait_for
-from tests.integration.nodes.test_hotplug_visibility import gpu_pod, unschedulable
+from tests.integration.nodes.harness import NodeGroupHarness, one_node_and_a_pending_gpu_pod
 
 pytestmark = pytest.mark.integration
 
@@ -28,12 +27,8 @@ def test_plan_on_a_live_cluster_sends_only_reads(control_plane: Any, namespace: 
     harness = NodeGroupHarness(control_plane.api_client(), namespace)
     harness.infrastructure.run_in_thread(interval_seconds=0.2)
     try:
-        group = harness.create_machineset("gpu-workers")
-        harness.provisioner.add_nodes(group, 1, key="boot")
-        [node] = harness.wait_ready_nodes(1)
+        node = one_node_and_a_pending_gpu_pod(harness, namespace)
         core = client.CoreV1Api(control_plane.api_client())
-        core.create_namespaced_pod(namespace, gpu_pod("train-0", node))
-        wait_for("train-0 unschedulable", lambda: unschedulable(core, namespace, "train-0"), timeout=30)
 
         counts = RequestCounts()
         make_client = dds.kube.client.api_client

@@ -17,6 +17,7 @@ from dds.groups.sources import MachineSetSource
 
 GROUP = "cluster.x-k8s.io"
 GPU_LABEL = "nvidia.com/gpu.product"
+GPU = "nvidia.com/gpu"
 
 
 def machineset_manifest(name: str, *, replicas: int = 0, max_size: int = 6, taints: str = "",
@@ -115,3 +116,31 @@ class NodeGroupHarness:
             except client.ApiException as exc:
                 if exc.status != 404:
                     raise
+
+
+def gpu_pod(name: str, node: str) -> dict[str, Any]:
+    # Pinned to the test's node: other tests' nodes share the session's control plane.
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                     "containers": [{"name": "train", "image": "example.com/train:1",
+                                     "resources": {"limits": {GPU: "1"}}}]}}
+
+
+def unschedulable(core: client.CoreV1Api, namespace: str, name: str) -> Optional[str]:
+    pod = core.read_namespaced_pod(name, namespace)
+    condition = next((c for c in pod.status.conditions or () if c.type == "PodScheduled"), None)
+    if condition is not None and condition.status == "False" and condition.reason == "Unschedulable":
+        return condition.message or "unschedulable"
+    return None
+
+
+def one_node_and_a_pending_gpu_pod(harness: "NodeGroupHarness", namespace: str, pod_name: str = "train-0") -> str:
+    """MachineSet gpu-workers with one Ready node (no GPU) and a 1-GPU pod pinned to it, Pending as Unschedulable;
+    returns the node's name. Start `harness.infrastructure` first."""
+    group = harness.create_machineset("gpu-workers")
+    harness.provisioner.add_nodes(group, 1, key="boot")
+    [node] = harness.wait_ready_nodes(1)
+    core = client.CoreV1Api(harness.api)
+    core.create_namespaced_pod(namespace, gpu_pod(pod_name, node))
+    wait_for(f"{pod_name} unschedulable", lambda: unschedulable(core, namespace, pod_name), timeout=30)
+    return node

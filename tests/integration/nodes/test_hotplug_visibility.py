@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -15,7 +15,7 @@ from dds.config import LatencySpec, PoolSpec, SimulatedFabricSettings
 from dds.fabric.base import AttachRequest, DetachRequest, OperationState
 from dds.fabric.simulated import SimulatedFabric
 from dds.kube.nodes import NodeNotFound, gpu_capacity_hook, set_gpu_capacity
-from tests.integration.nodes.harness import NodeGroupHarness, wait_for
+from tests.integration.nodes.harness import NodeGroupHarness, gpu_pod, unschedulable, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -32,22 +32,6 @@ def worker(control_plane: Any, namespace: str) -> Iterator[tuple[NodeGroupHarnes
     [node] = harness.wait_ready_nodes(1)
     yield harness, node
     harness.close()
-
-
-def gpu_pod(name: str, node: str) -> dict[str, Any]:
-    # Pinned to the test's node: other tests' nodes share the session's control plane.
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
-                     "containers": [{"name": "train", "image": "example.com/train:1",
-                                     "resources": {"limits": {GPU: "1"}}}]}}
-
-
-def unschedulable(core: client.CoreV1Api, namespace: str, name: str) -> Optional[str]:
-    pod = core.read_namespaced_pod(name, namespace)
-    condition = next((c for c in pod.status.conditions or () if c.type == "PodScheduled"), None)
-    if condition is not None and condition.status == "False" and condition.reason == "Unschedulable":
-        return condition.message or "unschedulable"
-    return None
 
 
 def running_on(core: client.CoreV1Api, namespace: str, name: str, node: str) -> bool:
