@@ -4,12 +4,12 @@ Ownership, so DDS never races cluster-autoscaler (one owner per decision):
 
 | decision                                                                                   | owner                                                                   | where                             |
 |--------------------------------------------------------------------------------------------|-------------------------------------------------------------------------|-----------------------------------|
-| scale-up CA asked for (case 1)                                                             | CA's IncreaseSize -> planner                                            | `ca_requests.PlannerScaleUp`         |
+| scale-up CA asked for (case 1)                                                             | CA's IncreaseSize -> planner                                            | `ca_requests.PlannerScaleUp`      |
 | pending pods that fit live nodes once GPUs are attached: the fast path (serves case 2 too) | this loop, after `pending_debounce` (2 s)                               | `_serve_pending_by_attach`        |
-| pending pods that need a new node                                                          | CA (IncreaseSize, case 1)                                               | `ca_requests.PlannerScaleUp`         |
-| CA's scale-up for pods whose GPUs are already on their way                                 | nobody: the plan is covered; CA's GPU instance ends with those attaches | `ca_requests.PlannerScaleUp`         |
+| pending pods that need a new node                                                          | CA (IncreaseSize, case 1)                                               | `ca_requests.PlannerScaleUp`      |
+| CA's scale-up for pods whose GPUs are already on their way                                 | nobody: the plan is covered; CA's GPU instance ends with those attaches | `ca_requests.PlannerScaleUp`      |
 | warm headroom (idle GPUs a group keeps)                                                    | this loop                                                               | `_refill_headroom`, `_scale_down` |
-| node removal CA asked for (case 3)                                                         | CA's DeleteNodes -> planner                                             | `ca_requests.PlannerScaleDown`       |
+| node removal CA asked for (case 3)                                                         | CA's DeleteNodes -> planner                                             | `ca_requests.PlannerScaleDown`    |
 | idle GPUs anywhere (case 4)                                                                | this loop                                                               | `_scale_down`                     |
 | empty nodes of spec-fixed groups (case 4)                                                  | this loop (CA never sees those nodes)                                   | `_scale_down`                     |
 | empty nodes of observed groups                                                             | CA (this loop only detaches their idle GPUs)                            |                                   |
@@ -142,9 +142,10 @@ class Controller:
             self.gangs.reconcile(observation.snapshot)
             self._resume_removals(observation)
             self._attach_initial_gpus(observation)
+            hungry = self._hungry_pools(observation)  # no warm headroom is kept or refilled from these
             if not self._serve_pending_by_attach(observation):
-                self._refill_headroom(observation)  # the pool as observed is up to date only if nothing was attached
-            self._scale_down(observation)
+                self._refill_headroom(observation, hungry)  # the pool as observed is current only if nothing attached
+            self._scale_down(observation, hungry)
             self._reclaim_orphans(observation)
             return observation
 
@@ -206,9 +207,9 @@ class Controller:
         return True
 
     # --- warm headroom: idle GPUs kept attached ahead of demand ---
-    def _refill_headroom(self, observation: Observation) -> None:
+    def _refill_headroom(self, observation: Observation, hungry: frozenset[str]) -> None:
         snapshot = observation.snapshot
-        attaches = plan_warm_refill(snapshot, self.config.planner, self._hungry_pools(observation))
+        attaches = plan_warm_refill(snapshot, self.config.planner, hungry)
         if not attaches:
             return
         log.info("warm headroom: %s", "; ".join(f"{a.count} x {a.model} to {a.node} ({a.reason})" for a in attaches))
@@ -224,11 +225,11 @@ class Controller:
         return hungry_pools(snapshot, [p for p in snapshot.pending_pods() if p.key in observation.unschedulable_since])
 
     # --- cases 3/4 driven by idleness: idle GPUs everywhere, empty nodes of spec-fixed groups ---
-    def _scale_down(self, observation: Observation) -> None:
+    def _scale_down(self, observation: Observation, hungry: frozenset[str]) -> None:
         snapshot = observation.snapshot
         with metrics.PLAN_LATENCY.labels("scale-down").time():
             plan = plan_scale_down(snapshot, replace(self.config.planner, node_removal_enabled=True),
-                                   hungry_pools=self._hungry_pools(observation))
+                                   hungry_pools=hungry)
         owned_removals = []
         for removal in plan.removals:
             group = snapshot.group(removal.group)

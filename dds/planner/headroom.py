@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Iterable, Optional, Sequence
 
 from dds.model.groups import NodeGroupSpec
+from dds.planner.nodes import group_slots
 from dds.planner.plan import Attach, PlannerConfig
 from dds.planner.refusals import selected_models
 from dds.planner.requests import RequestCache, effective_requests
@@ -97,12 +98,8 @@ def _can_hold_warm(node: NodeInfo, group: NodeGroupSpec) -> bool:
 
 
 def _free_slots(node: NodeInfo, group: NodeGroupSpec, snapshot: Snapshot) -> int:
-    pool = snapshot.pool(group.fabric_pool)
-    limit = group.max_gpus_per_node
-    if pool is not None and pool.max_slots_per_node is not None:
-        limit = min(limit, pool.max_slots_per_node)
     present = max(node.allocatable.get(node.gpu_resource), len(node.devices))
-    return max(0, limit - present - node.attaching)
+    return max(0, group_slots(group, snapshot.pool(group.fabric_pool)) - present - node.attaching)
 
 
 def _model(group: NodeGroupSpec, free: dict[str, int]) -> Optional[str]:

@@ -44,6 +44,13 @@ def node_model(node: NodeInfo, group: Optional[NodeGroupSpec], label: str, visib
     return None
 
 
+def group_slots(group: NodeGroupSpec, pool: Optional[PoolInfo]) -> int:
+    """GPUs a node of `group` can hold at most: the group's max, capped by its pool's per-node limit."""
+    if pool is None or pool.max_slots_per_node is None:
+        return group.max_gpus_per_node
+    return min(group.max_gpus_per_node, pool.max_slots_per_node)
+
+
 def allowed_models(group: NodeGroupSpec, pool: Optional[PoolInfo]) -> tuple[str, ...]:
     """Models a node of `group` may hold: the group's list (default first), else every model its pool knows."""
     if group.gpu_models:

@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 from dataclasses import replace
 
 from dds.model.groups import NodeGroupSpec
+from dds.planner.nodes import group_slots
 from dds.planner.plan import PodDecision, ScaleUpPlan, Verdict
 from dds.planner.requests import effective_requests
 from dds.planner.snapshot import PodInfo, PoolInfo, Snapshot
@@ -105,9 +106,7 @@ def _group_models(group: NodeGroupSpec, snapshot: Snapshot) -> tuple[str, ...]:
 
 
 def _slots(group: NodeGroupSpec, snapshot: Snapshot) -> int:
-    pool = snapshot.pool(group.fabric_pool)
-    limit = pool.max_slots_per_node if pool is not None else None
-    return min(group.max_gpus_per_node, limit) if limit is not None else group.max_gpus_per_node
+    return group_slots(group, snapshot.pool(group.fabric_pool))
 
 
 def _no_such_model(models: frozenset[str], groups: Sequence[NodeGroupSpec], snapshot: Snapshot) -> str:

@@ -40,6 +40,7 @@ from dds.model.groups import Taint
 from dds.planner.filters import STATIC_FILTERS, first_reject
 from dds.planner.gangs import gang_of
 from dds.planner.nodes import gpu_facts, sim_node
+from dds.planner.nodes import group_slots
 from dds.planner.plan import Attach, Detach, Keep, ScaleDownPlan
 from dds.planner.requests import RequestCache, scheduling_order
 from dds.planner.snapshot import NodeInfo, PodAffinityTerm, PodInfo, Snapshot, Toleration
@@ -174,9 +175,7 @@ def node_slots(node: NodeInfo, snapshot: Snapshot) -> int:
     group = snapshot.group(node.group_id) if node.group_id else None
     if group is None:
         return 0
-    pool = snapshot.pool(group.fabric_pool)
-    limit = pool.max_slots_per_node if pool is not None else None
-    return group.max_gpus_per_node if limit is None else min(group.max_gpus_per_node, limit)
+    return group_slots(group, snapshot.pool(group.fabric_pool))
 
 
 def _new_reservations(snapshot: Snapshot, config: ReservationConfig, pending: dict[str, PodInfo],
