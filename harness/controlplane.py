@@ -39,7 +39,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import requests
 import yaml
@@ -333,8 +333,13 @@ def _stop_forgotten_control_planes() -> None:
 class ControlPlane:
     """Handle on a running control plane. Use `start_control_plane()` to get one."""
 
-    def __init__(self, workdir: Path, bin_dir: Path, *, scheduler: bool = True, kwok: bool = True) -> None:
+    def __init__(self, workdir: Path, bin_dir: Path, *, scheduler: bool = True, kwok: bool = True,
+                 feature_gates: Optional[Mapping[str, bool]] = None, runtime_config: Sequence[str] = ()) -> None:
         self.workdir = workdir
+        # Alpha APIs (the Workload API's gangs, DRA binding conditions) are off by default in 1.35: a test that needs
+        # them names the gates, passed to both kube-apiserver and kube-scheduler, and the API groups to serve.
+        self.feature_gates = dict(feature_gates or {})
+        self.runtime_config = tuple(runtime_config)
         self.bin_dir = bin_dir
         self.kubeconfig = workdir / "kubeconfig"
         self.logs = workdir / "logs"
@@ -494,7 +499,14 @@ class ControlPlane:
                 "--allow-privileged=true",
                 # Bounds the HTTP server's shutdown to 2 s; otherwise open watches (scheduler, kwok, tests) hold a
                 # stop or restart for the whole request timeout (60 s).
-                "--shutdown-send-retry-after=true"]
+                "--shutdown-send-retry-after=true"] + self._gate_flags() + (
+                    [f"--runtime-config={','.join(self.runtime_config)}"] if self.runtime_config else [])
+
+    def _gate_flags(self) -> list[str]:
+        if not self.feature_gates:
+            return []
+        gates = ",".join(f"{name}={'true' if on else 'false'}" for name, on in sorted(self.feature_gates.items()))
+        return [f"--feature-gates={gates}"]
 
     def _scheduler_argv(self) -> list[str]:
         config = self.workdir / "kube-scheduler.yaml"
@@ -506,7 +518,8 @@ class ControlPlane:
         # serves with the apiserver's certificate (valid for 127.0.0.1), so the probe can verify it.
         return [str(self._binaries["kube-scheduler"]), f"--config={config}",
                 "--bind-address=127.0.0.1", f"--secure-port={self.ports.scheduler}",
-                f"--tls-cert-file={self._pki.serving_cert}", f"--tls-private-key-file={self._pki.serving_key}"]
+                f"--tls-cert-file={self._pki.serving_cert}", f"--tls-private-key-file={self._pki.serving_key}"
+                ] + self._gate_flags()
 
     def _kwok_argv(self) -> list[str]:
         key, value = KWOK_NODE_ANNOTATION
@@ -609,7 +622,8 @@ def _crd_documents(directories: Iterable[Path]) -> Iterator[dict[str, Any]]:
 
 
 def start_control_plane(workdir: Path, *, scheduler: bool = True, kwok: bool = True, crds: bool = True,
-                        bin_dir: Optional[Path] = None) -> ControlPlane:
+                        bin_dir: Optional[Path] = None, feature_gates: Optional[Mapping[str, bool]] = None,
+                        runtime_config: Sequence[str] = ()) -> ControlPlane:
     """Start etcd and kube-apiserver (plus kube-scheduler, kwok, and the CRDs DDS uses, unless told not to) under
     `workdir`, wait until each is ready, and return the handle. On failure nothing is left running and the error
     shows the failing component's log tail.
@@ -621,7 +635,8 @@ def start_control_plane(workdir: Path, *, scheduler: bool = True, kwok: bool = T
     for attempt in (1, 2):
         attempt_dir = workdir if attempt == 1 else workdir / f"retry-{attempt}"
         attempt_dir.mkdir(parents=True, exist_ok=True)
-        plane = ControlPlane(attempt_dir, bin_dir, scheduler=scheduler, kwok=kwok)
+        plane = ControlPlane(attempt_dir, bin_dir, scheduler=scheduler, kwok=kwok, feature_gates=feature_gates,
+                             runtime_config=runtime_config)
         try:
             plane._start(crds)
             return plane
