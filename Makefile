@@ -15,6 +15,10 @@ binaries:
 demo: setup  ## The talk's demo end to end: control plane, DDS, the real cluster-autoscaler, simulated fabric, kwok nodes
 	$(PYTHON) -m harness.demo
 
+.PHONY: demo-dra
+demo-dra: setup  ## The same demo with GPUs asked for through ResourceClaims (node-local DRA: docs/dra.md)
+	$(PYTHON) -m harness.demo --dra
+
 test: setup  ## Every test: lint contracts, unit, integration (real apiserver), e2e (DDS driven by the real cluster-autoscaler); the long soak variants are `make soak`
 	$(VENV)/bin/lint-imports
 	$(PYTHON) -m pytest tests -m "not slow" $(PYTEST_ARGS)
@@ -26,7 +30,7 @@ protos: setup  ## Regenerate dds/provider/gen from protos/
 	PYTHON=$(abspath $(PYTHON)) bash hack/gen-protos.sh
 
 bench: setup  ## Planner benchmarks (ratios and percentiles)
-	$(PYTHON) -m dds.planner.bench
+	$(PYTHON) -m tests.bench.planner
 
 bench-scale: setup  ## DDS at 1k nodes/10k pods and 5k/50k on the real control plane: watch cache vs LIST per call (docs/scale.md)
 	$(PYTHON) -m tests.bench.scale $(BENCH_SCALE_ARGS)

@@ -18,9 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from kubernetes import client
-
-from dds.config import Settings
+from dds.config import FabricBackend, Settings
 from dds.controller.ca_requests import PlannerScaleDown, PlannerScaleUp
 from dds.controller.executor import Executor, OperationWatcher
 from dds.controller.repair import DeviceRepair
@@ -30,12 +28,16 @@ from dds.controller.observe import ClusterObserver
 from dds.fabric.base import Fabric, ResumableFabric
 from dds.fabric.factory import build_fabric
 from dds.kube.cache import CachedMachineSetLister, ClusterCache, cluster_cache
+from dds.kube.composability import WATCHED as COMPOSABILITY_OBJECTS
+from dds.kube import ApiClient
 from dds.kube.events import KubeEventRecorder
 from dds.kube.leader import LeaderElector, default_identity
 from dds.kube.machinesets import MachineSetLister
-from dds.kube.nodes import gpu_capacity_hook
+from dds.kube.nodes import gpu_capacity_hook, read_node_labels
 from dds.kube.requests import instrument
+from dds.kube.resourceslices import ResourceSlicePublisher, online_gpus, with_resource_slices
 from dds.kube.state import ConfigMapStateStore
+from dds.planner.reservations import ReservationConfig
 from dds.model.groups import DEFAULT_GPU_RESOURCE, LABEL_NODE_GROUP, NodeGroupSpec
 from dds.nodes.factory import build_node_backend
 from dds.nodes.kwok import KwokInfrastructure
@@ -66,7 +68,7 @@ class ObservedClusterView:
     CA calls NodeGroupForNode once per node per loop; one list of Nodes and Machines per `max_age` serves them all.
     """
 
-    def __init__(self, observer: ClusterObserver, api: client.ApiClient, clock: Callable[[], float],
+    def __init__(self, observer: ClusterObserver, api: ApiClient, clock: Callable[[], float],
                  max_age_seconds: float = 1.0) -> None:
         self._observer = observer
         self._clock = clock
@@ -99,20 +101,16 @@ class ObservedClusterView:
         return tuple(out)
 
 
-def gpu_resource_of(api: client.ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]],
+def gpu_resource_of(api: ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]],
                     cache: Optional[ClusterCache] = None) -> Callable[[str], Optional[str]]:
     """A node's GPU resource name: its group's (through the node-group label), None for a node DDS does not manage."""
-    core = client.CoreV1Api(api)
 
     def resource_of(node_name: str) -> Optional[str]:
         cached = cache.nodes.reflectors[0].get(node_name) if cache is not None and cache.nodes.synced else None
-        try:
-            label = (cached.labels if cached is not None else
-                     (core.read_node(node_name).metadata.labels or {})).get(LABEL_NODE_GROUP)
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return DEFAULT_GPU_RESOURCE  # gone: publishing finds it missing and says so
-            raise
+        labels = cached.labels if cached is not None else read_node_labels(api, node_name)
+        if labels is None:
+            return DEFAULT_GPU_RESOURCE  # gone: publishing finds it missing and says so
+        label = labels.get(LABEL_NODE_GROUP)
         group = next((g for g in groups() if node_group_label_value(g.id) == label), None)
         return group.gpu_resource if group is not None else None
 
@@ -137,7 +135,7 @@ def fresh_groups(catalog: NodeGroupCatalog, clock: Callable[[], float], max_age_
 @dataclass
 class App:
     settings: Settings
-    api: client.ApiClient
+    api: ApiClient
     fabric: Fabric
     catalog: NodeGroupCatalog
     registry: Registry
@@ -230,7 +228,7 @@ class App:
         self.ops.stop()
 
 
-def build_app(settings: Settings, api: Optional[client.ApiClient] = None,
+def build_app(settings: Settings, api: Optional[ApiClient] = None,
               clock: Callable[[], float] = time.time) -> App:
     from dds.kube.client import api_client
 
@@ -240,13 +238,20 @@ def build_app(settings: Settings, api: Optional[client.ApiClient] = None,
         # One name for the lease holder and the Events' reportingInstance: which replica acted is then on every Event.
         settings = settings.model_copy(update={"identity": default_identity()})
     events = KubeEventRecorder.for_cluster(api, reporting_instance=settings.identity)
-    cache = cluster_cache(api, settings.machineset_namespaces) if settings.watch_cache else None
+    # The fabric's own objects are watched too when it keeps its state in the cluster (ComposabilityRequests).
+    fabric_objects = COMPOSABILITY_OBJECTS if settings.fabric == FabricBackend.COMPOSABILITY_REQUEST else ()
+    cache = cluster_cache(api, settings.machineset_namespaces, fabric_objects) if settings.watch_cache else None
     lister = MachineSetLister(api, settings.machineset_namespaces)
     catalog = NodeGroupCatalog(source=MachineSetSource(CachedMachineSetLister(cache, lister) if cache else lister),
                                events=events)
-    fabric = build_fabric(settings, clock=clock, api_client=api,
-                          on_node_devices_changed=gpu_capacity_hook(api, gpu_resource_of(api, catalog.groups, cache)))
-    nodes = build_node_backend(settings, clock=clock, api_client=api)
+    on_devices = gpu_capacity_hook(api, gpu_resource_of(api, catalog.groups, cache))
+    built: dict[str, Fabric] = {}  # the hook reads the fabric it is given to (re-entrant: see dds/fabric/simulated.py)
+    if settings.simulated_fabric.dra_resource_slices:  # node-local DRA: docs/dra.md
+        on_devices = with_resource_slices(on_devices, ResourceSlicePublisher(
+            api, lambda node: online_gpus(built["fabric"], node)))
+    fabric = built["fabric"] = build_fabric(settings, clock=clock, api_client=api, on_node_devices_changed=on_devices,
+                                            cache=cache.composability if cache else None)
+    nodes = build_node_backend(settings, clock=clock, api_client=api, on_written=cache.assume if cache else None)
     groups = fresh_groups(catalog, clock, settings.loop_interval_seconds)
     observer = ClusterObserver(api, fabric, groups, clock, IdleTracker(), settings.gpu_label,
                                settings.machineset_namespaces, cache=cache)
@@ -258,13 +263,18 @@ def build_app(settings: Settings, api: Optional[client.ApiClient] = None,
     loop = LoopConfig(interval_seconds=settings.loop_interval_seconds,
                       pending_debounce_seconds=settings.pending_debounce_seconds,
                       gang_start_timeout_seconds=settings.gang_start_timeout_seconds, planner=planner,
-                      orphan_timeout_seconds=settings.orphan_attach_timeout_seconds)
+                      orphan_timeout_seconds=settings.orphan_attach_timeout_seconds,
+                      reservations=ReservationConfig(enabled=settings.reservations,
+                                                     min_age_seconds=settings.reservation_min_age_seconds,
+                                                     large_fraction=settings.reservation_large_fraction,
+                                                     quiet_age_seconds=settings.reservation_quiet_age_seconds),
+                      dra_pool_mode=settings.simulated_fabric.dra_pool_slices)
     app_ref: dict[str, App] = {}
     controller = Controller(observer, executor, watcher, fabric, api, events, loop, clock,
                             is_leader=lambda: app_ref["app"].is_leader)
     scale_up = PlannerScaleUp(controller, tracker, planner, InstanceFactory(clock=clock),
                               settings.max_node_provision_seconds)
-    controller.listeners.append(DeviceRepair(fabric, executor, watcher, events, clock).run)  # GPUs failed while attached
+    controller.listeners.append(DeviceRepair(fabric, controller.actions, events, clock).run)  # GPUs failed while attached
     scale_down = PlannerScaleDown(controller, tracker, planner, api)
     elector: Optional[LeaderElector] = None
     if settings.leader_election:

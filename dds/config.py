@@ -66,6 +66,21 @@ class SimulatedFabricSettings(_Section):
     faults: FaultSpec = Field(default_factory=FaultSpec)
     # Where the simulated manager keeps its state in a cluster, so it outlives a DDS restart (as a real CDI manager does).
     state_configmap: str = "dds-simulated-fabric"
+    # Node-local DRA (hot-plug): also publish each node's attached GPUs as devices of a ResourceSlice, as a DRA driver
+    # with hot-plug does (dds/kube/resourceslices.py, docs/dra.md). Off: GPUs show only as the extended resource.
+    dra_resource_slices: bool = False
+    # DRA pool mode (binding conditions, alpha in Kubernetes 1.34/1.35): publish each pool's free GPUs as slots that
+    # bind to a node, and attach one when kube-scheduler allocates it (dds/controller/dra_binding.py, docs/dra.md).
+    # Choose one of the two DRA modes: a GPU listed by both would be offered twice.
+    dra_pool_slices: bool = False
+
+    @field_validator("dra_pool_slices")
+    @classmethod
+    def _one_dra_mode(cls, value: bool, info: Any) -> bool:
+        if value and info.data.get("dra_resource_slices"):
+            raise ValueError("dra_pool_slices and dra_resource_slices exclude each other: a GPU listed in a node's "
+                             "slice and as a pool slot would be offered twice (docs/dra.md)")
+        return value
 
 
 class RedfishSettings(_Section):
@@ -132,6 +147,15 @@ class Settings(BaseSettings):
     # A gang whose GPUs are attached but that has not reached its minimum of running pods this long after (or one of
     # whose attaches failed) gets them detached: dds/controller/gang_attaches.py.
     gang_start_timeout_seconds: float = Field(default=300.0, gt=0)
+    # Reservations (dds/controller/reservations.py, docs/reservations.md): a pending pod asking for more than
+    # `reservation_large_fraction` of a node's GPU slots, unschedulable for `reservation_min_age_seconds`, gets a
+    # node reserved (tainted, the pod tolerating it) and its GPUs gathered there. Off by default.
+    reservations: bool = False
+    reservation_min_age_seconds: float = Field(default=600.0, ge=0)
+    reservation_large_fraction: float = Field(default=0.5, gt=0, lt=1)
+    # Reserve sooner, from this age on, while at most one other pending GPU pod could use the node's GPUs (the queue
+    # is short, so draining a node costs little); unset: only `reservation_min_age_seconds` applies.
+    reservation_quiet_age_seconds: Optional[float] = Field(default=None, ge=0)
     loop_interval_seconds: float = Field(default=5.0, gt=0)
     orphan_attach_timeout_seconds: float = Field(default=600.0, gt=0)
     max_node_provision_seconds: float = Field(default=900.0, gt=0)

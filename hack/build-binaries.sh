@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds (once) and caches the pinned binaries the tests and `make demo` run as local processes: etcd,
-# kube-apiserver, kube-scheduler, kwok and the real cluster-autoscaler. Prints the bin directory on its last line.
+# kube-apiserver, kube-scheduler, kube-controller-manager (DRA tests only), kwok and the real cluster-autoscaler.
+# Prints the bin directory on its last line.
 #
 # Quiet by design: one line per binary on stderr; the Go tool's output goes to a log file the line names.
 # A warm run only checks that the cached binaries exist (well under a second).
@@ -74,6 +75,28 @@ build_kubernetes() {
   built kubernetes
 }
 
+# kube-controller-manager runs only its resourceclaim controller in the harness (ResourceClaims from templates, claims
+# released when their pods end: docs/dra.md). Its own wrapper and output folder, so a cache holding the apiserver and
+# scheduler builds only this binary; the Go build cache shares every package it has in common with them.
+build_kube_controller_manager() {
+  local out="$cache/kube-controller-manager-$KUBERNETES_VERSION"
+  if [[ -x "$out/kube-controller-manager" ]]; then return; fi
+  building kube-controller-manager "$KUBERNETES_VERSION"
+  local w="$cache/wrappers/kube-controller-manager-$KUBERNETES_VERSION"
+  rm -rf "$w"; mkdir -p "$w"; cd "$w"
+  run kube-controller-manager go mod init dds.local/wrapper/kube-controller-manager
+  run kube-controller-manager go mod edit -go="$KUBERNETES_GO_DIRECTIVE" -godebug="default=$KUBERNETES_GODEBUG"
+  for m in "${staging_modules[@]}"; do
+    run kube-controller-manager go mod edit -replace "k8s.io/$m=k8s.io/$m@$KUBERNETES_STAGING_VERSION"
+  done
+  run kube-controller-manager go get -tool "k8s.io/kubernetes/cmd/kube-controller-manager@$KUBERNETES_VERSION"
+  mkdir -p "$out.tmp"
+  run kube-controller-manager go build -trimpath -ldflags "$(k8s_ldflags "$KUBERNETES_VERSION")" -o "$out.tmp/" \
+    k8s.io/kubernetes/cmd/kube-controller-manager
+  rm -rf "$out"; mv "$out.tmp" "$out"
+  built kube-controller-manager
+}
+
 build_etcd() {
   local out="$cache/etcd-$ETCD_VERSION"
   if [[ -x "$out/etcd" ]]; then return; fi
@@ -140,6 +163,7 @@ start=$(date +%s)
 build_etcd
 build_kwok
 build_kubernetes
+build_kube_controller_manager
 build_cluster_autoscaler
 bin="$cache/current"
 rm -rf "$bin"; mkdir -p "$bin"
@@ -147,6 +171,7 @@ ln -sf "$cache/etcd-$ETCD_VERSION/etcd" "$bin/etcd"
 ln -sf "$cache/kwok-$KWOK_VERSION/kwok" "$bin/kwok"
 ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/kube-apiserver" "$bin/kube-apiserver"
 ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/kube-scheduler" "$bin/kube-scheduler"
+ln -sf "$cache/kube-controller-manager-$KUBERNETES_VERSION/kube-controller-manager" "$bin/kube-controller-manager"
 ln -sf "$cache/cluster-autoscaler-$CLUSTER_AUTOSCALER_VERSION/cluster-autoscaler" "$bin/cluster-autoscaler"
 elapsed=$(( $(date +%s) - start ))
 (( elapsed > 1 )) && log "binaries ready in $elapsed s: $bin"

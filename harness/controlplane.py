@@ -55,6 +55,10 @@ BUILD_SCRIPT = REPO_ROOT / "hack" / "build-binaries.sh"
 KWOK_STAGES = Path(__file__).with_name("kwok_stages.yaml")
 CRD_DIRECTORIES = (REPO_ROOT / "manifests" / "crds" / "cluster-api", REPO_ROOT / "manifests" / "crds" / "composability")
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
+CONTROLLER_MANAGER = "kube-controller-manager"  # optional: start_control_plane(controller_manager=True)
+# The 1.35 name of the controller (cmd/kube-controller-manager/names: ResourceClaimController; alias
+# resource-claim-controller).
+RESOURCE_CLAIM_CONTROLLER = "resourceclaim-controller"
 
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 ADMIN_USER = "dds-test-admin"
@@ -334,7 +338,8 @@ class ControlPlane:
     """Handle on a running control plane. Use `start_control_plane()` to get one."""
 
     def __init__(self, workdir: Path, bin_dir: Path, *, scheduler: bool = True, kwok: bool = True,
-                 feature_gates: Optional[Mapping[str, bool]] = None, runtime_config: Sequence[str] = ()) -> None:
+                 feature_gates: Optional[Mapping[str, bool]] = None, runtime_config: Sequence[str] = (),
+                 controller_manager: bool = False) -> None:
         self.workdir = workdir
         # Alpha APIs (the Workload API's gangs, DRA binding conditions) are off by default in 1.35: a test that needs
         # them names the gates, passed to both kube-apiserver and kube-scheduler, and the API groups to serve.
@@ -352,6 +357,12 @@ class ControlPlane:
         # Resolved once: a concurrent `hack/build-binaries.sh` re-creates the bin dir's symlinks, and a restart must
         # not depend on that moment.
         self._binaries = {name: (bin_dir / name).resolve() for name in BINARIES}
+        # kube-controller-manager with only its resourceclaim controller (DRA: claims made from templates, released
+        # when their pods end); the other controllers' work is done by kwok, the harness and DDS as before.
+        self._with_controller_manager = controller_manager
+        if controller_manager:
+            self._binaries[CONTROLLER_MANAGER] = (bin_dir / CONTROLLER_MANAGER).resolve()
+            self._controller_manager_port = free_ports(1)[0]
         self._processes: list[ManagedProcess] = []
         self._lock = threading.Lock()
         self._stopped = False
@@ -451,6 +462,10 @@ class ControlPlane:
             scheduler = self._component("kube-scheduler", self._scheduler_argv())
             scheduler.start()
             _wait_ready(scheduler, _probe(self._session, f"https://127.0.0.1:{self.ports.scheduler}/healthz"))
+        if self._with_controller_manager:
+            manager = self._component(CONTROLLER_MANAGER, self._controller_manager_argv())
+            manager.start()
+            _wait_ready(manager, _probe(self._session, f"https://127.0.0.1:{self._controller_manager_port}/healthz"))
         if self._with_kwok:
             kwok = self._component("kwok", self._kwok_argv(), env=self._kwok_env())
             kwok.start()
@@ -518,6 +533,14 @@ class ControlPlane:
         # serves with the apiserver's certificate (valid for 127.0.0.1), so the probe can verify it.
         return [str(self._binaries["kube-scheduler"]), f"--config={config}",
                 "--bind-address=127.0.0.1", f"--secure-port={self.ports.scheduler}",
+                f"--tls-cert-file={self._pki.serving_cert}", f"--tls-private-key-file={self._pki.serving_key}"
+                ] + self._gate_flags()
+
+    def _controller_manager_argv(self) -> list[str]:
+        # Serves /healthz with the apiserver's certificate (valid for 127.0.0.1) so the probe can verify it.
+        return [str(self._binaries[CONTROLLER_MANAGER]), f"--kubeconfig={self.kubeconfig}",
+                f"--controllers={RESOURCE_CLAIM_CONTROLLER}", "--leader-elect=false",
+                "--bind-address=127.0.0.1", f"--secure-port={self._controller_manager_port}",
                 f"--tls-cert-file={self._pki.serving_cert}", f"--tls-private-key-file={self._pki.serving_key}"
                 ] + self._gate_flags()
 
@@ -623,7 +646,7 @@ def _crd_documents(directories: Iterable[Path]) -> Iterator[dict[str, Any]]:
 
 def start_control_plane(workdir: Path, *, scheduler: bool = True, kwok: bool = True, crds: bool = True,
                         bin_dir: Optional[Path] = None, feature_gates: Optional[Mapping[str, bool]] = None,
-                        runtime_config: Sequence[str] = ()) -> ControlPlane:
+                        runtime_config: Sequence[str] = (), controller_manager: bool = False) -> ControlPlane:
     """Start etcd and kube-apiserver (plus kube-scheduler, kwok, and the CRDs DDS uses, unless told not to) under
     `workdir`, wait until each is ready, and return the handle. On failure nothing is left running and the error
     shows the failing component's log tail.
@@ -636,7 +659,7 @@ def start_control_plane(workdir: Path, *, scheduler: bool = True, kwok: bool = T
         attempt_dir = workdir if attempt == 1 else workdir / f"retry-{attempt}"
         attempt_dir.mkdir(parents=True, exist_ok=True)
         plane = ControlPlane(attempt_dir, bin_dir, scheduler=scheduler, kwok=kwok, feature_gates=feature_gates,
-                             runtime_config=runtime_config)
+                             runtime_config=runtime_config, controller_manager=controller_manager)
         try:
             plane._start(crds)
             return plane

@@ -13,7 +13,9 @@ The scenario (shared/seeds/004, the talk's demo):
    node -> Running.
 4. Those pods go away -> idle GPUs are detached after the cooldown, the empty node is removed.
 
-    python -m harness.demo [--workdir DIR] [--attach-latency 4:6] [--node-provisioning 20] [--json]
+    python -m harness.demo [--workdir DIR] [--attach-latency 4:6] [--node-provisioning 20] [--json] [--dra]
+
+`--dra` runs the same scenario with every GPU asked for through a ResourceClaim (harness/demo_dra.py, docs/dra.md).
 """
 
 from __future__ import annotations
@@ -299,8 +301,8 @@ def _total(samples: dict[str, float], name: str) -> float:
     return sum(v for k, v in samples.items() if k.startswith(name + "{") or k == name)
 
 
-def run_demo(options: DemoOptions, out: Optional[TextIO] = sys.stdout) -> DemoResult:
-    demo = Demo(options, out)
+def run_demo(options: DemoOptions, out: Optional[TextIO] = sys.stdout, scenario: type["Demo"] = Demo) -> DemoResult:
+    demo = scenario(options, out)
     try:
         demo.start()
         return demo.run()
@@ -334,14 +336,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--attach-latency", type=_latency, default=(4.0, 6.0), metavar="MIN:MAX")
     parser.add_argument("--node-provisioning", type=float, default=20.0, metavar="SECONDS")
     parser.add_argument("--json", action="store_true", help="print the result as JSON at the end")
+    parser.add_argument("--dra", action="store_true",
+                        help="the same demo with GPUs asked for through ResourceClaims (harness/demo_dra.py)")
     args = parser.parse_args(argv)
     import tempfile
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dds-demo-"))
     options = DemoOptions(workdir=workdir, stack=StackOptions(attach_latency=args.attach_latency,
                                                               node_provisioning_seconds=args.node_provisioning))
+    scenario: type[Demo] = Demo
+    if args.dra:
+        from harness.demo_dra import DraDemo, dra_options
+
+        options, scenario = dra_options(options), DraDemo
     try:
-        result = run_demo(options)
+        result = run_demo(options, scenario=scenario)
     except StackError as exc:
         print(f"\ndemo failed: {exc}\nlogs: {workdir}", file=sys.stderr)
         return 1

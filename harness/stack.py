@@ -58,6 +58,12 @@ class StackOptions:
     autoscaler_timings: dict[str, float] = field(default_factory=dict)
     # Merged over the example MachineSet's annotations, e.g. {"dds.cdi.dev/template-mode": "observed"}.
     machineset_annotations: dict[str, str] = field(default_factory=dict)
+    # Passed to kube-apiserver and kube-scheduler, e.g. {"GenericWorkload": True, "GangScheduling": True} with
+    # runtime_config ("scheduling.k8s.io/v1alpha1=true",) for the 1.35 Workload API.
+    feature_gates: dict[str, bool] = field(default_factory=dict)
+    runtime_config: tuple[str, ...] = ()
+    # kube-controller-manager's resourceclaim controller (DRA claim templates, claims released when pods end).
+    controller_manager: bool = False
 
 
 def machineset(options: StackOptions) -> dict:
@@ -223,7 +229,9 @@ class Stack:
         from harness.controlplane import start_control_plane
 
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.control_plane = self._exit.enter_context(start_control_plane(self.workdir / "control-plane"))
+        self.control_plane = self._exit.enter_context(start_control_plane(
+            self.workdir / "control-plane", feature_gates=self.options.feature_gates,
+            runtime_config=self.options.runtime_config, controller_manager=self.options.controller_manager))
         self.api = self.control_plane.api_client()
         self.core = client.CoreV1Api(self.api)
         for namespace in (DDS_NAMESPACE, WORKLOAD_NAMESPACE):

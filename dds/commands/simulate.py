@@ -53,10 +53,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--solver", choices=("greedy", "auto", "milp"), default="greedy",
                         help="planner batch solver for scale steps (default greedy: reproducible at any CPU speed)")
     parser.add_argument("--reservations", action="store_true",
-                        help="reserve a node for a large GPU pod that waited 600 s (dds/planner/reservations.py; the "
-                             "controller does not apply reservations yet, so they are off by default)")
+                        help="reserve a node for a large GPU pod that waited 600 s (dds/planner/reservations.py; off "
+                             "by default, as the controller's `reservations` setting: docs/reservations.md)")
     parser.add_argument("--reserve-after", type=_non_negative_float,
                         help="with reservations (implies --reservations): seconds a large GPU pod waits first")
+    parser.add_argument("--reserve-early", type=_non_negative_float, metavar="S",
+                        help="with reservations (implies --reservations): from S seconds on, reserve before "
+                             "--reserve-after while at most one other pending pod could use the node's GPUs")
     parser.add_argument("--warm-gpus", type=int, default=0, metavar="K",
                         help="warm headroom: idle GPUs each group keeps attached and refills (dds.cdi.dev/warm-gpus)")
     parser.add_argument("--move-idle-gpus", action="store_true",
@@ -165,8 +168,10 @@ def _pick(value: Optional[float], default: float) -> float:
 
 def reservations_from_args(args: argparse.Namespace) -> ReservationConfig:
     defaults = ReservationConfig()
-    return ReservationConfig(enabled=args.reservations or args.reserve_after is not None,
-                             min_age_seconds=_pick(args.reserve_after, defaults.min_age_seconds))
+    return ReservationConfig(enabled=(args.reservations or args.reserve_after is not None
+                                      or args.reserve_early is not None),
+                             min_age_seconds=_pick(args.reserve_after, defaults.min_age_seconds),
+                             quiet_age_seconds=args.reserve_early)
 
 
 def run_policies(scenario: Scenario, policies: Sequence[Policy], progress: str = "auto", solver: str = "greedy",

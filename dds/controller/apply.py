@@ -2,7 +2,8 @@
 scale-down (cases 1 and 3), the fast path, warm headroom and idle GPUs (cases 2 and 4), repairs and orphan reclaims —
 goes through `Actions`: an idempotency key per step, the executor (the fabric call with its Events, metrics and crash
 points), and the watcher that follows the operation to its end. What is decided stays with the planner; who asked is
-the `case` and the key prefix.
+the `case` and the key prefix. `dds simulate` carries out its plans through the same `Actions` (dds/sim/engine.py), on
+the simulated fabric and a virtual clock.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from typing import Callable, Optional, Sequence
 
 
 from dds import metrics
-from dds.controller import attach_failures
-from dds.controller.attach_failures import Action, after_attach_failure
+from dds.planner import attach_failures
+from dds.planner.attach_failures import Action, after_attach_failure
 from dds.controller.executor import machineset_ref, node_ref, pod_ref
 from dds.crashpoints import crashpoint
 from dds.controller.loop import Controller
@@ -29,10 +29,10 @@ from dds.kube.nodes import remove_taint
 from dds.model.events import NORMAL, WARNING
 from dds.model.groups import NodeGroupSpec, TemplateMode
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
-from dds.planner.plan import Attach, Case, NewNodes, PlannerConfig, ScaleUpPlan
+from dds.planner.plan import Attach, Case, NewNodes, PlannerConfig, ScaleDownPlan, ScaleUpPlan
 from dds.planner.equip import Unequipped, equip_new_nodes, pool_free
 from dds.planner.refusals import POOL_EMPTY
-from dds.planner.snapshot import Snapshot
+from dds.planner.snapshot import PodInfo, Snapshot
 # The servicer's own: it answers RESOURCE_EXHAUSTED (CA backs the group off). A class of our own here was answered
 # INTERNAL, with a traceback in the log, for every "nothing to add" (pool empty and group at max, or no pod fits).
 from dds.scaling.requests import ScaleUpRefused
@@ -44,6 +44,14 @@ log = logging.getLogger(__name__)
 ERROR_CLASS_OUT_OF_RESOURCES = attach_failures.ERROR_CLASS_OUT_OF_RESOURCES
 ERROR_CLASS_OTHER = attach_failures.ERROR_CLASS_OTHER
 _RETRY_KEY = re.compile(r"\.r(\d+)$")  # "<instance id>#<index>.r<attempt>": a retry's operation key
+
+
+@dataclass(frozen=True)
+class _ScaleUpDecision:
+    observation: Observation
+    config: PlannerConfig
+    pods: list[PodInfo]  # the unschedulable pods planned for
+    plan: ScaleUpPlan
 
 
 @dataclass
@@ -74,38 +82,46 @@ class PlannerScaleUp:
         controller.listeners.append(self.reconcile)
 
     def increase(self, group: NodeGroupSpec, delta: int, request_key: str) -> Sequence[InstanceRecord]:
-        with self.controller.lock:
-            observation = self.controller.observer.observe()
-            pods = [p for p in observation.snapshot.pending_pods() if p.key in observation.unschedulable_since]
-            config = replace(self.planner, groups=(group.id,))
-            with metrics.PLAN_LATENCY.labels("scale-up").time():
-                plan = plan_scale_up(observation.snapshot, config, pods)
-            metrics.PENDING_PODS.set(len(pods))
-            self.controller.refusals.report_plan(plan)
-            rendered = render_scale_up(plan)
-            log.info("case 1: CA asked %s for %d node(s); plan:\n%s", group.id, delta, rendered)
-            trigger = f"cluster-autoscaler IncreaseSize {group.id} +{delta}"
-            if plan.is_empty and not self._covered(plan):
-                metrics.DECISIONS.labels(Case.SCALE_UP.value, "none").inc()
-                self.controller.journal.record(Case.SCALE_UP.value, trigger, "none", rendered)
-                raise ScaleUpRefused(_refusal(plan, group))
-            plan, unequipped = equip_new_nodes(observation.snapshot, plan, group, config)
-            if unequipped is not None:
-                rendered += f"\n  not added: {unequipped.message}"
-            self.controller.journal.record(Case.SCALE_UP.value, trigger,
-                                           "error" if unequipped and plan.is_empty else _outcome(plan, group), rendered)
-            if unequipped is None:
-                return self._execute(group, delta, plan, request_key, observation.snapshot)
-            # CA's units go first to the nodes the pool cannot equip (each one an OutOfResources instance: the part CA
-            # asked for that cannot be served), the rest to the plan. The plan's attaches are carried out either way:
-            # a unit of CA's that failed says "no node", not "no GPU for the pods a live node can take".
-            failing = delta if plan.is_empty else min(delta, unequipped.nodes)
-            records = self._out_of_resources(group, failing, unequipped, request_key)
-            if delta > failing:
-                records += self._execute(group, delta - failing, plan, request_key, observation.snapshot)
-            elif plan.attaches:
-                self._attach_without_instance(observation.snapshot, plan.attaches, key_prefix=records[0].id)
-            return records
+        return self.controller.decide_then_act(lambda: self._decide(group),
+                                               lambda decision: self._act(group, delta, request_key, decision))
+
+    def _decide(self, group: NodeGroupSpec) -> "_ScaleUpDecision":
+        observation = self.controller.observer.observe()
+        pods = [p for p in observation.snapshot.pending_pods() if p.key in observation.unschedulable_since]
+        config = replace(self.planner, groups=(group.id,))
+        with metrics.PLAN_LATENCY.labels("scale-up").time():
+            plan = plan_scale_up(observation.snapshot, config, pods)
+        return _ScaleUpDecision(observation, config, pods, plan)
+
+    def _act(self, group: NodeGroupSpec, delta: int, request_key: str,
+             decision: "_ScaleUpDecision") -> Sequence[InstanceRecord]:
+        observation, config, plan = decision.observation, decision.config, decision.plan
+        metrics.PENDING_PODS.set(len(decision.pods))
+        self.controller.refusals.report_plan(plan)
+        rendered = render_scale_up(plan)
+        log.info("case 1: CA asked %s for %d node(s); plan:\n%s", group.id, delta, rendered)
+        trigger = f"cluster-autoscaler IncreaseSize {group.id} +{delta}"
+        if plan.is_empty and not self._covered(plan):
+            metrics.DECISIONS.labels(Case.SCALE_UP.value, "none").inc()
+            self.controller.journal.record(Case.SCALE_UP.value, trigger, "none", rendered)
+            raise ScaleUpRefused(_refusal(plan, group))
+        plan, unequipped = equip_new_nodes(observation.snapshot, plan, group, config)
+        if unequipped is not None:
+            rendered += f"\n  not added: {unequipped.message}"
+        self.controller.journal.record(Case.SCALE_UP.value, trigger,
+                                       "error" if unequipped and plan.is_empty else _outcome(plan, group), rendered)
+        if unequipped is None:
+            return self._execute(group, delta, plan, request_key, observation.snapshot)
+        # CA's units go first to the nodes the pool cannot equip (each one an OutOfResources instance: the part CA
+        # asked for that cannot be served), the rest to the plan. The plan's attaches are carried out either way:
+        # a unit of CA's that failed says "no node", not "no GPU for the pods a live node can take".
+        failing = delta if plan.is_empty else min(delta, unequipped.nodes)
+        records = self._out_of_resources(group, failing, unequipped, request_key)
+        if delta > failing:
+            records += self._execute(group, delta - failing, plan, request_key, observation.snapshot)
+        elif plan.attaches:
+            self._attach_without_instance(observation.snapshot, plan.attaches, key_prefix=records[0].id)
+        return records
 
     def _out_of_resources(self, group: NodeGroupSpec, count: int, unequipped: Unequipped,
                           request_key: str) -> list[InstanceRecord]:
@@ -219,6 +235,14 @@ class PlannerScaleUp:
 
     def _reconcile_gpu(self, group: NodeGroupSpec, records: list[InstanceRecord], observation: Observation,
                        now: float) -> None:
+        done: list[str] = []
+        try:
+            self._follow_gpu_instances(group, records, observation, now, done)
+        finally:
+            self.tracker.complete_all(done)
+
+    def _follow_gpu_instances(self, group: NodeGroupSpec, records: list[InstanceRecord], observation: Observation,
+                              now: float, done: list[str]) -> None:
         for record in records:
             work = self._work.get(record.id)
             if work is None:
@@ -235,7 +259,7 @@ class PlannerScaleUp:
             if missing:
                 self._after_failure(group, record, work, missing, observation, now)
                 continue
-            self.tracker.complete(record.id)
+            done.append(record.id)
             self._work.pop(record.id, None)
 
     def _adopt(self, record: InstanceRecord) -> _GpuInstanceWork:
@@ -255,7 +279,7 @@ class PlannerScaleUp:
         self._work[record.id] = work
         return work
 
-    # --- when attaches fail (see dds/controller/attach_failures.py for the rules) ---
+    # --- when attaches fail (see dds/planner/attach_failures.py for the rules) ---
     def _after_failure(self, group: NodeGroupSpec, record: InstanceRecord, work: _GpuInstanceWork,
                        missing: list[Attach], observation: Observation, now: float) -> None:
         error = work.failed[0].error or FabricError(ErrorCode.BACKEND, "attach failed")
@@ -319,8 +343,8 @@ class PlannerScaleUp:
                          records: list[InstanceRecord]) -> None:
         upcoming = self._still_coming(group, observation)
         # Nodes that are up no longer need an instance: complete the oldest beyond what is still coming.
-        for record in sorted(records, key=lambda r: r.created_at)[:max(0, len(records) - upcoming)]:
-            self.tracker.complete(record.id)
+        self.tracker.complete_all(r.id for r in sorted(records, key=lambda r: r.created_at)
+                                  [:max(0, len(records) - upcoming)])
         for record in records:
             if now - record.created_at > self.max_node_provision_seconds and self.tracker.get(record.id):
                 self._fail(record, ErrorCode.TIMEOUT,
@@ -402,27 +426,30 @@ class PlannerScaleDown:
             names.append(node.name)
         if not names:
             return
-        with self.controller.lock:
-            observation = self.controller.observer.observe()
-            plan = plan_scale_down(observation.snapshot, replace(self.planner, node_removal_enabled=True), names)
-            rendered = render_scale_down(plan)
-            log.info("case 3: CA asked to remove %s from %s; plan:\n%s", ", ".join(names), group.id, rendered)
-            removed = any(r.node in names for r in plan.removals)
-            self.controller.journal.record(Case.SCALE_DOWN.value,
-                                           f"cluster-autoscaler DeleteNodes {group.id}: {', '.join(names)}",
-                                           "node" if removed else "gpu", rendered)
-            for index, step in enumerate(d for d in plan.detaches if d.node in names):
-                self.controller.actions.detach(step, f"{request_key}/detach/{index}", Case.SCALE_DOWN)
-            for removal in plan.removals:
-                if removal.node in names:
-                    self.controller.request_removal(removal.node, group.id)
-                    metrics.DECISIONS.labels(Case.SCALE_DOWN.value, "node").inc()
-            for keep in plan.kept:
-                if keep.node in names:
-                    self._untaint(keep.node)
-                    metrics.DECISIONS.labels(Case.SCALE_DOWN.value, "gpu").inc()
-                    self.controller.events.emit(node_ref(keep.node), NORMAL, "KeptNode",
-                                                f"CA asked to remove it; only idle GPUs are released: {keep.reason}")
+        config = replace(self.planner, node_removal_enabled=True)
+        self.controller.decide_then_act(
+            lambda: plan_scale_down(self.controller.observer.observe().snapshot, config, names),
+            lambda plan: self._act(group, names, plan, request_key))
+
+    def _act(self, group: NodeGroupSpec, names: list[str], plan: ScaleDownPlan, request_key: str) -> None:
+        rendered = render_scale_down(plan)
+        log.info("case 3: CA asked to remove %s from %s; plan:\n%s", ", ".join(names), group.id, rendered)
+        removed = any(r.node in names for r in plan.removals)
+        self.controller.journal.record(Case.SCALE_DOWN.value,
+                                       f"cluster-autoscaler DeleteNodes {group.id}: {', '.join(names)}",
+                                       "node" if removed else "gpu", rendered)
+        for index, step in enumerate(d for d in plan.detaches if d.node in names):
+            self.controller.actions.detach(step, f"{request_key}/detach/{index}", Case.SCALE_DOWN)
+        for removal in plan.removals:
+            if removal.node in names:
+                self.controller.request_removal(removal.node, group.id)
+                metrics.DECISIONS.labels(Case.SCALE_DOWN.value, "node").inc()
+        for keep in plan.kept:
+            if keep.node in names:
+                self._untaint(keep.node)
+                metrics.DECISIONS.labels(Case.SCALE_DOWN.value, "gpu").inc()
+                self.controller.events.emit(node_ref(keep.node), NORMAL, "KeptNode",
+                                            f"CA asked to remove it; only idle GPUs are released: {keep.reason}")
 
     def _untaint(self, node_name: str) -> None:
         """CA tainted (and cordoned) the node it asked to delete; DDS keeps it, so both go."""

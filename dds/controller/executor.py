@@ -8,8 +8,9 @@ an operation that fails later is seen by `OperationWatcher`.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Collection, Optional
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -57,12 +58,25 @@ class Executor:
         self.events = events
         # Runs before every detach reaches the fabric (the controller's GPU label keeper: dds/controller/gpu_label.py).
         self.before_detach = before_detach
+        # Bumped by every change started (attach, detach, node added or removed): a decision taken on a snapshot
+        # older than the last change is taken again before it acts (Controller.decide_then_act).
+        self._generation = 0
+        self._generation_lock = threading.Lock()
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def _changing(self) -> None:
+        with self._generation_lock:
+            self._generation += 1
 
     def attach(self, step: Attach, key: str, case: Case) -> Operation:
         """Start an attach; raises FabricError when the fabric refuses the request outright."""
         request = AttachRequest(key=key, node=step.node, pool=step.pool, model=step.model, count=step.count,
                                 reason=step.reason)
         crashpoint("attach.before-fabric")
+        self._changing()
         try:
             operation = _fabric_call(self.fabric.attach)(request)
         except FabricError as exc:
@@ -81,6 +95,7 @@ class Executor:
         return operation
 
     def add_nodes(self, step: NewNodes, group: NodeGroupSpec, key: str, case: Case) -> None:
+        self._changing()
         self.provisioner.add_nodes(group, step.count, key)
         metrics.NODES_ADDED.labels(group.id).inc(step.count)
         message = (f"adding {step.count} node(s) to {group.id} for {', '.join(step.pods) or 'capacity'}: "
@@ -94,6 +109,7 @@ class Executor:
         request = DetachRequest(key=key, node=step.node, device_ids=step.device_ids, force=step.force,
                                 reason=step.reason)
         crashpoint("detach.before-fabric")
+        self._changing()
         if self.before_detach is not None:
             self.before_detach(step)
         try:
@@ -111,6 +127,7 @@ class Executor:
         return operation
 
     def remove_node(self, step: RemoveNode, group: NodeGroupSpec, key: str, case: Case) -> None:
+        self._changing()
         self.provisioner.remove_node(group, step.node, key)
         metrics.NODES_REMOVED.labels(group.id).inc()
         message = f"removing node {step.node} from {group.id}: {step.reason}"
@@ -153,9 +170,12 @@ class OperationWatcher:
     def in_flight(self) -> tuple[Operation, ...]:
         return tuple(w.operation for w in self._watched.values())
 
-    def poll(self) -> list[Operation]:
+    def poll(self, keys: Optional[Collection[str]] = None) -> list[Operation]:
+        """Ask the fabric about the operations followed (only those of `keys`, when given: a caller that knows which
+        ones can have ended spares the fabric the other reads); record and call back those that ended, in the order
+        they were started."""
         finished = []
-        for key, watched in list(self._watched.items()):
+        for key, watched in [(k, w) for k, w in self._watched.items() if keys is None or k in keys]:
             current = self.fabric.operation(key)
             if current is None:
                 # The backend forgot it (e.g. a restarted simulated manager without state): nothing more will happen.

@@ -25,7 +25,7 @@ from dds.planner.gangs import find_gangs, gang_of
 from dds.planner.plan import Attach, Case, Detach
 from dds.planner.requests import RequestCache
 from dds.planner.scale_down import gpu_usage
-from dds.planner.snapshot import Snapshot
+from dds.planner.snapshot import PodInfo, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,10 @@ class GangAttaches:
         self._timeout = timeout_seconds
         self._clock = clock
         self._gangs: dict[str, _GangWork] = {}
+        # Gangs not to plan in this pass: those the latest reconcile rolled back (the pass plans on a snapshot taken
+        # before their detaches started, in which their GPUs still look free), and those with a failed attach whose
+        # other attaches have not ended yet (a failure voids the whole set: it is rolled back, then planned whole).
+        self._held: set[str] = set()
 
     def started(self, snapshot: Snapshot, steps: Sequence[Attach], keys: Sequence[str]) -> None:
         """Remember the attaches (`keys[i]` started `steps[i]`) that were planned for members of a gang."""
@@ -59,6 +63,7 @@ class GangAttaches:
 
     def reconcile(self, snapshot: Snapshot) -> None:
         """Forget gangs that started; roll back those whose attaches failed or that outlived the timeout."""
+        self._held.clear()
         if not self._gangs:
             return
         now = self._clock()
@@ -73,16 +78,23 @@ class GangAttaches:
                 continue
             operations = [op for op in (self._fabric.operation(k) for k in work.operations) if op is not None]
             failed = [op for op in operations if op.state == OperationState.FAILED]
-            if failed:
+            if failed and not all(op.state.done for op in operations):
+                self._held.add(gang)  # rolled back once every attach has ended: GPUs on their way would sit idle
+            elif failed:
                 self._roll_back(snapshot, gang, work, f"the attach of {len(failed)} of its GPU set(s) failed "
                                                       f"({failed[0].error.message if failed[0].error else 'no reason'})")
             elif now - work.started_at > self._timeout and all(op.state.done for op in operations):
                 self._roll_back(snapshot, gang, work, f"it did not reach its {work.min_member} running pod(s) within "
                                                       f"{self._timeout:g}s of its GPUs being attached")
 
+    def not_held(self, pods: Sequence[PodInfo]) -> list[PodInfo]:
+        """`pods` without the members of gangs being rolled back (they are planned whole again after it)."""
+        return [p for p in pods if gang_of(p) not in self._held]
+
     def _roll_back(self, snapshot: Snapshot, gang: str, work: _GangWork, why: str) -> None:
         """Detach the gang's GPUs that no pod uses (in use ones stay: a member that did start keeps its GPUs)."""
         del self._gangs[gang]
+        self._held.add(gang)
         attached: dict[str, set[str]] = {}
         for key in work.operations:
             op = self._fabric.operation(key)

@@ -6,11 +6,16 @@ Two moments matter:
   allocatable, the device plugin drops a GPU, a removal before a crash was not finished);
 - before a detach that leaves the node without fabric GPUs, the label goes first, so CA never sees the node with its
   GPU label and 0 GPUs, even for one scan.
+
+The pass's reconcile runs outside the controller's lock (a first pass may write thousands of labels), so a detach can
+start between its snapshot and its write: a node detached from since `mark()` keeps its label off until a pass whose
+snapshot shows the detach.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 from dds.fabric.base import DeviceState, Fabric
 from dds.kube import ApiClient
@@ -27,8 +32,20 @@ class GpuLabelKeeper:
     def __init__(self, api: ApiClient, fabric: Fabric) -> None:
         self._api = api
         self._fabric = fabric
+        self._lock = threading.Lock()  # a label decision and its write are one step against before_detach
+        self._detaches = 0
+        self._detached_at: dict[str, int] = {}  # node -> the count of label-removing detaches when it was last one
 
-    def reconcile(self, snapshot: Snapshot) -> None:
+    def mark(self) -> int:
+        """Taken before the snapshot a reconcile will use."""
+        with self._lock:
+            return self._detaches
+
+    def reconcile(self, snapshot: Snapshot, since: int = -1) -> None:
+        """Make each DDS node's label agree with `snapshot`; never re-adds a label a detach started after `since` (a
+        `mark()`) removed. `since=-1` means the snapshot is current (taken under the controller's lock)."""
+        with self._lock:  # detaches this snapshot already shows need no guard any more
+            self._detached_at = {n: at for n, at in self._detached_at.items() if at > since}
         for node in snapshot.nodes:
             if node.group_id is None:
                 continue  # not DDS's node: its labels are someone else's
@@ -39,7 +56,10 @@ class GpuLabelKeeper:
                 continue
             why = (f"{node.allocatable.get(node.gpu_resource)} GPU(s) allocatable" if want
                    else "no GPU left that it can use")
-            self._set(node.name, want, why)
+            with self._lock:
+                if want and since >= 0 and self._detached_at.get(node.name, -1) > since:
+                    continue  # the snapshot predates a detach of its last GPUs: the next pass judges it
+                self._set(node.name, want, why)
 
     def before_detach(self, step: Detach) -> None:
         """Remove the label when this detach takes the node's last fabric GPU."""
@@ -47,7 +67,10 @@ class GpuLabelKeeper:
         staying = [d for d in self._fabric.devices(step.node)
                    if d.id not in leaving and d.state != DeviceState.DETACHING]
         if not staying:
-            self._set(step.node, None, f"its last GPU(s) {', '.join(step.device_ids)} are being detached")
+            with self._lock:
+                self._detaches += 1
+                self._detached_at[step.node] = self._detaches
+                self._set(step.node, None, f"its last GPU(s) {', '.join(step.device_ids)} are being detached")
 
     def _set(self, node_name: str, value: str | None, why: str) -> None:
         try:

@@ -6,6 +6,7 @@ direction).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
@@ -22,8 +23,14 @@ class NodeUsage:
 class IdleTracker:
     _gpus_idle_since: dict[str, float] = field(default_factory=dict)
     _empty_since: dict[str, float] = field(default_factory=dict)
+    # CA's calls and the loop observe concurrently (they decide outside the controller's lock).
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def observe(self, usages: Iterable[NodeUsage], now: float) -> None:
+        with self._lock:
+            self._observe(usages, now)
+
+    def _observe(self, usages: Iterable[NodeUsage], now: float) -> None:
         seen = set()
         for usage in usages:
             seen.add(usage.name)
@@ -48,7 +55,9 @@ class IdleTracker:
 
     def reset(self, node: str) -> None:
         """After acting on a node, idleness starts over (a detach that is still running must not be repeated)."""
-        self._gpus_idle_since.pop(node, None)
+        with self._lock:
+            self._gpus_idle_since.pop(node, None)
 
     def as_dict(self) -> Mapping[str, Mapping[str, float]]:
-        return {"gpus_idle_since": dict(self._gpus_idle_since), "empty_since": dict(self._empty_since)}
+        with self._lock:
+            return {"gpus_idle_since": dict(self._gpus_idle_since), "empty_since": dict(self._empty_since)}

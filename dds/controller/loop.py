@@ -7,6 +7,7 @@ Ownership, so DDS never races cluster-autoscaler (one owner per decision):
 | scale-up CA asked for (case 1)                                                             | CA's IncreaseSize -> planner                                            | `ca_requests.PlannerScaleUp`      |
 | pending pods that fit live nodes once GPUs are attached: the fast path (serves case 2 too) | this loop, after `pending_debounce` (2 s)                               | `_serve_pending_by_attach`        |
 | pending pods that need a new node                                                          | CA (IncreaseSize, case 1)                                               | `ca_requests.PlannerScaleUp`      |
+| pending pods with ResourceClaims that need a new node (CA's templates carry no DRA devices) | this loop, after `pending_debounce`                                     | `_add_nodes_for_claims`           |
 | CA's scale-up for pods whose GPUs are already on their way                                 | nobody: the plan is covered; CA's GPU instance ends with those attaches | `ca_requests.PlannerScaleUp`      |
 | warm headroom (idle GPUs a group keeps)                                                    | this loop                                                               | `_refill_headroom`, `_scale_down` |
 | node removal CA asked for (case 3)                                                         | CA's DeleteNodes -> planner                                             | `ca_requests.PlannerScaleDown`    |
@@ -24,7 +25,7 @@ import logging
 import threading
 import uuid
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence, TypeVar
 
 from dds import metrics
 from dds.controller.apply import Actions
@@ -34,22 +35,49 @@ from dds.controller.gpu_label import GpuLabelKeeper
 from dds.controller.journal import DecisionJournal
 from dds.controller.observe import ClusterObserver, Observation
 from dds.controller.orphans import OrphanFinder
+from dds.controller.pod_groups import PodGroupObserver
 from dds.controller.refusals import RefusalReporter
+from dds.controller.reservations import Reservations
 from dds.crashpoints import crashpoint
 from dds.fabric.base import Fabric, FabricError, OperationKind
 from dds.kube import ApiClient
 from dds.kube.convert import TAINT_TO_BE_DELETED
 from dds.kube.nodes import add_taint, label_node, remove_taint, work_on_node
+from dds.kube.podgroups import PodGroupReader
+from dds.kube.pods import ReservationWrites
 from dds.model.events import NORMAL, EventRecorder
 from dds.model.groups import TemplateMode
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
 from dds.planner.headroom import hungry_pools, plan_warm_refill
-from dds.planner.plan import Attach, Case, Detach, PlannerConfig, RemoveNode
+from dds.planner.snapshot import PodInfo
+from dds.planner.plan import Attach, Case, Detach, PlannerConfig, RemoveNode, ScaleDownPlan, ScaleUpPlan
+from dds.planner.reservations import ReservationConfig, keep_reserved
+from dds.controller.dra_binding import PoolModeBinder
+from dds.planner.dra import pods_needing_nodes
+from dds.planner.equip import equip_new_nodes
+from dds.planner.refusals import POOL_EMPTY
+from dds.planner.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
 REMOVAL_TAINT = "dds.cdi.dev/removing"
 ANN_INITIAL_GPUS_DONE = "dds.cdi.dev/initial-gpus-attached"
+
+
+_Decision = TypeVar("_Decision")
+_Result = TypeVar("_Result")
+
+
+@dataclass(frozen=True)
+class PassDecisions:
+    """What one pass of the loop plans, before it acts."""
+
+    pending: tuple[PodInfo, ...]  # unschedulable pods
+    waiting: tuple[PodInfo, ...]  # ...of which past the debounce: the fast path's
+    fast_path: Optional[ScaleUpPlan]  # None when no pod waits
+    headroom: tuple[Attach, ...]
+    scale_down: ScaleDownPlan
+    claim_nodes: Optional[ScaleUpPlan] = None  # new nodes for DRA pods no live node can take (docs/dra.md)
 
 
 @dataclass(frozen=True)
@@ -59,6 +87,8 @@ class LoopConfig:
     gang_start_timeout_seconds: float = 300.0  # see dds/controller/gang_attaches.py
     planner: PlannerConfig = PlannerConfig()
     orphan_timeout_seconds: float = 600.0  # settings.orphan_attach_timeout_seconds; see dds/controller/orphans.py
+    reservations: ReservationConfig = ReservationConfig(enabled=False)  # see dds/controller/reservations.py
+    dra_pool_mode: bool = False  # DRA pool mode: publish pool slots, attach for allocated ones (dds/controller/dra_binding.py)
 
 
 class Controller:
@@ -66,7 +96,8 @@ class Controller:
                  api: ApiClient, events: EventRecorder, config: LoopConfig,
                  clock: Callable[[], float], is_leader: Callable[[], bool] = lambda: True,
                  journal: Optional[DecisionJournal] = None) -> None:
-        self.observer = observer
+        # Gangs (coscheduling PodGroups, Workloads) are filled into every snapshot, the loop's and CA's RPCs' alike.
+        self.observer = PodGroupObserver(observer, PodGroupReader(api))
         self.executor = executor
         self.watcher = watcher
         self.fabric = fabric
@@ -90,6 +121,8 @@ class Controller:
         executor.before_detach = self.gpu_labels.before_detach
         self.refusals = RefusalReporter(events)  # pods DDS cannot help: one Event per pod and reason
         self.gangs = GangAttaches(self.actions, fabric, events, config.gang_start_timeout_seconds, clock)
+        self.reservations = Reservations(ReservationWrites(api), self.actions, events, self.journal, config.reservations)
+        self.pool_binder = PoolModeBinder(api, fabric, self.actions) if config.dra_pool_mode else None
 
     @property
     def lock(self) -> threading.RLock:
@@ -128,26 +161,86 @@ class Controller:
             self._stop.wait(self.config.interval_seconds)
 
     # --- one pass ---
+    def decide_then_act(self, decide: Callable[[], _Decision], act: Callable[[_Decision], _Result]) -> _Result:
+        """Decide without the lock, act under it. Deciding (observe and plan) is most of a pass, so the loop and CA's
+        calls do not wait for each other's planning; a decision taken on a snapshot older than a change started since
+        (any attach, detach, node added or removed: `Executor.generation`) is taken again under the lock, on a fresh
+        snapshot, so no two decisions ever count on the same free GPU or miss each other's capacity."""
+        generation = self.executor.generation
+        decision = decide()
+        with self._lock:
+            if self.executor.generation != generation:
+                decision = decide()
+            return act(decision)
+
     def run_once(self) -> Observation:
-        with self._lock, metrics.LOOP_LATENCY.time():
-            tick = getattr(self.fabric, "tick", None)
-            if callable(tick):
-                tick()
-            self.watcher.poll()
-            observation = self.observer.observe()
-            for listener in self.listeners:
-                listener(observation)
+        with metrics.LOOP_LATENCY.time():
+            with self._lock:
+                tick = getattr(self.fabric, "tick", None)
+                if callable(tick):
+                    tick()
+                self.watcher.poll()
             self._record_pools()
-            self.gpu_labels.reconcile(observation.snapshot)
-            self.gangs.reconcile(observation.snapshot)
-            self._resume_removals(observation)
-            self._attach_initial_gpus(observation)
-            hungry = self._hungry_pools(observation)  # no warm headroom is kept or refilled from these
-            if not self._serve_pending_by_attach(observation):
-                self._refill_headroom(observation, hungry)  # the pool as observed is current only if nothing attached
-            self._scale_down(observation, hungry)
-            self._reclaim_orphans(observation)
+            generation, labels_mark = self.executor.generation, self.gpu_labels.mark()
+            observation = self.observer.observe()
+            # The GPU label is bookkeeping for CA, not a decision: thousands of label writes on a first pass must not
+            # hold CA's IncreaseSize behind the lock.
+            self.gpu_labels.reconcile(observation.snapshot, since=labels_mark)
+            decisions = self._decide(observation)
+            with self._lock:
+                for listener in self.listeners:
+                    listener(observation)
+                self.gangs.reconcile(observation.snapshot)
+                self.reservations.reconcile(observation.snapshot)  # before the fast path: its GPUs go first
+                self._resume_removals(observation)
+                self._attach_initial_gpus(observation)
+                if self.executor.generation != generation:  # something started since the snapshot: decide on it
+                    observation = self.observer.observe()
+                    decisions = self._decide(observation)
+                self._act(observation, decisions)
+                if self.pool_binder is not None:
+                    self.pool_binder.reconcile(observation.snapshot)
+                self._reclaim_orphans(observation)
             return observation
+
+    def _decide(self, observation: Observation) -> "PassDecisions":
+        """Everything this pass would do, planned on one snapshot (no I/O, no lock)."""
+        snapshot = observation.snapshot
+        pending = [p for p in snapshot.pending_pods() if p.key in observation.unschedulable_since]
+        debounce = self.config.pending_debounce_seconds
+        waiting = [p for p in pending if observation.unschedulable_since[p.key] + debounce <= snapshot.now]
+        # Gangs being rolled back are planned whole once that is done; reserved pods get GPUs by their reservation.
+        waiting = self.reservations.not_reserved(self.gangs.not_held(waiting))
+        fast_path = None
+        if waiting:
+            with metrics.PLAN_LATENCY.labels("scale-up").time():
+                fast_path = plan_scale_up(snapshot, replace(self.config.planner, allow_new_nodes=False), waiting)
+        hungry = hungry_pools(snapshot, pending)  # no warm headroom is kept or refilled from these
+        # Headroom counts on the pool as observed, which is current only if the fast path attaches nothing.
+        headroom = () if fast_path is not None and fast_path.attaches else tuple(
+            plan_warm_refill(snapshot, self.config.planner, hungry))
+        with metrics.PLAN_LATENCY.labels("scale-down").time():
+            scale_down = plan_scale_down(snapshot, replace(self.config.planner, node_removal_enabled=True),
+                                         hungry_pools=hungry)
+        scale_down = keep_reserved(scale_down, self.reservations.nodes)  # their idle GPUs are being gathered
+        return PassDecisions(pending=tuple(pending), waiting=tuple(waiting), fast_path=fast_path,
+                             headroom=headroom, scale_down=scale_down,
+                             claim_nodes=self._plan_nodes_for_claims(snapshot, waiting, fast_path))
+
+    def _plan_nodes_for_claims(self, snapshot: Snapshot, waiting: Sequence[PodInfo],
+                               fast_path: Optional[ScaleUpPlan]) -> Optional[ScaleUpPlan]:
+        """Pods with ResourceClaims that no live node takes even with GPUs attached: CA cannot serve them (its
+        externalgrpc templates carry no ResourceSlices, so no template satisfies a claim), so this loop adds the
+        nodes. Planned with every pod waiting, so nodes already on their way are counted, and only for the claims'
+        pods."""
+        pods = pods_needing_nodes(fast_path, waiting) if fast_path is not None else ()
+        return plan_scale_up(snapshot, self.config.planner, pods) if pods else None
+
+    def _act(self, observation: Observation, decisions: "PassDecisions") -> None:
+        if not self._serve_pending_by_attach(observation, decisions):
+            self._refill_headroom(decisions.headroom)
+        self._add_nodes_for_claims(observation, decisions.claim_nodes)
+        self._scale_down(observation, decisions.scale_down)
 
     def _record_pools(self) -> None:
         for pool in self.fabric.pools():
@@ -155,6 +248,27 @@ class Controller:
                 free = pool.free.get(model, 0)
                 metrics.POOL_DEVICES.labels(pool.name, model, "free").set(free)
                 metrics.POOL_DEVICES.labels(pool.name, model, "used").set(total - free)
+
+    # --- new nodes for DRA pods (CA cannot see what a DRA group's new node would offer) ---
+    def _add_nodes_for_claims(self, observation: Observation, plan: Optional[ScaleUpPlan]) -> None:
+        if plan is None or not plan.new_nodes:
+            return
+        snapshot = observation.snapshot
+        for step in plan.new_nodes:
+            group = snapshot.group(step.group)
+            if group is None:
+                continue
+            equipped, unequipped = equip_new_nodes(snapshot, replace(plan, new_nodes=(step,), attaches=()), group,
+                                                   self.config.planner)
+            if unequipped is not None:
+                for pod in unequipped.pods:
+                    self.refusals.tell(pod, POOL_EMPTY, f"no node added: {unequipped.message}")
+            for kept in equipped.new_nodes:
+                rendered = render_scale_up(replace(plan, new_nodes=(kept,), attaches=()))
+                self.journal.record(Case.SCALE_UP.value, "control loop: pods with ResourceClaims need a new node "
+                                    "(cluster-autoscaler's templates carry no DRA devices)", "node", rendered)
+                metrics.DECISIONS.labels(Case.SCALE_UP.value, "node").inc()
+                self.executor.add_nodes(kept, group, key=f"claims/{uuid.uuid4().hex[:8]}", case=Case.SCALE_UP)
 
     # --- new nodes get the GPUs their group composes at creation ---
     def _attach_initial_gpus(self, observation: Observation) -> None:
@@ -178,28 +292,24 @@ class Controller:
             label_node(self._api, node.name, {ANN_INITIAL_GPUS_DONE: "true"})
 
     # --- the fast path (and case 2): pending pods that fit on live nodes once GPUs are attached ---
-    def _serve_pending_by_attach(self, observation: Observation) -> bool:
+    def _serve_pending_by_attach(self, observation: Observation, decisions: "PassDecisions") -> bool:
         """Attach GPUs for pods unschedulable for `pending_debounce_seconds` that fit a live node once the GPUs are
         there; pods that need a new node stay CA's. Returns whether anything was attached."""
         snapshot = observation.snapshot
-        debounce = self.config.pending_debounce_seconds
-        pending = [p for p in snapshot.pending_pods() if p.key in observation.unschedulable_since]
-        waiting = [p for p in pending if observation.unschedulable_since[p.key] + debounce <= snapshot.now]
         metrics.PENDING_PODS.set(len(snapshot.pending_pods()))
-        self.refusals.forget_all_but(p.key for p in pending)
-        self.refusals.report_without_planning(snapshot, pending)
-        if not waiting:
+        self.refusals.forget_all_but(p.key for p in decisions.pending)
+        self.refusals.report_without_planning(snapshot, list(decisions.pending))
+        plan = decisions.fast_path
+        if plan is None:
             return False
-        config = replace(self.config.planner, allow_new_nodes=False)
-        with metrics.PLAN_LATENCY.labels("scale-up").time():
-            plan = plan_scale_up(snapshot, config, waiting)
         self.refusals.report_plan(plan, nodes_allowed=False)
         if not plan.attaches:
             return False
         rendered = render_scale_up(plan)
-        log.info("fast path: %d pending pod(s) unschedulable for %.0fs or more; plan:\n%s", len(waiting), debounce,
-                 rendered)
-        self.journal.record(Case.FAST_PATH.value, f"control loop: {len(waiting)} pending pod(s) fit live nodes once "
+        waiting = len(decisions.waiting)
+        log.info("fast path: %d pending pod(s) unschedulable for %.0fs or more; plan:\n%s", waiting,
+                 self.config.pending_debounce_seconds, rendered)
+        self.journal.record(Case.FAST_PATH.value, f"control loop: {waiting} pending pod(s) fit live nodes once "
                             "GPUs are attached", "gpu", rendered)
         metrics.DECISIONS.labels(Case.FAST_PATH.value, "gpu").inc()
         started = self.actions.attach_all(plan.attaches, f"fast-path/{uuid.uuid4().hex[:8]}", Case.FAST_PATH)
@@ -207,9 +317,7 @@ class Controller:
         return True
 
     # --- warm headroom: idle GPUs kept attached ahead of demand ---
-    def _refill_headroom(self, observation: Observation, hungry: frozenset[str]) -> None:
-        snapshot = observation.snapshot
-        attaches = plan_warm_refill(snapshot, self.config.planner, hungry)
+    def _refill_headroom(self, attaches: Sequence[Attach]) -> None:
         if not attaches:
             return
         log.info("warm headroom: %s", "; ".join(f"{a.count} x {a.model} to {a.node} ({a.reason})" for a in attaches))
@@ -219,17 +327,9 @@ class Controller:
         metrics.DECISIONS.labels(Case.WARM_HEADROOM.value, "gpu").inc()
         self.actions.attach_all(attaches, f"warm/{uuid.uuid4().hex[:8]}", Case.WARM_HEADROOM)
 
-    @staticmethod
-    def _hungry_pools(observation: Observation) -> frozenset[str]:
-        snapshot = observation.snapshot
-        return hungry_pools(snapshot, [p for p in snapshot.pending_pods() if p.key in observation.unschedulable_since])
-
     # --- cases 3/4 driven by idleness: idle GPUs everywhere, empty nodes of spec-fixed groups ---
-    def _scale_down(self, observation: Observation, hungry: frozenset[str]) -> None:
+    def _scale_down(self, observation: Observation, plan: ScaleDownPlan) -> None:
         snapshot = observation.snapshot
-        with metrics.PLAN_LATENCY.labels("scale-down").time():
-            plan = plan_scale_down(snapshot, replace(self.config.planner, node_removal_enabled=True),
-                                   hungry_pools=hungry)
         owned_removals = []
         for removal in plan.removals:
             group = snapshot.group(removal.group)

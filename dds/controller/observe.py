@@ -17,15 +17,21 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-from kubernetes import client
-
 from dds.controller.idle import IdleTracker, NodeUsage
 from dds.controller.devices import devices_by_node
 from dds.fabric.base import Fabric, OperationKind
-from dds.kube import capi, convert
+from dds.kube import ApiClient, capi
 from dds.kube.cache import ClusterCache
 from dds.kube.decode import NodeRecord, PodRecord
+from dds.kube.dra import DraReader
+from dds.kube.errors import ApiError
+from dds.kube.listing import list_node_records, list_pod_records
 from dds.model.groups import NodeGroupSpec
+from dds.planner.dra import lower_observed, mark_claimed
+from dds.model.resources import Resources
+# The planner owns kube-scheduler's request rule and remembers it per pod object: with the watch cache the same
+# PodInfo comes back every observe until the pod changes, so only changed pods are computed again.
+from dds.planner.requests import LASTING_REQUESTS
 from dds.planner.snapshot import NodeInfo, PodInfo, PoolInfo, Snapshot
 
 log = logging.getLogger(__name__)
@@ -63,25 +69,16 @@ def replicas_without_machine(machines: Sequence[MachineRef], replicas: Mapping[s
     return max(0, replicas.get(group_id, made) - made)
 
 
-def _gpu_requests(pod: PodInfo, resource: str) -> int:
-    # The planner owns kube-scheduler's request rule, and remembers it per pod object: with the watch cache the same
-    # PodInfo comes back every observe until the pod changes, so only changed pods are computed again.
-    from dds.planner.state import LASTING_REQUESTS
-
-    return LASTING_REQUESTS.get(pod).get(resource)
-
-
-def _is_work(pod: PodInfo) -> bool:
-    return pod.owner_kind not in ("DaemonSet", "Node")
+# Pods that are not work: a node holding only these is empty (CA's rule too).
+_NOT_WORK = ("DaemonSet", "Node")
 
 
 class ClusterObserver:
-    def __init__(self, api: client.ApiClient, fabric: Fabric, groups: Callable[[], Sequence[NodeGroupSpec]],
+    def __init__(self, api: ApiClient, fabric: Fabric, groups: Callable[[], Sequence[NodeGroupSpec]],
                  clock: Callable[[], float], idle: IdleTracker, gpu_model_label: str,
                  machineset_namespaces: Sequence[str] = (), cache: Optional[ClusterCache] = None) -> None:
-        self._core = client.CoreV1Api(api)
+        self._api = api
         self.cache = cache
-        self._custom = client.CustomObjectsApi(api)
         self._fabric = fabric
         self._groups = groups
         self._clock = clock
@@ -89,18 +86,25 @@ class ClusterObserver:
         self._gpu_model_label = gpu_model_label
         self._namespaces = tuple(machineset_namespaces)
         self._capi = capi.CapiObjects(api)
+        self._dra = DraReader(api, cache)
+        # The Machines as references, kept until the cache's Machines change (thousands of them, rarely changing).
+        self._machine_refs: Optional[tuple[Any, tuple[MachineRef, ...]]] = None
 
     # --- Machines: the Cluster API link from a Node to its MachineSet (= node group) ---
     def machines(self) -> tuple[MachineRef, ...]:
         cached = self.cache.machines if self.cache is not None else None
         if cached is not None and cached.synced:
-            return machine_refs(cached.values())
+            generation = cached.generation  # read first: a change after it only makes the next call build again
+            memo = self._machine_refs
+            if memo is None or memo[0] != generation:
+                memo = self._machine_refs = (generation, machine_refs(cached.values()))
+            return memo[1]
         try:
             items = self._capi.list(capi.MACHINES, self._namespaces)
         except capi.CapiNotInstalled:
             return ()  # no Cluster API: no node belongs to a MachineSet group
-        except client.ApiException as exc:
-            if exc.status == 404:  # the version in use stopped being served (Cluster API upgraded)
+        except ApiError as exc:
+            if exc.not_found:  # the version in use stopped being served (Cluster API upgraded)
                 self._capi.forget_version()
             raise
         return machine_refs(items)
@@ -120,12 +124,12 @@ class ClusterObserver:
     def pod_records(self) -> Sequence[PodRecord]:
         if self.cache is not None and self.cache.pods.synced:
             return self.cache.pods.values()
-        return tuple(_pod_record(p) for p in self._core.list_pod_for_all_namespaces().items)
+        return list_pod_records(self._api)
 
     def node_records(self) -> Sequence[NodeRecord]:
         if self.cache is not None and self.cache.nodes.synced:
             return self.cache.nodes.values()
-        return tuple(_node_record(n) for n in self._core.list_node().items)
+        return list_node_records(self._api)
 
     # --- the snapshot ---
     def observe(self) -> Observation:
@@ -139,6 +143,10 @@ class ClusterObserver:
 
         records = [r for r in self.pod_records() if not r.terminal]
         pods = tuple(r.info for r in records)
+        # ResourceClaims become the GPU requests they amount to before anything counts GPU use (docs/dra.md).
+        dra = self._dra.read()
+        pods = lower_observed(pods, dra, groups, {m for p in self._fabric.pools() for m in p.total},
+                              self._gpu_model_label)
         unschedulable = {r.info.key: r.unschedulable_since for r in records
                          if r.info.node_name is None and r.unschedulable_since is not None}
 
@@ -150,12 +158,23 @@ class ClusterObserver:
                 online = sum(1 for dev in online_by_node.get(op.node, ()) if dev.id in op.devices)
                 attaching_by_node[op.node] = attaching_by_node.get(op.node, 0) + max(0, op.requested - online)
 
-        nodes = []
+        seen = []
         usages = []
+        # One walk over every pod (tens of thousands): where it runs, the requests of those naming extended resources
+        # (GPUs among them; most pods name none), and which nodes hold work.
         pods_by_node: dict[str, list[PodInfo]] = {}
+        extended: dict[str, list[Resources]] = {}
+        working: set[str] = set()
+        lasting = LASTING_REQUESTS.get
         for pod in pods:
-            if pod.node_name:
-                pods_by_node.setdefault(pod.node_name, []).append(pod)
+            node_name = pod.node_name
+            if node_name:
+                pods_by_node.setdefault(node_name, []).append(pod)
+                requests = lasting(pod)
+                if requests.scalar:
+                    extended.setdefault(node_name, []).append(requests)
+                if pod.owner_kind not in _NOT_WORK:
+                    working.add(node_name)
         groups_by_id = {g.id: g for g in groups}
         for raw in self.node_records():
             name = raw.name
@@ -166,21 +185,24 @@ class ClusterObserver:
             group = groups_by_id.get(group_id) if group_id is not None else None
             gpu_resource = group.gpu_resource if group else "nvidia.com/gpu"
             devices = tuple(sorted(online_by_node.get(name, ()), key=lambda d: (d.attached_at, d.id)))
-            bound = pods_by_node.get(name, [])
             if group is not None:
                 usages.append(NodeUsage(name=name, fabric_gpus=len(devices),
-                                        used_gpus=sum(_gpu_requests(p, gpu_resource) for p in bound),
-                                        has_work=any(_is_work(p) for p in bound)))
-            nodes.append(NodeInfo(
-                name=name, provider_id=provider_id, group_id=group_id, labels=raw.labels,
-                taints=raw.taints, unschedulable=raw.unschedulable,
-                ready=raw.ready, allocatable=raw.allocatable, gpu_resource=gpu_resource,
-                devices=devices, attaching=attaching_by_node.get(name, 0),
-                detaching=tuple(detaching_by_node.get(name, ())),
-                created_at=raw.created_at,
-                being_deleted=raw.marked_for_deletion or name in deleting_nodes))
+                                        used_gpus=sum(r.get(gpu_resource) for r in extended.get(name, ())),
+                                        has_work=name in working))
+            seen.append((raw, group_id, gpu_resource, devices))
         self.idle.observe(usages, now)
-        nodes = [_with_idle(n, self.idle) for n in nodes]
+        idle = self.idle
+        nodes = [NodeInfo(
+            name=raw.name, provider_id=raw.provider_id, group_id=group_id, labels=raw.labels,
+            taints=raw.taints, unschedulable=raw.unschedulable,
+            ready=raw.ready, allocatable=raw.allocatable, gpu_resource=gpu_resource,
+            devices=devices, attaching=attaching_by_node.get(raw.name, 0),
+            detaching=tuple(detaching_by_node.get(raw.name, ())),
+            created_at=raw.created_at,
+            being_deleted=raw.marked_for_deletion or raw.name in deleting_nodes,
+            gpus_idle_since=idle.gpus_idle_since(raw.name) if group_id is not None else None,
+            empty_since=idle.empty_since(raw.name) if group_id is not None else None)
+            for raw, group_id, gpu_resource, devices in seen]
 
         # A Machine whose node is not Ready yet is still capacity to come (CA counts such nodes as upcoming too).
         registered = {n.name for n in nodes if n.ready}
@@ -194,17 +216,10 @@ class ClusterObserver:
             if missing:
                 upcoming[group_id] = upcoming.get(group_id, 0) + missing
         pools = tuple(PoolInfo(p.name, dict(p.free)) for p in self._fabric.pools())
-        snapshot = Snapshot(now=now, nodes=tuple(nodes), pods=pods, groups=groups, pools=pools,
-                            upcoming_nodes=upcoming, gpu_model_label=self._gpu_model_label)
+        snapshot = mark_claimed(Snapshot(now=now, nodes=tuple(nodes), pods=pods, groups=groups, pools=pools,
+                                         upcoming_nodes=upcoming, gpu_model_label=self._gpu_model_label, dra=dra))
+        snapshot.index_pods(pods_by_node)
         return Observation(snapshot=snapshot, unschedulable_since=unschedulable, machines=machines, replicas=replicas)
-
-
-def _with_idle(node: NodeInfo, idle: IdleTracker) -> NodeInfo:
-    if node.group_id is None:
-        return node
-    from dataclasses import replace
-
-    return replace(node, gpus_idle_since=idle.gpus_idle_since(node.name), empty_since=idle.empty_since(node.name))
 
 
 def machine_refs(items: Iterable[Mapping[str, Any]]) -> tuple[MachineRef, ...]:
@@ -230,20 +245,3 @@ def replicas_by_group(items: Iterable[Mapping[str, Any]]) -> dict[str, int]:
             out[f"MachineSet/{capi.namespace_of(item)}/{capi.name_of(item)}"] = replicas
     return out
 
-
-def _pod_record(pod: Any) -> PodRecord:
-    """A kubernetes.client V1Pod as the record the cache keeps (the LIST path)."""
-    return PodRecord(info=convert.pod_info(pod), terminal=convert.pod_is_terminal(pod),
-                     unschedulable_since=convert.pod_unschedulable_since(pod),
-                     resource_version=pod.metadata.resource_version or "")
-
-
-def _node_record(node: Any) -> NodeRecord:
-    """A kubernetes.client V1Node as the record the cache keeps (the LIST path)."""
-    meta = node.metadata
-    return NodeRecord(
-        name=meta.name, provider_id=node.spec.provider_id or "", labels=convert.labels_of(node),
-        taints=convert.node_taints(node), unschedulable=bool(node.spec.unschedulable), ready=convert.node_ready(node),
-        allocatable=convert.node_allocatable(node),
-        created_at=meta.creation_timestamp.timestamp() if meta.creation_timestamp else 0.0,
-        marked_for_deletion=convert.node_marked_for_deletion(node), resource_version=meta.resource_version or "")

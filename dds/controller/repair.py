@@ -17,6 +17,9 @@ of a DaemonSet's GPU before a removal, say) was made so on purpose. Nodes being 
 A detach or attach that fails is tried again with the same backoff as a scale-up's attaches (2, 4, 8 ... 30 s).
 Attempt counts and GPUs owed live in memory: a restarted DDS retries sooner, and no longer replaces GPUs that failed
 before it started (their failure is not seen again once they are detached).
+
+Which nodes are short, and by how many GPUs, is the planner's (dds/planner/shortfalls.py); this module keeps the counts
+and starts the detaches and attaches through the controller's `Actions`.
 """
 
 from __future__ import annotations
@@ -27,52 +30,18 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from dds import metrics
-from dds.controller.attach_failures import retry_delay
-from dds.controller.executor import Executor, OperationWatcher, node_ref
+from dds.controller.apply import Actions
+from dds.controller.executor import node_ref
 from dds.controller.observe import Observation
 from dds.fabric.base import DeviceState, Fabric, FabricDevice, FabricError, Operation, OperationState
 from dds.model.events import WARNING, EventRecorder
+from dds.planner.attach_failures import retry_delay
 from dds.planner.plan import Attach, Case, Detach
-from dds.planner.requests import effective_requests
-from dds.planner.snapshot import NodeInfo, Snapshot
+from dds.planner.shortfalls import Restore, gpu_shortfalls
 
 log = logging.getLogger(__name__)
 
 DEVICE_FAILED = "DeviceFailed"  # the code label of dds_fabric_errors_total for a device that failed while attached
-_REMOVAL_TAINTS = ("dds.cdi.dev/removing", "ToBeDeletedByClusterAutoscaler")  # DDS's and CA's, on nodes going away
-
-
-@dataclass(frozen=True)
-class Restore:
-    """Attach `count` GPUs to `node`: its bound pods ask for `requested`, it has `have` (online or attaching)."""
-
-    node: str
-    pool: str
-    model: str
-    count: int
-    requested: int
-    have: int
-
-
-def gpu_shortfalls(snapshot: Snapshot) -> list[Restore]:
-    """Live, Ready nodes of DDS's groups whose bound pods request more GPUs than the node has (pure)."""
-    out = []
-    for node in snapshot.nodes:
-        group = snapshot.group(node.group_id) if node.group_id else None
-        if group is None or not node.ready or _going_away(node):
-            continue
-        requested = sum(effective_requests(p).get(node.gpu_resource) for p in snapshot.pods_on(node.name))
-        have = len(node.devices) + node.attaching
-        model = node.devices[0].model if node.devices else group.default_gpu_model
-        if requested > have and model:
-            room = max(0, group.max_gpus_per_node - have - len(node.detaching))
-            if room:
-                out.append(Restore(node.name, group.fabric_pool, model, min(requested - have, room), requested, have))
-    return out
-
-
-def _going_away(node: NodeInfo) -> bool:
-    return node.being_deleted or any(t.key in _REMOVAL_TAINTS for t in node.taints)
 
 
 @dataclass
@@ -86,8 +55,7 @@ class DeviceRepair:
     """A controller listener (`controller.listeners.append(repair.run)`); see the module docstring."""
 
     fabric: Fabric
-    executor: Executor
-    watcher: OperationWatcher
+    actions: Actions  # the controller's: every detach and attach here is started and followed like the others
     events: EventRecorder
     clock: Callable[[], float]
     _tries: dict[str, _Tries] = field(default_factory=dict)  # "device/<id>" or "node/<name>" -> attempts
@@ -133,10 +101,7 @@ class DeviceRepair:
         self._next(tries, now)
         step = Detach(node=device.node or "", device_ids=(device.id,), force=True,
                       reason=f"GPU {device.id} failed while attached")
-        operation = self.executor.detach(step, key=f"repair/{device.id}/{tries.attempts}/{uuid.uuid4().hex[:6]}",
-                                         case=Case.REPAIR)
-        if operation is not None:
-            self.watcher.watch(operation)
+        self.actions.detach(step, f"repair/{device.id}/{tries.attempts}/{uuid.uuid4().hex[:6]}", Case.REPAIR)
 
     def _restore(self, restore: Restore, now: float) -> None:
         tries = self._due(f"node/{restore.node}", now)
@@ -147,11 +112,10 @@ class DeviceRepair:
                       reason=f"pods bound to {restore.node} ask for {restore.requested} GPU(s) and it has "
                              f"{restore.have} (a GPU failed or went missing): replacing {restore.count}")
         try:
-            operation = self.executor.attach(step, key=f"restore/{restore.node}/{uuid.uuid4().hex[:8]}",
-                                             case=Case.REPAIR)
+            self.actions.attach(step, f"restore/{restore.node}/{uuid.uuid4().hex[:8]}", Case.REPAIR,
+                                on_done=lambda op: self._restored(restore.node, op))
         except FabricError:
             return  # counted and told by the executor; tried again after the backoff
-        self.watcher.watch(operation, on_done=lambda op: self._restored(restore.node, op))
 
     def _restored(self, node: str, operation: Operation) -> None:
         owed = self._owed.get(node, 0) - len(operation.devices)

@@ -13,6 +13,11 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Mapping, Optional, Protocol, runtime_checkable
 
+from dds.model.fabric_errors import ErrorCode  # the backends' codes; the planner reads them too
+
+__all__ = ["AttachRequest", "DetachRequest", "DeviceState", "ErrorCode", "Fabric", "FabricDevice", "FabricError",
+           "Operation", "OperationKind", "OperationState", "PoolState", "ResumableFabric"]
+
 
 class OperationKind(str, Enum):
     ATTACH = "attach"
@@ -28,20 +33,6 @@ class OperationState(str, Enum):
     @property
     def done(self) -> bool:
         return self in (OperationState.SUCCEEDED, OperationState.FAILED)
-
-
-class ErrorCode(str, Enum):
-    OUT_OF_RESOURCES = "OutOfResources"  # the pool has too few free devices of the model
-    SLOTS_FULL = "SlotsFull"  # the node has no free slot
-    DEVICE_IN_USE = "DeviceInUse"  # detach refused: the device is in use and force was not set
-    TIMEOUT = "Timeout"
-    NOT_FOUND = "NotFound"  # unknown node, device, pool or operation
-    INVALID = "Invalid"  # a request the backend can never accept
-    BACKEND = "BackendError"  # anything else the backend reported; usually transient
-
-    @property
-    def retryable(self) -> bool:
-        return self in (ErrorCode.TIMEOUT, ErrorCode.BACKEND)
 
 
 class FabricError(Exception):

@@ -36,27 +36,24 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Optional, Sequence
 
-from kubernetes import client
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
-
 from dds.config import ComposabilitySettings, PoolSpec
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, FabricDevice, FabricError, Operation,
                              OperationKind, OperationState, PoolState)
+from dds.kube import ApiClient
+from dds.kube.composability import GROUP, REQUESTS, RESOURCES, VERSION, ComposabilityObjects, ObjectCache
+from dds.kube.errors import ApiError
+
+__all__ = ["GROUP", "VERSION", "REQUESTS", "RESOURCES", "ComposabilityRequestFabric", "request_name"]
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-GROUP = "cro.hpsys.ibm.ie.com"
-VERSION = "v1alpha1"
-REQUESTS = "composabilityrequests"
-RESOURCES = "composableresources"
 ANN_OPERATIONS = "dds.cdi.dev/operations"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_NODE = "dds.cdi.dev/node"
 MANAGER = "dds"
 MAX_RECORDED_OPERATIONS = 32
 _CONFLICT_ATTEMPTS = 5
-_TRANSIENT_STATUS = {429, 500, 502, 503, 504}
 _MAX_NAME = 253
 
 # ComposableResource status.state -> device state
@@ -74,16 +71,6 @@ def request_name(prefix: str, node: str, resource_type: str, model: str) -> str:
     return f"{name[:_MAX_NAME - 11].rstrip('-.')}-{digest}"
 
 
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, client.ApiException):
-        return exc.status in _TRANSIENT_STATUS
-    return isinstance(exc, (ConnectionError, TimeoutError, OSError))
-
-
-_api_call = retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(4),
-                  wait=wait_exponential(multiplier=0.1, max=2.0), reraise=True)
-
-
 @dataclass(frozen=True)
 class _View:
     """One read of the operator's objects."""
@@ -95,10 +82,11 @@ class _View:
 class ComposabilityRequestFabric:
     """A `Fabric` on the CDI operator's ComposabilityRequest API; see the module docstring."""
 
-    def __init__(self, api: client.ApiClient, settings: ComposabilitySettings, pools: Sequence[PoolSpec], *,
-                 clock: Clock, name: str = "composability-request") -> None:
+    def __init__(self, api: ApiClient, settings: ComposabilitySettings, pools: Sequence[PoolSpec], *,
+                 clock: Clock, name: str = "composability-request", cache: Optional[ObjectCache] = None) -> None:
+        """`cache`: the operator's objects watched (`ClusterCache.composability`); without it each query lists them."""
         self.name = name
-        self._objects = client.CustomObjectsApi(api)
+        self._objects = ComposabilityObjects(api, cache)
         self._settings = settings
         self._type = settings.resource_type
         self._clock = clock
@@ -266,19 +254,15 @@ class ComposabilityRequestFabric:
                         "spec": {"resource": {"type": self._type, "model": model, "size": max(0, delta),
                                               "allocation_policy": "samenode", "target_node": node,
                                               "force_detach": False}}}
-                _api_call(self._objects.create_cluster_custom_object)(GROUP, VERSION, REQUESTS, body)
-                return True
+                return self._objects.create_request(body)
             body = json.loads(json.dumps(existing))
             body["spec"]["resource"]["size"] = max(0, int(body["spec"]["resource"].get("size", 0)) + delta)
             annotations = body["metadata"].setdefault("annotations", {}) or {}
             annotations[ANN_OPERATIONS] = json.dumps(_bounded([*_records(existing).values(), record]))
             body["metadata"]["annotations"] = annotations
-            # replace (PUT) carries metadata.resourceVersion: 409 when the operator or another writer came first.
-            _api_call(self._objects.replace_cluster_custom_object)(GROUP, VERSION, REQUESTS, name, body)
-            return True
-        except client.ApiException as exc:
-            if exc.status == 409:
-                return False
+            # replace (PUT) carries metadata.resourceVersion: a conflict when the operator or another writer came first.
+            return self._objects.replace_request(name, body)
+        except ApiError as exc:
             raise _api_error(f"write ComposabilityRequest {name}", exc) from exc
 
     def _remember_result(self, request: dict[str, Any], record: dict[str, Any]) -> None:
@@ -287,12 +271,15 @@ class ComposabilityRequestFabric:
         records = _records(request)
         records[record["key"]] = record
         body["metadata"]["annotations"][ANN_OPERATIONS] = json.dumps(_bounded(list(records.values())))
+        # Not stored now (a conflict, or an error): the outcome is recomputed (identically) on the next read and
+        # stored then.
         try:
-            _api_call(self._objects.replace_cluster_custom_object)(GROUP, VERSION, REQUESTS,
-                                                                   request["metadata"]["name"], body)
-        except client.ApiException as exc:
-            # Not stored now: the outcome is recomputed (identically) on the next read and stored then.
+            stored = self._objects.replace_request(request["metadata"]["name"], body)
+        except ApiError as exc:
             log.debug("could not record the outcome of %s: %s", record["key"], exc.status)
+            return
+        if not stored:
+            log.debug("could not record the outcome of %s: 409", record["key"])
 
     # --- reading ---
     def _operation_from(self, record: dict[str, Any], request: Optional[dict[str, Any]]) -> Operation:
@@ -314,29 +301,25 @@ class ComposabilityRequestFabric:
 
     def _get_request(self, name: str) -> Optional[dict[str, Any]]:
         try:
-            return _api_call(self._objects.get_cluster_custom_object)(GROUP, VERSION, REQUESTS, name)
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return None
+            return self._objects.get_request(name)
+        except ApiError as exc:
             raise _api_error(f"read ComposabilityRequest {name}", exc) from exc
 
     def _our_requests(self) -> list[dict[str, Any]]:
         try:
-            listed = _api_call(self._objects.list_cluster_custom_object)(
-                GROUP, VERSION, REQUESTS, label_selector=f"{LABEL_MANAGED_BY}={MANAGER}")
-        except client.ApiException as exc:
+            return self._objects.list_requests(label_selector=f"{LABEL_MANAGED_BY}={MANAGER}")
+        except ApiError as exc:
             raise _api_error("list ComposabilityRequests", exc) from exc
-        return list(listed.get("items", []))
 
     def _view(self) -> _View:
         try:
-            requests = _api_call(self._objects.list_cluster_custom_object)(GROUP, VERSION, REQUESTS)
-            resources = _api_call(self._objects.list_cluster_custom_object)(GROUP, VERSION, RESOURCES)
-        except client.ApiException as exc:
+            requests = self._objects.list_requests()
+            resources = self._objects.list_resources()
+        except ApiError as exc:
             raise _api_error("list the operator's objects", exc) from exc
-        return _View({r["metadata"]["name"]: r for r in requests.get("items", [])
+        return _View({r["metadata"]["name"]: r for r in requests
                       if r.get("spec", {}).get("resource", {}).get("type") == self._type},
-                     {r["metadata"]["name"]: r for r in resources.get("items", [])
+                     {r["metadata"]["name"]: r for r in resources
                       if r.get("spec", {}).get("type") == self._type})
 
 
@@ -428,6 +411,6 @@ def _done(state: OperationState, devices: list[str], code: Optional[ErrorCode] =
     return {"state": state.value, "devices": devices, "error_code": code.value if code else None, "error": error}
 
 
-def _api_error(what: str, exc: client.ApiException) -> FabricError:
-    code = ErrorCode.NOT_FOUND if exc.status == 404 else ErrorCode.BACKEND
+def _api_error(what: str, exc: ApiError) -> FabricError:
+    code = ErrorCode.NOT_FOUND if exc.not_found else ErrorCode.BACKEND
     return FabricError(code, f"{what}: {exc.status} {exc.reason}")

@@ -15,8 +15,6 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional
 
-from kubernetes import client
-
 from dds.config import FabricBackend, Settings
 from dds.fabric.base import Fabric
 from dds.fabric.composability import ComposabilityRequestFabric
@@ -24,14 +22,18 @@ from dds.fabric.redfish import RedfishFabric
 from dds.fabric.simulated import SimulatedFabric, VisibilityHook
 from dds.fabric.state import FabricStateStore, InMemoryFabricStateStore
 from dds.fabric.state_configmap import ConfigMapFabricStateStore
+from dds.kube import ApiClient
+from dds.kube.composability import ObjectCache
 
 log = logging.getLogger(__name__)
 
 REDFISH_LOG_SUFFIX = "-redfish"
 
 
-def build_fabric(settings: Settings, *, clock: Callable[[], float], api_client: Optional[client.ApiClient] = None,
-                 on_node_devices_changed: Optional[VisibilityHook] = None) -> Fabric:
+def build_fabric(settings: Settings, *, clock: Callable[[], float], api_client: Optional[ApiClient] = None,
+                 on_node_devices_changed: Optional[VisibilityHook] = None,
+                 cache: Optional[ObjectCache] = None) -> Fabric:
+    """`cache`: the fabric's own custom objects as the watch cache holds them (composability-request only)."""
     backend = settings.fabric
     if backend == FabricBackend.SIMULATED:
         store = _store(settings, api_client, settings.simulated_fabric.state_configmap)
@@ -43,14 +45,14 @@ def build_fabric(settings: Settings, *, clock: Callable[[], float], api_client: 
         if on_node_devices_changed is not None:
             log.info("fabric composability-request: the CDI operator makes devices visible on nodes itself")
         return ComposabilityRequestFabric(api_client, settings.composability, settings.simulated_fabric.pools,
-                                          clock=clock)
+                                          clock=clock, cache=cache)
     if backend == FabricBackend.REDFISH:
         store = _store(settings, api_client, settings.simulated_fabric.state_configmap + REDFISH_LOG_SUFFIX)
         return RedfishFabric(settings.redfish, clock=clock, store=store, pools=settings.simulated_fabric.pools)
     raise ValueError(f"fabric: unknown backend {backend!r}")
 
 
-def _store(settings: Settings, api_client: Optional[client.ApiClient], name: str) -> FabricStateStore:
+def _store(settings: Settings, api_client: Optional[ApiClient], name: str) -> FabricStateStore:
     if api_client is None:
         log.warning("fabric %s: no cluster, so its state is kept in memory and lost on restart", settings.fabric.value)
         return InMemoryFabricStateStore()

@@ -5,11 +5,10 @@ here (never silently reset: that would forget attached devices)."""
 
 from __future__ import annotations
 
-from kubernetes import client
-
+from dds.kube import ApiClient
 from dds.kube.configmap import ConfigMapDocument
 
 
 class ConfigMapFabricStateStore(ConfigMapDocument):
-    def __init__(self, api: client.ApiClient, namespace: str, name: str, component: str = "dds-fabric") -> None:
+    def __init__(self, api: ApiClient, namespace: str, name: str, component: str = "dds-fabric") -> None:
         super().__init__(api, namespace, name, component)

@@ -15,6 +15,8 @@ known to have missed events. A relist after a broken connection (not only after 
 restart may come back with etcd compacted, and a relist is the only way to notice deletions missed in between.
 
 Writes never go through the cache: they carry a resourceVersion precondition or re-read the one object they change.
+What a write answers can be `assume`d into the cache (client-go's MutationCache does the same), so a decision taken
+right after DDS's own write never reads the state before it while the watch event is still on its way.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class Reflector(Generic[T]):
         self._items: dict[str, T] = {}
         self._values: Optional[tuple[T, ...]] = None  # items as a tuple, kept until the next change
         self._resource_version = ""
+        self._assumed: dict[str, int] = {}  # key -> resourceVersion of DDS's own write the watch has not shown yet
         self._synced = threading.Event()
         self.generation = 0  # bumped on every change: readers may keep derived data until it moves
         self.stats = ReflectorStats()
@@ -117,6 +120,24 @@ class Reflector(Generic[T]):
     @property
     def resource_version(self) -> str:
         return self._resource_version
+
+    def assume(self, obj: Obj) -> None:
+        """Keep the object a write of DDS's just answered until the watch shows that write (or a later change). Events
+        older than it are not applied to that key meanwhile: they would bring back the state before the write.
+        resourceVersions are compared as numbers, which etcd-backed apiservers give; an object whose version is not a
+        number is not assumed (the watch brings it, as without this)."""
+        version = _version_number(decode.resource_version(obj))
+        if version is None:
+            return
+        key, value = decode.object_key(obj), self.resource.decode(obj)
+        with self._lock:
+            seen = _version_number(self._resource_version)
+            if seen is not None and version <= seen:
+                return  # the watch has passed it: the store holds this write or something newer
+            self._items[key] = value
+            self._assumed[key] = version
+            self._values = None
+            self.generation += 1
 
     # --- the loop ---
     def run(self, stop: threading.Event) -> None:
@@ -176,7 +197,13 @@ class Reflector(Generic[T]):
             continue_token = meta.get("continue") or ""
             if not continue_token:
                 break
+        listed = _version_number(version)
         with self._lock:
+            for key, assumed in list(self._assumed.items()):  # a write newer than the list stays visible
+                if listed is not None and assumed <= listed:
+                    del self._assumed[key]
+                elif key in self._items:
+                    items[key] = self._items[key]
             self._items = items
             self._values = None
             self._resource_version = version
@@ -219,6 +246,13 @@ class Reflector(Generic[T]):
         key = decode.object_key(obj)
         value = self.resource.decode(obj) if kind in ("ADDED", "MODIFIED") else None
         with self._lock:
+            assumed = self._assumed.pop(key, None)
+            if assumed is not None and kind != "DELETED":
+                number = _version_number(version)
+                if number is not None and number < assumed:
+                    self._assumed[key] = assumed
+                    self._resource_version = version or self._resource_version
+                    return  # older than DDS's own write to it, which the store already shows
             if kind == "DELETED":
                 self._items.pop(key, None)
             elif value is not None:
@@ -256,6 +290,13 @@ class Reflector(Generic[T]):
         return response
 
 
+def _version_number(version: str) -> Optional[int]:
+    try:
+        return int(version)
+    except ValueError:
+        return None
+
+
 def _lines(response: Any) -> Iterator[bytes]:
     """The newline-delimited JSON events of a watch response, as they arrive."""
     pending = b""
@@ -277,6 +318,18 @@ def pods() -> Resource[decode.PodRecord]:
 
 def nodes() -> Resource[decode.NodeRecord]:
     return Resource("nodes", "/api/v1/nodes", decode.node_record)
+
+
+DRA_API = "/apis/resource.k8s.io/v1"
+
+
+def dra_resources() -> dict[str, Resource[Any]]:
+    """Dynamic Resource Allocation objects the planner reads (dds/planner/dra.py), by collection name."""
+    return {"resourceclaims": Resource("resourceclaims", f"{DRA_API}/resourceclaims", decode.resource_claim),
+            "resourceclaimtemplates": Resource("resourceclaimtemplates", f"{DRA_API}/resourceclaimtemplates",
+                                               decode.resource_claim_template),
+            "resourceslices": Resource("resourceslices", f"{DRA_API}/resourceslices", decode.resource_slice),
+            "deviceclasses": Resource("deviceclasses", f"{DRA_API}/deviceclasses", decode.device_class)}
 
 
 def custom_objects(group: str, version: str, plural: str, namespaces: Sequence[str] = ()) -> list[Resource[Obj]]:
@@ -309,6 +362,13 @@ class Collection(Generic[T]):
     def generation(self) -> tuple[int, ...]:
         return tuple(r.generation for r in self.reflectors)
 
+    def assume(self, obj: Obj) -> None:
+        """`Reflector.assume` on the reflector that watches the object's namespace (every one when unsure)."""
+        namespace = (obj.get("metadata") or {}).get("namespace")
+        for reflector in self.reflectors:
+            if len(self.reflectors) == 1 or reflector.resource.path.split("/namespaces/")[-1].split("/")[0] == namespace:
+                reflector.assume(obj)
+
 
 @dataclass
 class ClusterCache:
@@ -318,12 +378,18 @@ class ClusterCache:
     nodes: Collection[decode.NodeRecord]
     machines: Optional[Collection[Obj]] = None  # None: Cluster API not served when the cache started
     machinesets: Optional[Collection[Obj]] = None
+    # resource.k8s.io/v1 collections by name (dra_resources), present when the apiserver serves that API.
+    dra: Optional[dict[str, Collection[Any]]] = None
+    # The CDI operator's ComposabilityRequests and ComposableResources by plural, when that fabric backend is in use.
+    composability: Optional[dict[str, Collection[Obj]]] = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
     @classmethod
     def for_cluster(cls, api: client.ApiClient, *, capi_version: Optional[str], machineset_namespaces: Sequence[str] = (),
+                    dra: bool = False, composability: Sequence[tuple[str, str, str]] = (),
                     **options: Any) -> "ClusterCache":
+        """`composability`: (group, version, plural) of cluster-scoped fabric objects to watch."""
         """`capi_version`: the served cluster.x-k8s.io version, or None when Cluster API is not installed."""
         from dds.kube.machinesets import CAPI_GROUP
 
@@ -334,10 +400,22 @@ class ClusterCache:
         if capi_version is not None:
             machines = collection(custom_objects(CAPI_GROUP, capi_version, "machines", machineset_namespaces))
             machinesets = collection(custom_objects(CAPI_GROUP, capi_version, "machinesets", machineset_namespaces))
-        return cls(pods=collection([pods()]), nodes=collection([nodes()]), machines=machines, machinesets=machinesets)
+        dra_collections = {name: collection([r]) for name, r in dra_resources().items()} if dra else None
+        fabric = {plural: collection(custom_objects(group, version, plural))
+                  for group, version, plural in composability} or None
+        return cls(pods=collection([pods()]), nodes=collection([nodes()]), machines=machines, machinesets=machinesets,
+                   dra=dra_collections, composability=fabric)
+
+    def assume(self, obj: Mapping[str, Any]) -> None:
+        """A Machine or MachineSet a write of DDS's answered, read back at once (`Reflector.assume`)."""
+        collection = {"Machine": self.machines, "MachineSet": self.machinesets}.get(str(obj.get("kind")))
+        if collection is not None:
+            collection.assume(dict(obj))
 
     def collections(self) -> tuple[Collection[Any], ...]:
-        return tuple(c for c in (self.pods, self.nodes, self.machines, self.machinesets) if c is not None)
+        extra = tuple(self.dra.values()) if self.dra else ()
+        extra += tuple(self.composability.values()) if self.composability else ()
+        return tuple(c for c in (self.pods, self.nodes, self.machines, self.machinesets) if c is not None) + extra
 
     def reflectors(self) -> tuple[Reflector[Any], ...]:
         return tuple(r for c in self.collections() for r in c.reflectors)
@@ -376,7 +454,8 @@ class ClusterCache:
             thread.join(timeout)
 
 
-def cluster_cache(api: client.ApiClient, machineset_namespaces: Sequence[str] = (), **options: Any) -> ClusterCache:
+def cluster_cache(api: client.ApiClient, machineset_namespaces: Sequence[str] = (),
+                  composability: Sequence[tuple[str, str, str]] = (), **options: Any) -> ClusterCache:
     """A ClusterCache for this cluster, Machines and MachineSets included when Cluster API is served now."""
     from dds.kube.capi import CapiNotInstalled, CapiObjects
 
@@ -388,7 +467,18 @@ def cluster_cache(api: client.ApiClient, machineset_namespaces: Sequence[str] = 
         log.warning("cannot tell which Cluster API version is served (%s): Machines and MachineSets are listed per "
                     "decision instead of watched", exc)
         version = None
-    return ClusterCache.for_cluster(api, capi_version=version, machineset_namespaces=machineset_namespaces, **options)
+    return ClusterCache.for_cluster(api, capi_version=version, machineset_namespaces=machineset_namespaces,
+                                    dra=dra_served(api), composability=composability, **options)
+
+
+def dra_served(api: client.ApiClient) -> bool:
+    """Whether the apiserver serves resource.k8s.io/v1 (GA since 1.34): only then are its collections watched."""
+    try:
+        groups = client.ApisApi(api).get_api_versions().groups or ()
+    except Exception as exc:  # unreachable now: DRA objects are listed per decision instead of watched
+        log.warning("cannot tell whether resource.k8s.io/v1 is served (%s): DRA objects are listed per decision", exc)
+        return False
+    return any(g.name == "resource.k8s.io" and any(v.version == "v1" for v in g.versions or ()) for g in groups)
 
 
 class CachedMachineSetLister:

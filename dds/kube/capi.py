@@ -3,8 +3,8 @@
 `CapiObjects` is the thin I/O edge: list, get, create, patch and delete through the custom-objects API, on the served
 version (v1beta2 preferred, v1beta1 accepted; discovered once and kept). Status is written through the status
 subresource, as Cluster API's own CRDs define it; a CRD without one gets the status in the main object instead.
-API errors are raised as they come (`kubernetes.client.ApiException`, urllib3 errors): the callers know what a 404 or a
-409 means for them.
+API errors are raised as `dds.kube.errors.ApiError` (connection errors as they come): the callers know what a 404 or
+a 409 means for them.
 
 The functions below it read the fields both versions share, without I/O.
 """
@@ -14,10 +14,11 @@ from __future__ import annotations
 import hashlib
 import logging
 from datetime import datetime
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from kubernetes import client
 
+from dds.kube.errors import ApiError, api_errors
 from dds.model.groups import ANN_CAPI_DELETE_MACHINE
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,10 @@ class CapiNotInstalled(Exception):
 
 class CapiObjects:
     def __init__(self, api: client.ApiClient, *, request_timeout_seconds: float = 10.0,
-                 preferred_version: Optional[str] = None) -> None:
+                 preferred_version: Optional[str] = None, on_written: Optional[Callable[[Obj], None]] = None) -> None:
         self._custom = client.CustomObjectsApi(api)
+        # Told every object a patch answered (the watch cache's `assume`: decisions read DDS's own writes at once).
+        self._on_written = on_written
         self._timeout = request_timeout_seconds
         self._version: Optional[str] = None
         self._preferred = preferred_version
@@ -80,7 +83,7 @@ class CapiObjects:
             except client.ApiException as exc:
                 if exc.status == 404:
                     continue
-                raise
+                raise ApiError.of(exc) from exc
             self._version = version
             log.debug("writing Cluster API objects as %s/%s", CAPI_GROUP, version)
             return version
@@ -98,28 +101,38 @@ class CapiObjects:
     def list(self, plural: str, namespaces: Sequence[str] = ()) -> list[Obj]:
         """Objects in `namespaces`, or in every namespace when none are given."""
         version = self.version(namespaces[0] if namespaces else None)
-        if not namespaces:
-            return list(self._custom.list_cluster_custom_object(
-                CAPI_GROUP, version, plural, _request_timeout=self._timeout).get("items", []))
-        items: list[Obj] = []
-        for namespace in namespaces:
-            items += self._custom.list_namespaced_custom_object(
-                CAPI_GROUP, version, namespace, plural, _request_timeout=self._timeout).get("items", [])
+        with api_errors():
+            if not namespaces:
+                return list(self._custom.list_cluster_custom_object(
+                    CAPI_GROUP, version, plural, _request_timeout=self._timeout).get("items", []))
+            items: list[Obj] = []
+            for namespace in namespaces:
+                items += self._custom.list_namespaced_custom_object(
+                    CAPI_GROUP, version, namespace, plural, _request_timeout=self._timeout).get("items", [])
         return items
 
     def get(self, plural: str, namespace: str, name: str) -> Obj:
-        return self._custom.get_namespaced_custom_object(CAPI_GROUP, self.version(namespace), namespace, plural, name,
-                                                         _request_timeout=self._timeout)
+        version = self.version(namespace)
+        with api_errors():
+            return self._custom.get_namespaced_custom_object(CAPI_GROUP, version, namespace, plural, name,
+                                                             _request_timeout=self._timeout)
 
     # --- writes ---
     def create(self, plural: str, namespace: str, body: Obj) -> Obj:
-        return self._custom.create_namespaced_custom_object(CAPI_GROUP, self.version(namespace), namespace, plural,
-                                                            body, _request_timeout=self._timeout)
+        version = self.version(namespace)
+        with api_errors():
+            return self._custom.create_namespaced_custom_object(CAPI_GROUP, version, namespace, plural, body,
+                                                                _request_timeout=self._timeout)
 
     def patch(self, plural: str, namespace: str, name: str, body: Obj) -> Obj:
         """A JSON merge patch; put metadata.resourceVersion in `body` to make it conditional (409 when stale)."""
-        return self._custom.patch_namespaced_custom_object(CAPI_GROUP, self.version(namespace), namespace, plural,
-                                                           name, body, _request_timeout=self._timeout)
+        version = self.version(namespace)
+        with api_errors():
+            written = self._custom.patch_namespaced_custom_object(CAPI_GROUP, version, namespace, plural, name, body,
+                                                                  _request_timeout=self._timeout)
+        if self._on_written is not None and isinstance(written, dict):
+            self._on_written(written)
+        return written
 
     def patch_status(self, plural: str, namespace: str, name: str, status: Obj) -> Obj:
         body = {"status": status}
@@ -129,7 +142,7 @@ class CapiObjects:
                     CAPI_GROUP, self.version(namespace), namespace, plural, name, body, _request_timeout=self._timeout)
             except client.ApiException as exc:
                 if exc.status != 404:
-                    raise
+                    raise ApiError.of(exc) from exc
                 self.get(plural, namespace, name)  # raises 404 when the object itself is gone
                 log.info("%s.%s has no status subresource: writing status in the object", plural, CAPI_GROUP)
                 self._no_status_subresource.add(plural)
@@ -137,13 +150,14 @@ class CapiObjects:
 
     def delete(self, plural: str, namespace: str, name: str) -> bool:
         """Delete; False when it was already gone."""
+        version = self.version(namespace)
         try:
-            self._custom.delete_namespaced_custom_object(CAPI_GROUP, self.version(namespace), namespace, plural, name,
+            self._custom.delete_namespaced_custom_object(CAPI_GROUP, version, namespace, plural, name,
                                                          _request_timeout=self._timeout)
         except client.ApiException as exc:
             if exc.status == 404:
                 return False
-            raise
+            raise ApiError.of(exc) from exc
         return True
 
 

@@ -10,8 +10,9 @@ from typing import Any, Iterable, Mapping, Optional
 
 from dds.model.groups import Taint
 from dds.model.resources import Resources
+from dds.planner.dra_records import PodClaimRef
 from dds.planner.snapshot import (ContainerRequests, HostPort, LabelSelector, NodeSelectorTerm, PodAffinityTerm,
-                                  PodInfo, SelectorRequirement, Toleration)
+                                  PodInfo, SelectorRequirement, Toleration, WorkloadRef)
 
 TAINT_TO_BE_DELETED = "ToBeDeletedByClusterAutoscaler"
 ANN_SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
@@ -97,9 +98,26 @@ def _unsupported(spec: Any) -> list[str]:
     for volume in spec.volumes or ():
         if volume.persistent_volume_claim is not None:
             reasons.append(f"persistentVolumeClaim volume {volume.name!r} (volume topology is not simulated)")
-    if getattr(spec, "resource_claims", None):
-        reasons.append("dynamic resource allocation claims")
     return reasons
+
+
+def pod_claims(pod: Any) -> tuple[PodClaimRef, ...]:
+    """spec.resourceClaims, each with the claim generated for its template (status.resourceClaimStatuses)."""
+    statuses = getattr(pod.status, "resource_claim_statuses", None) if pod.status else None
+    generated = {s.name: s.resource_claim_name for s in statuses or ()}
+    return tuple(PodClaimRef(c.name or "", getattr(c, "resource_claim_name", None) or None,
+                             getattr(c, "resource_claim_template_name", None) or None, generated.get(c.name) or None)
+                 for c in getattr(pod.spec, "resource_claims", None) or ())
+
+
+def _workload_ref(spec: Any) -> Optional[WorkloadRef]:
+    # `spec.workloadRef` exists in the 1.35 API only: client releases made for later APIs drop it when they build the
+    # model (they know `schedulingGroup` instead), so this LIST path sees it only with a client that models it. The
+    # watch cache reads the raw JSON (dds/kube/decode.py) and always sees it.
+    ref = getattr(spec, "workload_ref", None)
+    if ref is None or not getattr(ref, "name", None):
+        return None
+    return WorkloadRef(ref.name, getattr(ref, "pod_group", None) or "", getattr(ref, "pod_group_replica_key", None) or "")
 
 
 def pod_info(pod: Any) -> PodInfo:
@@ -145,6 +163,8 @@ def pod_info(pod: Any) -> PodInfo:
         created_at=_ts(meta.creation_timestamp),
         unsupported=tuple(unsupported),
         not_movable_reason=_not_movable_reason(pod, owner_kind),
+        workload_ref=_workload_ref(spec),
+        resource_claims=pod_claims(pod),
     )
 
 

@@ -17,8 +17,11 @@ from typing import Any, Iterable, Mapping, Optional
 from dds.kube.convert import ANN_MIRROR, ANN_SAFE_TO_EVICT, HOSTNAME_TOPOLOGY, TAINT_TO_BE_DELETED
 from dds.model.groups import Taint
 from dds.model.resources import Resources
+from dds.model.quantity import to_int
+from dds.planner.dra_records import (EXACT_COUNT, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraDevice,
+                                     PodClaimRef, ResourceClaimInfo, ResourceClaimTemplateInfo, ResourceSliceInfo)
 from dds.planner.snapshot import (ContainerRequests, HostPort, LabelSelector, NodeSelectorTerm, PodAffinityTerm,
-                                  PodInfo, SelectorRequirement, Toleration)
+                                  PodInfo, SelectorRequirement, Toleration, WorkloadRef)
 
 Obj = Mapping[str, Any]
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -170,9 +173,23 @@ def _unsupported(spec: Obj) -> list[str]:
     for volume in spec.get("volumes") or ():
         if volume.get("persistentVolumeClaim") is not None:
             reasons.append(f"persistentVolumeClaim volume {volume.get('name')!r} (volume topology is not simulated)")
-    if spec.get("resourceClaims"):
-        reasons.append("dynamic resource allocation claims")
     return reasons
+
+
+def pod_claims(pod: Obj) -> tuple[PodClaimRef, ...]:
+    """spec.resourceClaims, each with the claim generated for its template (status.resourceClaimStatuses)."""
+    generated = {s.get("name"): s.get("resourceClaimName")
+                 for s in (pod.get("status") or _EMPTY).get("resourceClaimStatuses") or ()}
+    return tuple(PodClaimRef(c.get("name") or "", c.get("resourceClaimName") or None,
+                             c.get("resourceClaimTemplateName") or None, generated.get(c.get("name")) or None)
+                 for c in (pod.get("spec") or _EMPTY).get("resourceClaims") or ())
+
+
+def _workload_ref(spec: Obj) -> Optional[WorkloadRef]:
+    ref = spec.get("workloadRef")
+    if not ref or not ref.get("name"):
+        return None
+    return WorkloadRef(ref["name"], ref.get("podGroup") or "", ref.get("podGroupReplicaKey") or "")
 
 
 def pod_info(pod: Obj) -> PodInfo:
@@ -212,6 +229,8 @@ def pod_info(pod: Obj) -> PodInfo:
         created_at=timestamp(meta.get("creationTimestamp")),
         unsupported=tuple(unsupported),
         not_movable_reason=_not_movable_reason(meta, spec, owner_kind),
+        workload_ref=_workload_ref(spec),
+        resource_claims=pod_claims(pod),
     )
 
 
@@ -262,3 +281,101 @@ def lean_object(obj: Obj) -> dict[str, Any]:
                                if k != "kubectl.kubernetes.io/last-applied-configuration"}
     out["metadata"] = meta
     return out
+
+
+# --- Dynamic Resource Allocation (resource.k8s.io/v1) ---
+
+def _qualified(name: str, driver: str) -> str:
+    # A name without a domain belongs to the driver's domain (resource.k8s.io/v1 Device.attributes).
+    return name if "/" in name else f"{driver}/{name}"
+
+
+def _attribute(value: Obj) -> Any:
+    for kind in ("string", "int", "bool", "version"):
+        if kind in value:
+            return value[kind]
+    return None
+
+
+def dra_device(device: Obj, driver: str, pool: str) -> DraDevice:
+    attributes = {_qualified(k, driver): _attribute(v or _EMPTY) for k, v in (device.get("attributes") or {}).items()}
+    capacity = {_qualified(k, driver): to_int((v or _EMPTY).get("value") or 0)
+                for k, v in (device.get("capacity") or {}).items()}
+    return DraDevice(name=device.get("name") or "", driver=driver, pool=pool,
+                     attributes=MappingProxyType({k: v for k, v in attributes.items() if v is not None}),
+                     capacity=MappingProxyType(capacity), binds_to_node=bool(device.get("bindsToNode")),
+                     binding_conditions=tuple(device.get("bindingConditions") or ()),
+                     binding_failure_conditions=tuple(device.get("bindingFailureConditions") or ()))
+
+
+def resource_slice(obj: Obj) -> ResourceSliceInfo:
+    spec = obj.get("spec") or _EMPTY
+    driver, pool = spec.get("driver") or "", spec.get("pool") or _EMPTY
+    pool_name = pool.get("name") or ""
+    return ResourceSliceInfo(name=_meta(obj).get("name") or "", driver=driver, pool=pool_name,
+                             pool_generation=int(pool.get("generation") or 0), node_name=spec.get("nodeName") or None,
+                             devices=tuple(dra_device(d, driver, pool_name) for d in spec.get("devices") or ()))
+
+
+def _selectors(items: Optional[Iterable[Obj]]) -> tuple[str, ...]:
+    return tuple((s.get("cel") or _EMPTY).get("expression") or "" for s in items or () if s.get("cel"))
+
+
+def device_class(obj: Obj) -> DeviceClassInfo:
+    return DeviceClassInfo(_meta(obj).get("name") or "", _selectors((obj.get("spec") or _EMPTY).get("selectors")))
+
+
+def device_requests(spec: Obj) -> tuple[DeviceRequestInfo, ...]:
+    out = []
+    for request in ((spec.get("devices") or _EMPTY).get("requests") or ()):
+        exactly = request.get("exactly")
+        if exactly is None:
+            out.append(DeviceRequestInfo(request.get("name") or "", first_available=bool(request.get("firstAvailable"))))
+            continue
+        out.append(DeviceRequestInfo(request.get("name") or "", exactly.get("deviceClassName") or "",
+                                     _selectors(exactly.get("selectors")), exactly.get("allocationMode") or EXACT_COUNT,
+                                     int(exactly.get("count") or 1)))
+    return tuple(out)
+
+
+def resource_claim(obj: Obj) -> ResourceClaimInfo:
+    meta, spec, status = _meta(obj), obj.get("spec") or _EMPTY, obj.get("status") or _EMPTY
+    allocation = status.get("allocation")
+    allocated = None if allocation is None else tuple(
+        AllocatedDeviceInfo(r.get("request") or "", r.get("driver") or "", r.get("pool") or "", r.get("device") or "")
+        for r in (allocation.get("devices") or _EMPTY).get("results") or ())
+    annotations = meta.get("annotations") or _EMPTY
+    return ResourceClaimInfo(namespace=meta.get("namespace") or "default", name=meta.get("name") or "",
+                             requests=device_requests(spec), allocated=allocated,
+                             reserved_for=tuple(r.get("name") or "" for r in status.get("reservedFor") or ()
+                                                if r.get("resource") == "pods"),
+                             constraints=len((spec.get("devices") or _EMPTY).get("constraints") or ()),
+                             uid=meta.get("uid") or "",
+                             allocated_at=(allocation or _EMPTY).get("allocationTimestamp") or "",
+                             allocated_node=_allocated_node(allocation),
+                             true_conditions=MappingProxyType({
+                                 d.get("device") or "": tuple(c.get("type") or "" for c in d.get("conditions") or ()
+                                                              if c.get("status") == "True")
+                                 for d in status.get("devices") or ()}),
+                             fabric_devices=tuple(x for x in (annotations.get(ANN_FABRIC_DEVICES) or "").split(",") if x))
+
+
+ANN_FABRIC_DEVICES = "dds.cdi.dev/fabric-devices"  # on a claim: the fabric devices DDS attached for it (pool mode)
+
+
+def _allocated_node(allocation: Optional[Obj]) -> Optional[str]:
+    """The node of an allocation restricted to one (matchFields metadata.name In [node]), as kube-scheduler writes it
+    for node-local devices and devices that bind to a node."""
+    for term in ((allocation or _EMPTY).get("nodeSelector") or _EMPTY).get("nodeSelectorTerms") or ():
+        for field in term.get("matchFields") or ():
+            values = field.get("values") or ()
+            if field.get("key") == "metadata.name" and field.get("operator") == "In" and len(values) == 1:
+                return values[0]
+    return None
+
+
+def resource_claim_template(obj: Obj) -> ResourceClaimTemplateInfo:
+    meta, spec = _meta(obj), ((obj.get("spec") or _EMPTY).get("spec") or _EMPTY)
+    return ResourceClaimTemplateInfo(namespace=meta.get("namespace") or "default", name=meta.get("name") or "",
+                                     requests=device_requests(spec),
+                                     constraints=len((spec.get("devices") or _EMPTY).get("constraints") or ()))

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional, Sequence
 from kubernetes import client
 
 from dds.kube.capi import CAPI_GROUP, MACHINESETS, CapiNotInstalled, CapiObjects
+from dds.kube.errors import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,8 @@ class MachineSetLister:
         except CapiNotInstalled:
             log.debug("Cluster API is not installed (no %s served): no MachineSet node groups", PLURAL)
             return []
-        except client.ApiException as exc:
-            if exc.status == 404:
+        except ApiError as exc:
+            if exc.not_found:
                 # The version we used disappeared (Cluster API upgraded): discover again on the next call.
                 self._capi.forget_version()
                 raise MachineSetReadError(f"{PLURAL}.{CAPI_GROUP}: the version in use is no longer served") from exc

@@ -13,11 +13,10 @@ on shutdown.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
-
-from kubernetes import client
+from typing import Any, Callable, Mapping, Optional
 
 from dds.config import NodeBackend, Settings
+from dds.kube import ApiClient
 from dds.nodes.base import NodeProvisioner
 from dds.nodes.kwok import KwokInfrastructure
 from dds.nodes.machineset import MachineSetProvisioner
@@ -30,15 +29,16 @@ class NodeBackendParts:
     infrastructure: Optional[KwokInfrastructure] = None
 
 
-def build_node_backend(settings: Settings, *, clock: Callable[[], float],
-                       api_client: Optional[client.ApiClient] = None) -> NodeBackendParts:
+def build_node_backend(settings: Settings, *, clock: Callable[[], float], api_client: Optional[ApiClient] = None,
+                       on_written: Optional[Callable[[Mapping[str, Any]], None]] = None) -> NodeBackendParts:
+    """`on_written`: told every Cluster API object DDS's writes answered (the watch cache's `assume`)."""
     backend = settings.node_backend
     if backend == NodeBackend.MEMORY:
         return NodeBackendParts(MemoryProvisioner(clock=clock))
     if api_client is None:
         raise ValueError(f"node_backend {backend.value} needs a cluster: pass --kubeconfig or --in-cluster "
                          f"(or node_backend memory without one)")
-    provisioner = MachineSetProvisioner(api_client, clock)
+    provisioner = MachineSetProvisioner(api_client, clock, on_written=on_written)
     if backend == NodeBackend.MACHINESET:
         return NodeBackendParts(provisioner)
     if backend == NodeBackend.KWOK:

@@ -1,5 +1,5 @@
 """Cluster API's MachineSet controller and an infrastructure provider, for kwok nodes: what makes MachineSet replicas
-real in tests and the demo, where there is no cloud (issue 4, "node backend kwok").
+real in tests and the demo, where there is no cloud (settings.node_backend kwok).
 
 For every MachineSet opted into DDS (`dds.cdi.dev/enabled: "true"`) in the watched namespaces, one pass:
 
@@ -36,11 +36,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from kubernetes import client
-
-from dds.kube import capi
+from dds.kube import ApiClient, capi
 from dds.kube.capi import MACHINES, MACHINESETS, CapiNotInstalled, CapiObjects
+from dds.kube.errors import ApiError
 from dds.kube.machinesets import machineset_from_object
+from dds.kube.nodes import NodeObjects
 from dds.model.groups import ANNOTATION_PREFIX, LABEL_ATTACHED_GPU, LABEL_NODE_GROUP, NodeGroupSpec
 from dds.nodes.errors import NodeBackendError, NodeBackendUnavailable
 from dds.groups.sources import group_input_from_machineset, opted_in, parse_group
@@ -226,19 +226,17 @@ def is_kwok_machine(machine: Mapping[str, Any]) -> bool:
 # --- the reconciler ---
 
 class KwokInfrastructure:
-    def __init__(self, api: client.ApiClient, clock: Callable[[], float], provisioning_delay_seconds: float,
+    def __init__(self, api: ApiClient, clock: Callable[[], float], provisioning_delay_seconds: float,
                  namespaces: Sequence[str] = (), *, gpu_label: str = DEFAULT_GPU_LABEL,
                  request_timeout_seconds: float = 10.0) -> None:
         if provisioning_delay_seconds < 0:
             raise ValueError(f"provisioning delay must be >= 0 seconds, got {provisioning_delay_seconds}")
-        self._api = api
-        self._core = client.CoreV1Api(api)
+        self._nodes = NodeObjects(api, request_timeout_seconds=request_timeout_seconds)
         self._capi = CapiObjects(api, request_timeout_seconds=request_timeout_seconds)
         self._clock = clock
         self.provisioning_delay_seconds = provisioning_delay_seconds
         self._namespaces = tuple(namespaces)
         self._gpu_label = gpu_label
-        self._timeout = request_timeout_seconds
         self._reported: set[str] = set()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -351,8 +349,8 @@ class KwokInfrastructure:
             taken.add(name)
             try:
                 machine = self._capi.create(MACHINES, namespace, build_machine(machineset, name, self._clock()))
-            except client.ApiException as exc:
-                if exc.status != 409:
+            except ApiError as exc:
+                if not exc.conflict:
                     raise
                 continue  # made by an earlier pass we did not see listed: take the next name
             self._capi.patch_status(MACHINES, namespace, name, {"phase": capi.PHASE_PROVISIONING})
@@ -388,17 +386,15 @@ class KwokInfrastructure:
         """(the Machine's Node, whether this call created it); (None, False) when the Machine failed instead."""
         body = build_node(group, machineset, machine, self._gpu_label)
         try:
-            created = self._core.create_node(body, _request_timeout=self._timeout)
-            return self._api.sanitize_for_serialization(created), True
-        except client.ApiException as exc:
+            return self._nodes.create(body), True
+        except ApiError as exc:
             if exc.status in (400, 422):
                 self._fail(machine, f"the apiserver refused its Node: {exc.status} {exc.reason}: {exc.body}")
                 return None, False
-            if exc.status != 409:
+            if not exc.conflict:
                 raise
         # A Node of that name exists: ours from a pass that stopped before linking it, or someone else's.
-        existing = self._core.read_node(body["metadata"]["name"], _request_timeout=self._timeout)
-        return self._api.sanitize_for_serialization(existing), False
+        return self._nodes.get(body["metadata"]["name"]), False
 
     def _fail(self, machine: Obj, message: str) -> None:
         name, namespace = capi.name_of(machine), capi.namespace_of(machine)
@@ -418,13 +414,7 @@ class KwokInfrastructure:
             result.machines_deleted.append(f"{namespace}/{name}")
 
     def _delete_node(self, name: str) -> bool:
-        try:
-            self._core.delete_node(name, _request_timeout=self._timeout)
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        return self._nodes.delete(name)
 
     def _collect_garbage(self, machinesets: Sequence[Obj], machines: Sequence[Obj], nodes: dict[str, Obj],
                          result: KwokPass) -> None:
@@ -458,7 +448,7 @@ class KwokInfrastructure:
         where = f"kwok infrastructure ({', '.join(self._namespaces) or 'all namespaces'}): {step}"
         try:
             return call()
-        except client.ApiException as exc:
+        except ApiError as exc:
             error: Exception = NodeBackendUnavailable(f"{where}: {exc.status} {exc.reason}")
             if exc.status not in (0, 408, 429) and exc.status is not None and exc.status < 500:
                 error = NodeBackendError(f"{where}: {exc.status} {exc.reason}")
@@ -471,8 +461,7 @@ class KwokInfrastructure:
     def _list_nodes(self) -> list[Obj]:
         # Every node this provider makes carries the node-group label; a foreign node with a clashing name shows up
         # as a 409 when creating.
-        listed = self._core.list_node(label_selector=LABEL_NODE_GROUP, _request_timeout=self._timeout)
-        return [self._api.sanitize_for_serialization(n) for n in listed.items]
+        return self._nodes.list(label_selector=LABEL_NODE_GROUP)
 
     def _report_once(self, message: str) -> None:
         if message not in self._reported:

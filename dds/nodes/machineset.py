@@ -24,11 +24,10 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
-from kubernetes import client
-
 from dds.crashpoints import crashpoint
-from dds.kube import capi
+from dds.kube import ApiClient, capi
 from dds.kube.capi import MACHINES, MACHINESETS, CapiNotInstalled, CapiObjects
+from dds.kube.errors import ApiError
 from dds.model.groups import ANN_CAPI_DELETE_MACHINE, ANNOTATION_PREFIX, NodeGroupSpec
 from dds.nodes.base import MachineInfo, MachinePhase
 from dds.nodes.errors import (MachineSetNotFound, NodeBackendError, NodeBackendUnavailable, NodeNotInGroup,
@@ -138,9 +137,11 @@ def machine_of_node(machines: Sequence[Mapping[str, Any]], node_name: str) -> Op
 class MachineSetProvisioner:
     """`NodeProvisioner` on Cluster API MachineSets and Machines (v1beta2 or v1beta1, whichever is served)."""
 
-    def __init__(self, api: client.ApiClient, clock: Callable[[], float], *, request_timeout_seconds: float = 10.0,
-                 history_limit: int = HISTORY_LIMIT) -> None:
-        self._capi = CapiObjects(api, request_timeout_seconds=request_timeout_seconds)
+    def __init__(self, api: ApiClient, clock: Callable[[], float], *, request_timeout_seconds: float = 10.0,
+                 history_limit: int = HISTORY_LIMIT,
+                 on_written: Optional[Callable[[Mapping[str, Any]], None]] = None) -> None:
+        # on_written: the watch cache's `assume`, so the next decision counts the replicas just written.
+        self._capi = CapiObjects(api, request_timeout_seconds=request_timeout_seconds, on_written=on_written)
         self._clock = clock
         self._history_limit = history_limit
 
@@ -257,8 +258,8 @@ class MachineSetProvisioner:
         context = f"{group.id}: {what}: {step}"
         try:
             return call()
-        except client.ApiException as exc:
-            if exc.status == 409 and conflict_ok:
+        except ApiError as exc:
+            if exc.conflict and conflict_ok:
                 raise _Conflict() from exc
             raise _api_error(context, exc) from exc
         except CapiNotInstalled as exc:
@@ -273,19 +274,12 @@ class _Conflict(Exception):
     """A conditional write lost a race: re-read and try again."""
 
 
-def _api_error(context: str, exc: client.ApiException) -> NodeBackendError:
+def _api_error(context: str, exc: ApiError) -> NodeBackendError:
     reason = f"{exc.status} {exc.reason}"
-    detail = _status_message(exc)
+    detail = exc.message
     message = f"{context}: {reason}" + (f": {detail}" if detail else "")
     if exc.status == 404:
         return MachineSetNotFound(message + "; nothing changed")
     if exc.status in (0, 408, 409, 429) or exc.status is None or exc.status >= 500:
         return NodeBackendUnavailable(message)
     return NodeBackendError(message)
-
-
-def _status_message(exc: client.ApiException) -> str:
-    try:
-        return str(json.loads(exc.body or "{}").get("message", ""))
-    except (ValueError, AttributeError):
-        return ""

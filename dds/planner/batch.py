@@ -187,7 +187,7 @@ class _Program:
 
     def _pinned_out(self, req: PodRequest, i: int) -> bool:
         """Existing pods' anti-affinity (the batch has no placement terms of its own)."""
-        return bool(self.state.pods[i]) and first_reject(PLACEMENT_FILTERS, req, self.state.view(i),
+        return self.state.has_pods(i) and first_reject(PLACEMENT_FILTERS, req, self.state.view(i),
                                                          self.state) is not None
 
     # --- the program --------------------------------------------------------------------------------------------

@@ -27,12 +27,15 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Optional, Sequence
 
 from dds.planner.plan import PlannerConfig, PodDecision, ScaleUpPlan, Verdict
-from dds.planner.requests import scheduling_order
+from dds.planner.requests import RequestCache, scheduling_order
 from dds.planner.snapshot import PodInfo, Snapshot
 
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 # The refusal (Event reason) of a member of a gang left out: its whole minimum does not get capacity in this plan.
 GANG_INCOMPLETE = "GangDoesNotFit"
+# The refusal when the gang's minimum asks for more GPUs than the cluster has in all (every node's GPUs and every
+# pool's free devices): no attach and no new node can ever make it fit, so it is said even where new nodes are CA's.
+GANG_LARGER_THAN_CLUSTER = "GangLargerThanGpus"
 
 PlanPods = Callable[[Snapshot, PlannerConfig, Optional[Sequence[PodInfo]]], ScaleUpPlan]
 
@@ -120,7 +123,7 @@ def plan_all_or_nothing(plan_pods: PlanPods, snapshot: Snapshot, config: Planner
         candidate = plan_pods(snapshot, config, [p for p in pending if gang_of(p) not in trial])
         if not short_gangs({k: g for k, g in gangs.items() if k not in trial}, candidate):
             dropped, plan = trial, candidate
-    return _with_dropped(plan, pending, gangs, dropped)
+    return _with_dropped(plan, pending, gangs, dropped, snapshot)
 
 
 def _reason(gang: Gang, count: int) -> str:
@@ -129,15 +132,45 @@ def _reason(gang: Gang, count: int) -> str:
             f"{gang.needed} still needed would get capacity, so nothing is attached or added for it (all or nothing)")
 
 
+def gpus_in_cluster(snapshot: Snapshot) -> int:
+    """Every GPU the cluster could ever give pods: those on nodes (attached, attaching, built in, or being detached:
+    back in a pool soon) and the pools' free devices. New nodes get theirs from the same pools."""
+    on_nodes = 0
+    for node in snapshot.nodes:
+        if node.being_deleted:
+            continue
+        visible = max(node.allocatable.get(node.gpu_resource), len(node.devices))
+        on_nodes += visible + len(node.detaching) + node.attaching
+    return on_nodes + sum(sum(p.free.values()) for p in snapshot.pools)
+
+
+def gang_gpus(gang: Gang, pending: Sequence[PodInfo], snapshot: Snapshot) -> int:
+    """GPUs the gang's members still needed for its minimum ask for (the first ones in scheduling order)."""
+    cache = RequestCache()
+    members = {p.key: p for p in pending}
+    resources = sorted({g.gpu_resource for g in snapshot.groups} | {n.gpu_resource for n in snapshot.nodes}) or [
+        "nvidia.com/gpu"]
+    needed = [members[k] for k in gang.pending[:gang.needed] if k in members]
+    return sum(max(cache.requests(p).get(r) for r in resources) for p in needed)
+
+
 def _with_dropped(plan: ScaleUpPlan, pending: Sequence[PodInfo], gangs: Mapping[str, Gang],
-                  dropped: Mapping[str, str]) -> ScaleUpPlan:
+                  dropped: Mapping[str, str], snapshot: Snapshot) -> ScaleUpPlan:
     """The plan with a decision for every member of the gangs left out, in the order the pods were given."""
     if not dropped:
         return plan
     by_pod = {d.pod: d for d in plan.decisions}
+    total = gpus_in_cluster(snapshot)
     for key, reason in dropped.items():
+        need = gang_gpus(gangs[key], pending, snapshot)
+        refusal = GANG_INCOMPLETE
+        if need > total:
+            reason = (f"gang {key} needs {need} GPU(s) for its {gangs[key].needed} pod(s) still to run at once, more "
+                      f"than the {total} GPU(s) the cluster has in all (on nodes and free in pools): nothing is "
+                      f"attached or added for it")
+            refusal = GANG_LARGER_THAN_CLUSTER
         for pod in gangs[key].pending:
-            by_pod[pod] = PodDecision(pod, Verdict.UNSCHEDULABLE, reason=reason, refusal=GANG_INCOMPLETE)
+            by_pod[pod] = PodDecision(pod, Verdict.UNSCHEDULABLE, reason=reason, refusal=refusal)
     seen: set[str] = set()
     decisions = []
     for pod in sorted(pending, key=scheduling_order):

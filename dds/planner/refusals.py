@@ -24,6 +24,7 @@ TOO_MANY_GPUS = "TooManyGPUs"
 POOL_EMPTY = "NoFreeGPU"
 FITS_NOWHERE = "FitsNowhere"  # the simulation's own verdict, when none of the above says it better
 UNSUPPORTED = "UnsupportedConstraint"
+NO_MATCHING_DEVICE = "NoMatchingDevice"  # a ResourceClaim no GPU DDS can attach satisfies (dds/planner/dra.py)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ def with_refusals(plan: ScaleUpPlan, snapshot: Snapshot) -> ScaleUpPlan:
 def _explained(decision: PodDecision, pod: Optional[PodInfo], snapshot: Snapshot) -> PodDecision:
     if decision.refusal is not None:
         return decision  # already explained where it was decided (a gang left out: dds/planner/gangs.py)
+    if pod is not None and pod.dra_refusal and decision.verdict in (Verdict.UNSCHEDULABLE, Verdict.UNSUPPORTED):
+        return replace(decision, refusal=NO_MATCHING_DEVICE, reason=pod.dra_refusal)
     if decision.verdict == Verdict.UNSUPPORTED:
         return replace(decision, refusal=UNSUPPORTED)
     if decision.verdict != Verdict.UNSCHEDULABLE or pod is None:

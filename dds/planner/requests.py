@@ -96,20 +96,43 @@ def pod_request(pod: PodInfo, requests: Resources | None = None) -> PodRequest:
         has_placement_terms=bool(pod.host_ports or pod.required_pod_affinity or pod.required_pod_anti_affinity))
 
 
+class LastingRequests:
+    """Effective requests of bound pods across planning passes, by object identity.
+
+    Pods are frozen, and the watch cache (dds/kube/cache.py) hands every snapshot the same PodInfo until the pod
+    changes, so a pass computes requests only for the pods that changed since the last one, instead of for the whole
+    cluster. Each entry holds the pod itself, so an id reused by a new object is never mistaken for the old pod; the
+    table is cleared whole when it outgrows `limit` (pods gone from the cluster are forgotten that way). A pure memo:
+    the same pod always gives the same requests, whichever pass computed them.
+    """
+
+    def __init__(self, limit: int = 500_000) -> None:
+        self._limit = limit
+        self._table: dict[int, tuple[PodInfo, Resources]] = {}
+
+    def get(self, pod: PodInfo) -> Resources:
+        found = self._table.get(id(pod))
+        if found is not None and found[0] is pod:
+            return found[1]
+        if len(self._table) >= self._limit:
+            self._table = {}
+        requests = effective_requests(pod)
+        self._table[id(pod)] = (pod, requests)
+        return requests
+
+
+LASTING_REQUESTS = LastingRequests()
+
+
 class RequestCache:
-    """Per planning pass: each pod's effective requests (every pod) and PodRequest (pods being placed), computed once.
-    Pods are frozen, so the object identity is the key (the snapshot keeps them alive for the pass)."""
+    """Per planning pass: each pod's PodRequest (pods being placed), computed once; effective requests come from the
+    lasting memo. Pods are frozen, so the object identity is the key (the snapshot keeps them alive for the pass)."""
 
     def __init__(self) -> None:
-        self._requests: dict[int, tuple[PodInfo, Resources]] = {}
         self._placing: dict[int, PodRequest] = {}
 
     def requests(self, pod: PodInfo) -> Resources:
-        found = self._requests.get(id(pod))
-        if found is None or found[0] is not pod:
-            found = (pod, effective_requests(pod))
-            self._requests[id(pod)] = found
-        return found[1]
+        return LASTING_REQUESTS.get(pod)
 
     def get(self, pod: PodInfo) -> PodRequest:
         found = self._placing.get(id(pod))

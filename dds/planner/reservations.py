@@ -7,8 +7,10 @@ and DDS keeps attaching GPUs for them, so the large pod can wait for hours.
 The mechanism (decided here, carried out at the edge):
 
 1. **Reserve.** A pending pod whose GPU request is more than `large_fraction` of a node's GPU slots and that is older
-   than `min_age_seconds` gets one node: the node of its pool that needs the fewest GPUs drained (in use by running
-   pods), then the one holding the most GPUs, then by name. At most `per_pool` reservations per pool at a time.
+   than `min_age_seconds` gets one node: the node of its pool holding the most GPUs, then the one with the fewest in
+   use, then by name. At most `per_pool` reservations per pool at a time. With `quiet_age_seconds` set, it gets one
+   sooner, from that age on, while at most `quiet_pending` other pending pods could use the node's GPUs: what a
+   reservation costs is the wait it adds to the pods queued behind it, so the cheapest moment is when few are.
 2. **Fence.** The edge taints the node `dds.cdi.dev/reserved-for=<pod uid>:NoSchedule` and adds the matching
    toleration to the waiting pod (tolerations may be added to a live pod). kube-scheduler itself then keeps every
    other new pod off the node — nothing has to win a race against it — while the pods already running there finish
@@ -57,6 +59,12 @@ class ReservationConfig:
     large_fraction: float = 0.5
     # How long a large pod waits on its own before it gets a node reserved.
     min_age_seconds: float = 600.0
+    # From this age on (None: never), a large pod gets its reservation before `min_age_seconds` while at most
+    # `quiet_pending` other pending pods could use the node's GPUs. Every pod waiting behind a reservation waits
+    # longer by the time the node takes to drain and the large pod to run, so a reservation made while the queue is
+    # short costs least; past `min_age_seconds` the large pod gets one however long the queue.
+    quiet_age_seconds: Optional[float] = None
+    quiet_pending: int = 1
     # Reservations at a time per fabric pool: each one drains a node, so they are kept few.
     per_pool: int = 1
 
@@ -188,21 +196,38 @@ def _new_reservations(snapshot: Snapshot, config: ReservationConfig, pending: di
     used = _gpus_in_use(snapshot, cache)
     out: list[Reservation] = []
     for pod in sorted(pending.values(), key=scheduling_order):
-        if (pod_token(pod) in taken or snapshot.now - pod.created_at < config.min_age_seconds or pod.unsupported
+        waited = snapshot.now - pod.created_at
+        if (pod_token(pod) in taken or waited < earliest_reservation_age(config) or pod.unsupported
                 or gang_of(pod) is not None):
             continue  # a gang member alone is no use: gangs get capacity all or nothing (gangs.py), not reservations
         choice = _choose_node(snapshot, config, pod, cache, used, busy_nodes, per_pool)
         if choice is None:
             continue
         node, pool, gpus = choice
-        waited = snapshot.now - pod.created_at
+        queued = _queued_behind(pending.values(), pod, node, cache)
+        if waited < config.min_age_seconds and queued > config.quiet_pending:
+            continue  # too early to reserve while others queue: the pods behind the reservation would pay for it
+        when = (f"has waited {waited:.0f}s" if waited >= config.min_age_seconds else
+                f"has waited {waited:.0f}s while {queued} other pending pod(s) could use {node.name}'s GPUs")
         out.append(Reservation(pod.key, pod_token(pod), node.name, pool, gpus, reason=(
             f"{pod.key} asks for {gpus} GPUs (more than {config.large_fraction:.0%} of {node.name}'s "
-            f"{node_slots(node, snapshot)} slots) and has waited {waited:.0f}s: {node.name} is reserved for it "
+            f"{node_slots(node, snapshot)} slots) and {when}: {node.name} is reserved for it "
             f"({used.get(node.name, 0)} GPU(s) in use there to drain)")))
         busy_nodes.add(node.name)
         per_pool[pool] = per_pool.get(pool, 0) + 1
     return tuple(out)
+
+
+def earliest_reservation_age(config: ReservationConfig) -> float:
+    """The youngest a large pod may be when it gets a reservation (quiet or not)."""
+    if config.quiet_age_seconds is None:
+        return config.min_age_seconds
+    return min(config.min_age_seconds, config.quiet_age_seconds)
+
+
+def _queued_behind(pending: Iterable[PodInfo], pod: PodInfo, node: NodeInfo, cache: RequestCache) -> int:
+    """Other pending pods asking for the node's kind of GPU: the pods a reservation of the node would make wait."""
+    return sum(1 for other in pending if other is not pod and cache.get(other).gpus(node.gpu_resource))
 
 
 def _gpus_in_use(snapshot: Snapshot, cache: RequestCache) -> dict[str, int]:
@@ -317,8 +342,8 @@ def _idle_devices(snapshot: Snapshot, used: dict[str, int], reserved: Iterable[s
         leaving = set(node.detaching)
         active = [d for d in node.devices if d.id not in leaving]
         idle = len(active) - used.get(node.name, 0)
-        if idle > 0:
-            out[node.name] = tuple(sorted(active, key=lambda d: (d.attached_at, d.id), reverse=True)[:idle])
+        if idle > 0:  # a device allocated to a ResourceClaim is never taken
+            out[node.name] = tuple(sorted((d for d in active if not d.in_claim), key=lambda d: (d.attached_at, d.id), reverse=True)[:idle])
     return out
 
 

@@ -46,11 +46,12 @@ def gpu_usage(node: NodeInfo, pods: Sequence[PodInfo], cache: RequestCache) -> _
     """The node's fabric devices: which are attached, which of them idle (newest first), how many in use."""
     leaving = set(node.detaching)
     active = tuple(d for d in node.devices if d.id not in leaving)
-    used = sum(cache.get(p).gpus(node.gpu_resource) for p in pods)
+    used = sum(cache.requests(p).get(node.gpu_resource) for p in pods)
     present = max(node.allocatable.get(node.gpu_resource), len(node.devices)) - len(leaving & {d.id for d in
                                                                                             node.devices})
     idle_count = min(len(active), max(0, present - used))
-    newest_first = sorted(active, key=lambda d: (d.attached_at, d.id), reverse=True)
+    # A device allocated to a ResourceClaim is in use whatever the counts say: never among the idle.
+    newest_first = sorted((d for d in active if not d.in_claim), key=lambda d: (d.attached_at, d.id), reverse=True)
     return _Gpus(active, tuple(newest_first[:idle_count]), min(used, len(active)))
 
 
@@ -73,10 +74,6 @@ class _ScaleDown:
         self.state = ClusterState(snapshot, self.cache, None)
         self.live = FastExisting(self.state, config.policy)
         self.nodes = {n.name: n for n in snapshot.nodes}
-        self.pods: dict[str, list[PodInfo]] = {}
-        for pod in snapshot.pods:
-            if pod.node_name:
-                self.pods.setdefault(pod.node_name, []).append(pod)
         self.size: dict[str, int] = {}
         for node in snapshot.nodes:
             if node.group_id and not node.being_deleted:
@@ -92,10 +89,10 @@ class _ScaleDown:
         return self.snapshot.group(node.group_id) if node.group_id else None
 
     def usage(self, node: NodeInfo) -> _Gpus:
-        return gpu_usage(node, self.pods.get(node.name, ()), self.cache)
+        return gpu_usage(node, self.snapshot.pods_on(node.name), self.cache)
 
     def work(self, node: NodeInfo) -> list[PodInfo]:
-        return [p for p in self.pods.get(node.name, ()) if is_work(p)]
+        return [p for p in self.snapshot.pods_on(node.name) if is_work(p)]
 
     def above_min(self, group: NodeGroupSpec, node: NodeInfo) -> bool:
         """Removing `node` keeps the group at or above its min size (removals of this plan counted). Nodes already
@@ -170,7 +167,7 @@ class _ScaleDown:
             return f"group {group.id} would go below its min size {group.min_size}"
         # CA does not drain DaemonSet (or mirror) pods off a node it calls empty: a GPU one of them uses is never
         # released, and the removal would wait for it forever.
-        holding = [p for p in self.pods.get(node.name, ()) if not is_work(p)
+        holding = [p for p in self.snapshot.pods_on(node.name) if not is_work(p)
                    and self.cache.get(p).gpus(node.gpu_resource)]
         if holding and not group.force_detach:
             return (f"{holding[0].owner_kind} pod {holding[0].key} uses a GPU for as long as the node lives and "

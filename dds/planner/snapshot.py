@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from dds.model.groups import NodeGroupSpec, Taint
 from dds.model.resources import Resources
+from dds.planner.dra_records import DraState, PodClaimRef
 
 
 
@@ -47,6 +48,21 @@ class NodeSelectorTerm:
 class LabelSelector:
     match_labels: Mapping[str, str] = field(default_factory=_empty)
     match_expressions: tuple[SelectorRequirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRef:
+    """A pod's `spec.workloadRef` (Kubernetes 1.35 Workload API, alpha): the Workload in the pod's namespace, the pod
+    group within it, and the replica of that group (each replica is a gang of its own)."""
+
+    name: str
+    pod_group: str
+    replica_key: str = ""
+
+    @property
+    def gang_name(self) -> str:
+        """The gang's name within the namespace, unique per Workload, pod group and replica."""
+        return "/".join(part for part in (self.name, self.pod_group, self.replica_key) if part)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +116,15 @@ class PodInfo:
     # 0 = unknown: every member the snapshot shows). Filled at the edge; see dds/planner/gangs.py.
     pod_group: Optional[str] = None
     pod_group_min_member: int = 0
+    # Dynamic Resource Allocation: the pod's spec.resourceClaims (with the claims generated for templates), and why no
+    # GPU DDS can attach satisfies them, when that is so (set by dds/planner/dra.py, which also turns satisfiable claims
+    # into GPU requests before planning).
+    resource_claims: tuple[PodClaimRef, ...] = ()
+    dra_refusal: Optional[str] = None
+    claims_lowered: bool = False  # the claims are already counted in `containers` / the node affinity
+    # `spec.workloadRef` as the pod carries it; whether it makes a gang depends on the Workload's policy, which the
+    # edge reads (dds/kube/podgroups.py) to fill the two fields above.
+    workload_ref: Optional[WorkloadRef] = None
 
     @property
     def key(self) -> str:
@@ -114,6 +139,7 @@ class Device:
     model: str
     pool: str
     attached_at: float = 0.0
+    in_claim: bool = False  # allocated to a ResourceClaim: a detach never takes it (dds/planner/dra.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,19 +188,35 @@ class Snapshot:
     upcoming_nodes: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     # Label key a pod uses to ask for a GPU model (nodeSelector / required affinity).
     gpu_model_label: str = "nvidia.com/gpu.product"
+    # ResourceClaims, templates, slices and device classes (Dynamic Resource Allocation), for dds/planner/dra.py.
+    dra: DraState = DraState()
     # Bound pods by node, built on the first `pods_on` call: asking per node would otherwise scan every pod for every
     # node (nodes x pods per pass). The snapshot is frozen, so the index never goes stale.
     _pods_by_node: dict[str, tuple[PodInfo, ...]] = field(default_factory=dict, init=False, repr=False,
                                                           compare=False)
 
+    # Groups by id, built on the first `group` call (asked once per node or more by every plan).
+    _groups_by_id: dict[str, NodeGroupSpec] = field(default_factory=dict, init=False, repr=False, compare=False)
+
     def group(self, group_id: str) -> Optional[NodeGroupSpec]:
-        return next((g for g in self.groups if g.id == group_id), None)
+        index = self._groups_by_id
+        if not index and self.groups:
+            for g in reversed(self.groups):  # the first of a repeated id wins, as a scan in order would find it
+                index[g.id] = g
+        return index.get(group_id)
 
     def pool(self, name: str) -> Optional[PoolInfo]:
         return next((p for p in self.pools if p.name == name), None)
 
     def pending_pods(self) -> tuple[PodInfo, ...]:
         return tuple(p for p in self.pods if p.node_name is None)
+
+    def index_pods(self, by_node: Mapping[str, Sequence[PodInfo]]) -> None:
+        """Take a caller's index of `pods` by node (bound pods only), when it has walked them already: the observer
+        does, and a second walk over tens of thousands of pods per decision is what this saves."""
+        if not self._pods_by_node:
+            self._pods_by_node.update({name: tuple(pods) for name, pods in by_node.items()})
+            self._pods_by_node[""] = ()
 
     def pods_on(self, node_name: str) -> tuple[PodInfo, ...]:
         index = self._pods_by_node

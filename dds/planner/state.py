@@ -12,7 +12,8 @@ same taints and flags) share one row.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
@@ -22,38 +23,62 @@ from dds.planner.filters import (AFFINITY_UNMET, ANTI_AFFINITY_UNMET, EXISTING_A
                                  STATIC_FILTERS, first_reject, ports_conflict, term_matches_pod)
 from dds.planner.nodes import effective_labels, gpu_facts
 from dds.planner.plan import Reject
-from dds.planner.requests import PodRequest, RequestCache, effective_requests
+from dds.planner.requests import LASTING_REQUESTS, PodRequest, RequestCache
 from dds.planner.snapshot import HostPort, NodeInfo, PodAffinityTerm, PodInfo, Snapshot
 
 UNLIMITED = np.int64(2**62)  # free amount of a resource a filter never checks on that node
 
 
-class LastingRequests:
-    """Effective requests of bound pods across planning passes, by object identity.
-
-    Pods are frozen, and the watch cache (dds/kube/cache.py) hands every snapshot the same PodInfo until the pod
-    changes, so a pass computes requests only for the pods that changed since the last one, instead of for the whole
-    cluster. Each entry holds the pod itself, so an id reused by a new object is never mistaken for the old pod; the
-    table is cleared whole when it outgrows `limit` (pods gone from the cluster are forgotten that way). A pure memo:
-    the same pod always gives the same requests, whichever pass computed them.
-    """
-
-    def __init__(self, limit: int = 500_000) -> None:
-        self._limit = limit
-        self._table: dict[int, tuple[PodInfo, Resources]] = {}
-
-    def get(self, pod: PodInfo) -> Resources:
-        found = self._table.get(id(pod))
-        if found is not None and found[0] is pod:
-            return found[1]
-        if len(self._table) >= self._limit:
-            self._table = {}
-        requests = effective_requests(pod)
-        self._table[id(pod)] = (pod, requests)
-        return requests
 
 
-LASTING_REQUESTS = LastingRequests()
+@dataclass
+class _BoundPods:
+    """The pods bound to a snapshot's live nodes, as a ClusterState reads them; shared by the states built on one
+    snapshot (a pass plans several times on it), with their request sums per (resource rows, GPU names)."""
+
+    pods: list[PodInfo]
+    where: list[int]  # node index of each pod
+    requests: list[Resources]
+    unbound_requests: list[Resources]
+    sums: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    _scalar_names: Optional[frozenset[str]] = None
+
+    def scalar_names(self) -> frozenset[str]:
+        """Every extended resource a bound or pending pod asks for."""
+        if self._scalar_names is None:
+            names: set[str] = set()
+            for requests in (*self.requests, *self.unbound_requests):
+                if requests.scalar:
+                    names.update(requests.scalar)
+            self._scalar_names = frozenset(names)
+        return self._scalar_names
+
+
+class _BoundPodsMemo:
+    """The last few snapshots' bound pods, by snapshot identity (the entry holds the snapshot, so a reused id is never
+    mistaken for another). Snapshots are frozen, so an entry never goes stale; CA's calls and the loop plan on
+    different snapshots at the same time, hence a few entries and a lock."""
+
+    def __init__(self, size: int = 4) -> None:
+        self._size = size
+        self._entries: dict[int, tuple[Snapshot, tuple[str, ...], _BoundPods]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, snapshot: Snapshot, names: tuple[str, ...]) -> Optional[_BoundPods]:
+        with self._lock:
+            found = self._entries.get(id(snapshot))
+        if found is None or found[0] is not snapshot or found[1] != names:
+            return None
+        return found[2]
+
+    def put(self, snapshot: Snapshot, names: tuple[str, ...], bound: _BoundPods) -> None:
+        with self._lock:
+            if len(self._entries) >= self._size:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[id(snapshot)] = (snapshot, names, bound)
+
+
+_BOUND_PODS = _BoundPodsMemo()
 
 
 @dataclass(frozen=True)
@@ -108,7 +133,7 @@ class FastNodeView:
         return self._state.ports[self._i]
 
     def pods(self) -> Iterable[PodInfo]:
-        return self._state.pods[self._i]
+        return self._state.pods_on(self._i)
 
 
 class ClusterState:
@@ -159,9 +184,8 @@ class ClusterState:
         scalars: set[str] = set()
         for node in self.nodes:
             scalars.update(node.allocatable.scalar)
-        lasting = LASTING_REQUESTS.get
-        for pod in self.snapshot.pods:
-            scalars.update(lasting(pod).scalar)
+        self._collect_bound_pods()
+        scalars.update(self._bound.scalar_names())
         for pod in extra_pods:
             scalars.update(self.cache.requests(pod).scalar)
         self.resource_names: tuple[str, ...] = STANDARD + tuple(sorted(scalars - set(STANDARD)))
@@ -202,61 +226,114 @@ class ClusterState:
             if f.allowed_models and f.allowed_models[0] in self.model_index:
                 self.preferred[i] = self.model_index[f.allowed_models[0]]
 
+    def _collect_bound_pods(self) -> None:
+        """The pods bound to live nodes, their node and their requests (the lasting memo makes the requests of a pod
+        seen by an earlier pass free), from the snapshot's pods-by-node index (the observer hands over the one it
+        built). Everything else about bound pods is built from these lists with vector steps, or lazily when a pod's
+        rules need it: a pass touches tens of thousands of them."""
+        snapshot = self.snapshot
+        names = tuple(node.name for node in self.nodes)
+        found = _BOUND_PODS.get(snapshot, names)
+        if found is None:
+            bound: list[PodInfo] = []
+            where: list[int] = []
+            for i, name in enumerate(names):
+                on = snapshot.pods_on(name)
+                if on:
+                    bound.extend(on)
+                    where.extend([i] * len(on))
+            lasting = LASTING_REQUESTS.get
+            found = _BoundPods(bound, where, [lasting(pod) for pod in bound],
+                               [lasting(pod) for pod in snapshot.pending_pods()])  # any pending pod may be planned
+            _BOUND_PODS.put(snapshot, names, found)
+        self._bound = found
+        self._bound_pods = found.pods
+        self._bound_where = found.where
+        self._bound_requests = found.requests
+        self._unbound_requests = found.unbound_requests
+
     def _init_pods(self) -> None:
         n = len(self.nodes)
-        self.pods: list[list[PodInfo]] = [[] for _ in range(n)]
+        bound, where, requests = self._bound_pods, self._bound_where, self._bound_requests
+        # never changed after construction
+        self._bound_on: list[Sequence[PodInfo]] = [self.snapshot.pods_on(node.name) for node in self.nodes]
+        self.placed: list[list[PodInfo]] = [[] for _ in range(n)]  # pods this plan puts on each node (journaled)
         self.ports: list[list[HostPort]] = [[] for _ in range(n)]
         self.port_holders: list[int] = []  # nodes with host ports in use (repeats allowed)
         # Required anti-affinity terms of pods on live nodes, indexed by the (namespace, key, value) of their first
         # matchLabels entry (a pod can only be matched by terms its own labels appear in); the rest unindexed.
         self.guards_by_label: dict[tuple[str, str, str], list[tuple[int, PodInfo, PodAffinityTerm]]] = {}
         self.guards_unindexed: list[tuple[int, PodInfo, PodAffinityTerm]] = []
-        self.all_pods: list[PodInfo] = []  # every pod on a live node (bound or placed by the plan)...
-        self.pod_node: list[int] = []  # ...and that node
-        self.by_label: dict[tuple[str, str, str], list[int]] = {}  # (namespace, key, value) -> positions in all_pods
+        self.all_pods: list[PodInfo] = list(bound)  # every pod on a live node (bound or placed by the plan)...
+        self.pod_node: list[int] = list(where)  # ...and that node
+        # (namespace, key, value) -> positions in all_pods: of bound pods built on first use (few plans ask), of placed
+        # pods kept as they are placed.
+        self._bound_by_label: Optional[dict[tuple[str, str, str], list[int]]] = None
+        self.by_label: dict[tuple[str, str, str], list[int]] = {}
         self.elsewhere: list[PodInfo] = []  # pods the plan puts on nodes that are not live (shared by the driver)
-        # Bound pods' requests, summed per node in one vector step per resource (per-pod array writes are slow).
-        index_of, lasting = self.index, LASTING_REQUESTS.get
-        where: list[int] = []
-        requests: list[Resources] = []
-        for pod in self.snapshot.pods:
-            i = index_of.get(pod.node_name) if pod.node_name else None
-            if i is None:
-                continue
-            where.append(i)
-            requests.append(lasting(pod))
-            self._record_bound_pod(i, pod)
+        for i, pod in zip(where, bound):
+            if pod.host_ports or pod.required_pod_anti_affinity:
+                self._record_rules(i, pod, journal=False)
         if not where:
             return
-        index = np.array(where, dtype=np.int64)
-        gpu_of_pod = self.gpu_name_of[index]
-        for row, name in enumerate(self.resource_names):
-            if name == PODS:
-                amounts = np.ones(len(where), dtype=np.int64)
-            else:
-                amounts = np.array([r.get(name) for r in requests], dtype=np.int64)
-                if name in self.gpu_names:  # a node's own GPU resource is judged by the GPU arrays, not this row
-                    amounts[gpu_of_pod == self.gpu_names.index(name)] = 0
-            np.subtract.at(self.free[row], index, amounts)
-        gpus = np.zeros(len(where), dtype=np.int64)
-        for g, name in enumerate(self.gpu_names):
-            mine = gpu_of_pod == g
-            if mine.any():
-                gpus[mine] = np.array([r.get(name) for r in requests], dtype=np.int64)[mine]
-        np.subtract.at(self.gpu_free, index, gpus)
+        # Plans on one snapshot (the loop's fast path and scale-down, CA's scale-up and its equip check) share the sums.
+        key = (self.resource_names, self.gpu_names, self.gpu_name_of.tobytes())
+        sums = self._bound.sums.get(key)
+        if sums is None:
+            sums = self._bound.sums[key] = self._bound_request_sums(np.array(where, dtype=np.int64), requests)
+        used, gpus_used = sums
+        self.free -= used
+        self.gpu_free -= gpus_used
 
-    def _record_bound_pod(self, i: int, pod: PodInfo) -> None:
-        """_record_pod without the journal, for the pods bound when the pass starts (tens of thousands of them)."""
-        if pod.host_ports or pod.required_pod_anti_affinity:
-            self._record_pod(i, pod, journal=False)
-            return
-        self.pods[i].append(pod)
-        position = len(self.all_pods)
-        self.all_pods.append(pod)
-        self.pod_node.append(i)
-        namespace, by_label = pod.namespace, self.by_label
-        for key, value in pod.labels.items():
-            by_label.setdefault((namespace, key, value), []).append(position)
+    def _bound_request_sums(self, index: np.ndarray, requests: list[Resources]) -> tuple[np.ndarray, np.ndarray]:
+        """Bound pods' requests summed per node (resource rows x nodes, and GPUs per node), one vector step per
+        resource: per-pod array writes are slow."""
+        gpu_of_pod = self.gpu_name_of[index]
+        row = self.resource_row
+        used = np.zeros_like(self.free)
+        gpus_used = np.zeros(len(self.nodes), dtype=np.int64)
+        np.add.at(used[row[CPU]], index, np.array([r.milli_cpu for r in requests], dtype=np.int64))
+        np.add.at(used[row[MEMORY]], index, np.array([r.memory for r in requests], dtype=np.int64))
+        np.add.at(used[row[EPHEMERAL_STORAGE]], index, np.array([r.ephemeral_storage for r in requests], dtype=np.int64))
+        np.add.at(used[row[PODS]], index, np.ones(len(index), dtype=np.int64))
+        scalar: dict[str, tuple[list[int], list[int]]] = {}  # resource -> (pod positions, amounts)
+        for k, r in enumerate(requests):
+            if r.scalar:
+                for name, amount in r.scalar.items():
+                    positions, amounts = scalar.setdefault(name, ([], []))
+                    positions.append(k)
+                    amounts.append(amount)
+        gpus = np.zeros(len(index), dtype=np.int64)
+        for name, (positions, amounts) in scalar.items():
+            at, amount = np.array(positions, dtype=np.int64), np.array(amounts, dtype=np.int64)
+            if name in self.gpu_names:
+                # A node's own GPU resource is judged by the GPU arrays, never by its row.
+                mine = gpu_of_pod[at] == self.gpu_names.index(name)
+                gpus[at[mine]] = amount[mine]
+                amount = np.where(mine, 0, amount)
+            np.add.at(used[row[name]], index[at], amount)
+        np.add.at(gpus_used, index, gpus)
+        used.setflags(write=False)
+        gpus_used.setflags(write=False)
+        return used, gpus_used
+
+    def pods_on(self, i: int) -> Sequence[PodInfo]:
+        """Pods on live node i: bound, then placed by this plan."""
+        placed = self.placed[i]
+        return (*self._bound_on[i], *placed) if placed else self._bound_on[i]
+
+    def has_pods(self, i: int) -> bool:
+        return bool(self._bound_on[i] or self.placed[i])
+
+    def bound_by_label(self) -> dict[tuple[str, str, str], list[int]]:
+        if self._bound_by_label is None:
+            by_label: dict[tuple[str, str, str], list[int]] = {}
+            for position, pod in enumerate(self._bound_pods):
+                namespace = pod.namespace
+                for key, value in pod.labels.items():
+                    by_label.setdefault((namespace, key, value), []).append(position)
+            self._bound_by_label = by_label
+        return self._bound_by_label
 
     def _init_coming(self) -> None:
         """GPUs on their way (in-flight attaches) that no pod counts on yet. They are part of `gpu_free` (capacity
@@ -265,9 +342,19 @@ class ClusterState:
         attaching = np.array([node.attaching for node in self.nodes], dtype=np.int64)
         self.gpu_coming = np.minimum(np.maximum(attaching, 0), np.maximum(self.gpu_free, 0))
 
-    def _record_pod(self, i: int, pod: PodInfo, journal: bool = True) -> None:
+    def _record_pod(self, i: int, pod: PodInfo) -> None:
+        """A pod the plan places on live node i (journaled: a revert takes it off again)."""
+        self._append(self.placed[i], pod)
+        self._record_rules(i, pod, journal=True)
+        position = len(self.all_pods)
+        self._append(self.all_pods, pod)
+        self._append(self.pod_node, i)
+        for key, value in pod.labels.items():
+            self._append(self.by_label.setdefault((pod.namespace, key, value), []), position)
+
+    def _record_rules(self, i: int, pod: PodInfo, journal: bool) -> None:
+        """The pod's host ports and required anti-affinity terms, which the placement masks read."""
         add = self._append if journal else (lambda items, value: items.append(value))
-        add(self.pods[i], pod)
         for port in pod.host_ports:
             if port.port > 0:
                 add(self.ports[i], port)
@@ -280,11 +367,6 @@ class ClusterState:
                     add(self.guards_by_label.setdefault((ns, key, value), []), (i, pod, term))
             else:
                 add(self.guards_unindexed, (i, pod, term))
-        position = len(self.all_pods)
-        add(self.all_pods, pod)
-        add(self.pod_node, i)
-        for key, value in pod.labels.items():
-            add(self.by_label.setdefault((pod.namespace, key, value), []), position)
 
     # --- journal ---------------------------------------------------------------------------------------------------
     def fork(self) -> int:
@@ -336,8 +418,9 @@ class ClusterState:
         found: list[int] = []
         for ns in namespaces:
             hits: Optional[set[int]] = None
+            bound = self.bound_by_label()
             for key, value in selector.match_labels.items():
-                positions = set(self.by_label.get((ns, key, value), ()))
+                positions = set(bound.get((ns, key, value), ())) | set(self.by_label.get((ns, key, value), ()))
                 hits = positions if hits is None else hits & positions
             found.extend(sorted(hits or ()))
         if selector.match_expressions:  # the index covers matchLabels exactly; expressions still need the full rule

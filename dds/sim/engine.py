@@ -10,8 +10,10 @@ What happens, in the order the production pieces do it:
   every pod the planner says FITS_NOW is bound to the node it chose. One call per step binds the whole batch.
 - **Scale step** (the DDS loop / CA scan), every `Timing.loop_interval_s` while there is something to decide:
   idleness is observed (`dds.controller.idle.IdleTracker`, as in production), `plan_scale_up` is called for the pods
-  still pending on the full snapshot (attaches in flight and nodes provisioning count as capacity to come), its
-  attaches go to the fabric and its new nodes to the provisioner (ready after `Timing.node_provision_s`);
+  still pending on the full snapshot (attaches in flight and nodes provisioning count as capacity to come), and its
+  plan is carried out the way the controller carries out its own: every attach and detach through `Actions`
+  (dds/controller/apply.py: the executor and the operation watcher), new and removed nodes through the same executor,
+  whose node provisioner here is the simulated cloud (a node is Ready `Timing.node_provision_s` after it is asked for);
   `plan_scale_down` then detaches idle GPUs past their cooldown and removes empty nodes above the group minimum (GPUs
   released first, node removed when they are gone). Before the scale-up, `plan_reservations` may reserve a node for a
   large pod that waited too long: its taints, the pod's toleration and its GPU moves are applied here as the
@@ -20,7 +22,10 @@ What happens, in the order the production pieces do it:
   snapshot); the `gang-unaware` policy hides gangs from the scale-up planner only.
 - **Fabric**: the production simulated backend (`dds.fabric.simulated.SimulatedFabric`, the one `dds serve` runs with
   the simulated fabric) on the virtual clock, with fixed latencies and no faults: attaches and detaches complete after
-  their latency.
+  their latency, and the watcher is asked about an operation once that latency has passed.
+
+What is left here simulates the world around DDS: pods arriving and ending, kube-scheduler binding them, nodes booting,
+the fabric's latencies. Events DDS would write go nowhere (nobody watches a simulated cluster).
 
 Steps that cannot change anything are skipped (no pending pods, no idle GPUs, nothing in flight), and the scale step
 fast-forwards to the next cooldown expiry, so long quiet stretches of a trace cost nothing.
@@ -37,21 +42,25 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Callable, Optional, Sequence
 
+from dds.controller.apply import Actions
 from dds.controller.devices import devices_by_node
+from dds.controller.executor import Executor, OperationWatcher
 from dds.controller.idle import IdleTracker, NodeUsage
 from dds.config import FaultSpec, LatencySpec, PoolSpec, SimulatedFabricSettings
-from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, FabricDevice, FabricError, OperationKind,
-                             OperationState, PoolState)
+from dds.fabric.base import (AttachRequest, DeviceState, ErrorCode, FabricDevice, FabricError, Operation,
+                             OperationKind, OperationState, PoolState)
 from dds.fabric.simulated import SimulatedFabric
+from dds.model.events import ObjectRef
 from dds.model.groups import NodeGroupSpec, Taint
 from dds.model.resources import Resources
+from dds.nodes.base import MachineInfo, MachinePhase
 from dds.planner import plan_scale_down, plan_scale_up
 from dds.planner.headroom import hungry_pools, plan_warm_refill
 from dds.planner.gangs import POD_GROUP_LABEL
 from dds.planner.moves import plan_moves
-from dds.planner.plan import PlannerConfig, Verdict
-from dds.planner.reservations import (ReservationConfig, claim_taint, keep_reserved, plan_reservations, pod_token,
-                                      reservation_taint)
+from dds.planner.plan import Attach, Case, Detach, PlannerConfig, RemoveNode, Verdict
+from dds.planner.reservations import (ReservationConfig, claim_taint, earliest_reservation_age, keep_reserved,
+                                      plan_reservations, pod_token, reservation_taint)
 from dds.planner.snapshot import ContainerRequests, Device, NodeInfo, PodInfo, PoolInfo, Snapshot
 from dds.sim.policies import Layout, Mode, Policy
 from dds.sim.scenario import Scenario, concentrated_layout
@@ -159,6 +168,41 @@ class _Pod:
     finish_s: Optional[float] = None
 
 
+class _Unreported:
+    """Where a simulation's Events go: nowhere, nobody watches a simulated cluster."""
+
+    def emit(self, involved: ObjectRef, event_type: str, reason: str, message: str) -> None:
+        return None
+
+
+_UNREPORTED = _Unreported()
+
+
+class SimulatedCloud:
+    """The node provisioner (dds.nodes.base.NodeProvisioner) the executor drives in a simulation: a node asked for is
+    Ready `Timing.node_provision_s` later, a node removed is gone at once. Keys are not needed: the simulation asks once."""
+
+    def __init__(self, simulation: "Simulation") -> None:
+        self._simulation = simulation
+
+    def machines(self, group: NodeGroupSpec) -> tuple[MachineInfo, ...]:
+        """The group's nodes that exist (a node on its way has no name until it is Ready)."""
+        return tuple(MachineInfo(name=n.name, group_id=group.id, provider_id=f"sim://{n.name}",
+                                 phase=MachinePhase.DELETING if n.removing else MachinePhase.RUNNING,
+                                 node_name=n.name, created_at=n.created_at)
+                     for n in self._simulation.nodes() if n.group.id == group.id)
+
+    def add_nodes(self, group: NodeGroupSpec, count: int, key: str) -> None:
+        if count <= 0:
+            raise ValueError(f"add_nodes for {group.id}: count must be positive, got {count}")
+        self._simulation._request_nodes(group.id, count)
+
+    def remove_node(self, group: NodeGroupSpec, node_name: str, key: str) -> None:
+        if not any(n.name == node_name and n.group.id == group.id for n in self._simulation.nodes()):
+            raise ValueError(f"remove_node for {group.id}: no node {node_name} in the group")
+        self._simulation._remove_node(node_name)
+
+
 class Simulation:
     def __init__(self, scenario: Scenario, policy: Policy, *, progress: Optional[Progress] = None,
                  batch_solver: str = "greedy", exhaustive: bool = False,
@@ -188,6 +232,9 @@ class Simulation:
         self._moves = policy.moves_gpus and moves
         self._gpu_resource = self._groups[0].gpu_resource if self._groups else "nvidia.com/gpu"
         self.fabric = sim_fabric(self._cluster.pools, self._clock, self._timing.attach_s, self._timing.detach_s)
+        self._watcher = OperationWatcher(self.fabric, _UNREPORTED, self._clock)
+        self._executor = Executor(self.fabric, SimulatedCloud(self), _UNREPORTED)
+        self._actions = Actions(self._executor, self._watcher)
         self.counters = Counters()
         self._idle = IdleTracker()
         self._events: list[tuple[float, int, int, object]] = []
@@ -200,6 +247,7 @@ class Simulation:
         self._ops_in_flight: dict[str, str] = {}  # operation key -> node
         self._ops_due: dict[str, float] = {}  # operation key -> when its latency has passed
         self._op_ids = itertools.count()
+        self._node_requests = itertools.count()
         self._last_node_of_device: dict[str, str] = {}
         self._loop_at: Optional[float] = None
         # Binding is incremental: when no capacity appeared since the last scheduler step, every pod that did not fit
@@ -270,6 +318,10 @@ class Simulation:
         node = _Node(name=name, group=group, created_at=self.now, fixed_gpus=fixed_gpus)
         self._nodes[name] = node
         return node
+
+    def nodes(self) -> tuple[_Node, ...]:
+        """The nodes that exist now."""
+        return tuple(self._nodes.values())
 
     # --- the event loop ---
     def run(self) -> SimResult:
@@ -353,7 +405,8 @@ class Simulation:
         node = self._add_node(group, fixed_gpus=fixed)
         if self.policy.moves_gpus and group.initial_gpus and group.default_gpu_model:
             # The controller composes a group's initial GPUs into each new node as soon as it is up.
-            self._attach(node.name, group.fabric_pool, group.default_gpu_model, group.initial_gpus, "initial GPUs")
+            self._attach(Attach(node=node.name, pool=group.fabric_pool, model=group.default_gpu_model,
+                                count=group.initial_gpus, pods=(), reason="initial GPUs"), Case.SCALE_UP)
         self._capacity_changed = True
 
     # --- scheduler step: bind what fits now, using the planner's own fit logic ---
@@ -470,10 +523,10 @@ class Simulation:
         for node in self._nodes.values():
             node.claimed_by = claims.get(node.name)
         for step in plan.attaches:
-            self._attach(step.node, step.pool, step.model, step.count, step.reason)
+            self._attach(step, Case.RESERVATION)
         busy = set(self._ops_in_flight.values())
         for step in plan.detaches:
-            if step.node not in busy and self._detach(step.node, step.device_ids, step.force, step.reason):
+            if step.node not in busy and self._detach(step, Case.RESERVATION):
                 self._idle.reset(step.node)
                 busy.add(step.node)
         self._capacity_changed = self._changed_since_scale_up = True  # taints and tolerations changed
@@ -507,25 +560,35 @@ class Simulation:
         if self._moves:
             busy = set(self._ops_in_flight.values())
             for step in plan_moves(snapshot, config, plan, plan_scale_up, pods):
-                if step.node not in busy and self._detach(step.node, step.device_ids, step.force, step.reason):
+                if step.node not in busy and self._detach(step, Case.FAST_PATH):
                     self._idle.reset(step.node)
                     busy.add(step.node)
                     self._changed_since_scale_up = True
         for step in plan.attaches:
             gangs = tuple(sorted({g for g in (self._pods[k.partition("/")[2]].job.group for k in step.pods) if g}))
-            self._attach(step.node, step.pool, step.model, step.count, step.reason, gangs)
+            self._attach(step, Case.FAST_PATH, gangs)
         for step in plan.new_nodes:
-            self._provisioning[step.group] = self._provisioning.get(step.group, 0) + step.count
-            self.counters.nodes_added += step.count
-            for _ in range(step.count):
-                self._push(self.now + self._timing.node_provision_s, _Kind.NODE_READY, step.group)
+            group = next(g for g in self._groups if g.id == step.group)
+            self._executor.add_nodes(step, group, f"nodes/{next(self._node_requests)}", Case.SCALE_UP)
 
-    def _attach(self, node: str, pool: str, model: str, count: int, reason: str, gangs: tuple[str, ...] = ()) -> None:
+    def _request_nodes(self, group_id: str, count: int) -> None:
+        """The simulated cloud takes the order: each node is Ready after the provisioning time."""
+        self._provisioning[group_id] = self._provisioning.get(group_id, 0) + count
+        self.counters.nodes_added += count
+        for _ in range(count):
+            self._push(self.now + self._timing.node_provision_s, _Kind.NODE_READY, group_id)
+
+    def _remove_node(self, name: str) -> None:
+        """The simulated cloud deletes the machine: the node is gone at once."""
+        del self._nodes[name]
+        self.counters.nodes_removed += 1
+        self._changed_since_scale_up = True
+
+    def _attach(self, step: Attach, case: Case, gangs: tuple[str, ...] = ()) -> None:
         key = f"attach/{next(self._op_ids)}"
+        self._fabric_changes += 1
         try:
-            self._fabric_changes += 1
-            operation = self.fabric.attach(AttachRequest(key=key, node=node, pool=pool, model=model, count=count,
-                                                         reason=reason))
+            operation = self._actions.attach(step, key, case, on_done=self._operation_done)
         except FabricError:
             # A malformed request (unknown pool or model): the planner and the scenario disagree. Count it, replan.
             self.counters.attach_failures += 1
@@ -533,11 +596,13 @@ class Simulation:
         if operation.state == OperationState.FAILED:
             # Refused on acceptance (too few free devices, no slot): the fabric records it as failed at once. The
             # planner only plans what the pool holds, so this too means the two disagree: count it, replan later.
+            # The watcher records the refusal now, as the controller's does on its next poll; nothing is in flight.
             self.counters.attach_failures += 1
+            self._watcher.poll((key,))
             return
-        self._track(operation.key, node, self._timing.attach_s)
+        self._track(key, step.node, self._timing.attach_s)
         if gangs:
-            self._attach_gangs[operation.key] = gangs
+            self._attach_gangs[key] = gangs
 
     def _cooldown_over_somewhere(self) -> bool:
         """Whether some node's GPUs or the node itself have been idle past their cooldown: the planner releases nothing
@@ -562,7 +627,7 @@ class Simulation:
         for step in plan.detaches:
             if step.node in busy:
                 continue  # one operation per node at a time, as the controller does
-            if self._detach(step.node, step.device_ids, step.force, step.reason):
+            if self._detach(step, Case.SCALE_DOWN_BLOCKED):
                 self._idle.reset(step.node)
                 busy.add(step.node)
         for removal in plan.removals:
@@ -579,18 +644,15 @@ class Simulation:
         busy = set(self._ops_in_flight.values())
         for step in plan_warm_refill(snapshot, config, hungry_pools(snapshot, [p.info for p in self._pending.values()])):
             if step.node not in busy:
-                self._attach(step.node, step.pool, step.model, step.count, step.reason)
+                self._attach(step, Case.WARM_HEADROOM)
                 busy.add(step.node)
 
-    def _detach(self, node: str, device_ids: tuple[str, ...], force: bool, reason: str) -> bool:
+    def _detach(self, step: Detach, case: Case) -> bool:
         key = f"detach/{next(self._op_ids)}"
-        try:
-            self._fabric_changes += 1
-            operation = self.fabric.detach(DetachRequest(key=key, node=node, device_ids=device_ids, force=force,
-                                                         reason=reason))
-        except FabricError:
-            return False  # e.g. a device went away meanwhile; the next scale step looks again
-        self._track(operation.key, node, self._timing.detach_s)
+        self._fabric_changes += 1
+        if self._actions.detach(step, key, case, on_done=self._operation_done) is None:
+            return False  # refused, e.g. a device went away meanwhile; the next scale step looks again
+        self._track(key, step.node, self._timing.detach_s)
         return True
 
     def _finish_removals(self) -> None:
@@ -602,11 +664,12 @@ class Simulation:
             devices = [d for d in self._devices() if d.node == node.name]
             online = tuple(d.id for d in devices if d.state == DeviceState.ONLINE)
             if online:
-                self._detach(node.name, online, force=False, reason="the node is being removed")
+                self._detach(Detach(node=node.name, device_ids=online, reason="the node is being removed"),
+                             Case.SCALE_DOWN_BLOCKED)
             elif not devices:
-                del self._nodes[node.name]
-                self.counters.nodes_removed += 1
-                self._changed_since_scale_up = True
+                removal = RemoveNode(node=node.name, group=node.group.id, reason="its GPUs are released and it holds "
+                                                                                 "no work")
+                self._executor.remove_node(removal, node.group, f"remove/{node.name}", Case.SCALE_DOWN_BLOCKED)
 
     def _track(self, key: str, node: str, latency_s: float) -> None:
         """Follow an operation; look at it again when its latency has passed (the scale step polls it after that)."""
@@ -615,37 +678,41 @@ class Simulation:
         self._push(self.now + latency_s, _Kind.OPERATION_DUE, key)
 
     def _collect_operations(self) -> None:
-        for key in [k for k, due in self._ops_due.items() if due <= self.now]:  # not due yet: cannot be done
-            operation = self.fabric.operation(key)
-            if operation is None:
-                # The fabric keeps finished operations for an hour (and the last 1,000); this one is read the instant
-                # it is due, so losing it means the two clocks disagree: stop rather than wait for it for ever.
-                raise RuntimeError(f"simulation at t={self.now:g}s: the fabric no longer knows operation {key} on "
-                                   f"{self._ops_in_flight[key]}")
-            if not operation.state.done:
-                continue
-            node = self._ops_in_flight.pop(key)
-            del self._ops_due[key]
-            self._fabric_changes += 1
-            self._changed_since_scale_up = True
-            if operation.kind == OperationKind.ATTACH:
-                self.counters.gpus_attached += len(operation.devices)
-                for device_id in operation.devices:
-                    previous = self._last_node_of_device.get(device_id)
-                    if previous is not None and previous != node:
-                        self.counters.gpus_reallocated += 1
-                    self._last_node_of_device[device_id] = node
-                if operation.state == OperationState.FAILED:
-                    self.counters.attach_failures += 1
-                self._gpus_held += len(operation.devices)
-                self._hold_for_gangs(key, operation.devices)
-                self._capacity_changed = True
-            else:
-                self.counters.gpus_detached += len(operation.devices)
-                self._gpus_held -= len(operation.devices)
-                for device_id in operation.devices:
-                    self._held_for_gang.pop(device_id, None)
-            self._arm_loop(self.now)
+        due = [key for key, at in self._ops_due.items() if at <= self.now]  # not due yet: cannot be done
+        if due:
+            self._watcher.poll(frozenset(due))  # calls `_operation_done` for each that ended
+
+    def _operation_done(self, operation: Operation) -> None:
+        key = operation.key
+        node = self._ops_in_flight.get(key)
+        if node is None:
+            return  # refused when asked: counted then, never in flight
+        if operation.error is not None and operation.error.code == ErrorCode.NOT_FOUND:
+            # The watcher's word for an operation the fabric forgot. The fabric keeps finished operations for an hour
+            # (and the last 1,000) and this one is read the instant it is due, so the two clocks disagree: stop.
+            raise RuntimeError(f"simulation at t={self.now:g}s: the fabric no longer knows operation {key} on {node}")
+        del self._ops_in_flight[key]
+        del self._ops_due[key]
+        self._fabric_changes += 1
+        self._changed_since_scale_up = True
+        if operation.kind == OperationKind.ATTACH:
+            self.counters.gpus_attached += len(operation.devices)
+            for device_id in operation.devices:
+                previous = self._last_node_of_device.get(device_id)
+                if previous is not None and previous != node:
+                    self.counters.gpus_reallocated += 1
+                self._last_node_of_device[device_id] = node
+            if operation.state == OperationState.FAILED:
+                self.counters.attach_failures += 1
+            self._gpus_held += len(operation.devices)
+            self._hold_for_gangs(key, operation.devices)
+            self._capacity_changed = True
+        else:
+            self.counters.gpus_detached += len(operation.devices)
+            self._gpus_held -= len(operation.devices)
+            for device_id in operation.devices:
+                self._held_for_gang.pop(device_id, None)
+        self._arm_loop(self.now)
 
     def _hold_for_gangs(self, key: str, devices: Sequence[str]) -> None:
         """Devices attached for a gang that has not started yet are held for it (stranded while it cannot start)."""
@@ -696,8 +763,8 @@ class Simulation:
                 times.append(empty + node.group.node_idle_cooldown_seconds)
         if self.policy.moves_gpus and self._reservations.enabled:
             # A large pod may become old enough for a reservation: the planner is asked again then.
-            times += [p.info.created_at + self._reservations.min_age_seconds for p in self._pending.values()
-                      if p.job.gpus]
+            times += [p.info.created_at + age for p in self._pending.values() if p.job.gpus
+                      for age in {earliest_reservation_age(self._reservations), self._reservations.min_age_seconds}]
         # An expiry already past that the planner did not act on will not be acted on until something changes (and
         # every change arms the loop again): waiting for it would tick for ever.
         future = [t for t in times if t > self.now]

@@ -46,7 +46,9 @@ from harness.provider_client import CloudConfig, ExternalGrpcClient, ProviderErr
 from harness.stack import DdsProcess, start_dds
 
 NAMESPACE = "bench"
-DDS_NAMESPACE = "dds-system"
+# Each run keeps its fabric state and instances in a namespace of its own: attaches the first run left in flight (their
+# latency is a day) would otherwise be the second run's orphans to reclaim, work the first run never had.
+DDS_NAMESPACES = {"list": "dds-list", "watch": "dds-watch"}
 GROUP_NAME = "gpu-workers"
 GROUP_ID = f"MachineSet/{NAMESPACE}/{GROUP_NAME}"
 GPU = "nvidia.com/gpu"
@@ -177,7 +179,8 @@ def populate(plane: ControlPlane, size: Size) -> None:
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
     plane.create_namespace(NAMESPACE)
-    plane.create_namespace(DDS_NAMESPACE)
+    for namespace in DDS_NAMESPACES.values():
+        plane.create_namespace(namespace)
     started = time.monotonic()
     machineset = custom.create_namespaced_custom_object("cluster.x-k8s.io", "v1beta1", NAMESPACE, "machinesets",
                                                         machineset_body(size))
@@ -215,14 +218,15 @@ def unschedulable(core: client.CoreV1Api) -> int:
 
 # --- DDS ---
 
-def write_settings(workdir: Path, plane: ControlPlane, size: Size, grpc_port: int, metrics_port: int) -> Path:
+def write_settings(workdir: Path, plane: ControlPlane, size: Size, grpc_port: int, metrics_port: int,
+                   namespace: str) -> Path:
     tls = workdir / "tls"
     bundle = certs.generate_bundle(["localhost"], ["127.0.0.1"], days=1)
     certs.write_bundle(tls, bundle, certs.CloudConfigOptions(address=f"127.0.0.1:{grpc_port}", files_dir=str(tls)))
     settings = {
         "listen": f"127.0.0.1:{grpc_port}", "metrics_listen": f"127.0.0.1:{metrics_port}",
         "tls_cert": str(tls / certs.SERVER_CERT), "tls_key": str(tls / certs.SERVER_KEY),
-        "tls_ca": str(tls / certs.CA_CERT), "kubeconfig": str(plane.kubeconfig), "namespace": DDS_NAMESPACE,
+        "tls_ca": str(tls / certs.CA_CERT), "kubeconfig": str(plane.kubeconfig), "namespace": namespace,
         "machineset_namespaces": [NAMESPACE], "loop_interval_seconds": LOOP_INTERVAL_SECONDS,
         "pending_debounce_seconds": 86400.0,  # the loop plans and observes; attaching stays CA's (case 1)
         # Enough devices for every pending pod twice; the simulated manager keeps its state in one ConfigMap (1 MiB).
@@ -239,6 +243,20 @@ def grpc_client(workdir: Path, grpc_port: int) -> ExternalGrpcClient:
     config = CloudConfig(address=f"127.0.0.1:{grpc_port}", cert=tls / certs.CLIENT_CERT, key=tls / certs.CLIENT_KEY,
                          cacert=tls / certs.CA_CERT)
     return ExternalGrpcClient(open_channel(config), timeout=120.0)
+
+
+def first_refresh(provider: ExternalGrpcClient, timeout: float = 120.0) -> None:
+    """CA's first call, retried while the channel connects: on a loaded machine DDS's first loop pass (labelling every
+    node) can delay the TLS handshake past gRPC's connect attempt, which fails the call at once (CA retries too)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            provider.refresh()
+            return
+        except ProviderError as exc:
+            if "UNAVAILABLE" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def rss_mib(pid: int) -> float:
@@ -283,14 +301,14 @@ def run_mode(workdir: Path, plane: ControlPlane, size: Size, watch: bool, calls:
     grpc_port, metrics_port = free_ports(2)
     mode_dir = workdir / ("watch" if watch else "list")
     mode_dir.mkdir(parents=True, exist_ok=True)
-    config = write_settings(mode_dir, plane, size, grpc_port, metrics_port)
+    config = write_settings(mode_dir, plane, size, grpc_port, metrics_port, DDS_NAMESPACES["watch" if watch else "list"])
     env = {"DDS_WATCH_CACHE": "true" if watch else "false"}
     started = time.monotonic()
     dds = start_dds(config, mode_dir / "dds.log", metrics_port, timeout=900, env=env)
     sync_s = time.monotonic() - started
     try:
         provider = grpc_client(mode_dir, grpc_port)
-        provider.refresh()
+        first_refresh(provider)
         assert any(g.id == GROUP_ID for g in provider.node_groups()), provider.node_groups()
         latencies, refused, over_deadline = [], 0, 0
         for _ in range(calls):

@@ -2,7 +2,7 @@
 
 A pool of two A30, both composed into the two workers at boot. A third GPU pod goes Pending; CA asks DDS for a node
 (IncreaseSize). The planner would add one — a new node boots with one GPU — but that GPU comes from the same empty pool,
-so the node would come up without it and CA would ask again for another (dds/controller/attach_failures.py). DDS adds
+so the node would come up without it and CA would ask again for another (dds/planner/attach_failures.py). DDS adds
 no node: the instance CA asked for is listed `instanceCreating` with errorInfo OutOfResources (class 1), CA backs off
 and deletes the placeholder, and Events and metrics say why. When the pool grows (an operator adds a GPU: DDS restarted
 on the new pool), DDS's own loop (case 2: pods CA did not serve) attaches it and the pod runs.

@@ -56,3 +56,64 @@ def test_a_pod_ca_is_already_serving_is_not_planned_again_by_the_loop(dds: Contr
     assert dds.app.tracker.get(instance.id) is None
     dds.run_once()
     assert len(dds.operations()) == 1
+
+
+def test_ca_acting_while_the_loop_decides_is_seen_before_the_loop_acts(dds: ControllerHarness, monkeypatch):
+    """The loop plans outside the controller's lock; CA's IncreaseSize may start its attach in that window. The loop's
+    plan then predates that attach, so it plans again before acting, and the pod is served once."""
+    import threading
+
+    group = dds.create_group("workers", replicas=1)
+    dds.create_pod("train-0", gpus=1)
+    dds.wait_unschedulable("train-0")
+    dds.clock.advance(DEBOUNCE_SECONDS + 1)  # the loop's fast path would attach for the pod now
+    observer = dds.controller.observer
+    observe = observer.observe
+    instances = []
+
+    def observe_then_ca_scales_up():
+        observation = observe()
+        if not instances:  # once: CA's call runs to its end while the loop is still deciding
+            instances.append(None)
+            ca = threading.Thread(target=lambda: instances.extend(dds.app.scale_up.increase(group, 1, "ca-1")))
+            ca.start()
+            ca.join()
+        return observation
+
+    monkeypatch.setattr(observer, "observe", observe_then_ca_scales_up)
+    dds.run_once()
+
+    [instance] = instances[1:]
+    [attach] = dds.operations()
+    assert attach.key.startswith(instance.id), "the loop planned again and found the pod covered by CA's attach"
+
+
+def test_the_loop_acting_while_ca_decides_is_seen_before_ca_acts(dds: ControllerHarness, monkeypatch):
+    """The other way round: CA's IncreaseSize plans outside the lock while the loop's fast path attaches for the same
+    pod; CA's plan then predates that attach, so it plans again and finds the pod covered."""
+    import threading
+
+    group = dds.create_group("workers", replicas=1)
+    dds.create_pod("train-0", gpus=1)
+    dds.wait_unschedulable("train-0")
+    dds.clock.advance(DEBOUNCE_SECONDS + 1)
+    observer = dds.controller.observer
+    observe = observer.observe
+    passes = []
+
+    def observe_then_the_loop_runs():
+        observation = observe()
+        if not passes:  # once, on CA's first look: a whole loop pass runs before CA acts
+            passes.append(None)
+            monkeypatch.setattr(observer, "observe", observe)
+            loop = threading.Thread(target=dds.run_once)
+            loop.start()
+            loop.join()
+        return observation
+
+    monkeypatch.setattr(observer, "observe", observe_then_the_loop_runs)
+    instances = dds.app.scale_up.increase(group, 1, "ca-1")
+
+    [attach] = dds.operations()
+    assert attach.key.startswith("fast-path/"), "CA planned again and found the pod covered by the loop's attach"
+    assert [i.kind.value for i in instances] == ["gpu"]

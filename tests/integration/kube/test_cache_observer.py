@@ -73,3 +73,22 @@ def test_the_cached_snapshot_is_the_one_a_list_gives(dds: ControllerHarness) -> 
                               dds.settings.gpu_label, dds.settings.machineset_namespaces)
     wait_for("the cached snapshot to equal the listed one",
              lambda: comparable(cached.observe()) == comparable(listing.observe()), timeout=30)
+
+
+def test_a_node_dds_has_just_asked_for_counts_before_the_watch_brings_the_machinesets_change(
+        dds: ControllerHarness) -> None:
+    """A MachineSet patch and its watch event are apart by a moment; a decision in that moment must not see the old
+    replicas, or it would ask for the same node again. The stores are filled by one LIST here and never watched, so
+    only the write itself can make the new replicas visible."""
+    group = dds.create_group("workers", replicas=1, max_size=4)
+    dds.nodes.infrastructure.stop()  # Cluster API's stand-in would make the Machine: the replica stays without one
+    cache = dds.app.cache
+    assert cache is not None and cache.machinesets is not None
+    cache.list_once()
+    observer = dds.app.controller.observer
+    assert observer.observe().snapshot.upcoming_nodes.get(group.id, 0) == 0
+
+    dds.app.controller.executor.provisioner.add_nodes(group, 1, "ca-request-1")
+
+    assert observer.machineset_replicas()[group.id] == 2
+    assert observer.observe().snapshot.upcoming_nodes.get(group.id, 0) == 1

@@ -79,11 +79,17 @@ def test_dds_cluster_role_is_exactly_the_documented_least_privilege(rendered: li
         "cluster.x-k8s.io/machinesets/scale": {"get", "patch", "update"},
         "core/nodes": read | {"patch"},
         "core/nodes/status": {"patch"},
-        "core/pods": read,
+        "core/pods": read | {"patch"},
+        "scheduling.k8s.io/workloads": {"get", "list"},
+        "scheduling.x-k8s.io/podgroups": {"get", "list"},
         "core/events": {"create", "patch"},
         "cro.hpsys.ibm.ie.com/composabilityrequests": read | {"create", "update", "patch", "delete"},
         "cro.hpsys.ibm.ie.com/composabilityrequests/status": {"get"},
         "cro.hpsys.ibm.ie.com/composableresources": read,
+        "resource.k8s.io/resourceclaims": read,
+        "resource.k8s.io/resourceclaimtemplates": read,
+        "resource.k8s.io/deviceclasses": read,
+        "resource.k8s.io/resourceslices": read | {"create", "update", "delete"},
     }
 
 

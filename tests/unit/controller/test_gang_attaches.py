@@ -114,3 +114,18 @@ def test_attaches_still_running_are_waited_for_before_the_timeout_rolls_back():
     clock[0] += TIMEOUT + 1
     gangs.reconcile(snapshot)
     assert actions.detached == []
+
+
+def test_a_failure_waits_for_the_gangs_other_attaches_and_holds_the_gang_back_meanwhile():
+    clock, fabric, actions, events, gangs, snapshot = setup()
+    fabric.finish("k1", "n1", (), OperationState.RUNNING)
+    fabric.finish("k2", "n2", (), OperationState.FAILED, FabricError(ErrorCode.BACKEND, "switch port down"))
+    gangs.reconcile(snapshot)
+    assert actions.detached == []
+    assert gangs.not_held(snapshot.pending_pods()) == [], "not planned again while its set is voided"
+    fabric.finish("k1", "n1", ("n1-gpu-0",))
+    gangs.reconcile(snapshot)
+    assert actions.detached == [("n1", ("n1-gpu-0",), Case.GANG_ROLLBACK)]
+    assert gangs.not_held(snapshot.pending_pods()) == [], "the pass that rolls back sees the GPUs as still there"
+    gangs.reconcile(snapshot)
+    assert len(gangs.not_held(snapshot.pending_pods())) == 2, "planned whole again on the next pass"

@@ -1,6 +1,6 @@
 """GPUs that fail while attached (dds/controller/repair.py): the failed device goes back to the fabric, the node gets a
-replacement for the work bound to it, and the failure is counted — driven through the real simulated fabric, executor
-and operation watcher on a fake clock."""
+replacement for the work bound to it, and the failure is counted — driven through the controller's `Actions` (the
+real executor and operation watcher) on the real simulated fabric and a fake clock."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ from dataclasses import replace
 
 from dds import metrics
 from dds.config import FaultSpec, LatencySpec, PoolSpec, SimulatedFabricSettings
+from dds.controller.apply import Actions
 from dds.controller.executor import Executor, OperationWatcher
 from dds.controller.observe import Observation
-from dds.controller.repair import DEVICE_FAILED, DeviceRepair, Restore, gpu_shortfalls
+from dds.controller.repair import DEVICE_FAILED, DeviceRepair
 from dds.controller.devices import devices_by_node
 from dds.fabric.base import AttachRequest, DeviceState
 from dds.fabric.simulated import SimulatedFabric
-from dds.model.groups import Taint
 from dds.nodes.memory import MemoryProvisioner
+from dds.planner.shortfalls import gpu_shortfalls
 from dds.planner.snapshot import PoolInfo, Snapshot
 from tests.unit.planner.builders import make_group, make_node, make_pod
 
@@ -36,19 +37,6 @@ class Events:
         self.seen.append((f"{involved.kind}/{involved.name}", event_type, reason, message))
 
 
-def test_shortfalls_are_nodes_whose_bound_pods_ask_for_more_gpus_than_they_have():
-    group = make_group(initial_gpus=1)
-    snapshot = Snapshot(now=0.0, groups=(group,), pools=(PoolInfo("pool-a", {"A30": 4}),), nodes=(
-        make_node("short", gpus=1), make_node("coming", gpus=1, attaching=1), make_node("fine", gpus=2),
-        make_node("other", gpus=0, group=None), make_node("leaving", gpus=0, being_deleted=True),
-        make_node("cordoned", gpus=0, taints=(Taint(key="dds.cdi.dev/removing", value="true", effect="NoSchedule"),))), pods=(
-        make_pod("a", gpus=1, node="short"), make_pod("b", gpus=1, node="short"),
-        make_pod("c", gpus=2, node="coming"), make_pod("d", gpus=2, node="fine"),
-        make_pod("e", gpus=1, node="other"), make_pod("f", gpus=1, node="leaving"),
-        make_pod("g", gpus=1, node="cordoned", owner="DaemonSet")))
-    assert gpu_shortfalls(snapshot) == [Restore("short", "pool-a", "A30", 1, requested=2, have=1)]
-
-
 def test_a_failed_gpu_is_detached_replaced_and_counted():
     clock, events = Clock(), Events()
     settings = SimulatedFabricSettings(
@@ -63,7 +51,7 @@ def test_a_failed_gpu_is_detached_replaced_and_counted():
 
     executor = Executor(fabric, MemoryProvisioner(clock), events)
     watcher = OperationWatcher(fabric, events, clock)
-    repair = DeviceRepair(fabric, executor, watcher, events, clock)
+    repair = DeviceRepair(fabric, Actions(executor, watcher), events, clock)
     before = metrics.FABRIC_ERRORS.labels("simulated", "device", DEVICE_FAILED)._value.get()
 
     def observe() -> Observation:
@@ -96,7 +84,7 @@ def test_a_node_short_of_gpus_for_another_reason_is_left_alone():
     fabric = SimulatedFabric(SimulatedFabricSettings(pools=[PoolSpec(name="pool-a", devices={"A30": 4})]),
                              clock=clock, persist=False)
     watcher = OperationWatcher(fabric, events, clock)
-    repair = DeviceRepair(fabric, Executor(fabric, MemoryProvisioner(clock), events), watcher, events, clock)
+    repair = DeviceRepair(fabric, Actions(Executor(fabric, MemoryProvisioner(clock), events), watcher), events, clock)
     snapshot = Snapshot(now=clock.now, groups=(make_group(),), nodes=(make_node("w1", gpus=0),),
                         pods=(make_pod("ds", gpus=1, node="w1", owner="DaemonSet"),),
                         pools=(PoolInfo("pool-a", {"A30": 4}),))

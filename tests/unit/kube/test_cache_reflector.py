@@ -174,3 +174,25 @@ def test_a_lost_connection_relists_instead_of_watching_from_the_old_version() ->
 ])
 def test_requests_are_counted_by_the_apiservers_verb(method: str, url: str, query: Any, verb: str) -> None:
     assert verb_of(method, url, query) == verb
+
+
+def test_dds_own_write_is_read_back_before_its_watch_event_and_older_events_do_not_undo_it() -> None:
+    r = reflector(ScriptedApi([Response(page([pod("a", "1")], "1"))]))
+    r.relist()
+    r.assume(pod("a", "7", node="worker-1"))  # what the apiserver answered to DDS's write
+    assert r.get("ns/a").info.node_name == "worker-1"
+
+    r.apply(event("MODIFIED", pod("a", "5")))  # a change from before the write, still on its way
+    assert r.get("ns/a").info.node_name == "worker-1" and r.resource_version == "5"
+
+    r.apply(event("MODIFIED", pod("a", "8", node="worker-2")))  # the watch caught up: it is the truth again
+    assert r.get("ns/a").info.node_name == "worker-2"
+    r.apply(event("MODIFIED", pod("a", "9")))
+    assert r.get("ns/a").info.node_name is None
+
+
+def test_a_write_the_watch_has_already_shown_is_not_assumed_back_over_newer_state() -> None:
+    r = reflector(ScriptedApi([Response(page([pod("a", "6", node="worker-2")], "6"))]))
+    r.relist()
+    r.assume(pod("a", "4", node="worker-1"))
+    assert r.get("ns/a").info.node_name == "worker-2"

@@ -1,5 +1,5 @@
-"""The lean decoder (raw JSON dicts, the watch cache's path) and convert.py (kubernetes.client models, the LIST path)
-must give the planner the same pod and node: the cache changes how DDS reads, never what it decides."""
+"""The lean decoder (raw JSON dicts, the watch cache's path) and listing.py with convert.py (kubernetes.client models,
+the LIST path) must give the planner the same pod and node: the cache changes how DDS reads, never what it decides."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from dds.controller.observe import _node_record, _pod_record
-from dds.kube import decode
+from dds.kube import decode, listing
 
 _API = client.ApiClient()
 
@@ -89,7 +88,7 @@ PODS["succeeded"]["status"] = {"phase": "Succeeded"}
 @pytest.mark.parametrize("name", sorted(PODS))
 def test_a_pod_decodes_as_the_client_models_convert(name: str) -> None:
     raw = PODS[name]
-    assert decode.pod_record(raw) == _pod_record(as_model(raw, "V1Pod"))
+    assert decode.pod_record(raw) == listing.pod_record(as_model(raw, "V1Pod"))
 
 
 def test_an_unschedulable_pod_carries_when_the_scheduler_gave_up() -> None:
@@ -129,7 +128,7 @@ NODES = {
 @pytest.mark.parametrize("name", sorted(NODES))
 def test_a_node_decodes_as_the_client_models_convert(name: str) -> None:
     raw = NODES[name]
-    assert decode.node_record(raw) == _node_record(as_model(raw, "V1Node"))
+    assert decode.node_record(raw) == listing.node_record(as_model(raw, "V1Node"))
 
 
 def test_object_keys_are_namespace_slash_name_or_the_name_alone() -> None:

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from dds.planner import plan_scale_up
-from dds.planner.gangs import POD_GROUP_LABEL, find_gangs, gang_of
+from dds.planner.gangs import GANG_INCOMPLETE, GANG_LARGER_THAN_CLUSTER, POD_GROUP_LABEL, find_gangs, gang_of
 from dds.planner.plan import PlannerConfig, Verdict
 from dds.planner.reference import plan_scale_up_reference
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
@@ -42,8 +42,8 @@ def test_a_gang_too_large_for_the_pool_attaches_nothing_and_says_why(planner):
     plan = planner(make_snapshot(nodes, pods, groups=groups, pools=pools), CONFIG)
     assert plan.is_empty
     assert [d.verdict for d in plan.decisions] == [Verdict.UNSCHEDULABLE] * 4
-    assert "gang default/ddp needs 4 pod(s) at once" in plan.decisions[0].reason
-    assert "only 3 of the 4" in plan.decisions[0].reason
+    assert "gang default/ddp needs 8 GPU(s) for its 4 pod(s)" in plan.decisions[0].reason
+    assert "more than the 6 GPU(s) the cluster has in all" in plan.decisions[0].reason
 
 
 def test_the_capacity_a_short_gang_cannot_use_goes_to_the_pods_after_it():
@@ -88,3 +88,24 @@ def test_a_gang_larger_than_the_pool_does_not_block_a_gang_behind_it():
     assert all(verdicts[f"default/huge-{i}"] == Verdict.UNSCHEDULABLE for i in range(3))
     assert all(verdicts[f"default/ddp-{i}"] == Verdict.FITS_AFTER_GPUS for i in range(4))
     assert plan.gpus == 8
+
+
+def test_a_gang_larger_than_every_gpu_there_is_is_refused_as_such():
+    nodes, groups, pools = two_workers(pool_free=8)  # 8 GPUs in all; the gang asks for 10
+    pods = [member(f"ddp-{i}", minimum=5, created=float(i)) for i in range(5)]
+    plan = plan_scale_up(make_snapshot(nodes, pods, groups=groups, pools=pools), CONFIG)
+    assert plan.is_empty
+    assert {d.refusal for d in plan.decisions} == {GANG_LARGER_THAN_CLUSTER}
+    assert "needs 10 GPU(s)" in plan.decisions[0].reason and "the 8 GPU(s) the cluster has" in plan.decisions[0].reason
+
+
+def test_a_gang_short_of_gpus_free_now_is_left_out_but_not_called_too_large():
+    nodes, groups, pools = two_workers(pool_free=4)
+    nodes[0] = make_node("w1", gpus=4)
+    busy = make_pod("busy", gpus=4, node="w1")  # 8 GPUs in all, 4 of them in use until busy ends
+    pods = [member(f"ddp-{i}", minimum=4, created=float(i)) for i in range(4)]
+    plan = plan_scale_up(make_snapshot(nodes, [busy] + pods, groups=groups, pools=pools), CONFIG)
+    assert plan.is_empty
+    assert {d.refusal for d in plan.decisions} == {GANG_INCOMPLETE}
+    assert "gang default/ddp needs 4 pod(s) at once" in plan.decisions[0].reason
+    assert "only 2 of the 4" in plan.decisions[0].reason

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from dds.cli import main
-from dds.planner import bench
 from dds.planner.snapshot_io import SnapshotFormatError, dump_snapshot, load_snapshot
+from tests.bench import planner as bench
 from tests.unit.planner.builders import demo_snapshot, make_node, make_pod, make_snapshot, same_host, term
 
 DEMO = Path(__file__).resolve().parents[3] / "examples" / "snapshot-demo.json"

@@ -13,7 +13,7 @@ from dds.planner.batch import cost
 from dds.planner.nodes import gpu_facts
 from dds.planner.plan import PlannerConfig, Verdict
 from dds.planner.reference import plan_scale_up_reference
-from dds.planner.synthetic import Shape, random_snapshot
+from tests.bench.synthetic import Shape, random_snapshot
 
 POLICIES = st.sampled_from(("best-fit", "least-demand", "concentrated", "spread"))
 SHAPES = st.builds(Shape, nodes=st.integers(1, 14), pending=st.integers(0, 10), slots=st.sampled_from((2, 4, 8)),

@@ -10,7 +10,7 @@ from dds.planner import existing, plan_scale_up
 from dds.planner.plan import PlannerConfig
 from dds.planner.scoring import Candidates, rank
 from dds.planner.state import _unique_rows
-from dds.planner.synthetic import Shape, random_snapshot
+from tests.bench.synthetic import Shape, random_snapshot
 
 
 def random_candidates(rng: np.random.Generator, n: int) -> Candidates:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from dds.planner.plan import Detach, ScaleDownPlan
 from dds.planner.reservations import (CLAIM_TAINT_KEY, ReservationConfig, keep_reserved, plan_reservations,
                                       reservation_taint)
@@ -67,3 +69,32 @@ def test_scale_down_keeps_the_reserved_nodes_gpus():
 
 def test_claim_taint_key_is_distinct_from_the_reservation():
     assert CLAIM_TAINT_KEY != reservation_taint("x").key
+
+
+QUIET = ReservationConfig(min_age_seconds=600.0, quiet_age_seconds=60.0, quiet_pending=1)
+
+
+@pytest.mark.parametrize(("config", "others", "reserved"), [
+    pytest.param(QUIET, 0, True, id="quiet-pool-reserves-early"),
+    pytest.param(QUIET, 1, True, id="one-other-pending-is-still-quiet"),
+    pytest.param(QUIET, 2, False, id="a-queue-waits-for-the-min-age"),
+    pytest.param(replace(QUIET, quiet_age_seconds=200.0), 0, False, id="younger-than-the-quiet-age"),
+    pytest.param(replace(QUIET, quiet_age_seconds=None), 0, False, id="quiet-reservations-off"),
+])
+def test_a_large_pod_is_reserved_early_only_while_few_pods_queue(config: ReservationConfig, others: int,
+                                                                 reserved: bool):
+    nodes = [make_node("w1", gpus=2), make_node("w2", gpus=2)]
+    pods = [make_pod("big", gpus=8, created=900.0)]  # now = 1000: 100 s old, short of the 600 s min age
+    pods += [make_pod(f"small-{i}", gpus=1, created=950.0) for i in range(others)]
+    plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=0)]), config)
+    assert [r.pod for r in plan.new] == (["default/big"] if reserved else [])
+    if reserved:
+        assert f"while {others} other pending pod(s) could use" in plan.new[0].reason
+
+
+def test_past_the_min_age_a_large_pod_is_reserved_however_long_the_queue():
+    nodes = [make_node("w1", gpus=2), make_node("w2", gpus=2)]
+    pods = [make_pod("big", gpus=8, created=0.0)] + [make_pod(f"small-{i}", gpus=1, created=950.0) for i in range(5)]
+    plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=0)]), QUIET)
+    assert [r.pod for r in plan.new] == ["default/big"]
+    assert "has waited 1000s:" in plan.new[0].reason

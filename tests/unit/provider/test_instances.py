@@ -101,3 +101,26 @@ def test_reload_takes_over_what_another_process_tracked():
     standby.reload()
     assert standby.list() == (kept,)
     assert standby.get(finished.id) is None
+
+
+def test_instances_ended_together_are_written_once_and_stay_ended_after_a_restart():
+    class CountingStore(MemoryStateStore):
+        writes = 0
+
+        def update(self, mutate):
+            CountingStore.writes += 1
+            super().update(mutate)
+
+    store = CountingStore()
+    tracker = InstanceTracker(store)
+    records = new_records(4)
+    for record in records:
+        tracker.add(record)
+    before = CountingStore.writes
+
+    ended = tracker.complete_all([records[0].id, records[2].id, "dds://MachineSet/default/gpu-workers/gpu/gone"])
+
+    assert [r.id for r in ended] == [records[0].id, records[2].id]
+    assert CountingStore.writes == before + 1
+    restarted = InstanceTracker(store)
+    assert [r.id for r in restarted.list()] == [records[1].id, records[3].id]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 
+from dds.commands.simulate import reservations_from_args
 from dds.planner.reservations import ReservationConfig
 from dds.sim.engine import simulate
 from dds.sim.policies import POLICIES
@@ -49,3 +51,22 @@ def test_a_large_job_gets_a_node_reserved_and_starts_while_small_jobs_keep_arriv
     assert big is not None and big - 50.0 <= 600.0
     without = simulate(spec, POLICIES["best-fit"], reservations=ReservationConfig(enabled=False))
     assert starts(without)["big"] is None or starts(without)["big"] > big
+
+
+def test_a_large_job_is_reserved_before_its_min_age_while_few_pods_queue_behind_it():
+    # As above, but the reservation age is past the whole stream: only the quiet rule can reserve early, and the
+    # 1-GPU jobs, each alone in the queue when it arrives, leave it quiet.
+    small = [job(f"s-{i}", 100.0 * i, gpus=1, duration=300.0) for i in range(30)]
+    spec = scenario(cluster((4, 4), pool_gpus=8), small + [job("big", 50.0, gpus=8, duration=300.0)])
+    quiet = simulate(spec, POLICIES["best-fit"],
+                     reservations=ReservationConfig(min_age_seconds=10_000.0, quiet_age_seconds=0.0))
+    late = simulate(spec, POLICIES["best-fit"], reservations=ReservationConfig(min_age_seconds=10_000.0))
+    big = starts(quiet)["big"]
+    assert big is not None and big - 50.0 <= 600.0
+    assert starts(late)["big"] is None or starts(late)["big"] > big
+
+
+def test_reserve_early_turns_reservations_on_with_its_quiet_age():
+    args = argparse.Namespace(reservations=False, reserve_after=None, reserve_early=30.0)
+    config = reservations_from_args(args)
+    assert (config.enabled, config.quiet_age_seconds, config.min_age_seconds) == (True, 30.0, 600.0)

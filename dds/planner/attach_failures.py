@@ -1,5 +1,5 @@
-"""What DDS does when a scale-up's GPUs cannot be had: the decisions behind PlannerScaleUp, pure so they are tested
-on plain data (dds/controller/ca_requests.py applies them).
+"""What DDS does when a scale-up's GPUs cannot be had: the decision behind PlannerScaleUp after an attach failed, on
+plain data (dds/controller/ca_requests.py carries it out: the retry, the node, or the failed instance CA is told of).
 
 After an attach of an instance failed (the whole of it, or part: `missing` devices not attached):
 
@@ -23,10 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 
-from tenacity import RetryCallState, wait_exponential
-
-from dds.fabric.base import ErrorCode, FabricError
+from dds.model.fabric_errors import ErrorCode
 
 ATTACH_ATTEMPTS = 4  # the first try and up to three retries of what an instance's attaches did not attach
 RETRY_BASE_SECONDS = 2.0
@@ -34,20 +33,26 @@ RETRY_MAX_SECONDS = 30.0
 ERROR_CLASS_OUT_OF_RESOURCES = 1  # cloudprovider.OutOfResourcesErrorClass
 ERROR_CLASS_OTHER = 99  # cloudprovider.OtherErrorClass
 
-_RETRY_WAIT = wait_exponential(multiplier=RETRY_BASE_SECONDS, max=RETRY_MAX_SECONDS)
+
+class AttachError(Protocol):
+    """What the decision reads of a failed attach (a `dds.fabric.base.FabricError` is one)."""
+
+    @property
+    def code(self) -> ErrorCode: ...
+
+    @property
+    def message(self) -> str: ...
 
 
 def retry_delay(attempt: int) -> float:
     """Seconds to wait before retry number `attempt` (1 = the first retry): 2, 4, 8, ... up to 30.
 
-    tenacity's exponential wait, as the executor uses for a refused call; the retry itself cannot be tenacity's blocking
-    loop here (an attach ends long after CA's RPC answered, and the control loop never sleeps), so the wait is computed
-    and the retry scheduled."""
+    The same exponential backoff as the executor's retries of a refused call; those block, but a retry here cannot (an
+    attach ends long after CA's RPC answered, and the control loop never sleeps), so the wait is computed and the retry
+    scheduled by the caller."""
     if attempt < 1:
         raise ValueError(f"retry attempt numbers start at 1, got {attempt}")
-    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})
-    state.attempt_number = attempt
-    return float(_RETRY_WAIT(state))
+    return float(min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** (attempt - 1)))
 
 
 class Action(str, Enum):
@@ -65,12 +70,14 @@ class AfterFailure:
     error_class: int = ERROR_CLASS_OTHER  # FAIL: what CA reads from errorInfo
 
 
-def after_attach_failure(error: FabricError, attempts: int, *, group_has_room: bool, pool_free: int,
+def after_attach_failure(error: AttachError, attempts: int, *, group_has_room: bool, pool_free: int,
                          gpus_for_new_node: int) -> AfterFailure:
     """The next step for an instance whose attach failed; `attempts` = tries made so far (1 after the first).
 
     `pool_free`: free devices of the group's pool and model now; `gpus_for_new_node`: what a new node would need from
     it (its boot-time GPUs, or the missing ones when more)."""
+    if attempts < 1:
+        raise ValueError(f"attempts counts the tries made so far, at least 1, got {attempts}")
     code = error.code
     if code.retryable and attempts < ATTACH_ATTEMPTS:
         delay = retry_delay(attempts)

@@ -1,5 +1,5 @@
-"""What DDS does when a scale-up's GPUs cannot be had (dds/controller/attach_failures.py and the plan check of
-dds/controller/ca_requests.py), on plain data."""
+"""What DDS does when a scale-up's GPUs cannot be had (dds/planner/attach_failures.py and the plan check of
+dds/planner/equip.py), on plain data."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from dds.controller.attach_failures import (ATTACH_ATTEMPTS, ERROR_CLASS_OTHER, ERROR_CLASS_OUT_OF_RESOURCES, Action,
-                                            after_attach_failure, retry_delay)
-from dds.planner.equip import equip_new_nodes, nodes_without_gpus, without_unequipped_nodes
 from dds.fabric.base import ErrorCode, FabricError
+from dds.model.fabric_errors import ErrorCode as ModelErrorCode
 from dds.planner import plan_scale_up
+from dds.planner.attach_failures import (ATTACH_ATTEMPTS, ERROR_CLASS_OTHER, ERROR_CLASS_OUT_OF_RESOURCES, Action,
+                                         after_attach_failure, retry_delay)
+from dds.planner.equip import equip_new_nodes, nodes_without_gpus, without_unequipped_nodes
 from dds.planner.plan import NewNodes, PlannerConfig
 from dds.planner.snapshot import PoolInfo, Snapshot
 from tests.unit.planner.builders import make_group, make_node, make_pod
@@ -24,8 +25,18 @@ def failure(code: ErrorCode, attempts: int = 1, *, room: bool = True, free: int 
 
 def test_retry_waits_grow_exponentially_up_to_a_cap():
     assert [retry_delay(n) for n in range(1, 6)] == [2.0, 4.0, 8.0, 16.0, 30.0]
+    assert retry_delay(50) == 30.0
     with pytest.raises(ValueError):
         retry_delay(0)
+
+
+def test_attempts_count_the_tries_made():
+    with pytest.raises(ValueError, match="at least 1"):
+        failure(ErrorCode.BACKEND, attempts=0)
+
+
+def test_the_fabric_and_the_planner_share_one_set_of_codes():
+    assert ErrorCode is ModelErrorCode
 
 
 @pytest.mark.parametrize("code", [ErrorCode.BACKEND, ErrorCode.TIMEOUT])

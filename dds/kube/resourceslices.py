@@ -1,0 +1,149 @@
+"""DRA publishing. Node-local mode (hot-plug): one ResourceSlice per node lists the GPUs attached to it, as a DRA driver
+with hot-plug does; DDS plays that driver for the simulated fabric (tests, the demo), while with a real fabric the
+vendor's DRA driver on the node publishes the slice (docs/dra.md). Pool mode: one slice per fabric pool lists its slots
+(`publish_pool_slots`, driven by dds/controller/dra_binding.py).
+
+    slice  <node>.gpu.dds.cdi.dev   spec.driver = gpu.dds.cdi.dev, spec.nodeName = <node>,
+                                    spec.pool = {name: <node>, generation: +1 per change, resourceSliceCount: 1}
+                                    spec.devices = one per ONLINE GPU (dds/planner/dra.py `gpu_device`: model,
+                                    productName, deviceID attributes; memory capacity)
+
+A node with no GPU left has no slice. Writes carry the slice's resourceVersion, so a concurrent change fails and the
+fabric's next tick publishes again (errors propagate to it, as the GPU capacity publisher's do).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+from kubernetes import client
+
+from dds.model.groups import LABEL_NODE_GROUP
+from dds.planner.dra import DRIVER, dra_pool_name, gpu_device
+from dds.planner.dra_records import DraDevice
+
+log = logging.getLogger(__name__)
+
+OnlineDevices = Callable[[str], Iterable[tuple[str, str]]]  # node -> (fabric device id, model) of its online GPUs
+
+
+def slice_name(node: str, driver: str = DRIVER) -> str:
+    return f"{node}.{driver}"
+
+
+def device_object(device: DraDevice) -> dict[str, Any]:
+    """A device as resource.k8s.io/v1 spells it; names are qualified by the driver's domain, which the API omits."""
+    prefix = f"{device.driver}/"
+
+    def short(name: str) -> str:
+        return name[len(prefix):] if name.startswith(prefix) else name
+
+    attributes = {short(k): {"bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "string": v}
+                  for k, v in sorted(device.attributes.items())}
+    out: dict[str, Any] = {"name": device.name, "attributes": attributes}
+    if device.capacity:
+        out["capacity"] = {short(k): {"value": _quantity(v)} for k, v in sorted(device.capacity.items())}
+    if device.binds_to_node:
+        out["bindsToNode"] = True
+        out["bindingConditions"] = list(device.binding_conditions)
+        out["bindingFailureConditions"] = list(device.binding_failure_conditions)
+    return out
+
+
+def _quantity(value: int) -> str:
+    # The apiserver keeps a quantity as written: "24Gi", not 25769803776, so a re-read compares equal.
+    for suffix, unit in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if value and value % unit == 0:
+            return f"{value // unit}{suffix}"
+    return str(value)
+
+
+def slice_devices(node: str, online: Iterable[tuple[str, str]], driver: str = DRIVER) -> list[dict[str, Any]]:
+    return [device_object(gpu_device(model, fabric_id, node, driver)) for fabric_id, model in sorted(online)]
+
+
+class ResourceSlicePublisher:
+    """Keeps `<node>.<driver>` listing the node's online GPUs; `publish(node)` after every change of them."""
+
+    def __init__(self, api: client.ApiClient, online: OnlineDevices, driver: str = DRIVER,
+                 request_timeout_seconds: float = 10.0) -> None:
+        self._client = api
+        self._online = online
+        self._driver = driver
+        self._timeout = request_timeout_seconds
+
+    def publish(self, node: str) -> None:
+        devices = slice_devices(node, self._online(node), self._driver)
+        write_slice(self._client, slice_name(node, self._driver), self._driver, node, {"nodeName": node}, devices,
+                    self._timeout)
+
+
+def write_slice(api: client.ApiClient, name: str, driver: str, pool: str, placement: Mapping[str, Any],
+                devices: Sequence[Mapping[str, Any]], timeout: float = 10.0) -> None:
+    """Make the one-slice pool `pool` list `devices` (none: no slice), placed by `placement` (nodeName, nodeSelector
+    or allNodes). A change bumps the pool's generation; an unchanged slice is not written."""
+    resource = client.ResourceV1Api(api)
+    current = _read(resource, name, timeout)
+    if not devices:
+        if current is not None:
+            resource.delete_resource_slice(name, _request_timeout=timeout)
+            log.info("ResourceSlice %s deleted: no device to list", name)
+        return
+    spec = {"driver": driver, **placement, "devices": list(devices)}
+    if current is None:
+        resource.create_resource_slice(_body(name, spec, pool, generation=1), _request_timeout=timeout)
+        log.info("ResourceSlice %s created with %d device(s)", name, len(devices))
+        return
+    listed = api.sanitize_for_serialization(current.spec)
+    if all(listed.get(k) == v for k, v in spec.items()):
+        return
+    body = _body(name, spec, pool, generation=int(current.spec.pool.generation or 0) + 1)
+    body["metadata"]["resourceVersion"] = current.metadata.resource_version
+    resource.replace_resource_slice(name, body, _request_timeout=timeout)
+    log.info("ResourceSlice %s now lists %d device(s)", name, len(devices))
+
+
+def _read(resource: client.ResourceV1Api, name: str, timeout: float) -> Optional[Any]:
+    try:
+        return resource.read_resource_slice(name, _request_timeout=timeout)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _body(name: str, spec: Mapping[str, Any], pool: str, generation: int) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "dds"}},
+            "spec": {**spec, "pool": {"name": pool, "generation": generation, "resourceSliceCount": 1}}}
+
+
+def pool_slice_name(fabric_pool: str, driver: str = DRIVER) -> str:
+    return f"pool-{fabric_pool}.{driver}"
+
+
+def publish_pool_slots(api: client.ApiClient, fabric_pool: str, slots: Sequence[DraDevice],
+                       driver: str = DRIVER) -> None:
+    """Pool mode: the pool's slots, on every node of a DDS group (the node-group label), bound to one on allocation."""
+    placement = {"nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": LABEL_NODE_GROUP, "operator": "Exists"}]}]}}
+    write_slice(api, pool_slice_name(fabric_pool, driver), driver, dra_pool_name(fabric_pool), placement,
+                [device_object(d) for d in slots])
+
+
+def with_resource_slices(hook: Callable[[str, Mapping[str, int]], None], publisher: ResourceSlicePublisher
+                         ) -> Callable[[str, Mapping[str, int]], None]:
+    """An `on_node_devices_changed` hook that also publishes the node's ResourceSlice (after the GPU capacity, so a
+    failure of either is retried by the fabric's next tick)."""
+
+    def publish(node: str, online: Mapping[str, int]) -> None:
+        hook(node, online)
+        publisher.publish(node)
+
+    return publish
+
+
+def online_gpus(fabric: Any, node: str) -> list[tuple[str, str]]:
+    """(id, model) of the ONLINE devices a fabric shows on `node` (any backend: `devices(node)` of dds/fabric/base.py)."""
+    return [(d.id, d.model) for d in fabric.devices(node) if str(getattr(d.state, "value", d.state)) == "online"]

@@ -1,0 +1,123 @@
+"""`python -m harness.demo --dra`: the talk's demo with every GPU asked for through a ResourceClaim (node-local DRA).
+
+The same stack as `make demo`, plus kube-controller-manager's resourceclaim controller (claims made from templates)
+and the simulated fabric publishing each node's attached GPUs in a ResourceSlice (docs/dra.md). The scenario:
+1. Two workers of MachineSet gpu-workers, one A30 each (a device in each node's ResourceSlice), both taken by DRA pods.
+2. A DRA pod asks for one more GPU: Pending -> DDS's fast path attaches an A30 to a worker -> the new device shows in
+   the worker's ResourceSlice -> kube-scheduler allocates it -> Running.
+3. Two memory-heavy DRA pods no worker can hold: cluster-autoscaler cannot see that a new node would serve them (its
+   externalgrpc templates carry no ResourceSlices), so DDS's loop adds the node -> it boots with one A30, DDS attaches
+   the second -> Running.
+4. Those pods go away -> their claims are released, the idle GPUs detached after the cooldown, the empty node removed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from harness.demo import BOOT_GPUS, Demo, DemoOptions, DemoResult, _total
+from harness.stack import ROOT, WORKLOAD_NAMESPACE as DEMO_NAMESPACE, gpus_allocatable
+
+DRIVER = "gpu.dds.cdi.dev"
+DEVICE_CLASS_FILE = ROOT / "manifests" / "dra" / "deviceclass.yaml"
+TEMPLATE = "one-a30"
+
+
+def dra_options(options: DemoOptions) -> DemoOptions:
+    """The demo's stack with the resourceclaim controller and node-local ResourceSlices."""
+    fabric = {**options.stack.dds_settings.get("simulated_fabric", {}), "dra_resource_slices": True}
+    stack = replace(options.stack, controller_manager=True,
+                    dds_settings={**options.stack.dds_settings, "simulated_fabric": fabric})
+    return replace(options, stack=stack)
+
+
+def claim_template() -> dict[str, Any]:
+    selector = f'device.attributes["{DRIVER}"].model == "A30"'
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": TEMPLATE, "namespace": DEMO_NAMESPACE},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRIVER, "selectors": [{"cel": {"expression": selector}}]}}]}}}}
+
+
+def dra_pod(name: str, memory_gib: int) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": DEMO_NAMESPACE, "labels": {"app.kubernetes.io/part-of": "dds-demo"}},
+            "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                     "resources": {"requests": {"cpu": "1", "memory": f"{memory_gib}Gi"},
+                                                   "claims": [{"name": "gpu"}]}}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}],
+                     "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}]}}
+
+
+class DraDemo(Demo):
+    def slices(self) -> str:
+        items = client.ResourceV1Api(self.stack.api).list_resource_slice().items
+        return "; ".join(f"{s.spec.node_name}: {len(s.spec.devices or ())} device(s)" for s in items
+                         if s.spec.driver == DRIVER) or "no ResourceSlice"
+
+    def run(self) -> DemoResult:
+        resource = client.ResourceV1Api(self.stack.api)
+        self.step(f"DRA: DeviceClass {DRIVER} (manifests/dra), ResourceClaimTemplate {TEMPLATE} (1 GPU whose model "
+                  f"attribute is A30); each node's GPUs are devices of its ResourceSlice")
+        resource.create_device_class(yaml.safe_load(DEVICE_CLASS_FILE.read_text()))
+        resource.create_namespaced_resource_claim_template(DEMO_NAMESPACE, claim_template())
+        self.wait_for("two Ready workers, each with its boot-time A30 in its ResourceSlice",
+                      lambda: len(self.ready_workers()) == 2 and self.slices().count("1 device(s)") == 2,
+                      describe=lambda: f"{self.nodes_describe()} | {self.slices()}")
+        workers = {n.metadata.name for n in self.nodes()}
+
+        self.step("two DRA pods take both GPUs (48Gi each, so the workers are also short of memory)")
+        for name in ("busy-0", "busy-1"):
+            self.core.create_namespaced_pod(DEMO_NAMESPACE, dra_pod(name, 48))
+        self.wait_for("busy-0 and busy-1 Running", lambda: self.pods_running(["busy-0", "busy-1"]),
+                      describe=self.pods_describe)
+
+        self.step("a DRA pod asks for one more GPU: expect DDS's fast path to attach one to a worker, the scheduler to "
+                  "allocate the new device, and no new node")
+        self.core.create_namespaced_pod(DEMO_NAMESPACE, dra_pod("train-0", 8))
+        gpu_started = time.monotonic()
+        self.wait_for("train-0 Running", lambda: self.pods_running(["train-0"]),
+                      describe=lambda: f"{self.pods_describe()} | {self.slices()}")
+        gpu_path = time.monotonic() - gpu_started
+        self.step(f"train-0 Running {gpu_path:.1f}s after it was created; ResourceSlices: {self.slices()}")
+
+        self.step("two memory-heavy DRA pods (24Gi and a GPU each) no worker can hold: CA cannot see DRA devices on "
+                  "its templates, so expect DDS's loop to add the node and attach its second GPU")
+        for name in ("mem-0", "mem-1"):
+            self.core.create_namespaced_pod(DEMO_NAMESPACE, dra_pod(name, 24))
+        node_started = time.monotonic()
+        self.wait_for("mem-0 and mem-1 Running", lambda: self.pods_running(["mem-0", "mem-1"]),
+                      describe=lambda: f"{self.pods_describe()} | {self.nodes_describe()} | {self.slices()}")
+        node_path = time.monotonic() - node_started
+        added = {n.metadata.name for n in self.nodes()} - workers
+        self.step(f"mem-0 and mem-1 Running {node_path:.1f}s after creation, on new node(s) {', '.join(sorted(added))}")
+
+        self.step("train-0, mem-0 and mem-1 finish: expect their claims released, idle GPUs detached after the "
+                  "cooldown, the empty node removed")
+        for name in ("train-0", "mem-0", "mem-1"):
+            self.core.delete_namespaced_pod(name, DEMO_NAMESPACE, grace_period_seconds=0)
+
+        def settled() -> bool:
+            nodes = self.nodes()
+            return {n.metadata.name for n in nodes} == workers and all(gpus_allocatable(n) == 1 for n in nodes)
+
+        self.wait_for("the added node removed and each worker back to 1 GPU", settled,
+                      timeout=self.options.step_timeout_seconds + self.options.stack.gpu_idle_cooldown_seconds
+                      + self.options.stack.node_idle_cooldown_seconds,
+                      describe=lambda: f"{self.nodes_describe()} | {self.slices()}")
+        self.step(f"back to two workers with one busy A30 each; ResourceSlices: {self.slices()}")
+        time.sleep(1.5)  # let the watcher print the last Events
+        after = self.dds.metrics()
+        return DemoResult(
+            timeline=list(self.timeline.entries), autoscaler=self.stack.autoscaler.kind, gpu_path_seconds=gpu_path,
+            node_path_seconds=node_path, nodes_added=len(added),
+            nodes_removed=len(added - {n.metadata.name for n in self.nodes()}),
+            gpus_attached=int(_total(after, "dds_gpus_attached_total")),
+            gpus_attached_at_boot=BOOT_GPUS * (len(workers) + len(added)),
+            gpus_detached=int(_total(after, "dds_gpus_detached_total")),
+            metrics=after, decisions=self.dds.decisions(), workdir=self.options.workdir)

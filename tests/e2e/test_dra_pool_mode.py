@@ -1,0 +1,104 @@
+"""DRA pool mode (device binding conditions, alpha in 1.35) on the real kube-scheduler with the real autoscaler present.
+
+DDS publishes the pool's free GPUs as slots that bind to a node (`bindsToNode`, binding condition
+dds.cdi.dev/attached); kube-scheduler allocates one to a pod's claim, picks the node and waits in PreBind; DDS attaches
+a GPU of the slot's model to that node and sets the condition; the pod is bound and runs. The control plane enables
+`DRADeviceBindingConditions` on kube-apiserver, kube-scheduler and kube-controller-manager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from harness.stack import ROOT, WORKLOAD_NAMESPACE, Stack, StackOptions, is_ready, start_stack
+from tests.e2e.cluster_facts import dds_events, describe, fabric_facts, pods_running
+from tests.e2e.test_dra_node_local import DRIVER, claim_template, dra_pod
+
+pytestmark = pytest.mark.e2e
+
+TIMEOUT = 150.0
+POOL = "fabric-default"
+# Two boot GPUs, train-0, train-1, the boot GPU of the node big-0 gets, and big-0's slot: in pool mode a node's own
+# GPUs are no DRA devices, so big-0 needs a free one in the pool beside its node's boot GPU.
+POOL_SIZE = 6
+
+
+def pool_slots(stack: Stack) -> list[Any]:
+    return [d for s in client.ResourceV1Api(stack.api).list_resource_slice().items
+            if s.spec.driver == DRIVER and s.spec.pool.name == POOL for d in s.spec.devices or ()]
+
+
+def claim_of(stack: Stack, pod_name: str) -> Any:
+    pod = stack.core.read_namespaced_pod(pod_name, WORKLOAD_NAMESPACE)
+    (status,) = pod.status.resource_claim_statuses
+    return client.ResourceV1Api(stack.api).read_namespaced_resource_claim(status.resource_claim_name,
+                                                                         WORKLOAD_NAMESPACE)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> Iterator[Stack]:
+    options = StackOptions(pool_size=POOL_SIZE, attach_latency=(2.0, 3.0), detach_latency=(1.0, 2.0),
+                           gpu_idle_cooldown_seconds=600.0, node_idle_cooldown_seconds=600.0,
+                           controller_manager=True, feature_gates={"DRADeviceBindingConditions": True},
+                           dds_settings={"simulated_fabric": {"dra_pool_slices": True}})
+    with start_stack(tmp_path_factory.mktemp("dra-pool-mode"), options) as stack:
+        resource = client.ResourceV1Api(stack.api)
+        resource.create_device_class(yaml.safe_load((ROOT / "manifests" / "dra" / "deviceclass.yaml").read_text()))
+        resource.create_namespaced_resource_claim_template(WORKLOAD_NAMESPACE, claim_template("one-gpu"))
+        # One GPU of the pool attached to each worker at boot: the others are free slots.
+        stack.wait_for("two Ready workers and the pool's free slots",
+                       lambda: len([n for n in stack.nodes() if is_ready(n)]) == 2
+                       and len(pool_slots(stack)) == POOL_SIZE - 2,
+                       TIMEOUT, lambda: f"{describe(stack)} | slots: {[d.name for d in pool_slots(stack)]}")
+        yield stack
+
+
+def test_the_scheduler_allocates_a_pool_slot_and_dds_attaches_it_before_binding(stack: Stack) -> None:
+    before = fabric_facts(stack).attached()
+    stack.core.create_namespaced_pod(WORKLOAD_NAMESPACE, dra_pod("train-0", "one-gpu"))
+    stack.wait_for("train-0 Running", lambda: pods_running(stack, ["train-0"]), TIMEOUT,
+                   lambda: f"{describe(stack)} | slots: {[d.name for d in pool_slots(stack)]}")
+    node = stack.core.read_namespaced_pod("train-0", WORKLOAD_NAMESPACE).spec.node_name
+    claim = claim_of(stack, "train-0")
+    (result,) = claim.status.allocation.devices.results
+    assert result.pool == POOL and result.binding_conditions == ["dds.cdi.dev/attached"]
+    (device_status,) = claim.status.devices
+    assert [(c.type, c.status) for c in device_status.conditions] == [("dds.cdi.dev/attached", "True")]
+    attached = set(claim.metadata.annotations["dds.cdi.dev/fabric-devices"].split(","))
+    after = fabric_facts(stack).attached()
+    assert attached == set(after[node]) - set(before.get(node, [])) and len(attached) == 1
+    assert [e for e in dds_events(stack) if e.reason == "AttachingGPU" and e.involved == "pod/train-0"]
+    # The attached GPU is no longer free: one slot fewer unallocated, the allocated one still listed.
+    names = sorted(d.name for d in pool_slots(stack))
+    assert result.device in names and len(names) == POOL_SIZE - 2
+
+
+def test_a_failed_attach_sets_the_failure_condition_and_the_scheduler_allocates_again(stack: Stack) -> None:
+    # The fabric fails the next attach, once; DDS restarts on that setting (the fabric's state survives it).
+    stack.config_path = stack.write_dds_config(
+        "dds-faulty.yaml", stack.grpc_port, simulated_fabric={"faults": {"attach_error": 1.0, "max_faults": 1}})
+    stack.restart_dds(kill=False)
+    stack.core.create_namespaced_pod(WORKLOAD_NAMESPACE, dra_pod("train-1", "one-gpu"))
+    stack.wait_for("train-1 Running", lambda: pods_running(stack, ["train-1"]), TIMEOUT,
+                   lambda: f"{describe(stack)} | slots: {[d.name for d in pool_slots(stack)]}")
+    log = stack.dds.log_path.read_text()
+    assert "pool mode: attaching" in log and "failed" in log  # the failure condition was set, then a new allocation
+    (device_status,) = claim_of(stack, "train-1").status.devices
+    assert [(c.type, c.status) for c in device_status.conditions] == [("dds.cdi.dev/attached", "True")]
+
+
+def test_a_pod_no_live_node_holds_gets_a_node_then_a_slot_bound_to_it(stack: Stack) -> None:
+    workers = {n.metadata.name for n in stack.nodes()}
+    stack.core.create_namespaced_pod(WORKLOAD_NAMESPACE, dra_pod("big-0", "one-gpu", memory="63Gi"))
+    stack.wait_for("big-0 Running", lambda: pods_running(stack, ["big-0"]), TIMEOUT,
+                   lambda: f"{describe(stack)} | slots: {[d.name for d in pool_slots(stack)]}")
+    node = stack.core.read_namespaced_pod("big-0", WORKLOAD_NAMESPACE).spec.node_name
+    assert node not in workers
+    assert [e for e in dds_events(stack) if e.reason == "AddingNode" and e.involved == "pod/big-0"]
+    (result,) = claim_of(stack, "big-0").status.allocation.devices.results
+    assert result.pool == POOL

@@ -1,0 +1,86 @@
+"""A large GPU pod that waited too long gets a node reserved on the real apiserver and kube-scheduler: it tolerates the
+node's reservation taint, GPUs are gathered there, and it starts while 1-GPU pods keep arriving and the freed GPUs
+would otherwise go to them.
+
+Two 4-slot workers with 2 GPUs each, both busy with two 1-GPU pods, 2 A30s left in the pool; a 4-GPU pod waits.
+The controller's reservations are configured here the way `dds serve` is to configure them from its settings
+(`reservations`, `reservation_min_age_seconds`): this process builds DDS with `build_app`, which does not pass them
+yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dds.controller.reservations import Reservations
+from dds.kube.pods import ReservationWrites
+from dds.planner.reservations import RESERVATION_TAINT_KEY, ReservationConfig
+from tests.integration.controller.harness import ControllerHarness
+from tests.integration.nodes.harness import wait_for
+
+pytestmark = pytest.mark.integration
+
+MIN_AGE = 120.0
+
+
+@pytest.fixture
+def dds(control_plane: Any, namespace: str) -> Iterator[ControllerHarness]:
+    harness = ControllerHarness(control_plane.api_client(), namespace, pool_size=6)
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+def with_reservations(dds: ControllerHarness) -> None:
+    controller = dds.controller
+    controller.reservations = Reservations(ReservationWrites(dds.api), controller.actions, controller.events,
+                                           controller.journal, ReservationConfig(min_age_seconds=MIN_AGE))
+
+
+def pending(dds: ControllerHarness, name: str) -> bool:
+    return dds.pod_node(name) is None
+
+
+def test_a_large_pod_gets_its_gpus_gathered_and_starts_while_small_pods_keep_coming(dds: ControllerHarness):
+    dds.create_group("workers", replicas=2, max_size=2, gpu_cooldown="1h")
+    w1, w2 = dds.node_names()
+    for node in (w1, w2):
+        dds.attach_gpus(node, 2)
+    for name, node in (("a-0", w1), ("a-1", w1), ("b-0", w2), ("b-1", w2)):
+        dds.create_pod(name, gpus=1, node=node)
+        dds.wait_running(name, node)
+    with_reservations(dds)
+
+    dds.create_pod("big", gpus=4)
+    dds.wait_unschedulable("big")
+    dds.run_once()
+    assert dds.taint_keys(w1) == [] and dds.taint_keys(w2) == [], "younger than the reservation age: nothing"
+
+    dds.clock.advance(MIN_AGE + 1)
+    dds.run_once()
+    assert RESERVATION_TAINT_KEY in dds.taint_keys(w1)  # both hold 2 GPUs, 2 in use: the first by name
+    big = dds.core.read_namespaced_pod("big", dds.namespace)
+    assert any(t.key == RESERVATION_TAINT_KEY and t.value == big.metadata.uid for t in big.spec.tolerations or ())
+    assert dds.events("Pod", "big", "GPUsReserved")
+    [gather] = [op for op in dds.operations() if op.key.startswith("reservation/")]
+    assert (gather.node, gather.requested) == (w1, 2)
+    dds.pass_attach_latency()
+    wait_for(f"{w1} to show 4 GPUs", lambda: dds.gpus_allocatable(w1) == 4)
+
+    # a-0 ends: its GPU is free on w1, and a new 1-GPU pod arrives at once. Only the reserved pod may land on w1.
+    dds.core.delete_namespaced_pod("a-0", dds.namespace, grace_period_seconds=0)
+    dds.create_pod("c-0", gpus=1)
+    dds.wait_unschedulable("c-0")
+    dds.run_once()
+    assert pending(dds, "c-0") and pending(dds, "big")
+
+    dds.core.delete_namespaced_pod("a-1", dds.namespace, grace_period_seconds=0)
+    dds.wait_running("big", w1)
+    dds.run_once()
+    assert RESERVATION_TAINT_KEY not in dds.taint_keys(w1), "the reservation ends when its pod is bound"
+    assert dds.events("Node", w1, "ReservationReleased")
+    assert pending(dds, "c-0")  # w1's four GPUs are big's; c-0 waits for the next GPU like any pod

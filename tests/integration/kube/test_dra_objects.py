@@ -1,0 +1,83 @@
+"""DRA objects on the real apiserver (resource.k8s.io/v1): the ResourceSlice DDS writes for a node as its GPUs change,
+and the claims, templates, slices and classes read back through the watch cache as the planner's records."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+import pytest
+import yaml
+from kubernetes import client
+
+from dds.kube.cache import cluster_cache
+from dds.kube.dra import DraReader
+from dds.kube.resourceslices import ResourceSlicePublisher, slice_name
+from dds.planner.dra import DEVICE_CLASS, DRIVER, gpu_device
+from harness.stack import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def resource(control_plane: Any) -> client.ResourceV1Api:
+    return client.ResourceV1Api(control_plane.api_client())
+
+
+@pytest.fixture
+def device_class(resource: client.ResourceV1Api) -> Iterator[None]:
+    resource.create_device_class(yaml.safe_load((ROOT / "manifests" / "dra" / "deviceclass.yaml").read_text()))
+    yield
+    resource.delete_device_class(DEVICE_CLASS)
+
+
+def test_a_nodes_slice_follows_its_gpus(control_plane: Any, resource: client.ResourceV1Api) -> None:
+    online: dict[str, list[tuple[str, str]]] = {"slice-node": [("default/A30-000", "A30")]}
+    publisher = ResourceSlicePublisher(control_plane.api_client(), lambda node: online[node])
+    name = slice_name("slice-node")
+
+    publisher.publish("slice-node")
+    first = resource.read_resource_slice(name)
+    assert (first.spec.node_name, first.spec.pool.name, first.spec.pool.generation) == ("slice-node", "slice-node", 1)
+    assert [d.name for d in first.spec.devices] == ["default-a30-000"]
+
+    publisher.publish("slice-node")  # nothing changed: no write
+    assert resource.read_resource_slice(name).metadata.resource_version == first.metadata.resource_version
+
+    online["slice-node"].append(("default/A30-001", "A30"))
+    publisher.publish("slice-node")
+    second = resource.read_resource_slice(name)
+    assert second.spec.pool.generation == 2 and len(second.spec.devices) == 2
+
+    online["slice-node"] = []
+    publisher.publish("slice-node")
+    with pytest.raises(client.ApiException) as gone:
+        resource.read_resource_slice(name)
+    assert gone.value.status == 404
+
+
+def test_the_cache_reads_dra_objects_as_the_planner_records(control_plane: Any, namespace: str,
+                                                           resource: client.ResourceV1Api, device_class: None) -> None:
+    api = control_plane.api_client()
+    ResourceSlicePublisher(api, lambda node: [("default/A100-000", "A100")]).publish("cache-node")
+    resource.create_namespaced_resource_claim(namespace, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "two"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS, "count": 2}}]}}})
+    cache = cluster_cache(api, [namespace])
+    assert cache.dra is not None, "resource.k8s.io/v1 is served by 1.35"
+    cache.start()
+    try:
+        assert cache.wait_synced(60)
+        deadline = time.monotonic() + 10
+        state = DraReader(api, cache).read()
+        while not any(c.name == "two" for c in state.claims) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            state = DraReader(api, cache).read()
+    finally:
+        cache.stop()
+        ResourceSlicePublisher(api, lambda node: []).publish("cache-node")
+    claim = next(c for c in state.claims if c.key == f"{namespace}/two")
+    assert (claim.requests[0].count, claim.requests[0].device_class, claim.allocated) == (2, DEVICE_CLASS, None)
+    node_slice = next(s for s in state.slices if s.node_name == "cache-node")
+    assert node_slice.devices == (gpu_device("A100", "default/A100-000", "cache-node"),)
+    assert any(c.name == DEVICE_CLASS and c.selectors == (f'device.driver == "{DRIVER}"',) for c in state.classes)

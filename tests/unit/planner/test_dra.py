@@ -1,0 +1,283 @@
+"""DRA in the planner: CEL selectors on the devices DDS publishes, claims lowered to GPU requests, then planned."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from dds.planner import plan_scale_down, plan_scale_up
+from dds.planner.dra import (DEVICE_CLASS, DRIVER, claim_demand, device_name, evaluate, gpu_device, lower_claims,
+                             request_mismatch)
+from dds.planner.dra_records import (ALL, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraState,
+                                     PodClaimRef, ResourceClaimInfo, ResourceClaimTemplateInfo)
+from dds.planner.plan import PlannerConfig, Verdict
+from dds.planner.refusals import NO_MATCHING_DEVICE
+from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
+
+GREEDY = PlannerConfig(batch_solver="greedy")
+CLASS = DeviceClassInfo(DEVICE_CLASS, (f'device.driver == "{DRIVER}"',))
+A30 = gpu_device("A30", "pool-a/A30-000", "w1")
+A100 = gpu_device("A100", "pool-a/A100-000", "w1")
+
+
+def model_is(model: str) -> str:
+    return f'device.attributes["{DRIVER}"].model == "{model}"'
+
+
+def request(name: str = "gpu", *selectors: str, count: int = 1, mode: str = "ExactCount",
+            device_class: str = DEVICE_CLASS) -> DeviceRequestInfo:
+    return DeviceRequestInfo(name, device_class, tuple(selectors), mode, count)
+
+
+def claim(name: str, *requests: DeviceRequestInfo, allocated=None, reserved=()) -> ResourceClaimInfo:
+    return ResourceClaimInfo("default", name, tuple(requests) or (request(),), allocated, tuple(reserved))
+
+
+def dra_pod(name: str, *claims: str, node=None, template: str = ""):
+    refs = tuple(PodClaimRef(c, claim_name=c) for c in claims)
+    if template:
+        refs += (PodClaimRef("gpu", template_name=template),)
+    return replace(make_pod(name, node=node), resource_claims=refs)
+
+
+def held(claim_name: str, node: str, device: str, request_name: str = "gpu") -> ResourceClaimInfo:
+    return claim(claim_name, allocated=(AllocatedDeviceInfo(request_name, DRIVER, node, device),))
+
+
+# --- CEL on devices -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("expression, device, expected", [
+    pytest.param(model_is("A30"), A30, (True, ""), id="model-matches"),
+    pytest.param(model_is("A30"), A100, (False, ""), id="model-differs"),
+    pytest.param(f'device.attributes["{DRIVER}"].productName.startsWith("NVIDIA")', A30, (True, ""), id="strings"),
+    pytest.param(f'device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) >= 0', A100, (True, ""),
+                 id="quantity-at-least"),
+    pytest.param(f'device.capacity["{DRIVER}"].memory.isGreaterThan(quantity("40Gi"))', A30, (False, ""),
+                 id="quantity-less"),
+    pytest.param('device.attributes["other.example.com"].size() == 0', A30, (True, ""), id="unknown-domain-is-empty"),
+    pytest.param(f'cel.bind(g, device.attributes["{DRIVER}"], g.model == "A30" && g.deviceID != "")', A30,
+                 (True, ""), id="cel-bind"),
+])
+def test_selectors_evaluate_like_kube_scheduler(expression, device, expected) -> None:
+    assert evaluate(expression, device) == expected
+
+
+def test_a_missing_attribute_is_an_error_that_never_matches() -> None:
+    ok, error = evaluate('device.attributes["other.example.com"].model == "A30"', A30)
+    assert not ok and "model" in error
+
+
+def test_a_selector_that_does_not_compile_is_reported() -> None:
+    ok, error = evaluate("device.driver ==", A30)
+    assert not ok and "does not compile" in error
+
+
+def test_the_first_failing_selector_is_named_with_its_source() -> None:
+    found = request_mismatch(request("gpu", model_is("H100")), {CLASS.name: CLASS}, A30)
+    assert found is not None and found.source == "request" and found.selector == model_is("H100")
+    assert found.text() == f"request selector `{model_is('H100')}` is false for device {A30.name}"
+    wrong_class = DeviceClassInfo(DEVICE_CLASS, ('device.driver == "nic.example.com"',))
+    assert request_mismatch(request(), {DEVICE_CLASS: wrong_class}, A30).source == f"DeviceClass {DEVICE_CLASS}"
+    assert "does not exist" in request_mismatch(request(device_class="nope"), {}, A30).error
+
+
+def test_device_names_are_dns_labels() -> None:
+    assert device_name("pool-a/A30-003") == "pool-a-a30-003"
+    assert A30.attributes[f"{DRIVER}/deviceID"] == "pool-a/A30-000"
+
+
+# --- a claim's demand -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("requests, gpus, models", [
+    pytest.param((request(count=2),), 2, {"A30", "A100"}, id="exact-count-any-model"),
+    pytest.param((request("gpu", model_is("A100")),), 1, {"A100"}, id="model-selector"),
+    pytest.param((request(mode=ALL),), 1, {"A30", "A100"}, id="all-needs-one"),
+    pytest.param((request("a", model_is("A30")), request("b", count=2)), 3, {"A30"}, id="several-requests"),
+])
+def test_claim_demand(requests, gpus, models) -> None:
+    demand = claim_demand(claim("c", *requests), {CLASS.name: CLASS}, (A30, A100))
+    assert (demand.gpus, demand.models, demand.refusal) == (gpus, frozenset(models), None)
+
+
+def test_a_claim_no_device_satisfies_is_refused_with_the_selector_and_device() -> None:
+    demand = claim_demand(claim("c", request("gpu", model_is("H100"))), {CLASS.name: CLASS}, (A30,))
+    assert demand.refusal == (f"ResourceClaim default/c request 'gpu': no GPU DDS can attach satisfies it (request "
+                              f"selector `{model_is('H100')}` is false for an attachable A30)")
+
+
+def test_requests_for_different_models_are_refused() -> None:
+    demand = claim_demand(claim("c", request("a", model_is("A30")), request("b", model_is("A100"))),
+                          {CLASS.name: CLASS}, (A30, A100))
+    assert demand.refusal and "no common GPU model" in demand.refusal
+
+
+# --- planned like extended-resource pods ----------------------------------------------------------------------------
+
+def snapshot_with(pods, claims=(), templates=(), nodes=None, pools=None):
+    snapshot = make_snapshot(nodes if nodes is not None else [make_node("w1", gpus=1), make_node("w2", gpus=0)],
+                             pods, groups=[make_group(models=())], pools=pools or [make_pool(A30=4, A100=2)])
+    return replace(snapshot, dra=DraState(claims=tuple(claims), templates=tuple(templates), classes=(CLASS,)))
+
+
+def decision(plan, pod: str):
+    return next(d for d in plan.decisions if d.pod == f"default/{pod}")
+
+
+def test_a_pending_claim_is_served_by_an_attach() -> None:
+    snapshot = snapshot_with([make_pod("busy", gpus=1, node="w1"), dra_pod("train", "c")],
+                             [claim("c", request("gpu", model_is("A30")))])
+    plan = plan_scale_up(lower_claims(snapshot), GREEDY)
+    train = decision(plan, "train")
+    assert train.verdict == Verdict.FITS_AFTER_GPUS and train.gpus_added == 1
+    assert [(a.model, a.count) for a in plan.attaches] == [("A30", 1)]
+
+
+def test_the_model_a_selector_asks_for_is_the_one_attached() -> None:
+    snapshot = snapshot_with([dra_pod("train", "c")], [claim("c", request("gpu", model_is("A100"), count=2))],
+                             nodes=[make_node("w1", gpus=0)])
+    plan = plan_scale_up(lower_claims(snapshot), GREEDY)
+    assert [(a.node, a.model, a.count) for a in plan.attaches] == [("w1", "A100", 2)]
+
+
+def test_a_free_gpu_on_the_node_serves_the_claim_without_an_attach() -> None:
+    snapshot = snapshot_with([dra_pod("train", "c")], [claim("c")])
+    plan = plan_scale_up(lower_claims(snapshot), GREEDY)
+    assert decision(plan, "train").verdict == Verdict.FITS_NOW and plan.attaches == ()
+
+
+def test_a_template_is_planned_before_its_claim_exists() -> None:
+    template = ResourceClaimTemplateInfo("default", "one-a100", (request("gpu", model_is("A100")),))
+    snapshot = snapshot_with([dra_pod("train", template="one-a100")], templates=[template],
+                             nodes=[make_node("w1", gpus=0)])
+    plan = plan_scale_up(lower_claims(snapshot), GREEDY)
+    assert [(a.model, a.count) for a in plan.attaches] == [("A100", 1)]
+
+
+def test_a_shared_claim_is_asked_for_once() -> None:
+    snapshot = snapshot_with([dra_pod("a", "shared"), dra_pod("b", "shared")], [claim("shared", request(count=2))],
+                             nodes=[make_node("w1", gpus=0)])
+    plan = plan_scale_up(lower_claims(snapshot), GREEDY)
+    assert sum(a.count for a in plan.attaches) == 2
+
+
+def test_an_unsatisfiable_claim_attaches_nothing_and_says_why() -> None:
+    snapshot = snapshot_with([dra_pod("train", "c")], [claim("c", request("gpu", model_is("H100")))])
+    plan = plan_scale_up(lower_claims(snapshot), GREEDY)
+    train = decision(plan, "train")
+    assert plan.attaches == () and plan.new_nodes == ()
+    assert train.refusal == NO_MATCHING_DEVICE
+    assert "H100" in train.reason and "is false for an attachable A30" in train.reason
+
+
+def test_a_missing_claim_is_waited_for() -> None:
+    plan = plan_scale_up(lower_claims(snapshot_with([dra_pod("train", "nope")])), GREEDY)
+    assert plan.attaches == () and "does not exist" in decision(plan, "train").reason
+
+
+def test_allocated_devices_are_used_and_never_detached() -> None:
+    node = make_node("w1", gpus=2)  # devices w1-gpu-0 (older) and w1-gpu-1 (newest: an idle detach's first pick)
+    snapshot = snapshot_with([dra_pod("train", "c", node="w1")], [held("c", "w1", device_name("w1-gpu-1"))],
+                             nodes=[replace(node, gpus_idle_since=0.0)])
+    lowered = lower_claims(snapshot)
+    assert [d.in_claim for d in lowered.nodes[0].devices] == [False, True]
+    plan = plan_scale_down(lowered, GREEDY)
+    assert [d.device_ids for d in plan.detaches] == [("w1-gpu-0",)]
+
+
+def test_a_running_claim_holds_its_gpu_against_pending_pods() -> None:
+    snapshot = snapshot_with([dra_pod("running", "c", node="w1"), make_pod("p", gpus=1)],
+                             [held("c", "w1", device_name("w1-gpu-0"))], nodes=[make_node("w1", gpus=1)])
+    plan = plan_scale_up(lower_claims(snapshot), GREEDY)
+    assert decision(plan, "p").verdict == Verdict.FITS_AFTER_GPUS
+
+
+def test_extended_resource_pods_are_left_as_they_are() -> None:
+    snapshot = snapshot_with([make_pod("p", gpus=1)])
+    assert lower_claims(snapshot) is snapshot
+
+
+def test_dds_plan_prints_the_dra_verdict() -> None:
+    from dds.planner import render_scale_up
+
+    snapshot = snapshot_with([dra_pod("train", "c")], [claim("c", request("gpu", model_is("H100")))])
+    text = render_scale_up(plan_scale_up(lower_claims(snapshot), GREEDY))
+    assert (f"pod default/train: unsupported: ResourceClaim default/c request 'gpu': no GPU DDS can attach satisfies "
+            f"it (request selector `{model_is('H100')}` is false for an attachable A100; request selector "
+            f"`{model_is('H100')}` is false for an attachable A30)") in text
+
+
+def test_a_dra_pod_no_live_node_holds_is_the_loops_to_add_a_node_for() -> None:
+    from dds.planner.dra import pods_needing_nodes
+
+    big = replace(dra_pod("big", "c"), containers=make_pod("x", memory_gib=20).containers)
+    snapshot = lower_claims(snapshot_with([big, make_pod("ext", memory_gib=20, gpus=1)], [claim("c")],
+                                          nodes=[make_node("w1", gpus=1, memory_gib=16)]))
+    fast_path = plan_scale_up(snapshot, replace(GREEDY, allow_new_nodes=False))
+    needing = pods_needing_nodes(fast_path, snapshot.pending_pods())
+    assert [p.name for p in needing] == ["big"]  # the extended-resource pod stays CA's
+    plan = plan_scale_up(snapshot, GREEDY, needing)
+    assert [(n.group, n.count, n.pods) for n in plan.new_nodes] == [("gpu", 1, ("default/big",))]
+
+
+# --- pool mode ------------------------------------------------------------------------------------------------------
+
+def slot_claim(name: str, device: str, node: str = "w1", attached: bool = False) -> ResourceClaimInfo:
+    from dds.planner.dra import ATTACHED, dra_pool_name
+
+    return replace(claim(name, allocated=(AllocatedDeviceInfo("gpu", DRIVER, dra_pool_name("default"), device),)),
+                   uid=f"uid-{name}", allocated_node=node, allocated_at="t1",
+                   true_conditions={device: (ATTACHED,)} if attached else {})
+
+
+def test_a_pool_lists_one_slot_per_free_gpu_and_keeps_allocated_ones() -> None:
+    from dds.planner.dra import ATTACH_FAILED, ATTACHED, pool_slots
+
+    free = {"A30": 2}
+    assert [d.name for d in pool_slots("default", free, DraState())] == ["default-a30-slot-000", "default-a30-slot-001"]
+    first = pool_slots("default", free, DraState())[0]
+    assert first.binds_to_node and first.binding_conditions == (ATTACHED,)
+    assert first.binding_failure_conditions == (ATTACH_FAILED,)
+    # Slot 000 allocated, its GPU not attached yet: still free in the fabric, but promised.
+    waiting = DraState(claims=(slot_claim("c", "default-a30-slot-000"),))
+    assert [d.name for d in pool_slots("default", free, waiting)] == ["default-a30-slot-000", "default-a30-slot-001"]
+    # Attached: the fabric has one free GPU left, listed beside the allocated slot.
+    bound = DraState(claims=(slot_claim("c", "default-a30-slot-000", attached=True),))
+    assert [d.name for d in pool_slots("default", {"A30": 1}, bound)] == ["default-a30-slot-000",
+                                                                           "default-a30-slot-001"]
+    # Its attach failed (the promised GPU was taken meanwhile): neither it nor a free slot is listed any more.
+    failed = DraState(claims=(replace(slot_claim("c", "default-a30-slot-000"),
+                                      true_conditions={"default-a30-slot-000": (ATTACH_FAILED,)}),))
+    assert pool_slots("default", {"A30": 0}, failed) == ()
+
+
+def test_allocated_slots_not_yet_bound_are_the_attaches_to_make() -> None:
+    from dds.planner.dra import pool_bindings
+
+    state = DraState(claims=(slot_claim("a", "default-a30-slot-000", node="w2"),
+                             slot_claim("b", "default-a30-slot-001", attached=True)))
+    (binding,) = pool_bindings(state, {"default": ("A30",)})
+    assert (binding.claim.name, binding.model, binding.node, binding.fabric_pool) == ("a", "A30", "w2", "default")
+    assert binding.key == "dra-bind/uid-a/t1/default-a30-slot-000"
+
+
+def test_a_pool_mode_pod_is_pinned_to_its_node_and_its_gpu_kept() -> None:
+    node = replace(make_node("w1", gpus=2), gpus_idle_since=0.0)
+    bound = replace(slot_claim("c", "default-a30-slot-000", attached=True), fabric_devices=("w1-gpu-1",))
+    snapshot = snapshot_with([dra_pod("train", "c", node="w1")], [bound], nodes=[node])
+    lowered = lower_claims(snapshot)
+    assert [d.in_claim for d in lowered.nodes[0].devices] == [False, True]
+    assert [d.device_ids for d in plan_scale_down(lowered, GREEDY).detaches] == [("w1-gpu-0",)]
+
+
+def test_a_mixed_node_counts_claims_and_extended_resources_against_the_same_gpus() -> None:
+    # w1 holds 3 GPUs: one allocated to a running DRA pod, one asked by a running extended-resource pod; a pending DRA
+    # pod and a pending extended-resource pod need one each: one fits now, the other needs an attach.
+    snapshot = snapshot_with([dra_pod("dra-run", "held", node="w1"), make_pod("ext-run", gpus=1, node="w1"),
+                              dra_pod("dra-new", "c"), make_pod("ext-new", gpus=1, created=1.0)],
+                             [held("held", "w1", device_name("w1-gpu-0")), claim("c")],
+                             nodes=[make_node("w1", gpus=3)])
+    plan = plan_scale_up(lower_claims(snapshot), GREEDY)
+    verdicts = sorted(decision(plan, p).verdict.value for p in ("dra-new", "ext-new"))
+    assert verdicts == ["fits-after-gpus", "fits-now"]
+    assert sum(a.count for a in plan.attaches) == 1
