@@ -279,7 +279,11 @@ class Demo:
                       timeout=self.options.step_timeout_seconds + self.options.stack.gpu_idle_cooldown_seconds
                       + self.options.stack.node_idle_cooldown_seconds, describe=self.nodes_describe)
         self.step("back to two workers with one busy A30 each")
-        time.sleep(1.5)  # let the watcher print the last Events
+        return self.result(gpu_path, node_path, workers, added)
+
+    def result(self, gpu_path: float, node_path: float, workers: set[str], added: set[str]) -> DemoResult:
+        """What the run showed, once the watcher has printed the last Events."""
+        time.sleep(1.5)
         after = self.dds.metrics()
         return DemoResult(
             timeline=list(self.timeline.entries), autoscaler=self.stack.autoscaler.kind, gpu_path_seconds=gpu_path,

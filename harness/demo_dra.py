@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from harness.demo import BOOT_GPUS, Demo, DemoOptions, DemoResult, _total
+from harness.demo import Demo, DemoOptions, DemoResult
 from harness.stack import ROOT, WORKLOAD_NAMESPACE as DEMO_NAMESPACE, gpus_allocatable
 
 DRIVER = "gpu.dds.cdi.dev"
@@ -111,13 +111,4 @@ class DraDemo(Demo):
                       + self.options.stack.node_idle_cooldown_seconds,
                       describe=lambda: f"{self.nodes_describe()} | {self.slices()}")
         self.step(f"back to two workers with one busy A30 each; ResourceSlices: {self.slices()}")
-        time.sleep(1.5)  # let the watcher print the last Events
-        after = self.dds.metrics()
-        return DemoResult(
-            timeline=list(self.timeline.entries), autoscaler=self.stack.autoscaler.kind, gpu_path_seconds=gpu_path,
-            node_path_seconds=node_path, nodes_added=len(added),
-            nodes_removed=len(added - {n.metadata.name for n in self.nodes()}),
-            gpus_attached=int(_total(after, "dds_gpus_attached_total")),
-            gpus_attached_at_boot=BOOT_GPUS * (len(workers) + len(added)),
-            gpus_detached=int(_total(after, "dds_gpus_detached_total")),
-            metrics=after, decisions=self.dds.decisions(), workdir=self.options.workdir)
+        return self.result(gpu_path, node_path, workers, added)

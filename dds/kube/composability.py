@@ -11,10 +11,9 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional
 
 from kubernetes import client
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from dds.kube.cache import Collection
-from dds.kube.errors import ApiError, api_errors
+from dds.kube.errors import ApiError, api_errors, retrying
 
 GROUP = "cro.hpsys.ibm.ie.com"
 VERSION = "v1alpha1"
@@ -25,17 +24,9 @@ Obj = dict[str, Any]
 ObjectCache = Mapping[str, Collection[Obj]]  # watched collections by plural: ClusterCache.composability
 WATCHED = ((GROUP, VERSION, REQUESTS), (GROUP, VERSION, RESOURCES))  # what ClusterCache watches for this backend
 
-_TRANSIENT_STATUS = {429, 500, 502, 503, 504}
 
 
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, client.ApiException):
-        return exc.status in _TRANSIENT_STATUS
-    return isinstance(exc, (ConnectionError, TimeoutError, OSError))
-
-
-_with_retries = retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(4),
-                      wait=wait_exponential(multiplier=0.1, max=2.0), reraise=True)
+_with_retries = retrying(4)
 
 
 class ComposabilityObjects:

@@ -14,13 +14,13 @@ import logging
 from typing import Any, Callable, Optional
 
 from kubernetes import client
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+from dds.kube.errors import retrying
 
 log = logging.getLogger(__name__)
 
 DATA_KEY = "state.json"
 Document = dict[str, Any]
-_TRANSIENT_STATUS = {429, 500, 502, 503, 504}
 _UPDATE_ATTEMPTS = 10
 
 
@@ -41,14 +41,7 @@ class CorruptDocument(StateStoreError):
         self.version = version
 
 
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, client.ApiException):
-        return exc.status in _TRANSIENT_STATUS
-    return isinstance(exc, (ConnectionError, TimeoutError, OSError))
-
-
-_with_retries = retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(5),
-                      wait=wait_exponential(multiplier=0.1, max=2.0), reraise=True)
+_with_retries = retrying(5)
 
 
 class ConfigMapDocument:

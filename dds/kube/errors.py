@@ -10,12 +10,30 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 from kubernetes import client
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 STATUS_NOT_FOUND = 404
 STATUS_CONFLICT = 409
+# Answers worth asking again: throttling and the apiserver's (or its proxy's) temporary failures.
+TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A throttled or temporarily failed request, or no answer at all (connection refused, reset, timed out)."""
+    if isinstance(exc, client.ApiException):
+        return exc.status in TRANSIENT_STATUS
+    return isinstance(exc, (ConnectionError, TimeoutError, OSError))
+
+
+def retrying(attempts: int) -> Callable[[F], F]:
+    """Retry a call on transient failures, with exponential backoff (0.1 s doubling, at most 2 s between tries)."""
+    return retry(retry=retry_if_exception(is_transient), stop=stop_after_attempt(attempts),
+                 wait=wait_exponential(multiplier=0.1, max=2.0), reraise=True)
 
 
 class ApiError(Exception):
