@@ -8,7 +8,7 @@ the simulated fabric and a virtual clock.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 from dds.controller.executor import Executor, OperationWatcher
 from dds.crashpoints import crashpoint
@@ -34,15 +34,22 @@ class Actions:
     def attach_all(self, steps: Sequence[Attach], key_prefix: str, case: Case) -> list[tuple[Attach, Operation]]:
         """Start every attach; one the fabric refuses is skipped (the planner sees the pod again next pass). Returns
         the steps started, each with its operation."""
-        started = []
-        for index, step in enumerate(steps):
-            try:
-                started.append((step, self.attach(step, f"{key_prefix}/{index}", case)))
-            except FabricError:
-                continue
-            if case in _LOOP_OWN:
-                crashpoint("loop.attach-started")
-        return started
+        keyed = [(step, f"{key_prefix}/{index}") for index, step in enumerate(steps)]
+        return [(step, operation) for (step, _), operation in zip(keyed, self.attach_keyed(keyed, case))
+                if isinstance(operation, Operation)]
+
+    def attach_keyed(self, steps: Sequence[tuple[Attach, str]], case: Case,
+                     on_done: Sequence[Optional[OnDone]] = ()) -> list[Union[Operation, FabricError]]:
+        """Start several attaches at once (one transaction where the fabric has them: a burst is one write), each
+        with its key and optional `on_done`, and follow those started. One result per step, in order: its operation,
+        or the error that refused it (told by the executor)."""
+        results = self.executor.attach_all(steps, case)
+        for index, result in enumerate(results):
+            if isinstance(result, Operation):
+                self.watcher.watch(result, on_done=on_done[index] if index < len(on_done) else None)
+                if case in _LOOP_OWN:
+                    crashpoint("loop.attach-started")
+        return results
 
     def detach(self, step: Detach, key: str, case: Case, on_done: Optional[OnDone] = None) -> Optional[Operation]:
         """Start one detach and follow it; None when the fabric refused it (told by the executor)."""

@@ -176,25 +176,35 @@ class PlannerScaleUp:
             # flight end, so CA sees the scale-up it asked for as upcoming instead of asking again every loop.
             self._wait_for_in_flight_attaches(gpu_instances)
         if gpu_instances:
-            for index, step in enumerate(plan.attaches):
-                owner = gpu_instances[index % len(gpu_instances)]
-                key = f"{owner.id}#{index}"
-                work = self._work[owner.id]
-                work.pending.add(key)  # before the attach starts: an attach that ends at once reports to it
-                work.steps[key] = step
-                try:
-                    self.controller.actions.attach(step, key, Case.SCALE_UP,
-                                                   on_done=lambda op, iid=owner.id: self._on_attach_done(iid, op))
-                except FabricError as exc:
-                    work.pending.discard(key)
-                    del work.steps[key]
-                    self._fail(owner, exc.code, exc.message)
-                    continue
-                self.controller.gangs.started(snapshot, [step], [key])
+            self._attach_for_instances(snapshot, plan.attaches, gpu_instances)
         elif plan.attaches:
             # CA asked for nodes only (delta used up by nodes); the attaches serve the rest of the pods meanwhile.
             self._attach_without_instance(snapshot, plan.attaches, key_prefix=instances[0].id)
         return instances
+
+    def _attach_for_instances(self, snapshot: Snapshot, attaches: Sequence[Attach],
+                              instances: Sequence[InstanceRecord]) -> None:
+        """The plan's attaches, shared out over CA's GPU instances, started at once (a burst is one fabric
+        transaction where the fabric has them); an instance whose attach the fabric refuses fails with its error."""
+        owners = [instances[index % len(instances)] for index in range(len(attaches))]
+        keyed = [(step, f"{owner.id}#{index}") for index, (step, owner) in enumerate(zip(attaches, owners))]
+        for (step, key), owner in zip(keyed, owners):
+            work = self._work[owner.id]
+            work.pending.add(key)  # before the attach starts: an attach that ends at once reports to it
+            work.steps[key] = step
+        done = [lambda op, iid=owner.id: self._on_attach_done(iid, op) for owner in owners]
+        results = self.controller.actions.attach_keyed(keyed, Case.SCALE_UP, on_done=done)
+        started_steps, started_keys = [], []
+        for (step, key), owner, result in zip(keyed, owners, results):
+            if isinstance(result, FabricError):
+                work = self._work[owner.id]
+                work.pending.discard(key)
+                del work.steps[key]
+                self._fail(owner, result.code, result.message)
+                continue
+            started_steps.append(step)
+            started_keys.append(key)
+        self.controller.gangs.started(snapshot, started_steps, started_keys)
 
     def _attach_without_instance(self, snapshot: Snapshot, attaches: Sequence[Attach], key_prefix: str) -> None:
         """Attaches that no GPU instance of CA's stands for: CA's units went to nodes. Keyed by the first of those

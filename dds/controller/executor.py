@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Optional
+from typing import Callable, Collection, Optional, Sequence, Union
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from dds import metrics
 from dds.crashpoints import crashpoint
-from dds.fabric.base import (AttachRequest, DetachRequest, ErrorCode, Fabric, FabricError, Operation, OperationKind,
-                             OperationState)
+from dds.fabric.base import (AttachRequest, BatchAttachFabric, DetachRequest, ErrorCode, Fabric, FabricError, Operation,
+                             OperationKind, OperationState)
 from dds.model.events import NORMAL, WARNING, EventRecorder, ObjectRef
 from dds.model.groups import NodeGroupSpec
 from dds.nodes.base import NodeProvisioner
@@ -73,26 +73,53 @@ class Executor:
 
     def attach(self, step: Attach, key: str, case: Case) -> Operation:
         """Start an attach; raises FabricError when the fabric refuses the request outright."""
-        request = AttachRequest(key=key, node=step.node, pool=step.pool, model=step.model, count=step.count,
-                                reason=step.reason)
+        [result] = self.attach_all([(step, key)], case)
+        if isinstance(result, FabricError):
+            raise result
+        return result
+
+    def attach_all(self, steps: Sequence[tuple[Attach, str]], case: Case) -> list[Union[Operation, FabricError]]:
+        """Start several attaches, each with its key: one result per step, its operation or the error that refused
+        it. A backend that takes several attaches in one transaction (`BatchAttachFabric`) gets them at once, so a
+        burst is one durable write rather than one per attach; a failure of that transaction as a whole refuses them
+        all."""
+        if not steps:
+            return []
+        requests = [AttachRequest(key=key, node=step.node, pool=step.pool, model=step.model, count=step.count,
+                                  reason=step.reason) for step, key in steps]
         crashpoint("attach.before-fabric")
         self._changing()
-        try:
-            operation = _fabric_call(self.fabric.attach)(request)
-        except FabricError as exc:
-            metrics.FABRIC_ERRORS.labels(self.fabric.name, "attach", exc.code.value).inc()
-            log.warning("attach %s x %s to %s refused: %s", step.count, step.model, step.node, exc,
+        results: list[Union[Operation, FabricError]]
+        if isinstance(self.fabric, BatchAttachFabric) and len(requests) > 1:
+            try:
+                results = _fabric_call(self.fabric.attach_many)(requests)
+            except FabricError as exc:
+                results = [exc] * len(requests)
+        else:
+            results = []
+            for request in requests:
+                try:
+                    results.append(_fabric_call(self.fabric.attach)(request))
+                except FabricError as exc:
+                    results.append(exc)
+        for (step, key), result in zip(steps, results):
+            self._report_attach(step, key, case, result)
+        return results
+
+    def _report_attach(self, step: Attach, key: str, case: Case, result: Union[Operation, FabricError]) -> None:
+        if isinstance(result, FabricError):
+            metrics.FABRIC_ERRORS.labels(self.fabric.name, "attach", result.code.value).inc()
+            log.warning("attach %s x %s to %s refused: %s", step.count, step.model, step.node, result,
                         extra={"case": case.value, "key": key})
             self.events.emit(node_ref(step.node), WARNING, "AttachFailed",
-                             f"could not attach {step.count} x {step.model} from pool {step.pool}: {exc.message}")
-            raise
+                             f"could not attach {step.count} x {step.model} from pool {step.pool}: {result.message}")
+            return
         message = (f"attaching {step.count} x {step.model} to {step.node} for {', '.join(step.pods) or 'capacity'}: "
                    f"{step.reason}")
         log.info(message, extra={"case": case.value, "key": key, "node": step.node})
         self.events.emit(node_ref(step.node), NORMAL, "AttachingGPU", message)
         for pod in step.pods:
             self.events.emit(pod_ref(pod), NORMAL, "AttachingGPU", message)
-        return operation
 
     def add_nodes(self, step: NewNodes, group: NodeGroupSpec, key: str, case: Case) -> None:
         self._changing()

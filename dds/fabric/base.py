@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import Mapping, Optional, Protocol, runtime_checkable
+from typing import Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
 
 from dds.model.fabric_errors import ErrorCode  # the backends' codes; the planner reads them too
 
@@ -123,6 +123,17 @@ class Fabric(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class BatchAttachFabric(Protocol):
+    """A backend that can accept several attaches in one transaction: a burst of pending pods (a plan of dozens of
+    attaches, which CA's IncreaseSize must answer within its deadline) costs one durable write instead of one each."""
+
+    def attach_many(self, requests: Sequence[AttachRequest]) -> list[Union[Operation, FabricError]]:
+        """One result per request, in order: its operation (as `attach` answers it), or the error that refused it
+        alone. Raises FabricError only when the transaction as a whole failed (nothing was accepted)."""
+        ...
 
 
 @runtime_checkable

@@ -41,7 +41,7 @@ import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Optional, TypeVar
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, Union
 
 from dds.config import LatencySpec, PoolSpec, SimulatedFabricSettings
 from dds.crashpoints import crashpoint
@@ -235,6 +235,40 @@ class SimulatedFabric:
         operation = self._transact(lambda state: self._accept_attach(state, request)).public()
         crashpoint("fabric.attach.accepted")
         return operation
+
+    def attach_many(self, requests: Sequence[AttachRequest]) -> list[Union[Operation, FabricError]]:
+        """Several attaches in one transaction: one write of the manager's state for the lot, each acknowledged (or
+        refused on its own) exactly as `attach` would, in order. A request the manager refuses outright leaves the
+        others untouched."""
+        checked: list[Optional[FabricError]] = []
+        for request in requests:
+            try:
+                _validate_attach(request)
+                if request.pool not in self._slots:
+                    raise FabricError(ErrorCode.NOT_FOUND, f"attach {request.key}: pool {request.pool!r} is not "
+                                                           f"configured (pools: {', '.join(sorted(self._slots))})")
+                checked.append(None)
+            except FabricError as exc:
+                checked.append(exc)
+
+        def accept_all(state: _State) -> list[Union[_Op, FabricError]]:
+            out: list[Union[_Op, FabricError]] = []
+            for request, refused in zip(requests, checked):
+                if refused is not None:
+                    out.append(refused)
+                    continue
+                trial = state.copy()  # a refusal must leave no trace of the request in the transaction
+                try:
+                    out.append(self._accept_attach(trial, request))
+                except FabricError as exc:
+                    out.append(exc)
+                    continue
+                state.devices, state.operations, state.faults = trial.devices, trial.operations, trial.faults
+            return out
+
+        results = self._transact(accept_all)
+        crashpoint("fabric.attach.accepted")
+        return [r if isinstance(r, FabricError) else r.public() for r in results]
 
     def detach(self, request: DetachRequest) -> Operation:
         if not request.key or not request.node or not request.device_ids:

@@ -191,6 +191,35 @@ def test_queries_do_not_write_the_store_when_nothing_is_due() -> None:
     assert world.store.saves == saves
 
 
+def test_a_burst_of_attaches_is_one_write_and_each_is_answered_as_alone() -> None:
+    """attach_many: one durable write for the lot; a refusal (an unknown pool, too few free devices) is that request's
+    alone; a retried key is answered with its operation; the rest completes as single attaches would."""
+    world = make_world(make_settings(a30=4, slots=None))
+    first = attach(world, "before", 1, node="n0")
+    saves = world.store.saves
+    requests = [AttachRequest(key="a", node="n1", pool="pool-a", model="A30", count=2),
+                AttachRequest(key="unknown-pool", node="n1", pool="nowhere", model="A30", count=1),
+                AttachRequest(key="b", node="n2", pool="pool-a", model="A30", count=1),
+                AttachRequest(key="too-many", node="n3", pool="pool-a", model="A30", count=5),
+                AttachRequest(key="no-h200", node="n3", pool="pool-a", model="H200", count=1),
+                AttachRequest(key="before", node="n0", pool="pool-a", model="A30", count=1)]
+
+    results = world.fabric.attach_many(requests)
+
+    assert world.store.saves == saves + 1
+    a, unknown_pool, b, too_many, no_h200, before = results
+    assert isinstance(unknown_pool, FabricError) and unknown_pool.code == ErrorCode.NOT_FOUND
+    assert isinstance(no_h200, FabricError) and no_h200.code == ErrorCode.NOT_FOUND
+    assert too_many.state == OperationState.FAILED and too_many.error.code == ErrorCode.OUT_OF_RESOURCES
+    assert before == first
+    assert (a.state, b.state) == (OperationState.RUNNING, OperationState.RUNNING)
+    world.clock.advance(41)
+    assert [d.node for d in world.fabric.devices() if d.state == DeviceState.ONLINE].count("n1") == 2
+    assert world.fabric.operation("b").state == OperationState.SUCCEEDED
+    assert free_a30(world) == 0
+    world.fabric.check_invariants()
+
+
 def test_two_instances_on_one_store_never_hand_out_a_device_twice() -> None:
     world = make_world()
     stale = SimulatedFabric(make_settings(), clock=world.clock, store=world.store)
