@@ -1,4 +1,4 @@
-"""Crash points: named steps at which the reliability campaign makes DDS kill itself with SIGKILL (issue 9).
+"""Crash points: named steps at which the reliability campaign makes DDS kill itself with SIGKILL.
 
 Production code marks a step with one line, `crashpoint("fabric.attach.accepted")`. It does nothing unless the
 environment variable DDS_CRASH_AT arms that point:

@@ -1,4 +1,4 @@
-"""The SIGKILL campaign (issues 6 and 9): a workload keeps attaches, detaches, node adds and node removals going on the
+"""The SIGKILL campaign: a workload keeps attaches, detaches, node adds and node removals going on the
 whole stack (harness/stack.py) while DDS is killed again and again, at named steps (dds/crashpoints.py) and at
 random times; after every crash and every restart the invariants (harness/invariants.py) are checked, and at the
 end, with the crashes stopped, the cluster must converge: the workload served, then scaled back down with the pool whole.

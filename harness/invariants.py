@@ -1,4 +1,4 @@
-"""The invariants of the crash campaign (issues 6 and 9), read only where a user can read them: the apiserver (Nodes, Pods,
+"""The invariants of the crash campaign, read only where a user can read them: the apiserver (Nodes, Pods,
 Machines, MachineSets, the simulated fabric's state ConfigMap and the in-flight instances ConfigMap in dds-system) and
 DDS's gRPC API with the client certificate cluster-autoscaler uses. Nothing is asked of the DDS process's memory.
 

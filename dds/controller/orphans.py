@@ -1,4 +1,4 @@
-"""Orphaned devices: fabric devices held for a node that is gone, and attaches that never end (issue 6, crash safety).
+"""Orphaned devices: fabric devices held for a node that is gone, and attaches that never end (crash safety).
 
 | orphan                                                     | reclaimed when                              | how                   |
 |------------------------------------------------------------|---------------------------------------------|-----------------------|

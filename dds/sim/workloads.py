@@ -327,7 +327,7 @@ def gang_jobs(count: int, mean_interval_s: float, seed: int) -> tuple[Job, ...]:
 
 
 def gangs(params: WorkloadParams) -> Scenario:
-    """Gang workloads (issue 15): 4 fixed nodes of 64 cores sharing a 16-GPU A30 pool, gangs mixed with single jobs."""
+    """Gang workloads: 4 fixed nodes of 64 cores sharing a 16-GPU A30 pool, gangs mixed with single jobs."""
     group = gpu_group("gpu-workers", nodes=4, cores=64, memory=512 * GiB, max_gpus=8, models=("A30",),
                       gpu_idle_cooldown_s=_cooldown(params))
     cluster = ClusterSpec(groups=(group,), pools=(PoolSpec(name="pool-0", devices={"A30": 16}),),

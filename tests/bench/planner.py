@@ -38,7 +38,7 @@ QUICK_PENDING = (1, 10)
 NAIVE_MAX_NODES = 100
 NAIVE_MAX_PODS = 5
 SLOTS = 8
-# Goals (issue 5): per pending pod at 1,000 nodes x 8 slots; a 1,000-pod batch on 5,000 nodes.
+# Goals: per pending pod at 1,000 nodes x 8 slots; a 1,000-pod batch on 5,000 nodes.
 GOAL_PER_POD_MS = 10.0
 GOAL_BATCH_MS = 1_000.0
 SEED = 7

@@ -57,7 +57,7 @@ LOOP_INTERVAL_SECONDS = 2.0
 CA_DEADLINE_SECONDS = 5.0  # cluster-autoscaler's externalgrpc default grpc_timeout
 WORKERS = 12  # parallel creates while populating
 
-# Goals of issue 17 (benchmark only, never asserted in tests): (figure, size) -> bound.
+# Goals (benchmark only, never asserted in tests): (figure, size) -> bound.
 GOALS: dict[tuple[str, int], float] = {
     ("increase_p99_ms", 1000): 100.0,
     ("increase_p99_ms", 5000): 500.0,
