@@ -35,8 +35,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line("dds: binaries via hack/build-binaries.sh (etcd, kube-apiserver, kube-scheduler, kwok, "
-                             "cluster-autoscaler; cached: under a second, cold: about 9 min on 2 cores)")
+        reporter.write_line("dds: binaries via hack/build-binaries.sh (etcd, kube-apiserver, kube-scheduler, "
+                             "kube-controller-manager, kwok, cluster-autoscaler; cached: under a second, cold: about "
+                             "8 min on 2 cores)")
     try:
         session.config.stash[_binaries_key] = ensure_binaries()
     except Exception as exc:  # reported by every test that needs the control plane, not as an internal error
