@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit setup binaries protos bench bench-scale soak lint
+.PHONY: demo demo-dra test unit setup binaries protos bench bench-scale soak lint
 
 setup:  ## Python dependencies into .venv and the pinned binaries (control plane + cluster-autoscaler), built from source
 	bash hack/setup.sh
@@ -15,7 +15,6 @@ binaries:
 demo: setup  ## The talk's demo end to end: control plane, DDS, the real cluster-autoscaler, simulated fabric, kwok nodes
 	$(PYTHON) -m harness.demo
 
-.PHONY: demo-dra
 demo-dra: setup  ## The same demo with GPUs asked for through ResourceClaims (node-local DRA: docs/dra.md)
 	$(PYTHON) -m harness.demo --dra
 
