@@ -56,6 +56,7 @@ from dds.controller.dra_binding import PoolModeBinder
 from dds.planner.dra import pods_needing_nodes
 from dds.planner.equip import equip_new_nodes
 from dds.planner.refusals import POOL_EMPTY
+from dds.planner.requests import is_work
 from dds.planner.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -385,7 +386,7 @@ class Controller:
             if node.devices or node.detaching or node.attaching or self._operations_on(node_name):
                 continue  # GPUs are released first (and their operations seen to the end: a backend may drop the
                 # record of an operation on a node that is gone, as the CDI operator deletes its requests)
-            work = [p for p in snapshot.pods_on(node_name) if p.owner_kind not in ("DaemonSet", "Node")]
+            work = [p for p in snapshot.pods_on(node_name) if is_work(p)]
             if work and not self._is_ca_drained(node):
                 self._give_up_removal(node_name, node.taints, f"it holds work again ({', '.join(p.key for p in work)})")
                 continue

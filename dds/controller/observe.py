@@ -31,7 +31,7 @@ from dds.planner.dra import lower_observed, mark_claimed
 from dds.model.resources import Resources
 # The planner owns kube-scheduler's request rule and remembers it per pod object: with the watch cache the same
 # PodInfo comes back every observe until the pod changes, so only changed pods are computed again.
-from dds.planner.requests import LASTING_REQUESTS
+from dds.planner.requests import LASTING_REQUESTS, is_work
 from dds.planner.snapshot import NodeInfo, PodInfo, PoolInfo, Snapshot
 
 log = logging.getLogger(__name__)
@@ -67,10 +67,6 @@ def replicas_without_machine(machines: Sequence[MachineRef], replicas: Mapping[s
     instance before its node exists, and CA, seeing its scale-up gone while the pods still wait, asks again."""
     made = sum(1 for m in machines if m.group_id == group_id and not m.terminating)
     return max(0, replicas.get(group_id, made) - made)
-
-
-# Pods that are not work: a node holding only these is empty (CA's rule too).
-_NOT_WORK = ("DaemonSet", "Node")
 
 
 class ClusterObserver:
@@ -173,7 +169,7 @@ class ClusterObserver:
                 requests = lasting(pod)
                 if requests.scalar:
                     extended.setdefault(node_name, []).append(requests)
-                if pod.owner_kind not in _NOT_WORK:
+                if is_work(pod):
                     working.add(node_name)
         groups_by_id = {g.id: g for g in groups}
         for raw in self.node_records():

@@ -228,10 +228,7 @@ class SimulatedFabric:
         return dict(self._current().faults)
 
     def attach(self, request: AttachRequest) -> Operation:
-        _validate_attach(request)
-        if request.pool not in self._slots:
-            raise FabricError(ErrorCode.NOT_FOUND, f"attach {request.key}: pool {request.pool!r} is not configured "
-                                                   f"(pools: {', '.join(sorted(self._slots))})")
+        self._check_attach(request)
         operation = self._transact(lambda state: self._accept_attach(state, request)).public()
         crashpoint("fabric.attach.accepted")
         return operation
@@ -243,10 +240,7 @@ class SimulatedFabric:
         checked: list[Optional[FabricError]] = []
         for request in requests:
             try:
-                _validate_attach(request)
-                if request.pool not in self._slots:
-                    raise FabricError(ErrorCode.NOT_FOUND, f"attach {request.key}: pool {request.pool!r} is not "
-                                                           f"configured (pools: {', '.join(sorted(self._slots))})")
+                self._check_attach(request)
                 checked.append(None)
             except FabricError as exc:
                 checked.append(exc)
@@ -269,6 +263,13 @@ class SimulatedFabric:
         results = self._transact(accept_all)
         crashpoint("fabric.attach.accepted")
         return [r if isinstance(r, FabricError) else r.public() for r in results]
+
+    def _check_attach(self, request: AttachRequest) -> None:
+        """What refuses an attach before the manager's state is read: a malformed request, an unconfigured pool."""
+        _validate_attach(request)
+        if request.pool not in self._slots:
+            raise FabricError(ErrorCode.NOT_FOUND, f"attach {request.key}: pool {request.pool!r} is not configured "
+                                                   f"(pools: {', '.join(sorted(self._slots))})")
 
     def detach(self, request: DetachRequest) -> Operation:
         if not request.key or not request.node or not request.device_ids:

@@ -60,6 +60,7 @@ class Resource(Generic[T]):
     name: str  # for logs: "pods", "machines in ns-a"
     path: str  # "/api/v1/pods", "/apis/cluster.x-k8s.io/v1beta2/namespaces/ns-a/machines"
     decode: Callable[[Obj], T]
+    namespace: Optional[str] = None  # the one namespace the path lists; None: every namespace (or cluster-scoped)
 
 
 @dataclass
@@ -336,8 +337,8 @@ def custom_objects(group: str, version: str, plural: str, namespaces: Sequence[s
     """One Resource per namespace (all namespaces when none are given), kept as lean dicts."""
     if not namespaces:
         return [Resource(plural, f"/apis/{group}/{version}/{plural}", decode.lean_object)]
-    return [Resource(f"{plural} in {ns}", f"/apis/{group}/{version}/namespaces/{ns}/{plural}", decode.lean_object)
-            for ns in namespaces]
+    return [Resource(f"{plural} in {ns}", f"/apis/{group}/{version}/namespaces/{ns}/{plural}", decode.lean_object,
+                     namespace=ns) for ns in namespaces]
 
 
 class Collection(Generic[T]):
@@ -363,10 +364,10 @@ class Collection(Generic[T]):
         return tuple(r.generation for r in self.reflectors)
 
     def assume(self, obj: Obj) -> None:
-        """`Reflector.assume` on the reflector that watches the object's namespace (every one when unsure)."""
+        """`Reflector.assume` on the reflector whose collection holds the object."""
         namespace = (obj.get("metadata") or {}).get("namespace")
         for reflector in self.reflectors:
-            if len(self.reflectors) == 1 or reflector.resource.path.split("/namespaces/")[-1].split("/")[0] == namespace:
+            if reflector.resource.namespace in (None, namespace):
                 reflector.assume(obj)
 
 

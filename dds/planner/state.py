@@ -29,8 +29,6 @@ from dds.planner.snapshot import HostPort, NodeInfo, PodAffinityTerm, PodInfo, S
 UNLIMITED = np.int64(2**62)  # free amount of a resource a filter never checks on that node
 
 
-
-
 @dataclass
 class _BoundPods:
     """The pods bound to a snapshot's live nodes, as a ClusterState reads them; shared by the states built on one
@@ -247,14 +245,10 @@ class ClusterState:
                                [lasting(pod) for pod in snapshot.pending_pods()])  # any pending pod may be planned
             _BOUND_PODS.put(snapshot, names, found)
         self._bound = found
-        self._bound_pods = found.pods
-        self._bound_where = found.where
-        self._bound_requests = found.requests
-        self._unbound_requests = found.unbound_requests
 
     def _init_pods(self) -> None:
         n = len(self.nodes)
-        bound, where, requests = self._bound_pods, self._bound_where, self._bound_requests
+        bound, where, requests = self._bound.pods, self._bound.where, self._bound.requests
         # never changed after construction
         self._bound_on: list[Sequence[PodInfo]] = [self.snapshot.pods_on(node.name) for node in self.nodes]
         self.placed: list[list[PodInfo]] = [[] for _ in range(n)]  # pods this plan puts on each node (journaled)
@@ -328,7 +322,7 @@ class ClusterState:
     def bound_by_label(self) -> dict[tuple[str, str, str], list[int]]:
         if self._bound_by_label is None:
             by_label: dict[tuple[str, str, str], list[int]] = {}
-            for position, pod in enumerate(self._bound_pods):
+            for position, pod in enumerate(self._bound.pods):
                 namespace = pod.namespace
                 for key, value in pod.labels.items():
                     by_label.setdefault((namespace, key, value), []).append(position)
