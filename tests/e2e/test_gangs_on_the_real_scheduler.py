@@ -14,7 +14,7 @@ must get the capacity for all of them, or none. Two workers (4 GPU slots each, o
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,10 @@ def test_a_coscheduling_podgroups_min_member_is_read_from_the_cluster(stack: Sta
     delete_pods(stack, first + ["ddp-2"])
 
 
+def running_members(stack: Stack, names: list[str]) -> int:
+    return sum(1 for p in stack.pods() if p.metadata.name in names and p.status.phase == "Running")
+
+
 def test_a_gang_of_four_starts_only_when_all_eight_gpus_are_attached(stack: Stack):
     stack.wait_for("the idle GPUs back in the pool", lambda: worker_gpus(stack) == 0, TIMEOUT,
                    lambda: describe(stack))
@@ -143,10 +147,8 @@ def test_a_gang_of_four_starts_only_when_all_eight_gpus_are_attached(stack: Stac
     seen: list[tuple[int, int]] = []  # (GPUs on the workers, members running), at every look
 
     def all_running() -> bool:
-        gpus = worker_gpus(stack)
-        running = sum(1 for p in stack.pods() if p.metadata.name in names and p.status.phase == "Running")
-        seen.append((gpus, running))
-        return running == len(names)
+        seen.append((worker_gpus(stack), running_members(stack, names)))
+        return seen[-1][1] == len(names)
 
     stack.wait_for("the gang Running", all_running, TIMEOUT, lambda: describe(stack), interval=0.2)
     early = [(gpus, running) for gpus, running in seen if running and gpus < 8]
@@ -164,14 +166,25 @@ def test_a_gang_whose_attach_fails_is_rolled_back_then_served_whole(stack: Stack
         simulated_fabric={"faults": {"attach_error": 1.0, "max_faults": 1, "seed": 7}})
     stack.restart_dds(kill=False)
     names = create_gang(stack, "ddp-fault", members=4, gpus=2)
+    # The retry after the rollback can serve the gang before a look sees the rollback's Events, so what is asserted
+    # is what every look saw: no member ever ran while the gang's GPUs were partly there.
+    seen: list[tuple[int, int]] = []  # (GPUs on the workers, members running)
+
+    def look(done: Callable[[], bool]) -> Callable[[], bool]:
+        def step() -> bool:
+            seen.append((worker_gpus(stack), running_members(stack, names)))
+            return done()
+        return step
+
     stack.wait_for("GangRolledBack told to every member",
-                   lambda: events_for(stack, names, "GangRolledBack") == set(names), TIMEOUT,
-                   lambda: describe(stack))
+                   look(lambda: events_for(stack, names, "GangRolledBack") == set(names)), TIMEOUT,
+                   lambda: describe(stack), interval=0.2)
     rolled = next(e.message for e in dds_events(stack) if e.reason == "GangRolledBack")
     assert "the attach of 1 of its GPU set(s) failed" in rolled, rolled
     released = [e for e in dds_events(stack) if e.reason == "DetachingGPU" and "cannot start" in e.message]
     assert released, "the GPUs attached for the gang were detached"
-    assert not any(p.status.phase == "Running" for p in stack.pods() if p.metadata.name in names)
-    stack.wait_for("the gang Running after it was planned whole again", lambda: pods_running(stack, names), TIMEOUT,
-                   lambda: describe(stack))
+    stack.wait_for("the gang Running after it was planned whole again", look(lambda: pods_running(stack, names)),
+                   TIMEOUT, lambda: describe(stack), interval=0.2)
+    early = [(gpus, running) for gpus, running in seen if running and gpus < 8]
+    assert early == [], f"members ran while the gang's GPUs were partly attached: {early}"
     delete_pods(stack, names)
