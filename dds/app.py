@@ -38,7 +38,7 @@ from dds.kube.requests import instrument
 from dds.kube.resourceslices import ResourceSlicePublisher, online_gpus, with_resource_slices
 from dds.kube.state import ConfigMapStateStore
 from dds.planner.reservations import ReservationConfig
-from dds.model.groups import DEFAULT_GPU_RESOURCE, LABEL_NODE_GROUP, NodeGroupSpec
+from dds.model.groups import DEFAULT_GPU_RESOURCE, LABEL_NODE_GROUP, GpuApi, NodeGroupSpec
 from dds.nodes.factory import build_node_backend
 from dds.nodes.kwok import KwokInfrastructure
 from dds.ops.http import OpsServer
@@ -50,6 +50,7 @@ from dds.provider.registry import Registry
 from dds.provider.server import ProviderServer, build_server
 from dds.groups.sources import MachineSetSource, NodeGroupCatalog
 from dds.groups.labels import node_group_label_value
+from dds.heap import HeapKeeper
 
 log = logging.getLogger(__name__)
 
@@ -103,18 +104,41 @@ class ObservedClusterView:
 
 def gpu_resource_of(api: ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]],
                     cache: Optional[ClusterCache] = None) -> Callable[[str], Optional[str]]:
-    """A node's GPU resource name: its group's (through the node-group label), None for a node DDS does not manage."""
+    """A node's GPU resource name: its group's (through the node-group label); None for a node DDS does not manage
+    and for a DRA group's node, whose GPUs are ResourceSlice devices and never node capacity."""
 
     def resource_of(node_name: str) -> Optional[str]:
-        cached = cache.nodes.reflectors[0].get(node_name) if cache is not None and cache.nodes.synced else None
-        labels = cached.labels if cached is not None else read_node_labels(api, node_name)
-        if labels is None:
+        found = _node_group(api, groups, cache, node_name)
+        if found is _GONE:
             return DEFAULT_GPU_RESOURCE  # gone: publishing finds it missing and says so
-        label = labels.get(LABEL_NODE_GROUP)
-        group = next((g for g in groups() if node_group_label_value(g.id) == label), None)
-        return group.gpu_resource if group is not None else None
+        return found.gpu_resource if isinstance(found, NodeGroupSpec) and not found.gpu_api.dra else None
 
     return resource_of
+
+
+def lists_node_local_devices(api: ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]],
+                             cache: Optional[ClusterCache] = None) -> Callable[[str], bool]:
+    """Whether a node's GPUs are devices of its own ResourceSlice: its group's gpu-api is dra-node-local."""
+
+    def lists(node_name: str) -> bool:
+        found = _node_group(api, groups, cache, node_name)
+        return isinstance(found, NodeGroupSpec) and found.gpu_api is GpuApi.DRA_NODE_LOCAL
+
+    return lists
+
+
+_GONE = object()  # the node no longer exists
+
+
+def _node_group(api: ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]], cache: Optional[ClusterCache],
+                node_name: str) -> object:
+    """The node's group (through the node-group label), None for a node DDS does not manage, or _GONE."""
+    cached = cache.nodes.reflectors[0].get(node_name) if cache is not None and cache.nodes.synced else None
+    labels = cached.labels if cached is not None else read_node_labels(api, node_name)
+    if labels is None:
+        return _GONE
+    label = labels.get(LABEL_NODE_GROUP)
+    return next((g for g in groups() if node_group_label_value(g.id) == label), None)
 
 
 def fresh_groups(catalog: NodeGroupCatalog, clock: Callable[[], float], max_age_seconds: float) -> Callable[[], tuple]:
@@ -149,6 +173,7 @@ class App:
     scale_down: PlannerScaleDown  # what CA's DeleteNodes calls (case 3)
     infrastructure: Optional[KwokInfrastructure] = None  # node_backend kwok: DDS also makes the Machines and Nodes
     cache: Optional[ClusterCache] = None  # settings.watch_cache: what every decision reads the cluster from
+    heap: HeapKeeper = field(default_factory=HeapKeeper)  # the collector kept off the cache's objects (dds/heap.py)
     stopped: threading.Event = field(default_factory=threading.Event)
     exit_code: int = 0
 
@@ -177,6 +202,7 @@ class App:
         if not self.cache.wait_synced(sync_timeout_seconds):
             log.warning("the cluster cache is not synced after %.0fs: reading the apiserver directly until it is",
                         sync_timeout_seconds)
+        self.heap.settle()  # the LISTs' objects are the bulk of what the process will hold
 
     def _started_leading(self) -> None:
         try:
@@ -246,9 +272,10 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                                events=events)
     on_devices = gpu_capacity_hook(api, gpu_resource_of(api, catalog.groups, cache))
     built: dict[str, Fabric] = {}  # the hook reads the fabric it is given to (re-entrant: see dds/fabric/simulated.py)
-    if settings.simulated_fabric.dra_resource_slices:  # node-local DRA: docs/dra.md
+    if settings.fabric == FabricBackend.SIMULATED:  # DDS plays the DRA driver of dra-node-local groups: docs/dra.md
         on_devices = with_resource_slices(on_devices, ResourceSlicePublisher(
-            api, lambda node: online_gpus(built["fabric"], node)))
+            api, lambda node: online_gpus(built["fabric"], node),
+            lists=lists_node_local_devices(api, catalog.groups, cache)))
     fabric = built["fabric"] = build_fabric(settings, clock=clock, api_client=api, on_node_devices_changed=on_devices,
                                             cache=cache.composability if cache else None)
     nodes = build_node_backend(settings, clock=clock, api_client=api, on_written=cache.assume if cache else None)
@@ -267,8 +294,7 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                       reservations=ReservationConfig(enabled=settings.reservations,
                                                      min_age_seconds=settings.reservation_min_age_seconds,
                                                      large_fraction=settings.reservation_large_fraction,
-                                                     quiet_age_seconds=settings.reservation_quiet_age_seconds),
-                      dra_pool_mode=settings.simulated_fabric.dra_pool_slices)
+                                                     quiet_age_seconds=settings.reservation_quiet_age_seconds))
     app_ref: dict[str, App] = {}
     controller = Controller(observer, executor, watcher, fabric, api, events, loop, clock,
                             is_leader=lambda: app_ref["app"].is_leader)
@@ -291,5 +317,6 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     app = App(settings=settings, api=api, fabric=fabric, catalog=catalog, registry=registry, controller=controller,
               server=server, ops=ops, events=events, elector=elector, tracker=tracker, scale_up=scale_up,
               scale_down=scale_down, infrastructure=nodes.infrastructure, cache=cache)
+    controller.listeners.append(app.heap.on_pass)
     app_ref["app"] = app
     return app

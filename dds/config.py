@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
@@ -66,21 +66,21 @@ class SimulatedFabricSettings(_Section):
     faults: FaultSpec = Field(default_factory=FaultSpec)
     # Where the simulated manager keeps its state in a cluster, so it outlives a DDS restart (as a real CDI manager does).
     state_configmap: str = "dds-simulated-fabric"
-    # Node-local DRA (hot-plug): also publish each node's attached GPUs as devices of a ResourceSlice, as a DRA driver
-    # with hot-plug does (dds/kube/resourceslices.py, docs/dra.md). Off: GPUs show only as the extended resource.
-    dra_resource_slices: bool = False
-    # DRA pool mode (binding conditions, alpha in Kubernetes 1.34/1.35): publish each pool's free GPUs as slots that
-    # bind to a node, and attach one when kube-scheduler allocates it (dds/controller/dra_binding.py, docs/dra.md).
-    # Choose one of the two DRA modes: a GPU listed by both would be offered twice.
-    dra_pool_slices: bool = False
 
-    @field_validator("dra_pool_slices")
+    @model_validator(mode="before")
     @classmethod
-    def _one_dra_mode(cls, value: bool, info: Any) -> bool:
-        if value and info.data.get("dra_resource_slices"):
-            raise ValueError("dra_pool_slices and dra_resource_slices exclude each other: a GPU listed in a node's "
-                             "slice and as a pool slot would be offered twice (docs/dra.md)")
-        return value
+    def _replaced_dra_switches(cls, data: Any) -> Any:
+        # The fabric-wide DRA switches became a choice per node group; say so instead of "extra inputs not permitted".
+        for key, api in REPLACED_DRA_SETTINGS.items():
+            if isinstance(data, dict) and key in data:
+                raise ValueError(f"simulated_fabric.{key} was replaced by a choice per node group: annotate each "
+                                 f"MachineSet whose GPUs pods ask for through ResourceClaims with "
+                                 f"dds.cdi.dev/gpu-api: \"{api}\" and remove this setting (docs/dra.md)")
+        return data
+
+
+# Settings of earlier releases, now the node group annotation dds.cdi.dev/gpu-api (dds/model/groups.py GpuApi).
+REPLACED_DRA_SETTINGS = {"dra_resource_slices": "dra-node-local", "dra_pool_slices": "dra-pool"}
 
 
 class RedfishSettings(_Section):

@@ -1,7 +1,8 @@
 """`python -m harness.demo --dra`: the talk's demo with every GPU asked for through a ResourceClaim (node-local DRA).
 
 The same stack as `make demo`, plus kube-controller-manager's resourceclaim controller (claims made from templates)
-and the simulated fabric publishing each node's attached GPUs in a ResourceSlice (docs/dra.md). The scenario:
+and the MachineSet annotated dds.cdi.dev/gpu-api: dra-node-local, so the simulated fabric publishes each node's attached
+GPUs in a ResourceSlice and never as nvidia.com/gpu capacity (docs/dra.md). The scenario:
 1. Two workers of MachineSet gpu-workers, one A30 each (a device in each node's ResourceSlice), both taken by DRA pods.
 2. A DRA pod asks for one more GPU: Pending -> DDS's fast path attaches an A30 to a worker -> the new device shows in
    the worker's ResourceSlice -> kube-scheduler allocates it -> Running.
@@ -21,6 +22,7 @@ import yaml
 from kubernetes import client
 
 from harness.demo import Demo, DemoOptions, DemoResult
+from dds.model.groups import ANN_GPU_API, GpuApi
 from harness.stack import ROOT, WORKLOAD_NAMESPACE as DEMO_NAMESPACE, gpus_allocatable
 
 DRIVER = "gpu.dds.cdi.dev"
@@ -29,10 +31,10 @@ TEMPLATE = "one-a30"
 
 
 def dra_options(options: DemoOptions) -> DemoOptions:
-    """The demo's stack with the resourceclaim controller and node-local ResourceSlices."""
-    fabric = {**options.stack.dds_settings.get("simulated_fabric", {}), "dra_resource_slices": True}
-    stack = replace(options.stack, controller_manager=True,
-                    dds_settings={**options.stack.dds_settings, "simulated_fabric": fabric})
+    """The demo's stack with the resourceclaim controller, and its MachineSet's GPUs exposed through node-local
+    ResourceSlices only (dds.cdi.dev/gpu-api: dra-node-local: no nvidia.com/gpu capacity on its nodes)."""
+    annotations = {**options.stack.machineset_annotations, ANN_GPU_API: GpuApi.DRA_NODE_LOCAL.value}
+    stack = replace(options.stack, controller_manager=True, machineset_annotations=annotations)
     return replace(options, stack=stack)
 
 
@@ -55,10 +57,18 @@ def dra_pod(name: str, memory_gib: int) -> dict[str, Any]:
 
 
 class DraDemo(Demo):
-    def slices(self) -> str:
+    def devices_by_node(self) -> dict[str, int]:
         items = client.ResourceV1Api(self.stack.api).list_resource_slice().items
-        return "; ".join(f"{s.spec.node_name}: {len(s.spec.devices or ())} device(s)" for s in items
-                         if s.spec.driver == DRIVER) or "no ResourceSlice"
+        return {s.spec.node_name: len(s.spec.devices or ()) for s in items if s.spec.driver == DRIVER}
+
+    def slices(self) -> str:
+        return "; ".join(f"{node}: {count} device(s)" for node, count in sorted(self.devices_by_node().items())) \
+            or "no ResourceSlice"
+
+    def nodes_describe(self) -> str:
+        devices = self.devices_by_node()
+        return "; ".join(f"{n.metadata.name}: {devices.get(n.metadata.name, 0)} device(s), "
+                         f"{gpus_allocatable(n)} nvidia.com/gpu" for n in self.stack.nodes())
 
     def run(self) -> DemoResult:
         resource = client.ResourceV1Api(self.stack.api)
@@ -103,8 +113,10 @@ class DraDemo(Demo):
             self.core.delete_namespaced_pod(name, DEMO_NAMESPACE, grace_period_seconds=0)
 
         def settled() -> bool:
-            nodes = self.nodes()
-            return {n.metadata.name for n in nodes} == workers and all(gpus_allocatable(n) == 1 for n in nodes)
+            nodes, devices = self.nodes(), self.devices_by_node()
+            # Each worker back to its one device; the GPUs are never node capacity in this group.
+            return {n.metadata.name for n in nodes} == workers and all(
+                devices.get(n.metadata.name) == 1 and gpus_allocatable(n) == 0 for n in nodes)
 
         self.wait_for("the added node removed and each worker back to 1 GPU", settled,
                       timeout=self.options.step_timeout_seconds + self.options.stack.gpu_idle_cooldown_seconds

@@ -1,5 +1,6 @@
 """Pool mode (DRA device binding conditions, docs/dra.md): every pass, each fabric pool's slots are published in its
-ResourceSlice, and each slot kube-scheduler allocated to a claim gets its GPU attached to the allocation's node, then
+ResourceSlice, on the nodes of the groups annotated dds.cdi.dev/gpu-api: dra-pool that draw from it (a pool no such
+group draws from has no slice), and each slot kube-scheduler allocated to a claim gets its GPU attached to the allocation's node, then
 the binding condition the scheduler waits for in PreBind (or the failure condition, so it allocates again).
 
     allocated slot ──► attach 1 x model to the node (key: claim, allocation, slot: idempotent across passes/restarts)
@@ -10,18 +11,26 @@ the binding condition the scheduler waits for in PreBind (or the failure conditi
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Optional, Sequence
 
 from dds.controller.apply import Actions
 from dds.fabric.base import Fabric, FabricError, OperationState
+from dds.groups.labels import node_group_label_value
 from dds.kube import ApiClient
 from dds.kube.dra import ClaimBindingWriter
 from dds.kube.resourceslices import publish_pool_slots
+from dds.model.groups import GpuApi, NodeGroupSpec
 from dds.planner.dra import ATTACH_FAILED, ATTACHED, DRIVER, PoolBinding, dra_pool_name, pool_bindings, pool_slots
 from dds.planner.plan import Attach, Case
 from dds.planner.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
+
+
+def pool_mode_groups(groups: Sequence[NodeGroupSpec], fabric_pool: str) -> tuple[str, ...]:
+    """The node-group label values of the dra-pool groups drawing from `fabric_pool`: the only nodes its slots go to."""
+    return tuple(sorted(node_group_label_value(g.id) for g in groups
+                        if g.gpu_api is GpuApi.DRA_POOL and g.fabric_pool == fabric_pool))
 
 
 class PoolModeBinder:
@@ -31,14 +40,23 @@ class PoolModeBinder:
         self._fabric = fabric
         self._actions = actions
         self._writer = writer or ClaimBindingWriter(api)
+        self._placed: dict[str, tuple[str, ...]] = {}  # fabric pool -> the groups its slice was last placed on
 
     def reconcile(self, snapshot: Snapshot) -> None:
         pools = self._fabric.pools()
         listed = {s.pool: s.devices for s in snapshot.dra.slices if s.driver == DRIVER}
         for pool in pools:
+            groups = pool_mode_groups(snapshot.groups, pool.name)
+            name = dra_pool_name(pool.name)
+            if not groups:
+                if name in listed:  # no dra-pool group draws from it (any more): its slice goes
+                    publish_pool_slots(self._api, pool.name, (), ())
+                continue
             slots = pool_slots(pool.name, dict(pool.free), snapshot.dra)
-            if listed.get(dra_pool_name(pool.name), ()) != slots:  # as the watch cache saw it: no request when equal
-                publish_pool_slots(self._api, pool.name, slots)
+            # As the watch cache saw it: no request when equal (the node selector only changes with the groups).
+            if listed.get(name, ()) != slots or self._placed.get(pool.name) != groups:
+                publish_pool_slots(self._api, pool.name, slots, groups)
+                self._placed[pool.name] = groups
         for binding in pool_bindings(snapshot.dra, {p.name: tuple(p.total) for p in pools}):
             self._bind(binding)
 

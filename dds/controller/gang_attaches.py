@@ -53,8 +53,9 @@ class GangAttaches:
 
     def started(self, snapshot: Snapshot, steps: Sequence[Attach], keys: Sequence[str]) -> None:
         """Remember the attaches (`keys[i]` started `steps[i]`) that were planned for members of a gang."""
-        pods = {p.key: p for p in snapshot.pods}
-        gangs = find_gangs(snapshot, snapshot.pending_pods())
+        pending = snapshot.pending_pods()  # attaches are planned for pending pods only
+        pods = {p.key: p for p in pending}
+        gangs = find_gangs(snapshot, pending)
         now = self._clock()
         for step, key in zip(steps, keys):
             for gang in {gang_of(pods[p]) for p in step.pods if p in pods} - {None}:

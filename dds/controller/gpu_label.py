@@ -7,15 +7,18 @@ Two moments matter:
 - before a detach that leaves the node without fabric GPUs, the label goes first, so CA never sees the node with its
   GPU label and 0 GPUs, even for one scan.
 
-The pass's reconcile runs outside the controller's lock (a first pass may write thousands of labels), so a detach can
-start between its snapshot and its write: a node detached from since `mark()` keeps its label off until a pass whose
-snapshot shows the detach.
+The pass's reconcile runs outside the controller's lock, in a thread of its own once the controller has started (a
+first pass on a large cluster writes thousands of labels: minutes that must neither hold CA's calls behind the lock nor
+stretch the loop's pass). The loop offers each pass's snapshot; the writer takes the newest, so a slow write never
+queues stale ones. A detach can start between a snapshot and its write: a node detached from since `mark()` keeps its
+label off until a snapshot that shows the detach.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from typing import Optional
 
 from dds.fabric.base import DeviceState, Fabric
 from dds.kube import ApiClient
@@ -35,6 +38,57 @@ class GpuLabelKeeper:
         self._lock = threading.Lock()  # a label decision and its write are one step against before_detach
         self._detaches = 0
         self._detached_at: dict[str, int] = {}  # node -> the count of label-removing detaches when it was last one
+        self._offered: Optional[tuple[Snapshot, int]] = None  # the newest snapshot not yet written, with its mark
+        self._wake = threading.Condition()
+        self._writing = False
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    # --- the writer thread ---
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="dds-gpu-labels", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._wake:
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def offer(self, snapshot: Snapshot, since: int) -> None:
+        """Reconcile against `snapshot` (taken after `mark()` returned `since`): by the writer thread when it runs (a
+        newer offer replaces one not yet taken), else here and now."""
+        if self._thread is None:
+            self.reconcile(snapshot, since)
+            return
+        with self._wake:
+            self._offered = (snapshot, since)
+            self._wake.notify()
+
+    def idle(self) -> bool:
+        """Every offered snapshot is written (or replaced by a newer one that is)."""
+        with self._wake:
+            return self._offered is None and not self._writing
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._wake:
+                while self._offered is None and not self._stop.is_set():
+                    self._wake.wait()
+                offered, self._offered = self._offered, None
+                self._writing = offered is not None
+            if offered is None:
+                continue
+            try:
+                self.reconcile(*offered)
+            except Exception:  # the next offer tries again; the loop must not lose its labeller
+                log.exception("reconciling %s failed; the next pass tries again", LABEL_ATTACHED_GPU)
+            finally:
+                with self._wake:
+                    self._writing = False
 
     def mark(self) -> int:
         """Taken before the snapshot a reconcile will use."""

@@ -89,7 +89,6 @@ class LoopConfig:
     planner: PlannerConfig = PlannerConfig()
     orphan_timeout_seconds: float = 600.0  # settings.orphan_attach_timeout_seconds; see dds/controller/orphans.py
     reservations: ReservationConfig = ReservationConfig(enabled=False)  # see dds/controller/reservations.py
-    dra_pool_mode: bool = False  # DRA pool mode: publish pool slots, attach for allocated ones (dds/controller/dra_binding.py)
 
 
 class Controller:
@@ -123,7 +122,8 @@ class Controller:
         self.refusals = RefusalReporter(events)  # pods DDS cannot help: one Event per pod and reason
         self.gangs = GangAttaches(self.actions, fabric, events, config.gang_start_timeout_seconds, clock)
         self.reservations = Reservations(ReservationWrites(api), self.actions, events, self.journal, config.reservations)
-        self.pool_binder = PoolModeBinder(api, fabric, self.actions) if config.dra_pool_mode else None
+        # DRA pool mode, for the groups annotated dds.cdi.dev/gpu-api: dra-pool (none: it writes nothing).
+        self.pool_binder = PoolModeBinder(api, fabric, self.actions)
 
     @property
     def lock(self) -> threading.RLock:
@@ -134,6 +134,7 @@ class Controller:
         adopted = self.watcher.adopt_in_flight()
         if adopted:
             log.info("resumed %d fabric operation(s) left in flight by a previous process", adopted)
+        self.gpu_labels.start()
         self._thread = threading.Thread(target=self._run, name="dds-controller", daemon=True)
         self._thread.start()
 
@@ -141,6 +142,7 @@ class Controller:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.gpu_labels.stop()
 
     def _run(self) -> None:
         failing: Optional[str] = None  # the failure being reported: an outage is one line, not one per second
@@ -184,9 +186,9 @@ class Controller:
             self._record_pools()
             generation, labels_mark = self.executor.generation, self.gpu_labels.mark()
             observation = self.observer.observe()
-            # The GPU label is bookkeeping for CA, not a decision: thousands of label writes on a first pass must not
-            # hold CA's IncreaseSize behind the lock.
-            self.gpu_labels.reconcile(observation.snapshot, since=labels_mark)
+            # The GPU label is bookkeeping for CA, not a decision: written by a thread of its own (dds/controller/
+            # gpu_label.py), as thousands of label writes on a first pass must neither hold CA's calls nor the pass.
+            self.gpu_labels.offer(observation.snapshot, since=labels_mark)
             decisions = self._decide(observation)
             with self._lock:
                 for listener in self.listeners:
@@ -199,8 +201,7 @@ class Controller:
                     observation = self.observer.observe()
                     decisions = self._decide(observation)
                 self._act(observation, decisions)
-                if self.pool_binder is not None:
-                    self.pool_binder.reconcile(observation.snapshot)
+                self.pool_binder.reconcile(observation.snapshot)
                 self._reclaim_orphans(observation)
             return observation
 

@@ -14,6 +14,7 @@ events; the price is a slow call during that window, never a wrong one.
 from __future__ import annotations
 
 import logging
+from itertools import chain
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
@@ -69,6 +70,36 @@ def replicas_without_machine(machines: Sequence[MachineRef], replicas: Mapping[s
     return max(0, replicas.get(group_id, made) - made)
 
 
+@dataclass(frozen=True)
+class NodePods:
+    """A node's pods (not terminal) and what idle tracking reads of them, derived from the node's pod records."""
+
+    records: Sequence[PodRecord]  # what it was derived from, compared by identity
+    pods: tuple[PodInfo, ...]
+    extended: tuple[Resources, ...]  # requests of the pods naming extended resources (GPUs among them; most name none)
+    working: bool  # a pod that counts as work runs there
+    claims: bool  # a pod has resource claims (Dynamic Resource Allocation)
+
+    @classmethod
+    def of(cls, records: Sequence[PodRecord], pods: Optional[Sequence[PodInfo]] = None) -> "NodePods":
+        infos = tuple(r.info for r in records if not r.terminal) if pods is None else tuple(pods)
+        lasting = LASTING_REQUESTS.get
+        requests = [lasting(pod) for pod in infos]
+        return cls(records, infos, tuple(r for r in requests if r.scalar), any(is_work(pod) for pod in infos),
+                   any(pod.resource_claims for pod in infos))
+
+
+_NO_PODS = NodePods((), (), (), False, False)
+
+
+def _grouped_by_node(pods: Sequence[PodInfo]) -> dict[str, NodePods]:
+    by_node: dict[str, list[PodInfo]] = {}
+    for pod in pods:
+        if pod.node_name:
+            by_node.setdefault(pod.node_name, []).append(pod)
+    return {name: NodePods.of((), on) for name, on in by_node.items()}
+
+
 class ClusterObserver:
     def __init__(self, api: ApiClient, fabric: Fabric, groups: Callable[[], Sequence[NodeGroupSpec]],
                  clock: Callable[[], float], idle: IdleTracker, gpu_model_label: str,
@@ -83,8 +114,11 @@ class ClusterObserver:
         self._namespaces = tuple(machineset_namespaces)
         self._capi = capi.CapiObjects(api)
         self._dra = DraReader(api, cache)
+        # Each node's pods and what is derived from them, by node, from the last observe (see _pods_on_nodes).
+        self._node_pods: dict[str, NodePods] = {}
         # The Machines as references, kept until the cache's Machines change (thousands of them, rarely changing).
         self._machine_refs: Optional[tuple[Any, tuple[MachineRef, ...]]] = None
+        self._machine_maps_memo: Optional[tuple[tuple[MachineRef, ...], Any]] = None
 
     # --- Machines: the Cluster API link from a Node to its MachineSet (= node group) ---
     def machines(self) -> tuple[MachineRef, ...]:
@@ -105,6 +139,16 @@ class ClusterObserver:
             raise
         return machine_refs(items)
 
+    def _machine_maps(self, machines: tuple[MachineRef, ...]) -> tuple[dict[str, str], dict[str, str], set[str]]:
+        """Group by provider id, group by node name, nodes being deleted: kept while `machines` is the same tuple."""
+        memo = self._machine_maps_memo
+        if memo is None or memo[0] is not machines:
+            memo = self._machine_maps_memo = (machines, (
+                {m.provider_id: m.group_id for m in machines if m.provider_id},
+                {m.node_name: m.group_id for m in machines if m.node_name},
+                {m.node_name for m in machines if m.deleting and m.node_name}))
+        return memo[1]
+
     def machineset_replicas(self) -> dict[str, int]:
         """spec.replicas per MachineSet group id, read now (the group catalog may be a loop old)."""
         cached = self.cache.machinesets if self.cache is not None else None
@@ -117,10 +161,29 @@ class ClusterObserver:
         return replicas_by_group(items)
 
     # --- pods and nodes: from the cache when it is synced, else one LIST each ---
-    def pod_records(self) -> Sequence[PodRecord]:
+    def pod_buckets(self) -> Mapping[str, Sequence[PodRecord]]:
+        """Pod records by node name ("": not bound). From the cache, a node's tuple stays the same object while its pods
+        do not change, which `_pods_on_nodes` relies on to derive only what changed."""
         if self.cache is not None and self.cache.pods.synced:
-            return self.cache.pods.values()
-        return list_pod_records(self._api)
+            return self.cache.pods.buckets()
+        by_node: dict[str, list[PodRecord]] = {}
+        for record in list_pod_records(self._api):
+            by_node.setdefault(record.info.node_name or "", []).append(record)
+        return by_node
+
+    def _pods_on_nodes(self, buckets: Mapping[str, Sequence[PodRecord]]) -> dict[str, "NodePods"]:
+        """What the snapshot and idle tracking need of each node's pods, derived again only for the nodes whose pods
+        changed since the last observe: a pass over every pod (tens of thousands) is the cost this saves."""
+        last, memo = self._node_pods, {}
+        for name, records in buckets.items():
+            if not name:
+                continue
+            entry = last.get(name)
+            if entry is None or entry.records is not records:
+                entry = NodePods.of(records)
+            memo[name] = entry
+        self._node_pods = memo
+        return memo
 
     def node_records(self) -> Sequence[NodeRecord]:
         if self.cache is not None and self.cache.nodes.synced:
@@ -133,44 +196,36 @@ class ClusterObserver:
         groups = tuple(self._groups())
         group_ids = {g.id for g in groups}
         machines = self.machines()
-        group_of_provider = {m.provider_id: m.group_id for m in machines if m.provider_id}
-        group_of_node = {m.node_name: m.group_id for m in machines if m.node_name}
-        deleting_nodes = {m.node_name for m in machines if m.deleting and m.node_name}
+        group_of_provider, group_of_node, deleting_nodes = self._machine_maps(machines)
 
-        records = [r for r in self.pod_records() if not r.terminal]
-        pods = tuple(r.info for r in records)
+        buckets = self.pod_buckets()
+        on_nodes = self._pods_on_nodes(buckets)
+        waiting = [r for r in buckets.get("", ()) if not r.terminal]
+        pods = (*chain.from_iterable(entry.pods for entry in on_nodes.values()), *(r.info for r in waiting))
         # ResourceClaims become the GPU requests they amount to before anything counts GPU use (docs/dra.md).
         dra = self._dra.read()
-        pods = lower_observed(pods, dra, groups, {m for p in self._fabric.pools() for m in p.total},
-                              self._gpu_model_label)
-        unschedulable = {r.info.key: r.unschedulable_since for r in records
-                         if r.info.node_name is None and r.unschedulable_since is not None}
+        claims = any(entry.claims for entry in on_nodes.values()) or any(r.info.resource_claims for r in waiting)
+        lowered = lower_observed(pods, dra, {m for p in self._fabric.pools() for m in p.total},
+                                 self._gpu_model_label) if claims else pods
+        if lowered is not pods and any(a is not b for a, b in zip(lowered, pods)):
+            # Claims became requests: what was derived per node is derived again from the pods as lowered.
+            pods = lowered
+            on_nodes = _grouped_by_node(pods)
+        unschedulable = {r.info.key: r.unschedulable_since for r in waiting if r.unschedulable_since is not None}
 
         grouped = devices_by_node(self._fabric.devices())
         online_by_node, detaching_by_node = grouped.online, grouped.detaching
         attaching_by_node: dict[str, int] = {}
+        online_ids: Optional[set[str]] = None  # built at the first attach in flight: most passes have none
         for op in self._fabric.operations():
             if op.kind == OperationKind.ATTACH and not op.state.done:
-                online = sum(1 for dev in online_by_node.get(op.node, ()) if dev.id in op.devices)
+                if online_ids is None:
+                    online_ids = {dev.id for devs in online_by_node.values() for dev in devs}
+                online = sum(1 for device_id in op.devices if device_id in online_ids)
                 attaching_by_node[op.node] = attaching_by_node.get(op.node, 0) + max(0, op.requested - online)
 
         seen = []
         usages = []
-        # One walk over every pod (tens of thousands): where it runs, the requests of those naming extended resources
-        # (GPUs among them; most pods name none), and which nodes hold work.
-        pods_by_node: dict[str, list[PodInfo]] = {}
-        extended: dict[str, list[Resources]] = {}
-        working: set[str] = set()
-        lasting = LASTING_REQUESTS.get
-        for pod in pods:
-            node_name = pod.node_name
-            if node_name:
-                pods_by_node.setdefault(node_name, []).append(pod)
-                requests = lasting(pod)
-                if requests.scalar:
-                    extended.setdefault(node_name, []).append(requests)
-                if is_work(pod):
-                    working.add(node_name)
         groups_by_id = {g.id: g for g in groups}
         for raw in self.node_records():
             name = raw.name
@@ -182,9 +237,10 @@ class ClusterObserver:
             gpu_resource = group.gpu_resource if group else "nvidia.com/gpu"
             devices = tuple(sorted(online_by_node.get(name, ()), key=lambda d: (d.attached_at, d.id)))
             if group is not None:
+                entry = on_nodes.get(name, _NO_PODS)
                 usages.append(NodeUsage(name=name, fabric_gpus=len(devices),
-                                        used_gpus=sum(r.get(gpu_resource) for r in extended.get(name, ())),
-                                        has_work=name in working))
+                                        used_gpus=sum(r.get(gpu_resource) for r in entry.extended),
+                                        has_work=entry.working))
             seen.append((raw, group_id, gpu_resource, devices))
         self.idle.observe(usages, now)
         idle = self.idle
@@ -214,7 +270,7 @@ class ClusterObserver:
         pools = tuple(PoolInfo(p.name, dict(p.free)) for p in self._fabric.pools())
         snapshot = mark_claimed(Snapshot(now=now, nodes=tuple(nodes), pods=pods, groups=groups, pools=pools,
                                          upcoming_nodes=upcoming, gpu_model_label=self._gpu_model_label, dra=dra))
-        snapshot.index_pods(pods_by_node)
+        snapshot.index_pods({name: entry.pods for name, entry in on_nodes.items()})
         return Observation(snapshot=snapshot, unschedulable_since=unschedulable, machines=machines, replicas=replicas)
 
 

@@ -39,7 +39,7 @@ import random
 import secrets
 import threading
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, Union
 
@@ -139,8 +139,14 @@ class _State:
         return cls(str(document["salt"]), {d.id: d for d in devices}, {o.key: o for o in ops}, faults)
 
 
+def _flat(record: Any) -> dict[str, Any]:
+    """A record's fields as a dict, not copied: every field is a scalar or a tuple (what `asdict` would deep-copy, at
+    thousands of records per write)."""
+    return {name: getattr(record, name) for name in _FIELDS[type(record)]}
+
+
 def _device_to_json(device: _Device) -> dict[str, Any]:
-    data = asdict(device)
+    data = _flat(device)
     data["state"] = device.state.value
     return data
 
@@ -150,7 +156,7 @@ def _device_from_json(data: dict[str, Any]) -> _Device:
 
 
 def _op_to_json(op: _Op) -> dict[str, Any]:
-    data = asdict(op)
+    data = _flat(op)
     data.update(kind=op.kind.value, state=op.state.value, error_code=op.error_code.value if op.error_code else None,
                 held=list(op.held), devices=list(op.devices), were_failed=list(op.were_failed),
                 fail_after=[list(pair) for pair in op.fail_after])
@@ -163,6 +169,9 @@ def _op_from_json(data: dict[str, Any]) -> _Op:
                   "held": tuple(data.get("held", ())), "devices": tuple(data.get("devices", ())),
                   "were_failed": tuple(data.get("were_failed", ())),
                   "fail_after": tuple((str(d), float(s)) for d, s in data.get("fail_after", ()))})
+
+
+_FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in (_Device, _Op)}
 
 
 def _draw(latency: LatencySpec, rng: random.Random) -> float:
@@ -247,16 +256,21 @@ class SimulatedFabric:
 
         def accept_all(state: _State) -> list[Union[_Op, FabricError]]:
             out: list[Union[_Op, FabricError]] = []
+            stock = _Stock(state)  # one walk over the devices for the lot, not one per request
             for request, refused in zip(requests, checked):
                 if refused is not None:
                     out.append(refused)
                     continue
                 trial = state.copy()  # a refusal must leave no trace of the request in the transaction
+                known = request.key in trial.operations  # a repeated key is answered with its op: nothing is taken
                 try:
-                    out.append(self._accept_attach(trial, request))
+                    op = self._accept_attach(trial, request, stock)
                 except FabricError as exc:
                     out.append(exc)
                     continue
+                out.append(op)
+                if not known:
+                    stock.taken(op.pool, op.model, len(op.held))
                 state.devices, state.operations, state.faults = trial.devices, trial.operations, trial.faults
             return out
 
@@ -380,12 +394,13 @@ class SimulatedFabric:
         self._state, self._version = _State.from_document(document, self._store.describe()), version
 
     # --- accepting operations (called inside _transact on the scratch state) ---
-    def _accept_attach(self, state: _State, request: AttachRequest) -> _Op:
+    def _accept_attach(self, state: _State, request: AttachRequest, stock: Optional["_Stock"] = None) -> _Op:
         existing = state.operations.get(request.key)
         if existing is not None:
             return existing
         now = self._clock()
-        pool_models = {d.model for d in state.devices.values() if d.pool == request.pool}
+        stock = stock or _Stock(state)
+        pool_models, free = stock.models(request.pool), stock.free(request.pool, request.model)
         if request.model not in pool_models:
             models = ", ".join(sorted(pool_models))
             raise FabricError(ErrorCode.NOT_FOUND, f"attach {request.key}: pool {request.pool} has no "
@@ -393,19 +408,18 @@ class SimulatedFabric:
         base = _Op(key=request.key, kind=OperationKind.ATTACH, node=request.node, pool=request.pool,
                    model=request.model, requested=request.count, started_at=now, state=OperationState.RUNNING,
                    reason=request.reason)
-        refusal = self._capacity_refusal(state, request)
+        refusal = self._capacity_refusal(state, request, len(free))
         if refusal is not None:
             code, message = refusal
             op = replace(base, state=OperationState.FAILED, error_code=code, error_message=message, finished_at=now)
         else:
-            op = self._plan_attach(state, base, now)
+            op = self._plan_attach(state, base, now, free)
         state.operations[op.key] = op
         return op
 
-    def _capacity_refusal(self, state: _State, request: AttachRequest) -> Optional[tuple[ErrorCode, str]]:
-        free = _free_devices(state, request.pool, request.model)
-        if len(free) < request.count:
-            return ErrorCode.OUT_OF_RESOURCES, (f"pool {request.pool} has {len(free)} free {request.model}, "
+    def _capacity_refusal(self, state: _State, request: AttachRequest, free: int) -> Optional[tuple[ErrorCode, str]]:
+        if free < request.count:
+            return ErrorCode.OUT_OF_RESOURCES, (f"pool {request.pool} has {free} free {request.model}, "
                                                 f"{request.count} asked for {request.node}")
         limit = self._slots.get(request.pool)
         if limit is not None:
@@ -415,9 +429,10 @@ class SimulatedFabric:
                                               f"{request.pool}; {request.count} more asked")
         return None
 
-    def _plan_attach(self, state: _State, op: _Op, now: float) -> _Op:
+    def _plan_attach(self, state: _State, op: _Op, now: float, free: Sequence[_Device]) -> _Op:
+        """`free`: the pool's free devices of the op's model, in the order they are handed out."""
         rng = random.Random(f"{state.salt}/{op.key}")
-        chosen = _free_devices(state, op.pool, op.model)[:op.requested]
+        chosen = free[:op.requested]
         for device in chosen:
             state.devices[device.id] = replace(device, node=op.node, state=DeviceState.ATTACHING, attached_at=None,
                                                fails_at=None)
@@ -564,9 +579,29 @@ def _reconcile_with_config(state: _State, pools: Iterable[PoolSpec]) -> None:
                         device_id, device.node)
 
 
-def _free_devices(state: _State, pool: str, model: str) -> list[_Device]:
-    return sorted((d for d in state.devices.values() if d.pool == pool and d.model == model and d.node is None),
-                  key=lambda d: (d.freed_at, d.id))
+class _Stock:
+    """The pools' models and free devices as of one state, for a run of attaches in one transaction: each attach takes
+    the first free devices of its model (longest free first), and `taken` keeps the stock in step with the state."""
+
+    def __init__(self, state: _State) -> None:
+        self._models: dict[str, set[str]] = {}
+        self._free: dict[tuple[str, str], list[_Device]] = {}
+        for d in state.devices.values():
+            self._models.setdefault(d.pool, set()).add(d.model)
+            if d.node is None:
+                self._free.setdefault((d.pool, d.model), []).append(d)
+        for devices in self._free.values():
+            devices.sort(key=lambda d: (d.freed_at, d.id))
+
+    def models(self, pool: str) -> set[str]:
+        return self._models.get(pool, set())
+
+    def free(self, pool: str, model: str) -> list[_Device]:
+        return self._free.get((pool, model), [])
+
+    def taken(self, pool: str, model: str, count: int) -> None:
+        if count:
+            del self.free(pool, model)[:count]
 
 
 def _public_device(device: _Device) -> FabricDevice:

@@ -54,5 +54,8 @@ def template_labels(group: NodeGroupSpec, name: str, gpu_label: str) -> dict[str
         # with its GPUs) carries and a live node carries only while it has GPUs (dds/controller/gpu_label.py).
         labels[gpu_label] = model
         labels[LABEL_GPU_MODEL] = model
-        labels[LABEL_ATTACHED_GPU] = model
+        if not group.gpu_api.dra:
+            # A DRA group's template shows CA no GPU capacity (its GPUs are ResourceSlice devices): with the GPU label
+            # CA would take it for a GPU node whose driver is not ready yet.
+            labels[LABEL_ATTACHED_GPU] = model
     return labels

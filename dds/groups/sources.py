@@ -22,12 +22,16 @@ Both are read through one parser (`parse_group`), so a key means the same thing 
 | dds.cdi.dev/gpu-idle-cooldown, node-idle-cooldown (10m, 600)     | *_cooldown_seconds               | 10m              |
 | dds.cdi.dev/force-detach (true, false)                           | force_detach                     | false            |
 | dds.cdi.dev/warm-gpus (whole number >= 0)                         | warm_gpus (idle GPUs kept)       | the pool's       |
+| dds.cdi.dev/gpu-api (extended-resource, dra-node-local, dra-pool) | gpu_api (how pods get GPUs)      | extended-resource |
 | cluster.x-k8s.io/autoscaling-options-<option>                    | options (CA's per-group options) | CA's defaults    |
 
 Options as cluster-autoscaler's clusterapi provider names them: scaledownutilizationthreshold,
 scaledowngpuutilizationthreshold (0..1), scaledownunneededtime, scaledownunreadytime, maxnodeprovisiontime (Go
 durations such as `10m0s`); DDS also reads zeroormaxnodescaling and ignoredaemonsetsutilization (true/false).
 maxnodestartuptime is accepted and ignored: no released externalgrpc client has a field for it.
+
+A DRA group (gpu-api dra-node-local or dra-pool) has no GPU resource: dds.cdi.dev/gpu-resource is refused on it and
+gpu-type is ignored; a dra-pool group's nodes boot with no GPU (gpu-count 0). docs/dra.md says what each API means.
 
 Values beyond what Kubernetes or CA can hold (sizes over int32, quantities over 2^63-1, durations over a Go
 time.Duration) and names the apiserver would refuse on a node (label keys and values, taint keys and values, the GPU
@@ -55,7 +59,7 @@ from dds import metrics
 from dds.kube.machinesets import MachineSetLister, MachineSetObject, MachineSetReadError
 from dds.model import groups as g
 from dds.model.events import WARNING, EventRecorder, ObjectRef
-from dds.model.groups import NodeGroupSpec, OptionOverrides, SourceRef, Taint, TemplateMode
+from dds.model.groups import GpuApi, NodeGroupSpec, OptionOverrides, SourceRef, Taint, TemplateMode
 from dds.model.quantity import QuantityError, QuantityTooLarge, to_int, to_milli
 
 log = logging.getLogger(__name__)
@@ -328,6 +332,31 @@ def _template_mode(value: str) -> TemplateMode:
     return TemplateMode(value)
 
 
+def _gpu_api(value: str) -> GpuApi:
+    return GpuApi(value)
+
+
+def _parse_gpu_api(f: "_Fields", initial_gpus: int) -> tuple[GpuApi, Optional[str]]:
+    """The group's GPU API and, for an extended-resource group, its GPU resource (None: a DRA group has none; the
+    model gives it the planner's DRA resource). The keys that contradict the API are errors, naming the fix."""
+    api = f.get(g.ANN_GPU_API, _gpu_api, GpuApi.EXTENDED_RESOURCE,
+                "a GPU API (" + ", ".join(a.value for a in GpuApi) + ")")
+    if not api.dra:
+        resource_key = g.ANN_GPU_RESOURCE if f.raw(g.ANN_GPU_RESOURCE) else CAP_GPU_TYPE
+        return api, f.get(resource_key, _resource_name, g.DEFAULT_GPU_RESOURCE,
+                          "an extended resource name such as nvidia.com/gpu")
+    # gpu-type is CA's Cluster API annotation and may be there for other tools: only our own key is refused.
+    if f.raw(g.ANN_GPU_RESOURCE):
+        f.error(g.ANN_GPU_RESOURCE, f"a {api.value} group has no GPU resource: its GPUs are ResourceSlice devices, "
+                                    f"never node capacity; remove it or set {g.ANN_GPU_API} to "
+                                    f"{GpuApi.EXTENDED_RESOURCE.value}")
+    if api is GpuApi.DRA_POOL and initial_gpus:
+        f.error(CAP_GPU_COUNT, f"a {api.value} group's nodes boot with no GPU: its GPUs are pool slots kube-scheduler "
+                               f"allocates and DDS attaches then (a boot GPU would be neither a slot nor node "
+                               f"capacity); set it to 0")
+    return api, None
+
+
 def _merge_taints(from_spec: Sequence[Mapping[str, str]], from_annotation: Sequence[Taint],
                   fields: _Fields) -> tuple[Taint, ...]:
     """spec.template.spec.taints first, an annotation taint replaces one with the same key and effect (CA's rule)."""
@@ -356,9 +385,7 @@ def parse_group(item: GroupInput) -> tuple[Optional[NodeGroupSpec], tuple[GroupC
     max_pods = f.get(CAP_MAX_PODS, _positive_quantity(_count), 110, "a whole number > 0")
     initial_gpus = f.get(CAP_GPU_COUNT, _count, 0, "a whole number >= 0")
     max_gpus = f.get(g.ANN_MAX_GPUS, _count, initial_gpus, "a whole number >= 0")
-    resource_key = g.ANN_GPU_RESOURCE if f.raw(g.ANN_GPU_RESOURCE) else CAP_GPU_TYPE
-    gpu_resource = f.get(resource_key, _resource_name, g.DEFAULT_GPU_RESOURCE,
-                         "an extended resource name such as nvidia.com/gpu")
+    gpu_api, gpu_resource = _parse_gpu_api(f, initial_gpus)
     labels = f.get(CAP_LABELS, _labels, {}, "a list of key=value separated by commas")
     annotation_taints = f.get(CAP_TAINTS, _taints, (), "a list of key=value:Effect separated by commas")
     taints = _merge_taints(item.template_taints, annotation_taints, f)
@@ -380,10 +407,11 @@ def parse_group(item: GroupInput) -> tuple[Optional[NodeGroupSpec], tuple[GroupC
     if f.errors or max_size is None or milli_cpu is None or memory is None:
         return None, tuple(f.errors)
     replicas = item.replicas if item.replicas is not None else min_size
+    resource = {"gpu_resource": gpu_resource} if gpu_resource is not None else {}
     try:
         spec = NodeGroupSpec(
             id=item.id, min_size=min_size, max_size=max_size, replicas=replicas, milli_cpu=milli_cpu, memory=memory,
-            ephemeral_storage=ephemeral, max_pods=max_pods, labels=labels, taints=taints, gpu_resource=gpu_resource,
+            ephemeral_storage=ephemeral, max_pods=max_pods, labels=labels, taints=taints, gpu_api=gpu_api, **resource,
             gpu_models=f.get(g.ANN_GPU_MODELS, _models, (), "a list of GPU models separated by commas"),
             initial_gpus=initial_gpus, max_gpus_per_node=max_gpus,
             fabric_pool=f.raw(g.ANN_FABRIC_POOL) or "default", template_mode=mode,

@@ -61,6 +61,9 @@ class Resource(Generic[T]):
     path: str  # "/api/v1/pods", "/apis/cluster.x-k8s.io/v1beta2/namespaces/ns-a/machines"
     decode: Callable[[Obj], T]
     namespace: Optional[str] = None  # the one namespace the path lists; None: every namespace (or cluster-scoped)
+    # Buckets the store also keeps its items in (the informer's indexer): pods by node name, so a reader asking "the
+    # pods on each node" gets the same tuple back for every node whose pods did not change (Reflector.buckets).
+    bucket: Optional[Callable[[T], str]] = None
 
 
 @dataclass
@@ -88,6 +91,8 @@ class Reflector(Generic[T]):
         self._lock = threading.Lock()
         self._items: dict[str, T] = {}
         self._values: Optional[tuple[T, ...]] = None  # items as a tuple, kept until the next change
+        self._buckets: dict[str, dict[str, T]] = {}  # Resource.bucket of the items -> their items
+        self._bucket_values: dict[str, tuple[T, ...]] = {}  # a bucket's items as a tuple, until the bucket changes
         self._resource_version = ""
         self._assumed: dict[str, int] = {}  # key -> resourceVersion of DDS's own write the watch has not shown yet
         self._synced = threading.Event()
@@ -109,6 +114,18 @@ class Reflector(Generic[T]):
             if self._values is None:
                 self._values = tuple(self._items.values())
             return self._values
+
+    def buckets(self) -> dict[str, tuple[T, ...]]:
+        """The items by Resource.bucket (no bucket function: one bucket, ""). A bucket's tuple is the same object
+        from call to call until one of its items changes, so readers can keep what they derive from it by identity."""
+        with self._lock:
+            if self.resource.bucket is None:
+                return {"": self._values if self._values is not None else tuple(self._items.values())}
+            made = self._bucket_values
+            for name, items in self._buckets.items():
+                if name not in made:
+                    made[name] = tuple(items.values())
+            return dict(made)
 
     def get(self, key: str) -> Optional[T]:
         with self._lock:
@@ -135,7 +152,7 @@ class Reflector(Generic[T]):
             seen = _version_number(self._resource_version)
             if seen is not None and version <= seen:
                 return  # the watch has passed it: the store holds this write or something newer
-            self._items[key] = value
+            self._put(key, value)
             self._assumed[key] = version
             self._values = None
             self.generation += 1
@@ -205,8 +222,7 @@ class Reflector(Generic[T]):
                     del self._assumed[key]
                 elif key in self._items:
                     items[key] = self._items[key]
-            self._items = items
-            self._values = None
+            self._replace_all(items)
             self._resource_version = version
             self.generation += 1
         self.stats.last_sync_seconds = self._clock() - started
@@ -255,15 +271,48 @@ class Reflector(Generic[T]):
                     self._resource_version = version or self._resource_version
                     return  # older than DDS's own write to it, which the store already shows
             if kind == "DELETED":
-                self._items.pop(key, None)
+                self._remove(key)
             elif value is not None:
-                self._items[key] = value
+                self._put(key, value)
             else:
                 log.warning("%s: ignoring watch event of type %r", self.resource.name, kind)
                 return
             self._values = None
             self._resource_version = version or self._resource_version
             self.generation += 1
+
+    # --- the store's writes (under the lock): the items and their buckets together ---
+    def _put(self, key: str, value: T) -> None:
+        bucket_of = self.resource.bucket
+        if bucket_of is not None:
+            old = self._items.get(key)
+            if old is not None:
+                self._unbucket(key, bucket_of(old))
+            name = bucket_of(value)
+            self._buckets.setdefault(name, {})[key] = value
+            self._bucket_values.pop(name, None)
+        self._items[key] = value
+
+    def _remove(self, key: str) -> None:
+        old = self._items.pop(key, None)
+        if old is not None and self.resource.bucket is not None:
+            self._unbucket(key, self.resource.bucket(old))
+
+    def _unbucket(self, key: str, name: str) -> None:
+        items = self._buckets.get(name)
+        if items is not None and items.pop(key, None) is not None:
+            self._bucket_values.pop(name, None)
+            if not items:
+                del self._buckets[name]
+
+    def _replace_all(self, items: dict[str, T]) -> None:
+        self._items = items
+        self._values = None
+        self._buckets, self._bucket_values = {}, {}
+        bucket_of = self.resource.bucket
+        if bucket_of is not None:
+            for key, value in items.items():
+                self._buckets.setdefault(bucket_of(value), {})[key] = value
 
     def _get(self, query: list[tuple[str, Any]], *, stream: bool, read_timeout: float = 60.0) -> Any:
         """A GET of the collection, answered as the raw urllib3 response (nothing decoded by the client)."""
@@ -314,7 +363,12 @@ def _lines(response: Any) -> Iterator[bytes]:
 # --- the collections DDS reads ---
 
 def pods() -> Resource[decode.PodRecord]:
-    return Resource("pods", "/api/v1/pods", decode.pod_record)
+    return Resource("pods", "/api/v1/pods", decode.pod_record, bucket=pod_bucket)
+
+
+def pod_bucket(record: decode.PodRecord) -> str:
+    """Pods are kept by node: "" holds the pods not bound yet."""
+    return record.info.node_name or ""
 
 
 def nodes() -> Resource[decode.NodeRecord]:
@@ -355,6 +409,16 @@ class Collection(Generic[T]):
         if len(self.reflectors) == 1:
             return self.reflectors[0].values()
         return tuple(v for r in self.reflectors for v in r.values())
+
+    def buckets(self) -> dict[str, tuple[T, ...]]:
+        """`Reflector.buckets` of the one reflector; of several, merged (then rebuilt on every call)."""
+        if len(self.reflectors) == 1:
+            return self.reflectors[0].buckets()
+        merged: dict[str, list[T]] = {}
+        for reflector in self.reflectors:
+            for name, items in reflector.buckets().items():
+                merged.setdefault(name, []).extend(items)
+        return {name: tuple(items) for name, items in merged.items()}
 
     def keys(self) -> frozenset[str]:
         return frozenset(k for r in self.reflectors for k in r.keys())

@@ -1,6 +1,7 @@
 """DRA publishing. Node-local mode (hot-plug): one ResourceSlice per node lists the GPUs attached to it, as a DRA driver
-with hot-plug does; DDS plays that driver for the simulated fabric (tests, the demo), while with a real fabric the
-vendor's DRA driver on the node publishes the slice (docs/dra.md). Pool mode: one slice per fabric pool lists its slots
+with hot-plug does; DDS plays that driver for the simulated fabric (tests, the demo), for the nodes of groups annotated
+dds.cdi.dev/gpu-api: dra-node-local, while with a real fabric the vendor's DRA driver on the node publishes the slice
+(docs/dra.md). Pool mode: one slice per fabric pool lists its slots on the nodes of its dra-pool groups
 (`publish_pool_slots`, driven by dds/controller/dra_binding.py).
 
     slice  <node>.gpu.dds.cdi.dev   spec.driver = gpu.dds.cdi.dev, spec.nodeName = <node>,
@@ -64,19 +65,32 @@ def slice_devices(node: str, online: Iterable[tuple[str, str]], driver: str = DR
 
 
 class ResourceSlicePublisher:
-    """Keeps `<node>.<driver>` listing the node's online GPUs; `publish(node)` after every change of them."""
+    """Keeps `<node>.<driver>` listing the node's online GPUs; `publish(node)` after every change of them.
+
+    `lists(node)` says whether the node's GPUs are DRA devices (its group's gpu-api is dra-node-local); any other node
+    has no slice, so a GPU is never offered both as a device and as the node's extended resource. Other nodes cost no
+    request, unless this process listed their devices before (their group changed API: the slice goes)."""
 
     def __init__(self, api: client.ApiClient, online: OnlineDevices, driver: str = DRIVER,
-                 request_timeout_seconds: float = 10.0) -> None:
+                 request_timeout_seconds: float = 10.0, lists: Callable[[str], bool] = lambda node: True) -> None:
         self._client = api
         self._online = online
         self._driver = driver
         self._timeout = request_timeout_seconds
+        self._lists = lists
+        self._listed: set[str] = set()  # nodes this process wrote a slice for
 
     def publish(self, node: str) -> None:
-        devices = slice_devices(node, self._online(node), self._driver)
+        listed = self._lists(node)
+        if not listed and node not in self._listed:
+            return
+        devices = slice_devices(node, self._online(node), self._driver) if listed else []
         write_slice(self._client, slice_name(node, self._driver), self._driver, node, {"nodeName": node}, devices,
                     self._timeout)
+        if listed:
+            self._listed.add(node)
+        else:
+            self._listed.discard(node)
 
 
 def write_slice(api: client.ApiClient, name: str, driver: str, pool: str, placement: Mapping[str, Any],
@@ -124,10 +138,13 @@ def pool_slice_name(fabric_pool: str, driver: str = DRIVER) -> str:
 
 
 def publish_pool_slots(api: client.ApiClient, fabric_pool: str, slots: Sequence[DraDevice],
-                       driver: str = DRIVER) -> None:
-    """Pool mode: the pool's slots, on every node of a DDS group (the node-group label), bound to one on allocation."""
+                       group_labels: Sequence[str], driver: str = DRIVER) -> None:
+    """Pool mode: the pool's slots, on the nodes of the pool-mode groups drawing from it (their node-group label
+    values, `group_labels`), bound to one on allocation. No slot, or no such group: no slice."""
     placement = {"nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
-        {"key": LABEL_NODE_GROUP, "operator": "Exists"}]}]}}
+        {"key": LABEL_NODE_GROUP, "operator": "In", "values": sorted(group_labels)}]}]}}
+    if not group_labels:
+        slots = ()  # a node selector must select something: with no pool-mode group the pool offers no slot
     write_slice(api, pool_slice_name(fabric_pool, driver), driver, dra_pool_name(fabric_pool), placement,
                 [device_object(d) for d in slots])
 

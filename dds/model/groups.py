@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -21,6 +21,7 @@ ANN_GPU_IDLE_COOLDOWN = ANNOTATION_PREFIX + "gpu-idle-cooldown"  # duration, def
 ANN_NODE_IDLE_COOLDOWN = ANNOTATION_PREFIX + "node-idle-cooldown"  # duration, default 10m
 ANN_FORCE_DETACH = ANNOTATION_PREFIX + "force-detach"  # "true": detach GPUs even while in use
 ANN_WARM_GPUS = ANNOTATION_PREFIX + "warm-gpus"  # idle GPUs kept attached across the group's nodes (headroom)
+ANN_GPU_API = ANNOTATION_PREFIX + "gpu-api"  # how pods get the group's GPUs: GpuApi (docs/dra.md)
 
 # Labels DDS puts on nodes it manages.
 LABEL_NODE_GROUP = ANNOTATION_PREFIX + "node-group"
@@ -39,6 +40,28 @@ ANN_CAPI_DELETE_MACHINE = "cluster.x-k8s.io/delete-machine"
 ANN_OPTIONS_PREFIX = "cluster.x-k8s.io/autoscaling-options-"
 
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+# The resource the planner counts a DRA group's GPUs in, and that pods' ResourceClaims are lowered to
+# (dds/planner/dra.py). Planning only: it is never on a Node nor on cluster-autoscaler's template. A name of its own
+# keeps extended-resource pods off DRA groups' nodes and claims off the others, through the ordinary resource checks.
+DRA_GPU_RESOURCE = "dra.dds.cdi.dev/gpu"
+
+
+class GpuApi(str, Enum):
+    """How pods get a group's GPUs: exactly one API per group, so kube-scheduler never hands one GPU out twice.
+
+    extended-resource: the node's `gpu_resource` capacity (a device plugin's, or DDS's with the simulated fabric).
+    dra-node-local: devices of the node's ResourceSlice (hot-plug); the node shows no GPU capacity.
+    dra-pool: slots of the fabric pool's ResourceSlice, attached when kube-scheduler allocates one (binding
+    conditions); the node shows no GPU capacity and boots with no GPU.
+    """
+
+    EXTENDED_RESOURCE = "extended-resource"
+    DRA_NODE_LOCAL = "dra-node-local"
+    DRA_POOL = "dra-pool"
+
+    @property
+    def dra(self) -> bool:
+        return self is not GpuApi.EXTENDED_RESOURCE
 
 
 class TemplateMode(str, Enum):
@@ -115,8 +138,18 @@ class NodeGroupSpec(BaseModel):
     # Idle GPUs kept attached across the group's nodes, ready for the next pods (None: the pool's default,
     # PlannerConfig.warm_gpus_by_pool): dds/planner/headroom.py.
     warm_gpus: Optional[int] = Field(default=None, ge=0)
+    gpu_api: GpuApi = GpuApi.EXTENDED_RESOURCE
     options: OptionOverrides = Field(default_factory=OptionOverrides)
     source: SourceRef
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dra_resource(cls, data: Any) -> Any:
+        # A DRA group counts its GPUs in DRA_GPU_RESOURCE unless told otherwise (and `_consistent` refuses otherwise).
+        api = data.get("gpu_api", GpuApi.EXTENDED_RESOURCE) if isinstance(data, dict) else None
+        if api in {a.value for a in GpuApi} and GpuApi(api).dra and "gpu_resource" not in data:
+            return {**data, "gpu_resource": DRA_GPU_RESOURCE}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> "NodeGroupSpec":
@@ -124,6 +157,12 @@ class NodeGroupSpec(BaseModel):
             raise ValueError(f"min size {self.min_size} is above max size {self.max_size}")
         if self.initial_gpus > self.max_gpus_per_node:
             raise ValueError(f"initial GPUs {self.initial_gpus} exceed max GPUs per node {self.max_gpus_per_node}")
+        if self.gpu_api.dra != (self.gpu_resource == DRA_GPU_RESOURCE):
+            raise ValueError(f"GPU resource {self.gpu_resource} does not go with GPU API {self.gpu_api.value}: "
+                             f"{DRA_GPU_RESOURCE} is the planner's name for DRA groups' GPUs, and theirs only")
+        if self.gpu_api is GpuApi.DRA_POOL and self.initial_gpus:
+            raise ValueError(f"a {GpuApi.DRA_POOL.value} group's nodes boot with no GPU (its GPUs are pool slots "
+                             f"kube-scheduler allocates), not {self.initial_gpus}")
         return self
 
     @property
@@ -131,8 +170,10 @@ class NodeGroupSpec(BaseModel):
         return self.gpu_models[0] if self.gpu_models else None
 
     def template_allocatable(self) -> Resources:
-        """What the template node advertises: the node's capacity with every GPU slot filled."""
-        scalar = {self.gpu_resource: self.max_gpus_per_node} if self.max_gpus_per_node else {}
+        """What the template node advertises: the node's capacity with every GPU slot filled. A DRA group's GPUs are
+        ResourceSlice devices, which cluster-autoscaler's externalgrpc templates cannot carry: none are advertised."""
+        advertised = self.max_gpus_per_node if not self.gpu_api.dra else 0
+        scalar = {self.gpu_resource: advertised} if advertised else {}
         return Resources(self.milli_cpu, self.memory, self.ephemeral_storage, self.max_pods, scalar)
 
     def node_allocatable(self, gpus: int) -> Resources:

@@ -110,7 +110,9 @@ def node_labels(group: NodeGroupSpec, machineset: Mapping[str, Any], node_name: 
 def node_capacity(group: NodeGroupSpec) -> dict[str, str]:
     """cpu, memory, ephemeral-storage and pods of the group; the GPU resource present at 0 (the fabric adds GPUs)."""
     capacity = group.node_allocatable(0).to_kubernetes()
-    if group.max_gpus_per_node > 0:
+    if group.gpu_api.dra:
+        capacity.pop(group.gpu_resource, None)  # a DRA group's GPUs are ResourceSlice devices, never node capacity
+    elif group.max_gpus_per_node > 0:
         capacity[group.gpu_resource] = "0"
     return capacity
 

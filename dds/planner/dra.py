@@ -8,10 +8,13 @@ attributes and capacity, `gpu_device`), so whether a claim is satisfiable after 
                                            gives them: `device.driver`, `device.attributes[domain]`,
                                            `device.capacity[domain]`, `quantity()`, `cel.bind`)
                                        ──► a GPU request (sum of the counts) restricted to the models every request
-                                           accepts (the GPU model node label, as an extended-resource pod asks)
+                                           accepts (the GPU model node label, as an extended-resource pod asks),
+                                           of DRA_GPU_RESOURCE: what DRA groups' nodes count their GPUs in and no
+                                           other node has, so claims are planned onto DRA groups' nodes only
 
 `lower_pods` rewrites each pod that way, so the whole scheduling simulation (live nodes, GPUs on their way, new
-nodes, gangs, refusals) plans DRA pods exactly like extended-resource pods, and extended-resource pods are untouched.
+nodes, gangs, refusals) plans DRA pods exactly like extended-resource pods, and extended-resource pods are untouched
+(they ask for their groups' resource, which DRA groups' nodes do not have).
 Bound pods are charged the devices their allocated claims hold (a claim shared by several pods once), so those GPUs
 are in use; `mark_claimed` flags the fabric devices behind allocated results, which a detach never takes.
 
@@ -26,7 +29,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from dds.model.groups import NodeGroupSpec
+from dds.model.groups import DRA_GPU_RESOURCE
 from dds.model.quantity import to_int
 from dds.model.resources import Resources
 from dds.planner.dra_records import (ALL, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraDevice,
@@ -357,25 +360,18 @@ def mark_claimed(snapshot: Snapshot, driver: str = DRIVER) -> Snapshot:
 
 def lower_claims(snapshot: Snapshot, driver: str = DRIVER) -> Snapshot:
     """The snapshot as the planner plans it: claims lowered to GPU requests, claimed devices marked. The models are
-    those the pools hold; the GPU resource is the one most DDS groups use."""
+    those the pools hold."""
     if not snapshot.dra.claims and not any(p.resource_claims and not p.claims_lowered for p in snapshot.pods):
         return snapshot
     models = {m for p in snapshot.pools for m in p.free} | {d.model for n in snapshot.nodes for d in n.devices}
-    pods = lower_pods(snapshot.pods, snapshot.dra, models, main_gpu_resource(snapshot.groups), snapshot.gpu_model_label,
-                      driver)
+    pods = lower_pods(snapshot.pods, snapshot.dra, models, DRA_GPU_RESOURCE, snapshot.gpu_model_label, driver)
     return mark_claimed(replace(snapshot, pods=pods), driver)
 
 
-def main_gpu_resource(groups: Sequence[NodeGroupSpec]) -> str:
-    """The GPU resource claims are lowered to: the one most DDS groups count GPUs in."""
-    resources = [g.gpu_resource for g in groups]
-    return max(sorted(set(resources)), key=resources.count) if resources else "nvidia.com/gpu"
-
-
-def lower_observed(pods: Sequence[PodInfo], state: DraState, groups: Sequence[NodeGroupSpec], models: Iterable[str],
+def lower_observed(pods: Sequence[PodInfo], state: DraState, models: Iterable[str],
                    model_label: str) -> tuple[PodInfo, ...]:
     """`lower_pods` for the observer, before anything reads the pods' GPU requests (idle tracking included)."""
-    return lower_pods(pods, state, models, main_gpu_resource(groups), model_label)
+    return lower_pods(pods, state, models, DRA_GPU_RESOURCE, model_label)
 
 
 def pods_needing_nodes(plan: ScaleUpPlan, pods: Sequence[PodInfo]) -> tuple[PodInfo, ...]:

@@ -99,16 +99,22 @@ class FastExisting:
         table = s.static_table(req)
         gpus = s.gpu_request(req)
         free = s.gpu_free if coming else s.gpu_free - s.gpu_coming
-        gpus_ok = free >= gpus
-        if not gpus_ok.any():  # the cheapest test first: with every GPU in use, most GPU pods stop here
-            return None
-        ok = (s.target & s.static_ok_now(table) & s.fits_other_resources(s.request_vector(req)) & gpus_ok
-              & s.placement_ok(req))
-        nodes = np.flatnonzero(ok)
+        nodes = self._with_gpus_free(req, (free >= gpus) & s.target, table)
         if not nodes.size:
             return None
         attach = np.zeros(nodes.size, dtype=np.int64)
         return self.best_verified(req, nodes, attach, s.model[nodes], gpus)
+
+    def _with_gpus_free(self, req: PodRequest, gpus_ok: np.ndarray, table: StaticTable) -> np.ndarray:
+        """The nodes of `gpus_ok` that pass the static, resource and placement pre-screens. The GPU test goes first:
+        with most GPUs in use it leaves a few nodes of thousands, and the rest is judged on those few."""
+        s = self.state
+        nodes = np.flatnonzero(gpus_ok)
+        if not nodes.size:
+            return nodes
+        ok = (s.static_ok_now(table, nodes) & s.fits_other_resources(s.request_vector(req), nodes)
+              & s.placement_ok(req)[nodes])
+        return nodes[ok]
 
     def gpus_coming(self) -> bool:
         return bool(self.state.gpu_coming.any())
@@ -117,9 +123,7 @@ class FastExisting:
         s = self.state
         table = s.static_table(req)
         gpus = s.gpu_request(req)
-        ok = (s.target & s.static_ok_now(table) & s.fits_other_resources(s.request_vector(req))
-              & (s.gpu_free >= gpus) & s.placement_ok(req))
-        nodes = np.flatnonzero(ok)
+        nodes = self._with_gpus_free(req, (s.gpu_free >= gpus) & s.target, table)
         if not nodes.size:
             return None
         attach = np.zeros(nodes.size, dtype=np.int64)

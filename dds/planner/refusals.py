@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 from dataclasses import replace
 
-from dds.model.groups import NodeGroupSpec
+from dds.model.groups import ANN_GPU_API, DEFAULT_GPU_RESOURCE, DRA_GPU_RESOURCE, NodeGroupSpec
 from dds.planner.nodes import group_slots
 from dds.planner.plan import PodDecision, ScaleUpPlan, Verdict
 from dds.planner.requests import effective_requests
@@ -25,6 +25,7 @@ POOL_EMPTY = "NoFreeGPU"
 FITS_NOWHERE = "FitsNowhere"  # the simulation's own verdict, when none of the above says it better
 UNSUPPORTED = "UnsupportedConstraint"
 NO_MATCHING_DEVICE = "NoMatchingDevice"  # a ResourceClaim no GPU DDS can attach satisfies (dds/planner/dra.py)
+NO_GROUP_FOR_API = "NoNodeGroupForGPUAPI"  # GPUs asked through an API (extended resource, claims) no group exposes
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,16 @@ def cannot_serve(pod: PodInfo, snapshot: Snapshot, *, pool_checked: bool = True)
     `pool_checked=False` leaves out "the pool is empty": that one is only true when the simulation found no GPU for
     the pod on any node (a pod may fit on GPUs already attached or on their way although the pool is empty)."""
     groups = [g for g in snapshot.groups if g.max_gpus_per_node > 0]
+    wrong_api = _api_unserved(pod, groups)
+    if wrong_api is not None:
+        return wrong_api
     wanted = _gpus_wanted(pod, groups)
     if wanted == 0:
         return None
     if not groups:
         return CannotServe(NO_SUCH_MODEL, f"asks for {_gpus(wanted)} but no DDS node group offers GPUs")
+    asked = effective_requests(pod)
+    groups = [g for g in groups if asked.get(g.gpu_resource) > 0]  # the groups of the pod's GPU API
     models = selected_models(pod, snapshot.gpu_model_label)
     if models:
         serving = [g for g in groups if set(_group_models(g, snapshot)) & models]
@@ -93,6 +99,30 @@ def selected_models(pod: PodInfo, model_label: str) -> frozenset[str]:
     if per_term and all(per_term):
         return frozenset().union(*per_term)
     return frozenset()
+
+
+def _api_unserved(pod: PodInfo, groups: Sequence[NodeGroupSpec]) -> Optional[CannotServe]:
+    """A pod asking for GPUs through an API (the extended resource, ResourceClaims) that no group with GPUs exposes
+    them by: every group's GPUs go through exactly one (dds.cdi.dev/gpu-api), so no node can serve it."""
+    requests = effective_requests(pod)
+    dra_groups = [g.id for g in groups if g.gpu_api.dra]
+    extended = {g.gpu_resource for g in groups if not g.gpu_api.dra}
+    by_claims = requests.get(DRA_GPU_RESOURCE) > 0
+    by_resource = sorted(r for r in extended | {DEFAULT_GPU_RESOURCE} if requests.get(r) > 0)
+    if by_claims and by_resource:
+        return CannotServe(NO_GROUP_FOR_API, f"asks for GPUs both as {by_resource[0]} and through ResourceClaims, but "
+                                             f"a node group exposes its GPUs through one of the two only "
+                                             f"({ANN_GPU_API})")
+    if by_claims and not dra_groups and groups:
+        return CannotServe(NO_GROUP_FOR_API, f"asks for GPUs through ResourceClaims, but every DDS node group exposes "
+                                             f"its GPUs as an extended resource; DRA groups are annotated "
+                                             f"{ANN_GPU_API}: dra-node-local or dra-pool")
+    unserved = [r for r in by_resource if r not in extended]
+    if unserved and dra_groups:
+        return CannotServe(NO_GROUP_FOR_API, f"asks for {unserved[0]}, but no DDS node group exposes its GPUs as "
+                                             f"{unserved[0]}: {', '.join(sorted(dra_groups))} take(s) them through "
+                                             f"ResourceClaims only ({ANN_GPU_API})")
+    return None
 
 
 def _gpus_wanted(pod: PodInfo, groups: Sequence[NodeGroupSpec]) -> int:

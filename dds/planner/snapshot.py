@@ -195,6 +195,12 @@ class Snapshot:
     _pods_by_node: dict[str, tuple[PodInfo, ...]] = field(default_factory=dict, init=False, repr=False,
                                                           compare=False)
 
+    # Pools by name, built on the first `pool` call (asked once per node by every plan).
+    _pools_by_name: dict[str, PoolInfo] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    # The pending pods, computed on the first `pending_pods` call (a one-element list: the snapshot itself is frozen).
+    _pending: list[tuple[PodInfo, ...]] = field(default_factory=list, init=False, repr=False, compare=False)
+
     # Groups by id, built on the first `group` call (asked once per node or more by every plan).
     _groups_by_id: dict[str, NodeGroupSpec] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -206,10 +212,17 @@ class Snapshot:
         return index.get(group_id)
 
     def pool(self, name: str) -> Optional[PoolInfo]:
-        return next((p for p in self.pools if p.name == name), None)
+        index = self._pools_by_name
+        if not index and self.pools:
+            for p in reversed(self.pools):  # the first of a repeated name wins, as a scan in order would find it
+                index[p.name] = p
+        return index.get(name)
 
     def pending_pods(self) -> tuple[PodInfo, ...]:
-        return tuple(p for p in self.pods if p.node_name is None)
+        found = self._pending
+        if not found:  # asked several times per plan; a scan of every pod each time is what this saves
+            found.append(tuple(p for p in self.pods if p.node_name is None))
+        return found[0]
 
     def index_pods(self, by_node: Mapping[str, Sequence[PodInfo]]) -> None:
         """Take a caller's index of `pods` by node (bound pods only), when it has walked them already: the observer

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
+from itertools import chain
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
@@ -29,27 +30,88 @@ from dds.planner.snapshot import HostPort, NodeInfo, PodAffinityTerm, PodInfo, S
 UNLIMITED = np.int64(2**62)  # free amount of a resource a filter never checks on that node
 
 
+@dataclass(frozen=True)
+class _NodeLoad:
+    """What a node's bound pods add up to, derived from the snapshot's tuple of them (`Snapshot.pods_on`)."""
+
+    pods: tuple[PodInfo, ...]  # what it was derived from, compared by identity
+    milli_cpu: int
+    memory: int
+    ephemeral_storage: int
+    scalar: dict[str, int]  # extended resources summed (a node's own GPU resource among them)
+    ruled: tuple[PodInfo, ...]  # pods holding host ports or required anti-affinity: the placement filters read them
+
+    @classmethod
+    def of(cls, pods: tuple[PodInfo, ...]) -> "_NodeLoad":
+        lasting = LASTING_REQUESTS.get
+        cpu = memory = storage = 0
+        scalar: dict[str, int] = {}
+        for pod in pods:
+            r = lasting(pod)
+            cpu += r.milli_cpu
+            memory += r.memory
+            storage += r.ephemeral_storage
+            for name, amount in r.scalar.items():
+                scalar[name] = scalar.get(name, 0) + amount
+        ruled = tuple(p for p in pods if p.host_ports or p.required_pod_anti_affinity)
+        return cls(pods, cpu, memory, storage, scalar, ruled)
+
+
+class _NodeLoads:
+    """Each node's load from the last snapshot that showed it, by node name. The observer hands every snapshot the same
+    tuple for a node whose pods did not change (dds/controller/observe.py), so a decision sums only the nodes whose
+    pods changed: summing tens of thousands of pods per decision is the cost this saves. Entries are compared by
+    the identity of the tuple they hold, so a snapshot that differs (another observer, a simulation) is never served
+    another's sums, only recomputed."""
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, _NodeLoad] = {}
+
+    def get(self, name: str, pods: tuple[PodInfo, ...]) -> _NodeLoad:
+        found = self._by_node.get(name)
+        if found is None or found.pods is not pods:
+            found = _NodeLoad.of(pods)
+            self._by_node[name] = found  # one dict write: safe beside the other thread planning on its snapshot
+        return found
+
+    def forget_others(self, names: Sequence[str]) -> None:
+        """Drop the nodes gone from the cluster, once they are many (a few stale entries cost nothing)."""
+        if len(self._by_node) > 2 * len(names) + 64:
+            keep = set(names)
+            self._by_node = {n: load for n, load in list(self._by_node.items()) if n in keep}
+
+
+_NODE_LOADS = _NodeLoads()
+
+
 @dataclass
 class _BoundPods:
     """The pods bound to a snapshot's live nodes, as a ClusterState reads them; shared by the states built on one
     snapshot (a pass plans several times on it), with their request sums per (resource rows, GPU names)."""
 
-    pods: list[PodInfo]
-    where: list[int]  # node index of each pod
-    requests: list[Resources]
+    loads: list[_NodeLoad]  # per live node, in the state's node order
     unbound_requests: list[Resources]
     sums: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    _scalar_names: Optional[frozenset[str]] = None
+    _pods: Optional[tuple[list[PodInfo], list[int]]] = None
+
+    def pods_and_nodes(self) -> tuple[list[PodInfo], list[int]]:
+        """Every bound pod, and the index of its node."""
+        if self._pods is None:
+            pods = list(chain.from_iterable(load.pods for load in self.loads))
+            counts = np.fromiter((len(load.pods) for load in self.loads), dtype=np.int64, count=len(self.loads))
+            self._pods = pods, np.repeat(np.arange(len(self.loads), dtype=np.int64), counts).tolist()
+        return self._pods
 
     def scalar_names(self) -> frozenset[str]:
         """Every extended resource a bound or pending pod asks for."""
-        if self._scalar_names is None:
-            names: set[str] = set()
-            for requests in (*self.requests, *self.unbound_requests):
-                if requests.scalar:
-                    names.update(requests.scalar)
-            self._scalar_names = frozenset(names)
-        return self._scalar_names
+        names: set[str] = set()
+        for load in self.loads:
+            if load.scalar:
+                names.update(load.scalar)
+        for requests in self.unbound_requests:
+            if requests.scalar:
+                names.update(requests.scalar)
+        return frozenset(names)
 
 
 class _BoundPodsMemo:
@@ -225,32 +287,27 @@ class ClusterState:
                 self.preferred[i] = self.model_index[f.allowed_models[0]]
 
     def _collect_bound_pods(self) -> None:
-        """The pods bound to live nodes, their node and their requests (the lasting memo makes the requests of a pod
-        seen by an earlier pass free), from the snapshot's pods-by-node index (the observer hands over the one it
-        built). Everything else about bound pods is built from these lists with vector steps, or lazily when a pod's
-        rules need it: a pass touches tens of thousands of them."""
+        """The pods bound to live nodes, summed per node (`_NODE_LOADS` keeps the sums of nodes whose pods did not
+        change since an earlier snapshot), and the requests of the pending pods (any of them may be planned).
+        Everything else about bound pods is built from these with vector steps, or lazily when a pod's rules need it:
+        a pass touches tens of thousands of them."""
         snapshot = self.snapshot
         names = tuple(node.name for node in self.nodes)
         found = _BOUND_PODS.get(snapshot, names)
         if found is None:
-            bound: list[PodInfo] = []
-            where: list[int] = []
-            for i, name in enumerate(names):
-                on = snapshot.pods_on(name)
-                if on:
-                    bound.extend(on)
-                    where.extend([i] * len(on))
+            loads = [_NODE_LOADS.get(name, snapshot.pods_on(name)) for name in names]
+            _NODE_LOADS.forget_others(names)
             lasting = LASTING_REQUESTS.get
-            found = _BoundPods(bound, where, [lasting(pod) for pod in bound],
-                               [lasting(pod) for pod in snapshot.pending_pods()])  # any pending pod may be planned
+            found = _BoundPods(loads, [lasting(pod) for pod in snapshot.pending_pods()])
             _BOUND_PODS.put(snapshot, names, found)
         self._bound = found
 
     def _init_pods(self) -> None:
         n = len(self.nodes)
-        bound, where, requests = self._bound.pods, self._bound.where, self._bound.requests
+        loads = self._bound.loads
+        bound, where = self._bound.pods_and_nodes()
         # never changed after construction
-        self._bound_on: list[Sequence[PodInfo]] = [self.snapshot.pods_on(node.name) for node in self.nodes]
+        self._bound_on: list[Sequence[PodInfo]] = [load.pods for load in loads]
         self.placed: list[list[PodInfo]] = [[] for _ in range(n)]  # pods this plan puts on each node (journaled)
         self.ports: list[list[HostPort]] = [[] for _ in range(n)]
         self.port_holders: list[int] = []  # nodes with host ports in use (repeats allowed)
@@ -265,8 +322,8 @@ class ClusterState:
         self._bound_by_label: Optional[dict[tuple[str, str, str], list[int]]] = None
         self.by_label: dict[tuple[str, str, str], list[int]] = {}
         self.elsewhere: list[PodInfo] = []  # pods the plan puts on nodes that are not live (shared by the driver)
-        for i, pod in zip(where, bound):
-            if pod.host_ports or pod.required_pod_anti_affinity:
+        for i, load in enumerate(loads):
+            for pod in load.ruled:
                 self._record_rules(i, pod, journal=False)
         if not where:
             return
@@ -274,39 +331,28 @@ class ClusterState:
         key = (self.resource_names, self.gpu_names, self.gpu_name_of.tobytes())
         sums = self._bound.sums.get(key)
         if sums is None:
-            sums = self._bound.sums[key] = self._bound_request_sums(np.array(where, dtype=np.int64), requests)
+            sums = self._bound.sums[key] = self._bound_request_sums(loads)
         used, gpus_used = sums
         self.free -= used
         self.gpu_free -= gpus_used
 
-    def _bound_request_sums(self, index: np.ndarray, requests: list[Resources]) -> tuple[np.ndarray, np.ndarray]:
-        """Bound pods' requests summed per node (resource rows x nodes, and GPUs per node), one vector step per
-        resource: per-pod array writes are slow."""
-        gpu_of_pod = self.gpu_name_of[index]
-        row = self.resource_row
+    def _bound_request_sums(self, loads: Sequence[_NodeLoad]) -> tuple[np.ndarray, np.ndarray]:
+        """Bound pods' requests summed per node (resource rows x nodes, and GPUs per node) from the nodes' loads."""
+        n, row = len(loads), self.resource_row
         used = np.zeros_like(self.free)
-        gpus_used = np.zeros(len(self.nodes), dtype=np.int64)
-        np.add.at(used[row[CPU]], index, np.array([r.milli_cpu for r in requests], dtype=np.int64))
-        np.add.at(used[row[MEMORY]], index, np.array([r.memory for r in requests], dtype=np.int64))
-        np.add.at(used[row[EPHEMERAL_STORAGE]], index, np.array([r.ephemeral_storage for r in requests], dtype=np.int64))
-        np.add.at(used[row[PODS]], index, np.ones(len(index), dtype=np.int64))
-        scalar: dict[str, tuple[list[int], list[int]]] = {}  # resource -> (pod positions, amounts)
-        for k, r in enumerate(requests):
-            if r.scalar:
-                for name, amount in r.scalar.items():
-                    positions, amounts = scalar.setdefault(name, ([], []))
-                    positions.append(k)
-                    amounts.append(amount)
-        gpus = np.zeros(len(index), dtype=np.int64)
-        for name, (positions, amounts) in scalar.items():
-            at, amount = np.array(positions, dtype=np.int64), np.array(amounts, dtype=np.int64)
-            if name in self.gpu_names:
-                # A node's own GPU resource is judged by the GPU arrays, never by its row.
-                mine = gpu_of_pod[at] == self.gpu_names.index(name)
-                gpus[at[mine]] = amount[mine]
-                amount = np.where(mine, 0, amount)
-            np.add.at(used[row[name]], index[at], amount)
-        np.add.at(gpus_used, index, gpus)
+        gpus_used = np.zeros(n, dtype=np.int64)
+        used[row[CPU]] = np.fromiter((load.milli_cpu for load in loads), dtype=np.int64, count=n)
+        used[row[MEMORY]] = np.fromiter((load.memory for load in loads), dtype=np.int64, count=n)
+        used[row[EPHEMERAL_STORAGE]] = np.fromiter((load.ephemeral_storage for load in loads), dtype=np.int64, count=n)
+        used[row[PODS]] = np.fromiter((len(load.pods) for load in loads), dtype=np.int64, count=n)
+        for i, load in enumerate(loads):
+            if load.scalar:
+                own_gpu = self.nodes[i].gpu_resource
+                for name, amount in load.scalar.items():
+                    if name == own_gpu:  # a node's own GPU resource is judged by the GPU arrays, never by its row
+                        gpus_used[i] += amount
+                    else:
+                        used[row[name], i] += amount
         used.setflags(write=False)
         gpus_used.setflags(write=False)
         return used, gpus_used
@@ -322,7 +368,7 @@ class ClusterState:
     def bound_by_label(self) -> dict[tuple[str, str, str], list[int]]:
         if self._bound_by_label is None:
             by_label: dict[tuple[str, str, str], list[int]] = {}
-            for position, pod in enumerate(self._bound.pods):
+            for position, pod in enumerate(self._bound.pods_and_nodes()[0]):
                 namespace = pod.namespace
                 for key, value in pod.labels.items():
                     by_label.setdefault((namespace, key, value), []).append(position)
@@ -442,10 +488,12 @@ class ClusterState:
             return np.full(len(self.nodes), per_name[0], dtype=np.int64)
         return per_name[self.gpu_name_of]
 
-    def fits_other_resources(self, rows: list[tuple[int, int]]) -> np.ndarray:
-        ok = np.ones(len(self.nodes), dtype=bool)
+    def fits_other_resources(self, rows: list[tuple[int, int]], nodes: Optional[np.ndarray] = None) -> np.ndarray:
+        """Per node (or per node of `nodes`, an index array): room for every amount of `rows`."""
+        free = self.free if nodes is None else self.free[:, nodes]
+        ok = np.ones(free.shape[1], dtype=bool)
         for row, amount in rows:
-            ok &= self.free[row] >= amount
+            ok &= free[row] >= amount
         return ok
 
     def placement_masks(self, req: PodRequest) -> list[tuple[str, np.ndarray]]:
@@ -554,9 +602,11 @@ class ClusterState:
             found = self._accepted[key] = table.ok[table.row, :len(self.models)]
         return found
 
-    def static_ok_now(self, table: StaticTable) -> np.ndarray:
-        """Static verdict per node as it is (its own model if it holds one)."""
-        return table.ok[table.row, self.model]
+    def static_ok_now(self, table: StaticTable, nodes: Optional[np.ndarray] = None) -> np.ndarray:
+        """Static verdict per node (or per node of `nodes`) as it is (its own model if it holds one)."""
+        if nodes is None:
+            return table.ok[table.row, self.model]
+        return table.ok[table.row[nodes], self.model[nodes]]
 
     def static_reject(self, table: StaticTable, i: int, model_column: Optional[int] = None) -> Optional[Reject]:
         column = int(self.model[i]) if model_column is None else model_column

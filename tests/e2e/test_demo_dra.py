@@ -38,8 +38,9 @@ def first(result: DemoResult, kind: str, subject: str, text: str) -> Entry:
 
 
 def test_the_gpu_path_attaches_for_a_claim_and_adds_no_node(demo: DemoResult) -> None:
-    pending = first(demo, "pod", "train-0", "Pending")
-    assert "cannot allocate all claims" in pending.text  # the scheduler's DRA plugin said no, before the attach
+    # The scheduler's DRA plugin said no, before the attach (the timeline may first show the pod Pending with no
+    # condition yet, when it is seen before the scheduler's first attempt).
+    pending = first(demo, "pod", "train-0", "cannot allocate all claims")
     attaching = first(demo, "dds", "pod/train-0", "AttachingGPU")
     running = first(demo, "pod", "train-0", "Running")
     assert pending.at <= attaching.at <= running.at

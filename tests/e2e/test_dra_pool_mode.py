@@ -3,7 +3,9 @@
 DDS publishes the pool's free GPUs as slots that bind to a node (`bindsToNode`, binding condition
 dds.cdi.dev/attached); kube-scheduler allocates one to a pod's claim, picks the node and waits in PreBind; DDS attaches
 a GPU of the slot's model to that node and sets the condition; the pod is bound and runs. The control plane enables
-`DRADeviceBindingConditions` on kube-apiserver, kube-scheduler and kube-controller-manager.
+`DRADeviceBindingConditions` on kube-apiserver, kube-scheduler and kube-controller-manager. Pool mode is the choice of
+the group gpu-workers (dds.cdi.dev/gpu-api: dra-pool, nodes booting with no GPU); a second group drawing from the same
+pool, ext-workers (extended-resource), gets no slot: the slice's node selector names gpu-workers only.
 """
 
 from __future__ import annotations
@@ -15,22 +17,29 @@ import pytest
 import yaml
 from kubernetes import client
 
+from dds.groups.labels import node_group_label_value
+from dds.model.groups import ANN_GPU_API, LABEL_NODE_GROUP, GpuApi
 from harness.stack import ROOT, WORKLOAD_NAMESPACE, Stack, StackOptions, is_ready, start_stack
 from tests.e2e.cluster_facts import dds_events, describe, fabric_facts, pods_running
-from tests.e2e.test_dra_node_local import DRIVER, claim_template, dra_pod
+from tests.e2e.test_dra_node_local import DRIVER, claim_template, dra_pod, extended_machineset
 
 pytestmark = pytest.mark.e2e
 
 TIMEOUT = 150.0
 POOL = "fabric-default"
-# Two boot GPUs, train-0, train-1, the boot GPU of the node big-0 gets, and big-0's slot: in pool mode a node's own
-# GPUs are no DRA devices, so big-0 needs a free one in the pool beside its node's boot GPU.
-POOL_SIZE = 6
+# train-0, train-1 and big-0's slot, and one to spare: a dra-pool group's nodes boot with no GPU, so every GPU of the
+# pool is a slot.
+POOL_SIZE = 4
+POOL_GROUP = "MachineSet/default/gpu-workers"
+
+
+def pool_slices(stack: Stack) -> list[Any]:
+    return [s for s in client.ResourceV1Api(stack.api).list_resource_slice().items
+            if s.spec.driver == DRIVER and s.spec.pool.name == POOL]
 
 
 def pool_slots(stack: Stack) -> list[Any]:
-    return [d for s in client.ResourceV1Api(stack.api).list_resource_slice().items
-            if s.spec.driver == DRIVER and s.spec.pool.name == POOL for d in s.spec.devices or ()]
+    return [d for s in pool_slices(stack) for d in s.spec.devices or ()]
 
 
 def claim_of(stack: Stack, pod_name: str) -> Any:
@@ -45,17 +54,29 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
     options = StackOptions(pool_size=POOL_SIZE, attach_latency=(2.0, 3.0), detach_latency=(1.0, 2.0),
                            gpu_idle_cooldown_seconds=600.0, node_idle_cooldown_seconds=600.0,
                            controller_manager=True, feature_gates={"DRADeviceBindingConditions": True},
-                           dds_settings={"simulated_fabric": {"dra_pool_slices": True}})
+                           machineset_annotations={ANN_GPU_API: GpuApi.DRA_POOL.value,
+                                                   "capacity.cluster-autoscaler.kubernetes.io/gpu-count": "0"})
     with start_stack(tmp_path_factory.mktemp("dra-pool-mode"), options) as stack:
+        # No node: what matters is that the pool's slice is not placed on it (the group is served all the same).
+        client.CustomObjectsApi(stack.api).create_namespaced_custom_object(
+            "cluster.x-k8s.io", "v1beta1", "default", "machinesets", extended_machineset(options, workers=0))
         resource = client.ResourceV1Api(stack.api)
         resource.create_device_class(yaml.safe_load((ROOT / "manifests" / "dra" / "deviceclass.yaml").read_text()))
         resource.create_namespaced_resource_claim_template(WORKLOAD_NAMESPACE, claim_template("one-gpu"))
-        # One GPU of the pool attached to each worker at boot: the others are free slots.
+        # The workers boot with no GPU: every GPU of the pool is a free slot.
         stack.wait_for("two Ready workers and the pool's free slots",
                        lambda: len([n for n in stack.nodes() if is_ready(n)]) == 2
-                       and len(pool_slots(stack)) == POOL_SIZE - 2,
+                       and len(pool_slots(stack)) == POOL_SIZE,
                        TIMEOUT, lambda: f"{describe(stack)} | slots: {[d.name for d in pool_slots(stack)]}")
         yield stack
+
+
+def test_the_pool_slots_go_to_the_pool_mode_group_only(stack: Stack) -> None:
+    (pool_slice,) = pool_slices(stack)
+    (term,) = pool_slice.spec.node_selector.node_selector_terms
+    (requirement,) = term.match_expressions
+    assert (requirement.key, requirement.operator) == (LABEL_NODE_GROUP, "In")
+    assert requirement.values == [node_group_label_value(POOL_GROUP)]  # not ext-workers, which draws from it too
 
 
 def test_the_scheduler_allocates_a_pool_slot_and_dds_attaches_it_before_binding(stack: Stack) -> None:
@@ -75,7 +96,7 @@ def test_the_scheduler_allocates_a_pool_slot_and_dds_attaches_it_before_binding(
     assert [e for e in dds_events(stack) if e.reason == "AttachingGPU" and e.involved == "pod/train-0"]
     # The attached GPU is no longer free: one slot fewer unallocated, the allocated one still listed.
     names = sorted(d.name for d in pool_slots(stack))
-    assert result.device in names and len(names) == POOL_SIZE - 2
+    assert result.device in names and len(names) == POOL_SIZE
 
 
 def test_a_failed_attach_sets_the_failure_condition_and_the_scheduler_allocates_again(stack: Stack) -> None:

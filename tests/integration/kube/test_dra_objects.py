@@ -1,5 +1,5 @@
-"""DRA objects on the real apiserver (resource.k8s.io/v1): the ResourceSlice DDS writes for a node as its GPUs change,
-and the claims, templates, slices and classes read back through the watch cache as the planner's records."""
+"""DRA objects on the real apiserver (resource.k8s.io/v1): the ResourceSlice DDS writes for a node as its GPUs change
+(only for nodes of dra-node-local groups), and the claims, templates, slices and classes read back through the watch cache as the planner's records."""
 
 from __future__ import annotations
 
@@ -54,6 +54,22 @@ def test_a_nodes_slice_follows_its_gpus(control_plane: Any, resource: client.Res
     with pytest.raises(client.ApiException) as gone:
         resource.read_resource_slice(name)
     assert gone.value.status == 404
+
+
+def test_only_dra_node_local_nodes_have_a_slice(control_plane: Any, resource: client.ResourceV1Api) -> None:
+    # The group's gpu-api decides (`lists`): an extended-resource node never gets one, and a node whose group stops
+    # being dra-node-local loses the slice it had.
+    node_local = {"listed-node": True, "extended-node": False}
+    publisher = ResourceSlicePublisher(control_plane.api_client(), lambda node: [("default/A30-000", "A30")],
+                                       lists=lambda node: node_local[node])
+    publisher.publish("extended-node")
+    publisher.publish("listed-node")
+    names = {s.metadata.name for s in resource.list_resource_slice().items}
+    assert slice_name("listed-node") in names and slice_name("extended-node") not in names
+
+    node_local["listed-node"] = False
+    publisher.publish("listed-node")
+    assert slice_name("listed-node") not in {s.metadata.name for s in resource.list_resource_slice().items}
 
 
 def test_the_cache_reads_dra_objects_as_the_planner_records(control_plane: Any, namespace: str,

@@ -197,17 +197,18 @@ def test_a_burst_of_attaches_is_one_write_and_each_is_answered_as_alone() -> Non
     world = make_world(make_settings(a30=4, slots=None))
     first = attach(world, "before", 1, node="n0")
     saves = world.store.saves
+    # The retried key comes before the last free device is asked for: answering it takes nothing from the pool.
     requests = [AttachRequest(key="a", node="n1", pool="pool-a", model="A30", count=2),
                 AttachRequest(key="unknown-pool", node="n1", pool="nowhere", model="A30", count=1),
+                AttachRequest(key="before", node="n0", pool="pool-a", model="A30", count=1),
                 AttachRequest(key="b", node="n2", pool="pool-a", model="A30", count=1),
                 AttachRequest(key="too-many", node="n3", pool="pool-a", model="A30", count=5),
-                AttachRequest(key="no-h200", node="n3", pool="pool-a", model="H200", count=1),
-                AttachRequest(key="before", node="n0", pool="pool-a", model="A30", count=1)]
+                AttachRequest(key="no-h200", node="n3", pool="pool-a", model="H200", count=1)]
 
     results = world.fabric.attach_many(requests)
 
     assert world.store.saves == saves + 1
-    a, unknown_pool, b, too_many, no_h200, before = results
+    a, unknown_pool, before, b, too_many, no_h200 = results
     assert isinstance(unknown_pool, FabricError) and unknown_pool.code == ErrorCode.NOT_FOUND
     assert isinstance(no_h200, FabricError) and no_h200.code == ErrorCode.NOT_FOUND
     assert too_many.state == OperationState.FAILED and too_many.error.code == ErrorCode.OUT_OF_RESOURCES

@@ -11,6 +11,7 @@ import pytest
 
 from dds.kube import decode
 from dds.kube.cache import Gone, Reflector, Resource, WatchError
+from dds.kube.cache import pods as pods_resource
 from dds.kube.requests import verb_of
 
 
@@ -196,3 +197,34 @@ def test_a_write_the_watch_has_already_shown_is_not_assumed_back_over_newer_stat
     r.relist()
     r.assume(pod("a", "4", node="worker-1"))
     assert r.get("ns/a").info.node_name == "worker-2"
+
+
+def bucketed(api: ScriptedApi) -> Reflector[decode.PodRecord]:
+    return Reflector(api, pods_resource(), page_size=2)  # type: ignore[arg-type]
+
+
+def keys_by_bucket(r: Reflector[decode.PodRecord]) -> dict[str, set[str]]:
+    return {name: {p.key for p in items} for name, items in r.buckets().items()}
+
+
+def test_pods_are_kept_by_node_and_a_nodes_tuple_is_the_same_object_until_its_pods_change() -> None:
+    r = bucketed(ScriptedApi([Response(page([pod("a", "1", node="w1"), pod("b", "2", node="w2"), pod("c", "3")],
+                                            "3"))]))
+    r.relist()
+    assert keys_by_bucket(r) == {"w1": {"ns/a"}, "w2": {"ns/b"}, "": {"ns/c"}}
+    before = r.buckets()
+    r.apply(event("MODIFIED", pod("c", "4", node="w1")))  # bound: it leaves the pending bucket
+    r.apply(event("DELETED", pod("b", "5", node="w2")))  # w2's last pod: its bucket goes
+    after = r.buckets()
+    assert keys_by_bucket(r) == {"w1": {"ns/a", "ns/c"}}
+    assert after["w1"] is not before["w1"]
+    r.apply(event("ADDED", pod("d", "6", node="w3")))
+    assert r.buckets()["w1"] is after["w1"]  # w1's pods did not change: the same tuple is served
+
+
+def test_a_relist_rebuilds_the_buckets_from_the_list_alone() -> None:
+    r = bucketed(ScriptedApi([Response(page([pod("a", "1", node="w1")], "1")),
+                              Response(page([pod("b", "2", node="w2")], "2"))]))
+    r.relist()
+    r.relist()
+    assert keys_by_bucket(r) == {"w2": {"ns/b"}}

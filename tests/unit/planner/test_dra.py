@@ -13,6 +13,7 @@ from dds.planner.dra_records import (ALL, AllocatedDeviceInfo, DeviceClassInfo, 
                                      PodClaimRef, ResourceClaimInfo, ResourceClaimTemplateInfo)
 from dds.planner.plan import PlannerConfig, Verdict
 from dds.planner.refusals import NO_MATCHING_DEVICE
+from dds.model.groups import DRA_GPU_RESOURCE, GpuApi, NodeGroupSpec
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
 
 GREEDY = PlannerConfig(batch_solver="greedy")
@@ -114,9 +115,21 @@ def test_requests_for_different_models_are_refused() -> None:
 
 # --- planned like extended-resource pods ----------------------------------------------------------------------------
 
-def snapshot_with(pods, claims=(), templates=(), nodes=None, pools=None):
-    snapshot = make_snapshot(nodes if nodes is not None else [make_node("w1", gpus=1), make_node("w2", gpus=0)],
-                             pods, groups=[make_group(models=())], pools=pools or [make_pool(A30=4, A100=2)])
+def dra_group(id: str = "gpu", api: GpuApi = GpuApi.DRA_NODE_LOCAL, **kwargs) -> NodeGroupSpec:
+    """make_group's group whose GPUs pods get through ResourceClaims (dds.cdi.dev/gpu-api)."""
+    spec = make_group(id, **kwargs).model_dump(exclude={"gpu_resource"})
+    return NodeGroupSpec.model_validate({**spec, "gpu_api": api})
+
+
+def dra_node(name: str, gpus: int = 0, **kwargs):
+    """make_node's node of a DRA group: its GPUs are ResourceSlice devices, not node capacity."""
+    node = make_node(name, gpus=gpus, **kwargs)
+    return replace(node, allocatable=replace(node.allocatable, scalar={}), gpu_resource=DRA_GPU_RESOURCE)
+
+
+def snapshot_with(pods, claims=(), templates=(), nodes=None, pools=None, groups=None):
+    snapshot = make_snapshot(nodes if nodes is not None else [dra_node("w1", gpus=1), dra_node("w2", gpus=0)],
+                             pods, groups=groups or [dra_group(models=())], pools=pools or [make_pool(A30=4, A100=2)])
     return replace(snapshot, dra=DraState(claims=tuple(claims), templates=tuple(templates), classes=(CLASS,)))
 
 
@@ -125,8 +138,8 @@ def decision(plan, pod: str):
 
 
 def test_a_pending_claim_is_served_by_an_attach() -> None:
-    snapshot = snapshot_with([make_pod("busy", gpus=1, node="w1"), dra_pod("train", "c")],
-                             [claim("c", request("gpu", model_is("A30")))])
+    snapshot = snapshot_with([dra_pod("busy", "b", node="w1"), dra_pod("train", "c")],
+                             [held("b", "w1", device_name("w1-gpu-0")), claim("c", request("gpu", model_is("A30")))])
     plan = plan_scale_up(lower_claims(snapshot), GREEDY)
     train = decision(plan, "train")
     assert train.verdict == Verdict.FITS_AFTER_GPUS and train.gpus_added == 1
@@ -135,7 +148,7 @@ def test_a_pending_claim_is_served_by_an_attach() -> None:
 
 def test_the_model_a_selector_asks_for_is_the_one_attached() -> None:
     snapshot = snapshot_with([dra_pod("train", "c")], [claim("c", request("gpu", model_is("A100"), count=2))],
-                             nodes=[make_node("w1", gpus=0)])
+                             nodes=[dra_node("w1", gpus=0)])
     plan = plan_scale_up(lower_claims(snapshot), GREEDY)
     assert [(a.node, a.model, a.count) for a in plan.attaches] == [("w1", "A100", 2)]
 
@@ -149,14 +162,14 @@ def test_a_free_gpu_on_the_node_serves_the_claim_without_an_attach() -> None:
 def test_a_template_is_planned_before_its_claim_exists() -> None:
     template = ResourceClaimTemplateInfo("default", "one-a100", (request("gpu", model_is("A100")),))
     snapshot = snapshot_with([dra_pod("train", template="one-a100")], templates=[template],
-                             nodes=[make_node("w1", gpus=0)])
+                             nodes=[dra_node("w1", gpus=0)])
     plan = plan_scale_up(lower_claims(snapshot), GREEDY)
     assert [(a.model, a.count) for a in plan.attaches] == [("A100", 1)]
 
 
 def test_a_shared_claim_is_asked_for_once() -> None:
     snapshot = snapshot_with([dra_pod("a", "shared"), dra_pod("b", "shared")], [claim("shared", request(count=2))],
-                             nodes=[make_node("w1", gpus=0)])
+                             nodes=[dra_node("w1", gpus=0)])
     plan = plan_scale_up(lower_claims(snapshot), GREEDY)
     assert sum(a.count for a in plan.attaches) == 2
 
@@ -176,7 +189,7 @@ def test_a_missing_claim_is_waited_for() -> None:
 
 
 def test_allocated_devices_are_used_and_never_detached() -> None:
-    node = make_node("w1", gpus=2)  # devices w1-gpu-0 (older) and w1-gpu-1 (newest: an idle detach's first pick)
+    node = dra_node("w1", gpus=2)  # devices w1-gpu-0 (older) and w1-gpu-1 (newest: an idle detach's first pick)
     snapshot = snapshot_with([dra_pod("train", "c", node="w1")], [held("c", "w1", device_name("w1-gpu-1"))],
                              nodes=[replace(node, gpus_idle_since=0.0)])
     lowered = lower_claims(snapshot)
@@ -186,8 +199,8 @@ def test_allocated_devices_are_used_and_never_detached() -> None:
 
 
 def test_a_running_claim_holds_its_gpu_against_pending_pods() -> None:
-    snapshot = snapshot_with([dra_pod("running", "c", node="w1"), make_pod("p", gpus=1)],
-                             [held("c", "w1", device_name("w1-gpu-0"))], nodes=[make_node("w1", gpus=1)])
+    snapshot = snapshot_with([dra_pod("running", "c", node="w1"), dra_pod("p", "d")],
+                             [held("c", "w1", device_name("w1-gpu-0")), claim("d")], nodes=[dra_node("w1", gpus=1)])
     plan = plan_scale_up(lower_claims(snapshot), GREEDY)
     assert decision(plan, "p").verdict == Verdict.FITS_AFTER_GPUS
 
@@ -211,11 +224,10 @@ def test_a_dra_pod_no_live_node_holds_is_the_loops_to_add_a_node_for() -> None:
     from dds.planner.dra import pods_needing_nodes
 
     big = replace(dra_pod("big", "c"), containers=make_pod("x", memory_gib=20).containers)
-    snapshot = lower_claims(snapshot_with([big, make_pod("ext", memory_gib=20, gpus=1)], [claim("c")],
-                                          nodes=[make_node("w1", gpus=1, memory_gib=16)]))
+    snapshot = lower_claims(snapshot_with([big], [claim("c")], nodes=[dra_node("w1", gpus=1, memory_gib=16)]))
     fast_path = plan_scale_up(snapshot, replace(GREEDY, allow_new_nodes=False))
     needing = pods_needing_nodes(fast_path, snapshot.pending_pods())
-    assert [p.name for p in needing] == ["big"]  # the extended-resource pod stays CA's
+    assert [p.name for p in needing] == ["big"]
     plan = plan_scale_up(snapshot, GREEDY, needing)
     assert [(n.group, n.count, n.pods) for n in plan.new_nodes] == [("gpu", 1, ("default/big",))]
 
@@ -262,7 +274,7 @@ def test_allocated_slots_not_yet_bound_are_the_attaches_to_make() -> None:
 
 
 def test_a_pool_mode_pod_is_pinned_to_its_node_and_its_gpu_kept() -> None:
-    node = replace(make_node("w1", gpus=2), gpus_idle_since=0.0)
+    node = replace(dra_node("w1", gpus=2), gpus_idle_since=0.0)
     bound = replace(slot_claim("c", "default-a30-slot-000", attached=True), fabric_devices=("w1-gpu-1",))
     snapshot = snapshot_with([dra_pod("train", "c", node="w1")], [bound], nodes=[node])
     lowered = lower_claims(snapshot)
@@ -270,14 +282,15 @@ def test_a_pool_mode_pod_is_pinned_to_its_node_and_its_gpu_kept() -> None:
     assert [d.device_ids for d in plan_scale_down(lowered, GREEDY).detaches] == [("w1-gpu-0",)]
 
 
-def test_a_mixed_node_counts_claims_and_extended_resources_against_the_same_gpus() -> None:
-    # w1 holds 3 GPUs: one allocated to a running DRA pod, one asked by a running extended-resource pod; a pending DRA
-    # pod and a pending extended-resource pod need one each: one fits now, the other needs an attach.
-    snapshot = snapshot_with([dra_pod("dra-run", "held", node="w1"), make_pod("ext-run", gpus=1, node="w1"),
+def test_each_api_is_served_by_its_own_groups_nodes() -> None:
+    # d1 (DRA) has a free device and e1 (extended resource) a free GPU, each of the wrong kind for the pod that wants
+    # it: each pod is planned onto its own group's node, the extended-resource one with an attach.
+    groups = [make_group("ext", models=()), dra_group("dra", models=())]
+    nodes = [make_node("e1", gpus=1, group="ext"), dra_node("d1", gpus=2, group="dra")]
+    snapshot = snapshot_with([make_pod("ext-run", gpus=1, node="e1"), dra_pod("dra-run", "held", node="d1"),
                               dra_pod("dra-new", "c"), make_pod("ext-new", gpus=1, created=1.0)],
-                             [held("held", "w1", device_name("w1-gpu-0")), claim("c")],
-                             nodes=[make_node("w1", gpus=3)])
+                             [held("held", "d1", device_name("d1-gpu-0")), claim("c")], nodes=nodes, groups=groups)
     plan = plan_scale_up(lower_claims(snapshot), GREEDY)
-    verdicts = sorted(decision(plan, p).verdict.value for p in ("dra-new", "ext-new"))
-    assert verdicts == ["fits-after-gpus", "fits-now"]
-    assert sum(a.count for a in plan.attaches) == 1
+    assert decision(plan, "dra-new").verdict == Verdict.FITS_NOW and decision(plan, "dra-new").node == "d1"
+    assert decision(plan, "ext-new").verdict == Verdict.FITS_AFTER_GPUS
+    assert [(a.node, a.count) for a in plan.attaches] == [("e1", 1)]
