@@ -156,6 +156,10 @@ class Settings(BaseSettings):
     # Reserve sooner, from this age on, while at most one other pending GPU pod could use the node's GPUs (the queue
     # is short, so draining a node costs little); unset: only `reservation_min_age_seconds` applies.
     reservation_quiet_age_seconds: Optional[float] = Field(default=None, ge=0)
+    # Move idle GPUs: when pods the fast path cannot serve would get GPUs idle on other nodes, those GPUs are detached
+    # now instead of after their idle cooldown, and the next pass attaches them where the pods fit
+    # (dds/planner/moves.py; docs/simulation.md has what it does to waits). Off by default.
+    move_idle_gpus: bool = False
     loop_interval_seconds: float = Field(default=5.0, gt=0)
     orphan_attach_timeout_seconds: float = Field(default=600.0, gt=0)
     max_node_provision_seconds: float = Field(default=900.0, gt=0)

@@ -49,6 +49,7 @@ from dds.model.events import NORMAL, EventRecorder
 from dds.model.groups import TemplateMode
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
 from dds.planner.headroom import hungry_pools, plan_warm_refill
+from dds.planner.moves import plan_moves
 from dds.planner.snapshot import PodInfo
 from dds.planner.plan import Attach, Case, Detach, PlannerConfig, RemoveNode, ScaleDownPlan, ScaleUpPlan
 from dds.planner.reservations import ReservationConfig, keep_reserved
@@ -79,6 +80,7 @@ class PassDecisions:
     headroom: tuple[Attach, ...]
     scale_down: ScaleDownPlan
     claim_nodes: Optional[ScaleUpPlan] = None  # new nodes for DRA pods no live node can take (docs/dra.md)
+    moves: tuple[Detach, ...] = ()  # idle GPUs released now for pods the fast path leaves waiting (move_idle_gpus)
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class LoopConfig:
     planner: PlannerConfig = PlannerConfig()
     orphan_timeout_seconds: float = 600.0  # settings.orphan_attach_timeout_seconds; see dds/controller/orphans.py
     reservations: ReservationConfig = ReservationConfig(enabled=False)  # see dds/controller/reservations.py
+    move_idle_gpus: bool = False  # settings.move_idle_gpus; see dds/planner/moves.py
 
 
 class Controller:
@@ -227,7 +230,21 @@ class Controller:
         scale_down = keep_reserved(scale_down, self.reservations.nodes)  # their idle GPUs are being gathered
         return PassDecisions(pending=tuple(pending), waiting=tuple(waiting), fast_path=fast_path,
                              headroom=headroom, scale_down=scale_down,
-                             claim_nodes=self._plan_nodes_for_claims(snapshot, waiting, fast_path))
+                             claim_nodes=self._plan_nodes_for_claims(snapshot, waiting, fast_path),
+                             moves=self._plan_moves(snapshot, waiting, fast_path, scale_down))
+
+    def _plan_moves(self, snapshot: Snapshot, waiting: Sequence[PodInfo], fast_path: Optional[ScaleUpPlan],
+                    scale_down: ScaleDownPlan) -> tuple[Detach, ...]:
+        """Idle GPUs of other nodes to release now, for waiting pods the fast path could not serve (move_idle_gpus).
+        Never from a reserved node (its idle GPUs are being gathered for the pod it is reserved for), nor from a node
+        this pass's scale-down already detaches from or removes."""
+        if not self.config.move_idle_gpus or fast_path is None:
+            return ()
+        busy = set(self.reservations.nodes) | {d.node for d in scale_down.detaches}
+        busy |= {r.node for r in scale_down.removals}
+        steps = plan_moves(snapshot, replace(self.config.planner, allow_new_nodes=False), fast_path, plan_scale_up,
+                           waiting)
+        return tuple(step for step in steps if step.node not in busy)
 
     def _plan_nodes_for_claims(self, snapshot: Snapshot, waiting: Sequence[PodInfo],
                                fast_path: Optional[ScaleUpPlan]) -> Optional[ScaleUpPlan]:
@@ -241,6 +258,7 @@ class Controller:
     def _act(self, observation: Observation, decisions: "PassDecisions") -> None:
         if not self._serve_pending_by_attach(observation, decisions):
             self._refill_headroom(decisions.headroom)
+        self._move_idle_gpus(decisions.moves)
         self._add_nodes_for_claims(observation, decisions.claim_nodes)
         self._scale_down(observation, decisions.scale_down)
 
@@ -317,6 +335,18 @@ class Controller:
         started = self.actions.attach_all(plan.attaches, f"fast-path/{uuid.uuid4().hex[:8]}", Case.FAST_PATH)
         self.gangs.started(snapshot, [step for step, _ in started], [op.key for _, op in started])
         return True
+
+    # --- idle GPUs moved to where pods wait (move_idle_gpus) ---
+    def _move_idle_gpus(self, steps: Sequence[Detach]) -> None:
+        if not steps:
+            return
+        rendered = "\n".join(f"detach {', '.join(s.device_ids)} from {s.node}: {s.reason}" for s in steps)
+        log.info("moving idle GPUs to pending pods:\n%s", rendered)
+        self.journal.record(Case.FAST_PATH.value, "control loop: pending pods would get GPUs idle on other nodes",
+                            "move", rendered)
+        metrics.DECISIONS.labels(Case.FAST_PATH.value, "move").inc()
+        for step in steps:
+            self.actions.detach(step, f"move/{step.node}/{uuid.uuid4().hex[:8]}", Case.FAST_PATH)
 
     # --- warm headroom: idle GPUs kept attached ahead of demand ---
     def _refill_headroom(self, attaches: Sequence[Attach]) -> None:

@@ -35,9 +35,10 @@ def idle_devices(snapshot: Snapshot, skip: frozenset[str] = frozenset()) -> dict
     for node in sorted(snapshot.nodes, key=lambda n: n.name):
         if node.name in skip or node.group_id is None or node.detaching or node.attaching or node.taints:
             continue
-        count = len(node.devices) - used.get(node.name, 0)
+        free = [d for d in node.devices if not d.in_claim]  # a device allocated to a ResourceClaim never moves
+        count = min(len(free), len(node.devices) - used.get(node.name, 0))
         if count > 0:
-            out[node.name] = tuple(sorted(node.devices, key=lambda d: (d.attached_at, d.id), reverse=True)[:count])
+            out[node.name] = tuple(sorted(free, key=lambda d: (d.attached_at, d.id), reverse=True)[:count])
     return out
 
 
