@@ -340,7 +340,7 @@ class Controller:
     def _move_idle_gpus(self, steps: Sequence[Detach]) -> None:
         if not steps:
             return
-        rendered = "\n".join(f"detach {', '.join(s.device_ids)} from {s.node}: {s.reason}" for s in steps)
+        rendered = render_scale_down(ScaleDownPlan(detaches=tuple(steps)))
         log.info("moving idle GPUs to pending pods:\n%s", rendered)
         self.journal.record(Case.FAST_PATH.value, "control loop: pending pods would get GPUs idle on other nodes",
                             "move", rendered)

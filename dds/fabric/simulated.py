@@ -262,15 +262,11 @@ class SimulatedFabric:
                     out.append(refused)
                     continue
                 trial = state.copy()  # a refusal must leave no trace of the request in the transaction
-                known = request.key in trial.operations  # a repeated key is answered with its op: nothing is taken
                 try:
-                    op = self._accept_attach(trial, request, stock)
+                    out.append(self._accept_attach(trial, request, stock))
                 except FabricError as exc:
                     out.append(exc)
                     continue
-                out.append(op)
-                if not known:
-                    stock.taken(op.pool, op.model, len(op.held))
                 state.devices, state.operations, state.faults = trial.devices, trial.operations, trial.faults
             return out
 
@@ -400,7 +396,7 @@ class SimulatedFabric:
             return existing
         now = self._clock()
         stock = stock or _Stock(state)
-        pool_models, free = stock.models(request.pool), stock.free(request.pool, request.model)
+        pool_models, free = stock.models(request.pool), stock.free_count(request.pool, request.model)
         if request.model not in pool_models:
             models = ", ".join(sorted(pool_models))
             raise FabricError(ErrorCode.NOT_FOUND, f"attach {request.key}: pool {request.pool} has no "
@@ -408,12 +404,12 @@ class SimulatedFabric:
         base = _Op(key=request.key, kind=OperationKind.ATTACH, node=request.node, pool=request.pool,
                    model=request.model, requested=request.count, started_at=now, state=OperationState.RUNNING,
                    reason=request.reason)
-        refusal = self._capacity_refusal(state, request, len(free))
+        refusal = self._capacity_refusal(state, request, free)
         if refusal is not None:
             code, message = refusal
             op = replace(base, state=OperationState.FAILED, error_code=code, error_message=message, finished_at=now)
         else:
-            op = self._plan_attach(state, base, now, free)
+            op = self._plan_attach(state, base, now, stock)
         state.operations[op.key] = op
         return op
 
@@ -429,10 +425,10 @@ class SimulatedFabric:
                                               f"{request.pool}; {request.count} more asked")
         return None
 
-    def _plan_attach(self, state: _State, op: _Op, now: float, free: Sequence[_Device]) -> _Op:
-        """`free`: the pool's free devices of the op's model, in the order they are handed out."""
+    def _plan_attach(self, state: _State, op: _Op, now: float, stock: "_Stock") -> _Op:
+        """`stock`: the pool's free devices as of `state`, from which the op's are taken."""
         rng = random.Random(f"{state.salt}/{op.key}")
-        chosen = free[:op.requested]
+        chosen = stock.take(op.pool, op.model, op.requested)
         for device in chosen:
             state.devices[device.id] = replace(device, node=op.node, state=DeviceState.ATTACHING, attached_at=None,
                                                fails_at=None)
@@ -581,7 +577,8 @@ def _reconcile_with_config(state: _State, pools: Iterable[PoolSpec]) -> None:
 
 class _Stock:
     """The pools' models and free devices as of one state, for a run of attaches in one transaction: each attach takes
-    the first free devices of its model (longest free first), and `taken` keeps the stock in step with the state."""
+    the first free devices of its model (longest free first) through `take`, which keeps the stock in step with the
+    state it changes."""
 
     def __init__(self, state: _State) -> None:
         self._models: dict[str, set[str]] = {}
@@ -596,12 +593,13 @@ class _Stock:
     def models(self, pool: str) -> set[str]:
         return self._models.get(pool, set())
 
-    def free(self, pool: str, model: str) -> list[_Device]:
-        return self._free.get((pool, model), [])
+    def free_count(self, pool: str, model: str) -> int:
+        return len(self._free.get((pool, model), ()))
 
-    def taken(self, pool: str, model: str, count: int) -> None:
-        if count:
-            del self.free(pool, model)[:count]
+    def take(self, pool: str, model: str, count: int) -> list[_Device]:
+        free = self._free.get((pool, model), [])
+        taken, free[:count] = free[:count], []
+        return taken
 
 
 def _public_device(device: _Device) -> FabricDevice:

@@ -93,6 +93,7 @@ class _BoundPods:
     unbound_requests: list[Resources]
     sums: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     _pods: Optional[tuple[list[PodInfo], list[int]]] = None
+    _scalar_names: Optional[frozenset[str]] = None
 
     def pods_and_nodes(self) -> tuple[list[PodInfo], list[int]]:
         """Every bound pod, and the index of its node."""
@@ -104,14 +105,14 @@ class _BoundPods:
 
     def scalar_names(self) -> frozenset[str]:
         """Every extended resource a bound or pending pod asks for."""
-        names: set[str] = set()
-        for load in self.loads:
-            if load.scalar:
+        if self._scalar_names is None:
+            names: set[str] = set()
+            for load in self.loads:
                 names.update(load.scalar)
-        for requests in self.unbound_requests:
-            if requests.scalar:
+            for requests in self.unbound_requests:
                 names.update(requests.scalar)
-        return frozenset(names)
+            self._scalar_names = frozenset(names)
+        return self._scalar_names
 
 
 class _BoundPodsMemo:

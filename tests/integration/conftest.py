@@ -11,10 +11,12 @@ from tests.integration.controller.harness import ControllerHarness
 
 
 @pytest.fixture
-def dds(control_plane: Any, namespace: str) -> Iterator[ControllerHarness]:
+def dds(control_plane: Any, namespace: str, request: pytest.FixtureRequest) -> Iterator[ControllerHarness]:
     """DDS's controller, planner-backed deciders and simulated fabric in this process, on the test's namespace, with a
-    clock the test advances (tests/integration/controller/harness.py)."""
-    harness = ControllerHarness(control_plane.api_client(), namespace)
+    clock the test advances (tests/integration/controller/harness.py). `@pytest.mark.pool_size(N)` on a test or
+    module sizes the fabric's pool (default 4)."""
+    marker = request.node.get_closest_marker("pool_size")
+    harness = ControllerHarness(control_plane.api_client(), namespace, *(marker.args if marker else ()))
     try:
         yield harness
     finally:

@@ -3,23 +3,12 @@ at once when a pending pod that only another node can take would get it, and the
 
 from __future__ import annotations
 
-from typing import Any, Iterator
-
 import pytest
 
 from dds.fabric.base import OperationKind
 from tests.integration.controller.harness import ControllerHarness
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def dds(control_plane: Any, namespace: str) -> Iterator[ControllerHarness]:
-    harness = ControllerHarness(control_plane.api_client(), namespace, pool_size=2)
-    try:
-        yield harness
-    finally:
-        harness.close()
+pytestmark = [pytest.mark.integration, pytest.mark.pool_size(2)]
 
 
 def test_an_idle_gpu_moves_to_the_node_a_pending_pod_needs_before_its_cooldown(dds: ControllerHarness):

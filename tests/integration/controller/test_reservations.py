@@ -10,8 +10,6 @@ yet.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -21,18 +19,9 @@ from dds.planner.reservations import RESERVATION_TAINT_KEY, ReservationConfig
 from tests.integration.controller.harness import ControllerHarness
 from tests.integration.nodes.harness import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.pool_size(6)]
 
 MIN_AGE = 120.0
-
-
-@pytest.fixture
-def dds(control_plane: Any, namespace: str) -> Iterator[ControllerHarness]:
-    harness = ControllerHarness(control_plane.api_client(), namespace, pool_size=6)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def with_reservations(dds: ControllerHarness) -> None:
