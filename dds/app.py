@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
 from dds.config import FabricBackend, Settings
@@ -42,6 +42,7 @@ from dds.model.groups import DEFAULT_GPU_RESOURCE, LABEL_NODE_GROUP, GpuApi, Nod
 from dds.nodes.factory import build_node_backend
 from dds.nodes.kwok import KwokInfrastructure
 from dds.ops.http import OpsServer
+from dds.planner import plan_scale_up
 from dds.planner.plan import PlannerConfig
 from dds.scaling.instances import InstanceFactory, InstanceTracker
 from dds.provider.leadership import LeaderGate
@@ -202,7 +203,19 @@ class App:
         if not self.cache.wait_synced(sync_timeout_seconds):
             log.warning("the cluster cache is not synced after %.0fs: reading the apiserver directly until it is",
                         sync_timeout_seconds)
+        self._prime_planner()
         self.heap.settle()  # the LISTs' objects are the bulk of what the process will hold
+
+    def _prime_planner(self) -> None:
+        """Observe and plan once before serving. A decision derives per pod and per node only what changed since the
+        one before (dds/controller/observe.py, dds/planner/state.py); the first derives it for the whole cluster, a
+        second or more at thousands of nodes: better here than inside CA's first call after a start or a failover.
+        Nothing is written or acted on."""
+        try:
+            observation = self.controller.observer.observe()
+            plan_scale_up(observation.snapshot, replace(self.controller.config.planner, allow_new_nodes=False))
+        except Exception as exc:  # only a head start: the first decision derives it all if this could not
+            log.warning("could not plan once before serving (%s): the first decision will take longer", exc)
 
     def _started_leading(self) -> None:
         try:

@@ -63,7 +63,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--warm-gpus", type=int, default=0, metavar="K",
                         help="warm headroom: idle GPUs each group keeps attached and refills (dds.cdi.dev/warm-gpus)")
     parser.add_argument("--move-idle-gpus", action="store_true",
-                        help="release idle GPUs at once when pending pods elsewhere would get them (experimental)")
+                        help="release idle GPUs at once when pending pods elsewhere would get them, and keep one "
+                             "pod's worth of idle GPUs on every node with room for one more GPU pod (experimental; "
+                             "meant for a long idle cooldown: --gpu-idle-cooldown 600, production's default)")
     parser.add_argument("--save-trace", type=Path, help="also write the jobs simulated as a CSV trace")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-files", action="store_true", help="print the table only; write nothing")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +52,10 @@ class IdleTracker:
 
     def empty_since(self, node: str) -> Optional[float]:
         return self._empty_since.get(node)
+
+    def lookups(self) -> tuple[Callable[[str], Optional[float]], Callable[[str], Optional[float]]]:
+        """`gpus_idle_since` and `empty_since` as plain lookups, for a walk over thousands of nodes."""
+        return self._gpus_idle_since.get, self._empty_since.get
 
     def reset(self, node: str) -> None:
         """After acting on a node, idleness starts over (a detach that is still running must not be repeated)."""

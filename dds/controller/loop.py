@@ -10,6 +10,7 @@ Ownership, so DDS never races cluster-autoscaler (one owner per decision):
 | pending pods with ResourceClaims that need a new node (CA's templates carry no DRA devices) | this loop, after `pending_debounce`                                     | `_add_nodes_for_claims`           |
 | CA's scale-up for pods whose GPUs are already on their way                                 | nobody: the plan is covered; CA's GPU instance ends with those attaches | `ca_requests.PlannerScaleUp`      |
 | warm headroom (idle GPUs a group keeps)                                                    | this loop                                                               | `_refill_headroom`, `_scale_down` |
+| room headroom (idle GPUs for one more pod on each node with room; move_idle_gpus)          | this loop                                                               | `_keep_room_headroom`             |
 | node removal CA asked for (case 3)                                                         | CA's DeleteNodes -> planner                                             | `ca_requests.PlannerScaleDown`    |
 | idle GPUs anywhere (case 4)                                                                | this loop                                                               | `_scale_down`                     |
 | empty nodes of spec-fixed groups (case 4)                                                  | this loop (CA never sees those nodes)                                   | `_scale_down`                     |
@@ -49,7 +50,7 @@ from dds.model.events import NORMAL, EventRecorder
 from dds.model.groups import TemplateMode
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
 from dds.planner.headroom import hungry_pools, plan_warm_refill
-from dds.planner.moves import plan_moves
+from dds.planner.moves import plan_moves, plan_room_headroom
 from dds.planner.snapshot import PodInfo
 from dds.planner.plan import Attach, Case, Detach, PlannerConfig, RemoveNode, ScaleDownPlan, ScaleUpPlan
 from dds.planner.reservations import ReservationConfig, keep_reserved
@@ -70,6 +71,23 @@ _Decision = TypeVar("_Decision")
 _Result = TypeVar("_Result")
 
 
+def _with_attaches(snapshot: Snapshot, attaches: Sequence[Attach]) -> Snapshot:
+    """`snapshot` as it will be once `attaches` are started: their devices taken from the pools and on their way to
+    the nodes, so a plan made after them on the same snapshot neither counts on those devices nor misses them."""
+    if not attaches:
+        return snapshot
+    taken: dict[tuple[str, str], int] = {}
+    coming: dict[str, int] = {}
+    for a in attaches:
+        taken[(a.pool, a.model)] = taken.get((a.pool, a.model), 0) + a.count
+        coming[a.node] = coming.get(a.node, 0) + a.count
+    pools = tuple(replace(p, free={m: c - taken.get((p.name, m), 0) for m, c in p.free.items()})
+                  for p in snapshot.pools)
+    nodes = tuple(replace(n, attaching=n.attaching + coming[n.name]) if n.name in coming else n
+                  for n in snapshot.nodes)
+    return replace(snapshot, pools=pools, nodes=nodes)
+
+
 @dataclass(frozen=True)
 class PassDecisions:
     """What one pass of the loop plans, before it acts."""
@@ -81,6 +99,7 @@ class PassDecisions:
     scale_down: ScaleDownPlan
     claim_nodes: Optional[ScaleUpPlan] = None  # new nodes for DRA pods no live node can take (docs/dra.md)
     moves: tuple[Detach, ...] = ()  # idle GPUs released now for pods the fast path leaves waiting (move_idle_gpus)
+    room_headroom: tuple[Attach, ...] = ()  # idle GPUs for one more pod on each node with room (move_idle_gpus)
 
 
 @dataclass(frozen=True)
@@ -221,17 +240,33 @@ class Controller:
             with metrics.PLAN_LATENCY.labels("scale-up").time():
                 fast_path = plan_scale_up(snapshot, replace(self.config.planner, allow_new_nodes=False), waiting)
         hungry = hungry_pools(snapshot, pending)  # no warm headroom is kept or refilled from these
-        # Headroom counts on the pool as observed, which is current only if the fast path attaches nothing.
-        headroom = () if fast_path is not None and fast_path.attaches else tuple(
-            plan_warm_refill(snapshot, self.config.planner, hungry))
         with metrics.PLAN_LATENCY.labels("scale-down").time():
             scale_down = plan_scale_down(snapshot, replace(self.config.planner, node_removal_enabled=True),
                                          hungry_pools=hungry)
         scale_down = keep_reserved(scale_down, self.reservations.nodes)  # their idle GPUs are being gathered
+        # Headroom counts on the pool as observed, which is current only if the fast path attaches nothing.
+        room: tuple[Attach, ...] = ()
+        headroom: tuple[Attach, ...] = ()
+        if fast_path is None or not fast_path.attaches:
+            room = self._plan_room_headroom(snapshot, hungry, scale_down)
+            # As `dds simulate` does: room headroom first, warm headroom on what it leaves (its GPUs count as warm).
+            headroom = plan_warm_refill(_with_attaches(snapshot, room), self.config.planner, hungry)
         return PassDecisions(pending=tuple(pending), waiting=tuple(waiting), fast_path=fast_path,
-                             headroom=headroom, scale_down=scale_down,
+                             headroom=tuple(headroom), scale_down=scale_down,
                              claim_nodes=self._plan_nodes_for_claims(snapshot, waiting, fast_path),
-                             moves=self._plan_moves(snapshot, waiting, fast_path, scale_down))
+                             moves=self._plan_moves(snapshot, waiting, fast_path, scale_down), room_headroom=room)
+
+    def _plan_room_headroom(self, snapshot: Snapshot, hungry: frozenset[str],
+                            scale_down: ScaleDownPlan) -> tuple[Attach, ...]:
+        """Idle GPUs from the free pool for one more GPU pod on every node with room (move_idle_gpus; see
+        dds/planner/moves.py). Never onto a reserved node (its GPUs are the reservation's to gather), one this pass's
+        scale-down detaches from or removes, or one whose removal is under way and not yet tainted (its GPUs are
+        being released first); the planner itself leaves out tainted, cordoned and busy nodes."""
+        if not self.config.move_idle_gpus:
+            return ()
+        skip = set(self.reservations.nodes) | set(self._pending_removals)
+        skip |= {d.node for d in scale_down.detaches} | {r.node for r in scale_down.removals}
+        return plan_room_headroom(snapshot, hungry, frozenset(skip))
 
     def _plan_moves(self, snapshot: Snapshot, waiting: Sequence[PodInfo], fast_path: Optional[ScaleUpPlan],
                     scale_down: ScaleDownPlan) -> tuple[Detach, ...]:
@@ -257,6 +292,7 @@ class Controller:
 
     def _act(self, observation: Observation, decisions: "PassDecisions") -> None:
         if not self._serve_pending_by_attach(observation, decisions):
+            self._keep_room_headroom(decisions.room_headroom)
             self._refill_headroom(decisions.headroom)
         self._move_idle_gpus(decisions.moves)
         self._add_nodes_for_claims(observation, decisions.claim_nodes)
@@ -350,14 +386,24 @@ class Controller:
 
     # --- warm headroom: idle GPUs kept attached ahead of demand ---
     def _refill_headroom(self, attaches: Sequence[Attach]) -> None:
+        self._attach_headroom(attaches, "warm headroom", "control loop: groups below their warm-gpus", "warm")
+
+    # --- room headroom (move_idle_gpus): idle GPUs for one more pod on each node with room ---
+    def _keep_room_headroom(self, attaches: Sequence[Attach]) -> None:
+        # Warm headroom's case, as in `dds simulate`: both attach idle GPUs ahead of demand from the free pool; the
+        # journal's trigger, the key prefix and each step's reason (in its AttachingGPU Event) tell them apart.
+        self._attach_headroom(attaches, "room headroom", "control loop: nodes with room for one more GPU pod keep "
+                              "idle GPUs for it (move_idle_gpus)", "room")
+
+    def _attach_headroom(self, attaches: Sequence[Attach], what: str, trigger: str, key_prefix: str) -> None:
         if not attaches:
             return
-        log.info("warm headroom: %s", "; ".join(f"{a.count} x {a.model} to {a.node} ({a.reason})" for a in attaches))
-        self.journal.record(Case.WARM_HEADROOM.value, "control loop: groups below their warm-gpus", "gpu",
+        log.info("%s: %s", what, "; ".join(f"{a.count} x {a.model} to {a.node} ({a.reason})" for a in attaches))
+        self.journal.record(Case.WARM_HEADROOM.value, trigger, "gpu",
                             "\n".join(f"attach {a.count} x {a.model} from pool {a.pool} to {a.node}: {a.reason}"
                                        for a in attaches))
         metrics.DECISIONS.labels(Case.WARM_HEADROOM.value, "gpu").inc()
-        self.actions.attach_all(attaches, f"warm/{uuid.uuid4().hex[:8]}", Case.WARM_HEADROOM)
+        self.actions.attach_all(attaches, f"{key_prefix}/{uuid.uuid4().hex[:8]}", Case.WARM_HEADROOM)
 
     # --- cases 3/4 driven by idleness: idle GPUs everywhere, empty nodes of spec-fixed groups ---
     def _scale_down(self, observation: Observation, plan: ScaleDownPlan) -> None:

@@ -79,6 +79,14 @@ class NodePods:
     extended: tuple[Resources, ...]  # requests of the pods naming extended resources (GPUs among them; most name none)
     working: bool  # a pod that counts as work runs there
     claims: bool  # a pod has resource claims (Dynamic Resource Allocation)
+    _used: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def used(self, resource: str) -> int:
+        """How much of `resource` the node's pods request (its GPUs in use), summed once per resource."""
+        found = self._used.get(resource)
+        if found is None:
+            found = self._used[resource] = sum(r.get(resource) for r in self.extended)
+        return found
 
     @classmethod
     def of(cls, records: Sequence[PodRecord], pods: Optional[Sequence[PodInfo]] = None) -> "NodePods":
@@ -90,6 +98,10 @@ class NodePods:
 
 
 _NO_PODS = NodePods((), (), (), False, False)
+
+
+def _attach_order(device: Any) -> tuple:
+    return device.attached_at, device.id
 
 
 def _grouped_by_node(pods: Sequence[PodInfo]) -> dict[str, NodePods]:
@@ -116,6 +128,8 @@ class ClusterObserver:
         self._dra = DraReader(api, cache)
         # Each node's pods and what is derived from them, by node, from the last observe (see _pods_on_nodes).
         self._node_pods: dict[str, NodePods] = {}
+        # Each node's NodeInfo from the last observe, with what it was built from (see _node_infos).
+        self._last_nodes: dict[str, tuple[tuple, NodeInfo]] = {}
         # The Machines as references, kept until the cache's Machines change (thousands of them, rarely changing).
         self._machine_refs: Optional[tuple[Any, tuple[MachineRef, ...]]] = None
         self._machine_maps_memo: Optional[tuple[tuple[MachineRef, ...], Any]] = None
@@ -190,6 +204,34 @@ class ClusterObserver:
             return self.cache.nodes.values()
         return list_node_records(self._api)
 
+    def _node_infos(self, seen: Sequence[tuple[NodeRecord, Optional[str], str, tuple]], attaching: Mapping[str, int],
+                    detaching: Mapping[str, Sequence[str]], deleting: set[str]) -> list[NodeInfo]:
+        """The snapshot's nodes. A node whose record, group, devices and idle times did not change since the last
+        observe is given the same NodeInfo object again: the planner remembers what it derives from a node by that
+        identity, so thousands of unchanged nodes cost it a lookup each instead of a derivation."""
+        idle_since_of, empty_since_of = self.idle.lookups()
+        last, memo = self._last_nodes, {}
+        nodes = []
+        for raw, group_id, gpu_resource, devices in seen:
+            name = raw.name
+            dds_node = group_id is not None
+            key = (raw, group_id, gpu_resource, devices, attaching.get(name, 0), tuple(detaching.get(name, ())),
+                   raw.marked_for_deletion or name in deleting,
+                   idle_since_of(name) if dds_node else None, empty_since_of(name) if dds_node else None)
+            found = last.get(name)
+            if found is None or found[0] != key:
+                _, _, _, _, attaching_now, detaching_now, being_deleted, idle_since, empty_since = key
+                found = (key, NodeInfo(
+                    name=name, provider_id=raw.provider_id, group_id=group_id, labels=raw.labels,
+                    taints=raw.taints, unschedulable=raw.unschedulable, ready=raw.ready, allocatable=raw.allocatable,
+                    gpu_resource=gpu_resource, devices=devices, attaching=attaching_now, detaching=detaching_now,
+                    created_at=raw.created_at, being_deleted=being_deleted, gpus_idle_since=idle_since,
+                    empty_since=empty_since))
+            memo[name] = found
+            nodes.append(found[1])
+        self._last_nodes = memo
+        return nodes
+
     # --- the snapshot ---
     def observe(self) -> Observation:
         now = self._clock()
@@ -201,7 +243,8 @@ class ClusterObserver:
         buckets = self.pod_buckets()
         on_nodes = self._pods_on_nodes(buckets)
         waiting = [r for r in buckets.get("", ()) if not r.terminal]
-        pods = (*chain.from_iterable(entry.pods for entry in on_nodes.values()), *(r.info for r in waiting))
+        pending = tuple(r.info for r in waiting)
+        pods = (*chain.from_iterable(entry.pods for entry in on_nodes.values()), *pending)
         # ResourceClaims become the GPU requests they amount to before anything counts GPU use (docs/dra.md).
         dra = self._dra.read()
         claims = any(entry.claims for entry in on_nodes.values()) or any(r.info.resource_claims for r in waiting)
@@ -211,6 +254,7 @@ class ClusterObserver:
             # Claims became requests: what was derived per node is derived again from the pods as lowered.
             pods = lowered
             on_nodes = _grouped_by_node(pods)
+            pending = tuple(p for p in pods if p.node_name is None)
         unschedulable = {r.info.key: r.unschedulable_since for r in waiting if r.unschedulable_since is not None}
 
         grouped = devices_by_node(self._fabric.devices())
@@ -235,26 +279,15 @@ class ClusterObserver:
                 group_id = None
             group = groups_by_id.get(group_id) if group_id is not None else None
             gpu_resource = group.gpu_resource if group else "nvidia.com/gpu"
-            devices = tuple(sorted(online_by_node.get(name, ()), key=lambda d: (d.attached_at, d.id)))
+            online = online_by_node.get(name, ())
+            devices = tuple(sorted(online, key=_attach_order)) if len(online) > 1 else tuple(online)
             if group is not None:
                 entry = on_nodes.get(name, _NO_PODS)
-                usages.append(NodeUsage(name=name, fabric_gpus=len(devices),
-                                        used_gpus=sum(r.get(gpu_resource) for r in entry.extended),
+                usages.append(NodeUsage(name=name, fabric_gpus=len(devices), used_gpus=entry.used(gpu_resource),
                                         has_work=entry.working))
             seen.append((raw, group_id, gpu_resource, devices))
         self.idle.observe(usages, now)
-        idle = self.idle
-        nodes = [NodeInfo(
-            name=raw.name, provider_id=raw.provider_id, group_id=group_id, labels=raw.labels,
-            taints=raw.taints, unschedulable=raw.unschedulable,
-            ready=raw.ready, allocatable=raw.allocatable, gpu_resource=gpu_resource,
-            devices=devices, attaching=attaching_by_node.get(raw.name, 0),
-            detaching=tuple(detaching_by_node.get(raw.name, ())),
-            created_at=raw.created_at,
-            being_deleted=raw.marked_for_deletion or raw.name in deleting_nodes,
-            gpus_idle_since=idle.gpus_idle_since(raw.name) if group_id is not None else None,
-            empty_since=idle.empty_since(raw.name) if group_id is not None else None)
-            for raw, group_id, gpu_resource, devices in seen]
+        nodes = self._node_infos(seen, attaching_by_node, detaching_by_node, deleting_nodes)
 
         # A Machine whose node is not Ready yet is still capacity to come (CA counts such nodes as upcoming too).
         registered = {n.name for n in nodes if n.ready}
@@ -270,7 +303,8 @@ class ClusterObserver:
         pools = tuple(PoolInfo(p.name, dict(p.free)) for p in self._fabric.pools())
         snapshot = mark_claimed(Snapshot(now=now, nodes=tuple(nodes), pods=pods, groups=groups, pools=pools,
                                          upcoming_nodes=upcoming, gpu_model_label=self._gpu_model_label, dra=dra))
-        snapshot.index_pods({name: entry.pods for name, entry in on_nodes.items()})
+        snapshot.index_pods({name: entry.pods for name, entry in on_nodes.items()},
+                            pending=pending)
         return Observation(snapshot=snapshot, unschedulable_since=unschedulable, machines=machines, replicas=replicas)
 
 

@@ -13,9 +13,10 @@ check both give the same placements.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from dds.model.resources import CPU, MEMORY, PODS
 from dds.planner.filters import ClusterView
 from dds.planner.plan import Reject
 from dds.planner.requests import PodRequest
-from dds.planner.scoring import Candidates, rank
+from dds.planner.scoring import Candidates, best_fit, primary_score, rank
 from dds.planner.snapshot import PodAffinityTerm, PodInfo
 from dds.planner.state import Choice, ClusterState, StaticTable
 
@@ -83,12 +84,93 @@ class ExistingCapacity(Protocol):
     def pool_free(self) -> dict[tuple[str, str], int]: ...
 
 
+SortKeys = Callable[[np.ndarray], list[tuple]]
+
+
+class _Ranking:
+    """A screen's candidates in the full order a search over them would give (`rank`, then the fewest GPUs left for
+    the pods placed on GPUs on their way), as sort keys (left, -score, -secondary, attach, not filling the node, not
+    holding a model, node, score): the node's position makes each key unique, and the score rides along."""
+
+    def __init__(self, keys: list[tuple]) -> None:
+        self.sorted = sorted(keys)
+        self.key_of = {key[NODE]: key for key in keys}
+
+    def update(self, nodes: Sequence[int], keys: list[tuple]) -> None:
+        """Nodes changed: their old keys go, `keys` (of those still candidates) come in."""
+        for node in nodes:
+            old = self.key_of.pop(node, None)
+            if old is not None:
+                del self.sorted[bisect.bisect_left(self.sorted, old)]
+        for key in keys:
+            bisect.insort(self.sorted, key)
+            self.key_of[key[NODE]] = key
+
+    def __len__(self) -> int:
+        return len(self.sorted)
+
+
+NODE, SCORE = 6, 7  # positions in a _Ranking key
+
+
+@dataclass
+class _Screen:
+    """A pre-screen's verdict per live node for one pod shape, as of `seen` entries of the state's touched log; and
+    its candidates in order, built on first use."""
+
+    ok: np.ndarray
+    seen: int
+    rules: int
+    sort_keys: Optional[SortKeys] = None
+    _ranking: Optional[_Ranking] = None
+
+    def ranking(self) -> Optional[_Ranking]:
+        if self._ranking is None and self.sort_keys is not None:
+            self._ranking = _Ranking(self.sort_keys(np.flatnonzero(self.ok)))
+        return self._ranking
+
+    def judge_again(self, nodes: np.ndarray, verdicts: np.ndarray) -> None:
+        self.ok[nodes] = verdicts
+        if self._ranking is not None and self.sort_keys is not None:
+            self._ranking.update(nodes.tolist(), self.sort_keys(nodes[verdicts]))
+
+
 class FastExisting:
     def __init__(self, state: ClusterState, policy: str) -> None:
         self.state = state
         self.policy = policy
         self.cluster: ClusterView = state
         self._explained: dict[tuple, Explanation] = {}
+        self._screens: dict[tuple, _Screen] = {}
+        self._shapes: dict[int, tuple[PodRequest, tuple]] = {}
+
+    def _screened(self, kind: str, req: PodRequest, screen: Callable[[np.ndarray], np.ndarray],
+                  sort_keys: Optional[SortKeys] = None) -> _Screen:
+        """`screen(nodes)` (a verdict per node of the index array `nodes`) for every live node, kept per pod shape and
+        judged again only on the nodes changed since, with the candidates' order (`sort_keys`) kept the same way. A
+        burst of alike pods is placed one by one, each placement changing a node or two: judging and ranking thousands
+        of nodes again for every pod is the cost this saves. Pods with placement rules of their own (host ports, pod
+        affinity) are judged afresh, in full: others' placements change their verdicts."""
+        s = self.state
+        pod = req.pod
+        if pod.host_ports or pod.required_pod_affinity or pod.required_pod_anti_affinity:
+            return _Screen(screen(np.arange(len(s.nodes))), len(s.touched), s.rules_version)
+        key = (kind, self._shape(req))
+        found = self._screens.get(key)
+        if found is None or found.rules != s.rules_version:
+            found = self._screens[key] = _Screen(screen(np.arange(len(s.nodes))), len(s.touched), s.rules_version,
+                                                 sort_keys)
+        elif found.seen < len(s.touched):
+            nodes = np.fromiter(sorted(set(s.touched[found.seen:])), dtype=np.int64)
+            found.judge_again(nodes, screen(nodes))
+            found.seen = len(s.touched)
+        return found
+
+    def _shape(self, req: PodRequest) -> tuple:
+        found = self._shapes.get(id(req))
+        if found is None or found[0] is not req:
+            found = self._shapes[id(req)] = (req, _shape(req))
+        return found[1]
 
     def see_elsewhere(self, pods: list[PodInfo]) -> None:
         self.state.elsewhere = pods
@@ -96,50 +178,89 @@ class FastExisting:
     # --- choose --------------------------------------------------------------------------------------------------
     def fits_now(self, req: PodRequest, coming: bool = True) -> Optional[Choice]:
         s = self.state
-        table = s.static_table(req)
         gpus = s.gpu_request(req)
-        free = s.gpu_free if coming else s.gpu_free - s.gpu_coming
-        nodes = self._with_gpus_free(req, (free >= gpus) & s.target, table)
+        nodes = np.flatnonzero(self._screened("now" if coming else "visible", req,
+                                              self._fits_as_is(req, gpus, coming)).ok)
         if not nodes.size:
             return None
         attach = np.zeros(nodes.size, dtype=np.int64)
         return self.best_verified(req, nodes, attach, s.model[nodes], gpus)
 
-    def _with_gpus_free(self, req: PodRequest, gpus_ok: np.ndarray, table: StaticTable) -> np.ndarray:
-        """The nodes of `gpus_ok` that pass the static, resource and placement pre-screens. The GPU test goes first:
-        with most GPUs in use it leaves a few nodes of thousands, and the rest is judged on those few."""
+    def _fits_as_is(self, req: PodRequest, gpus: np.ndarray, coming: bool) -> Callable[[np.ndarray], np.ndarray]:
+        """The pre-screen of a node as it is: enough free GPUs (`coming`: counting those on their way), then the
+        static, resource and placement tests. The GPU test goes first: with most GPUs in use it leaves a few nodes of
+        thousands, and the rest is judged on those few."""
         s = self.state
-        nodes = np.flatnonzero(gpus_ok)
-        if not nodes.size:
-            return nodes
-        ok = (s.static_ok_now(table, nodes) & s.fits_other_resources(s.request_vector(req), nodes)
-              & s.placement_ok(req)[nodes])
-        return nodes[ok]
+
+        def screen(nodes: np.ndarray) -> np.ndarray:
+            free = s.gpu_free[nodes] if coming else s.gpu_free[nodes] - s.gpu_coming[nodes]
+            ok = (free >= gpus[nodes]) & s.target[nodes]
+            some = nodes[ok]
+            if some.size:
+                ok[ok] = (s.static_ok_now(s.static_table(req), some)
+                          & s.fits_other_resources(s.request_vector(req), some) & s.placement_ok(req)[some])
+            return ok
+        return screen
 
     def gpus_coming(self) -> bool:
         return bool(self.state.gpu_coming.any())
 
     def fits_on_coming(self, req: PodRequest) -> Optional[Choice]:
         s = self.state
-        table = s.static_table(req)
         gpus = s.gpu_request(req)
-        nodes = self._with_gpus_free(req, (s.gpu_free >= gpus) & s.target, table)
+        screened = self._screened("coming", req, self._fits_as_is(req, gpus, True),
+                                  self._sort_keys(req, gpus, attaching=False))
+        ranking = screened.ranking()
+        if ranking is not None:
+            first = ranking.sorted[:RANKED_FIRST]
+            nodes = np.array([key[NODE] for key in first], dtype=np.int64)
+            left = np.array([key[0] for key in first], dtype=np.int64)
+            found, sure = self._first_verified(
+                req, nodes, np.zeros(nodes.size, dtype=np.int64), s.model[nodes], np.arange(nodes.size),
+                np.array([key[SCORE] for key in first]), left, partial=len(ranking) > len(first))
+            if sure:
+                return found
+        nodes = np.flatnonzero(screened.ok)
         if not nodes.size:
             return None
         attach = np.zeros(nodes.size, dtype=np.int64)
         return self.best_verified(req, nodes, attach, s.model[nodes], gpus, left=s.gpu_free[nodes] - gpus[nodes])
 
+    def _sort_keys(self, req: PodRequest, gpus: np.ndarray, attaching: bool) -> SortKeys:
+        """Sort keys of candidate nodes in the order `best_verified` ranks them: the policy's `rank` (GPUs attached:
+        each node's shortfall; else none), then, for pods placed on GPUs on their way, the fewest left first."""
+        s = self.state
+        spread = self.policy == "spread"
+
+        def keys(nodes: np.ndarray) -> list[tuple]:
+            if attaching:
+                attach, left = gpus[nodes] - s.gpu_free[nodes], np.zeros(nodes.size, dtype=np.int64)
+            else:
+                attach, left = np.zeros(nodes.size, dtype=np.int64), s.gpu_free[nodes] - gpus[nodes]
+            c = self.candidates(req, nodes, attach, gpus)
+            fit = best_fit(c)
+            score = primary_score(self.policy, c, fit)
+            secondary = -fit if spread else fit
+            fills = (c.gpu_slots - c.gpu_present == 0) & (attach > 0)
+            return list(zip(left.tolist(), (-score).tolist(), (-secondary).tolist(), attach.tolist(),
+                            (~fills).tolist(), (~c.has_model.astype(bool)).tolist(), nodes.tolist(), score.tolist()))
+        return keys
+
     def fits_after_gpus(self, req: PodRequest) -> Optional[Choice]:
         s = self.state
         gpus = s.gpu_request(req)
         shortfall = gpus - s.gpu_free
-        base = (s.attachable & s.target & (shortfall >= 1) & (shortfall <= s.free_slots)
-                & s.fits_other_resources(s.request_vector(req)))
+        screened = self._screened("after", req, self._fits_after_attach(req, gpus),
+                                  self._sort_keys(req, gpus, attaching=True))
+        base = screened.ok
         if not base.any():
             return None
-        base &= s.placement_ok(req)
         table = s.static_table(req)
-        found, sure = self._best_few_after_gpus(req, table, base, shortfall, gpus)
+        ranking = screened.ranking()
+        if ranking is not None:
+            found, sure = self._first_ranked_after_gpus(req, table, ranking, shortfall)
+        else:
+            found, sure = self._best_few_after_gpus(req, table, base, shortfall, gpus)
         if sure:
             return found
         model = self._attach_models(table, base, shortfall)
@@ -147,6 +268,31 @@ class FastExisting:
         if not nodes.size:
             return None
         return self.best_verified(req, nodes, shortfall[nodes], model[nodes], gpus)
+
+    def _fits_after_attach(self, req: PodRequest, gpus: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+        """The pre-screen of a node for an attach: it takes GPUs, lacks some and has the slots for them, and has room
+        for the pod's other resources and its placement rules."""
+        s = self.state
+
+        def screen(nodes: np.ndarray) -> np.ndarray:
+            shortfall = gpus[nodes] - s.gpu_free[nodes]
+            return (s.attachable[nodes] & s.target[nodes] & (shortfall >= 1) & (shortfall <= s.free_slots[nodes])
+                    & s.fits_other_resources(s.request_vector(req), nodes) & s.placement_ok(req)[nodes])
+        return screen
+
+    def _first_ranked_after_gpus(self, req: PodRequest, table: StaticTable, ranking: _Ranking, shortfall: np.ndarray
+                                 ) -> tuple[Optional[Choice], bool]:
+        """As _best_few_after_gpus, from the kept order: the best RANKED_FIRST candidates, those a pool can serve."""
+        s = self.state
+        first = ranking.sorted[:RANKED_FIRST]
+        nodes = np.array([key[NODE] for key in first], dtype=np.int64)
+        best = np.zeros(len(s.nodes), dtype=bool)
+        best[nodes] = True
+        models = self._attach_models(table, best, shortfall)[nodes]
+        order = np.flatnonzero(models >= 0)
+        return self._first_verified(req, nodes, shortfall[nodes], models, order,
+                                    np.array([key[SCORE] for key in first]), None,
+                                    partial=len(ranking) > len(first))
 
     def _best_few_after_gpus(self, req: PodRequest, table: StaticTable, base: np.ndarray, shortfall: np.ndarray,
                              gpus: np.ndarray) -> tuple[Optional[Choice], bool]:

@@ -1,4 +1,4 @@
-"""Move an idle GPU straight to the node that needs it, instead of waiting for its idle cooldown.
+"""Where idle GPUs wait: moved straight to the node that needs them, and one pod's worth on every node with room.
 
 Pool-then-attach makes a pending pod wait for a GPU idle on another node to pass its cooldown (minutes in production)
 before it is detached, and only then attached where the pod fits. When a scale-up plan leaves GPU pods without
@@ -7,7 +7,17 @@ that places pods the real plan could not, exactly as many idle GPUs as that plan
 released now (KubeComp's GPU choice: from the nodes holding the fewest idle GPUs first, which are the likeliest
 fragments), and the next pass attaches them where the pods fit.
 
-Pure: `plan_scale_up` is passed in (no import cycle), the result is a tuple of detaches for the edge.
+Where idle GPUs sit also decides where the next pods land: kube-scheduler binds a GPU pod only on a node with a free
+GPU, so while idle GPUs sit on some nodes only, a pod goes there whatever its cpu and memory would prefer, and can
+fragment the node a larger pod needed (KubeComp workload 1: a 40-core pod filling the 80-core hole of the node that
+had an idle GPU, instead of the fuller node). `plan_room_headroom` keeps, on every node with cpu, memory and a pod slot
+left for one more GPU pod of a shape the cluster runs or waits for, idle GPUs for that one pod, attached from the
+free pool: the scheduler then chooses among all the nodes with room, as the planner would with attaches, and the
+pod starts without one. Never from a pool a pending pod waits on (the pods first), never past a node's slots.
+`dds simulate` runs it after every scale pass when moves are on, and the control loop in a pass that attaches
+nothing else when `move_idle_gpus` is on (dds/controller/loop.py).
+
+Pure: `plan_scale_up` is passed in (no import cycle), results are tuples of detaches or attaches for the edge.
 """
 
 from __future__ import annotations
@@ -15,7 +25,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
-from dds.planner.plan import Detach, PlannerConfig, ScaleUpPlan, Verdict
+from dds.planner.nodes import group_slots
+from dds.planner.plan import Attach, Detach, PlannerConfig, ScaleUpPlan, Verdict
+from dds.planner.refusals import selected_models
 from dds.planner.requests import RequestCache
 from dds.planner.snapshot import Device, NodeInfo, PodInfo, PoolInfo, Snapshot
 
@@ -109,3 +121,74 @@ def _release(idle: dict[str, tuple[Device, ...]], needed: dict[tuple[str, str], 
                 f"{len(chosen)} idle GPU(s) of {node} released now: pending pods fit elsewhere once they are "
                 f"attached there (moved straight, not after the idle cooldown)")))
     return tuple(detaches)
+
+
+def plan_room_headroom(snapshot: Snapshot, hungry: frozenset[str] = frozenset(),
+                       skip: frozenset[str] = frozenset()) -> tuple[Attach, ...]:
+    """Attaches from the free pool so that every node with room for one more GPU pod holds idle GPUs for it.
+
+    A node's room is its allocatable cpu, memory and pods less what its bound pods request; the pods it could take are
+    the shapes (cpu, memory, GPUs, models) of the pods bound or pending now, so the rule follows the workload without
+    knowing how long anything runs. A node wants the GPUs of the largest such pod that fits its room, counting the
+    idle GPUs it holds. Nodes in `skip` (reserved, or with an operation under way) and pools in `hungry` (a pending
+    pod waits for their devices) are left alone."""
+    shapes = _gpu_pod_shapes(snapshot)
+    if not shapes:
+        return ()
+    idle = idle_devices(snapshot, skip)
+    free = {p.name: dict(p.free) for p in snapshot.pools}
+    attaches: list[Attach] = []
+    for node in sorted(snapshot.nodes, key=lambda n: n.name):
+        group = snapshot.group(node.group_id) if node.group_id else None
+        if group is None or group.fabric_pool in hungry or not _may_take_headroom(node, skip):
+            continue
+        model = group.default_gpu_model or (node.devices[0].model if node.devices else None)
+        pool = free.get(group.fabric_pool, {})
+        if model is None or pool.get(model, 0) <= 0:
+            continue
+        wanted = _one_more_pod(node, snapshot, shapes.get(node.gpu_resource, set()), model)
+        present = max(node.allocatable.get(node.gpu_resource), len(node.devices))
+        slots = group_slots(group, snapshot.pool(group.fabric_pool)) - present
+        count = min(wanted - len(idle.get(node.name, ())), pool[model], slots)
+        if count > 0:
+            pool[model] -= count
+            attaches.append(Attach(node=node.name, pool=group.fabric_pool, model=model, count=count, pods=(), reason=(
+                f"{node.name} has room for one more pod of {wanted} GPU(s): its idle GPUs are kept at that")))
+    return tuple(attaches)
+
+
+def _may_take_headroom(node: NodeInfo, skip: frozenset[str]) -> bool:
+    """Not a node that is going away, cordoned, tainted (reserved or claimed), or with GPUs on their way in or out."""
+    return not (node.name in skip or not node.ready or node.unschedulable or node.being_deleted or node.taints
+                or node.attaching or node.detaching)
+
+
+# One pod as the headroom sees it: milli-cpu, memory, GPUs, the GPU models it accepts (empty: any).
+_Shape = tuple[int, int, int, frozenset[str]]
+
+
+def _gpu_pod_shapes(snapshot: Snapshot) -> dict[str, set[_Shape]]:
+    """Per GPU resource, the shapes of the pods bound or pending that ask for it."""
+    cache = RequestCache()
+    resources = {n.gpu_resource for n in snapshot.nodes}
+    shapes: dict[str, set[_Shape]] = {}
+    for pod in snapshot.pods:
+        requests = cache.requests(pod)
+        for resource in resources:
+            gpus = requests.get(resource)
+            if gpus > 0:
+                models = selected_models(pod, snapshot.gpu_model_label)
+                shapes.setdefault(resource, set()).add((requests.milli_cpu, requests.memory, gpus, models))
+    return shapes
+
+
+def _one_more_pod(node: NodeInfo, snapshot: Snapshot, shapes: set[_Shape], model: str) -> int:
+    """The GPUs of the largest pod of `shapes` (accepting `model`) that the node's free cpu and memory still take."""
+    cache = RequestCache()
+    bound = snapshot.pods_on(node.name)
+    if node.allocatable.pods and len(bound) >= node.allocatable.pods:
+        return 0
+    cpu = node.allocatable.milli_cpu - sum(cache.requests(p).milli_cpu for p in bound)
+    memory = node.allocatable.memory - sum(cache.requests(p).memory for p in bound)
+    return max((gpus for shape_cpu, shape_memory, gpus, models in shapes
+                if shape_cpu <= cpu and shape_memory <= memory and (not models or model in models)), default=0)

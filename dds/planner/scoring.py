@@ -26,6 +26,7 @@ from typing import Optional
 import numpy as np
 
 POLICIES = ("best-fit", "least-demand", "concentrated", "spread")
+SCORE_LEVELS = 3  # distinct top scores tried before a full selection of the best few
 
 
 class UnknownPolicy(ValueError):
@@ -91,18 +92,46 @@ def primary_score(policy: str, c: Candidates, fit: Optional[np.ndarray] = None) 
 def rank(policy: str, c: Candidates, limit: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
     """(positions of the candidates best first, primary scores of all of them). `limit`: only the best `limit`
     positions are wanted; fewer may then be returned than there are candidates, always exactly the first ones of the
-    full order (only the candidates scoring at least the limit-th best score are sorted, ties included)."""
+    full order (only candidates that can be among those first are sorted: see _first_tied)."""
     fit = best_fit(c)
     score = primary_score(policy, c, fit)
     chosen = np.arange(len(c))
     if limit is not None and 0 < limit < len(c):
-        threshold = np.partition(score, len(c) - limit)[len(c) - limit]  # the limit-th highest score
+        # Alike nodes share a few distinct scores: the best few levels usually hold `limit` candidates, found in a
+        # few vector passes (a selection over thousands of tied values costs many times more).
+        threshold = score.max()
         chosen = np.flatnonzero(score >= threshold)
+        for _ in range(SCORE_LEVELS):
+            if len(chosen) >= limit:
+                break
+            threshold = score[score < threshold].max()
+            chosen = np.flatnonzero(score >= threshold)
+        if len(chosen) < limit:
+            threshold = np.partition(score, len(c) - limit)[len(c) - limit]  # the limit-th highest score
+            chosen = np.flatnonzero(score >= threshold)
     slots_left = c.gpu_slots[chosen] - c.gpu_present[chosen]
     attach = c.attach[chosen]
     fills_node = (slots_left == 0) & (attach > 0)
     secondary = -fit[chosen] if policy == "spread" else fit[chosen]  # spread: ties go to the least allocated node
     # np.lexsort: last key is the most significant, each ascending.
-    order = np.lexsort((c.order[chosen], ~c.has_model[chosen].astype(bool), ~fills_node, attach, -secondary,
-                        -score[chosen]))
+    keys = (c.order[chosen], ~c.has_model[chosen].astype(bool), ~fills_node, attach, -secondary, -score[chosen])
+    if limit is not None and len(chosen) > limit:
+        keep = _first_tied(keys, limit)
+        chosen, keys = chosen[keep], tuple(key[keep] for key in keys)
+    order = np.lexsort(keys)
     return chosen[order][:limit], score
+
+
+def _first_tied(keys: tuple[np.ndarray, ...], limit: int) -> np.ndarray:
+    """Positions that hold the first `limit` of the lexicographic order of `keys` (last key most significant): key by
+    key, the candidates sharing the best value, while they are at least `limit`. Thousands of alike nodes tie on every
+    score, and this leaves the sort a handful of them instead of all."""
+    keep = np.arange(len(keys[0]))
+    for key in reversed(keys[1:]):
+        column = key[keep]
+        best = keep[column == column.min()]
+        if len(best) < limit:
+            return keep
+        keep = best
+    # Tied on everything but the node's position, which is unique: the `limit` first positions are the ones.
+    return keep[np.argpartition(keys[0][keep], limit - 1)[:limit]] if len(keep) > limit else keep

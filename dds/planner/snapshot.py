@@ -224,12 +224,16 @@ class Snapshot:
             found.append(tuple(p for p in self.pods if p.node_name is None))
         return found[0]
 
-    def index_pods(self, by_node: Mapping[str, Sequence[PodInfo]]) -> None:
-        """Take a caller's index of `pods` by node (bound pods only), when it has walked them already: the observer
-        does, and a second walk over tens of thousands of pods per decision is what this saves."""
+    def index_pods(self, by_node: Mapping[str, Sequence[PodInfo]], pending: Optional[Sequence[PodInfo]] = None
+                   ) -> None:
+        """Take a caller's index of `pods` by node (bound pods only), and its pending pods (in the order of `pods`),
+        when it has walked them already: the observer does, and a second walk over tens of thousands of pods per
+        decision is what this saves."""
         if not self._pods_by_node:
             self._pods_by_node.update({name: tuple(pods) for name, pods in by_node.items()})
             self._pods_by_node[""] = ()
+        if pending is not None and not self._pending:
+            self._pending.append(tuple(pending))
 
     def pods_on(self, node_name: str) -> tuple[PodInfo, ...]:
         index = self._pods_by_node

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import defaultdict
 from itertools import chain
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
 from dds.model.resources import CPU, EPHEMERAL_STORAGE, MEMORY, PODS, STANDARD, Resources
 from dds.planner.filters import (AFFINITY_UNMET, ANTI_AFFINITY_UNMET, EXISTING_ANTI_AFFINITY, FILTERS, PORTS_TAKEN,
                                  STATIC_FILTERS, first_reject, ports_conflict, term_matches_pod)
-from dds.planner.nodes import effective_labels, gpu_facts
+from dds.planner.nodes import GpuFacts, effective_labels, gpu_facts, group_allowed
 from dds.planner.plan import Reject
 from dds.planner.requests import LASTING_REQUESTS, PodRequest, RequestCache
 from dds.planner.snapshot import HostPort, NodeInfo, PodAffinityTerm, PodInfo, Snapshot
@@ -82,6 +83,84 @@ class _NodeLoads:
 
 
 _NODE_LOADS = _NodeLoads()
+
+
+class _NodeFacts:
+    """Each node's GPU facts from the last state built with it, by node name. The observer hands every snapshot the
+    same NodeInfo for a node that did not change, so a decision derives facts only for the nodes that did. What the
+    facts read beyond the node itself (its group, its pool's limits and models, the pass's groups, the model label)
+    is the entry's context, compared too: an entry is served only for the same node in the same context."""
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, tuple[NodeInfo, tuple, GpuFacts]] = {}
+        self._contexts: dict[Optional[str], tuple] = {}
+
+    def of(self, nodes: Sequence[NodeInfo], snapshot: Snapshot, config_groups: Optional[Sequence[str]]
+           ) -> tuple[GpuFacts, ...]:
+        contexts: dict[Optional[str], tuple] = {}
+        by_node, out = self._by_node, []
+        for node in nodes:
+            context = contexts.get(node.group_id)
+            if context is None:
+                context = contexts[node.group_id] = self._context(node.group_id, snapshot, config_groups)
+            found = by_node.get(node.name)
+            if found is None or found[0] is not node or found[1] is not context:
+                found = (node, context, gpu_facts(node, snapshot, config_groups))
+                by_node[node.name] = found  # one dict write: safe beside the other thread planning on its snapshot
+            out.append(found[2])
+        if len(by_node) > 2 * len(nodes) + 64:
+            keep = {node.name for node in nodes}
+            self._by_node = {name: entry for name, entry in list(by_node.items()) if name in keep}
+        return tuple(out)
+
+    def _context(self, group_id: Optional[str], snapshot: Snapshot, config_groups: Optional[Sequence[str]]) -> tuple:
+        """What gpu_facts reads of the snapshot for a node of this group; the same object while it does not change,
+        so an entry is checked by identity."""
+        group = snapshot.group(group_id) if group_id else None
+        pool = snapshot.pool(group.fabric_pool) if group is not None else None
+        pool_key = None if pool is None else (pool.name, pool.max_slots_per_node, tuple(sorted(pool.free)))
+        allowed = group is not None and group_allowed(config_groups, group.id)
+        context = (group_id, group, snapshot.gpu_model_label, pool_key, allowed)
+        last = self._contexts.get(group_id)
+        if last is not None and last == context:
+            return last
+        self._contexts[group_id] = context
+        return context
+
+
+_NODE_FACTS = _NodeFacts()
+
+
+class _LastCapacity:
+    """The allocatable matrix (resource rows x nodes) of the last state built, with the nodes it was built from. The
+    next state over the same nodes in the same order and the same rows copies it and fills again only the columns of
+    the nodes that changed (by identity: the observer hands over the same NodeInfo for a node that did not)."""
+
+    def __init__(self) -> None:
+        self._last: Optional[tuple[tuple[NodeInfo, ...], tuple[str, ...], np.ndarray]] = None
+
+    def of(self, nodes: tuple[NodeInfo, ...], rows: tuple[str, ...],
+           fill: Callable[[np.ndarray, int, NodeInfo], None]) -> np.ndarray:
+        last = self._last
+        changed: Optional[list[int]] = None
+        if last is not None and last[1] == rows and len(last[0]) == len(nodes):
+            changed = [i for i, (old, new) in enumerate(zip(last[0], nodes)) if old is not new]
+        if changed is not None and len(changed) * 4 < len(nodes) + 4:
+            capacity = last[2].copy()  # type: ignore[index]
+            for i in changed:
+                fill(capacity, i, nodes[i])
+        else:
+            capacity = np.zeros((len(rows), len(nodes)), dtype=np.int64)
+            for i, node in enumerate(nodes):
+                fill(capacity, i, node)
+        capacity.setflags(write=False)  # shared with the next state: read only
+        self._last = (nodes, rows, capacity)  # one assignment: safe beside the other thread planning
+        return capacity
+
+
+_LAST_CAPACITY = _LastCapacity()
+# The last bound-pod sums made: (rows and GPU names key, the loads they sum, used, GPUs used). See _bound_request_sums.
+_LAST_SUMS: list[tuple[tuple, tuple[_NodeLoad, ...], np.ndarray, np.ndarray]] = []
 
 
 @dataclass
@@ -207,7 +286,7 @@ class ClusterState:
         self.label = snapshot.gpu_model_label
         self.nodes: tuple[NodeInfo, ...] = tuple(sorted(snapshot.nodes, key=lambda n: n.name))
         self.index = {n.name: i for i, n in enumerate(self.nodes)}
-        self.facts = tuple(gpu_facts(node, snapshot, config_groups) for node in self.nodes)
+        self.facts = _NODE_FACTS.of(self.nodes, snapshot, config_groups)
         self._init_models_and_pools()
         self._init_resources(extra_pods)
         self._init_gpus()
@@ -215,6 +294,10 @@ class ClusterState:
         self._init_coming()
         self._undo: list[tuple[np.ndarray, object, object] | list] = []  # see _set and _append
         self._version = 0  # bumped by every change: keys caches of derived data
+        # Nodes whose arrays changed, in order, reverts included, and a count of changes to the placement rules (host
+        # ports, anti-affinity) the pre-screens read: a screen kept per pod shape is brought up to date from these.
+        self.touched: list[int] = []
+        self._rules_version = 0
         self._masks_key: tuple[int, int] = (0, -1)
         self._masks: list[tuple[str, np.ndarray]] = []
         self._tables: dict[tuple, StaticTable] = {}
@@ -251,18 +334,8 @@ class ClusterState:
             scalars.update(self.cache.requests(pod).scalar)
         self.resource_names: tuple[str, ...] = STANDARD + tuple(sorted(scalars - set(STANDARD)))
         self.resource_row = {r: i for i, r in enumerate(self.resource_names)}
-        capacity = np.zeros((len(self.resource_names), len(self.nodes)), dtype=np.int64)
-        for i, node in enumerate(self.nodes):
-            a = node.allocatable
-            capacity[0:4, i] = (a.milli_cpu, a.memory, a.ephemeral_storage, a.pods)
-            for name, amount in a.scalar.items():
-                capacity[self.resource_row[name], i] = amount
-            gpu_row = self.resource_row.get(node.gpu_resource)
-            if gpu_row is not None:
-                # The node's GPU resource is judged by the GPU arrays (attaches change it), never by this row.
-                capacity[gpu_row, i] = UNLIMITED
-        self.capacity = capacity
-        self.free = capacity.copy()
+        self.capacity = _LAST_CAPACITY.of(self.nodes, self.resource_names, self._capacity_column)
+        self.free = self.capacity.copy()
         self.gpu_names = tuple(sorted({node.gpu_resource for node in self.nodes}))
         gpu_name_index = {g: i for i, g in enumerate(self.gpu_names)}
         self.gpu_name_of = np.array([gpu_name_index[node.gpu_resource] for node in self.nodes], dtype=np.int64)
@@ -304,13 +377,14 @@ class ClusterState:
         self._bound = found
 
     def _init_pods(self) -> None:
-        n = len(self.nodes)
         loads = self._bound.loads
         bound, where = self._bound.pods_and_nodes()
         # never changed after construction
         self._bound_on: list[Sequence[PodInfo]] = [load.pods for load in loads]
-        self.placed: list[list[PodInfo]] = [[] for _ in range(n)]  # pods this plan puts on each node (journaled)
-        self.ports: list[list[HostPort]] = [[] for _ in range(n)]
+        # Pods this plan puts on each node (journaled), and host ports in use per node: lists made on first use, as
+        # most nodes get neither (thousands of empty lists per decision are garbage-collector work).
+        self.placed: defaultdict[int, list[PodInfo]] = defaultdict(list)
+        self.ports: defaultdict[int, list[HostPort]] = defaultdict(list)
         self.port_holders: list[int] = []  # nodes with host ports in use (repeats allowed)
         # Required anti-affinity terms of pods on live nodes, indexed by the (namespace, key, value) of their first
         # matchLabels entry (a pod can only be matched by terms its own labels appear in); the rest unindexed.
@@ -332,13 +406,36 @@ class ClusterState:
         key = (self.resource_names, self.gpu_names, self.gpu_name_of.tobytes())
         sums = self._bound.sums.get(key)
         if sums is None:
-            sums = self._bound.sums[key] = self._bound_request_sums(loads)
+            sums = self._bound.sums[key] = self._bound_request_sums(loads, key)
         used, gpus_used = sums
         self.free -= used
         self.gpu_free -= gpus_used
 
-    def _bound_request_sums(self, loads: Sequence[_NodeLoad]) -> tuple[np.ndarray, np.ndarray]:
-        """Bound pods' requests summed per node (resource rows x nodes, and GPUs per node) from the nodes' loads."""
+    def _capacity_column(self, capacity: np.ndarray, i: int, node: NodeInfo) -> None:
+        a = node.allocatable
+        capacity[:, i] = 0
+        capacity[0:4, i] = (a.milli_cpu, a.memory, a.ephemeral_storage, a.pods)
+        for name, amount in a.scalar.items():
+            capacity[self.resource_row[name], i] = amount
+        gpu_row = self.resource_row.get(node.gpu_resource)
+        if gpu_row is not None:
+            # The node's GPU resource is judged by the GPU arrays (attaches change it), never by this row.
+            capacity[gpu_row, i] = UNLIMITED
+
+    def _bound_request_sums(self, loads: Sequence[_NodeLoad], key: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """Bound pods' requests summed per node (resource rows x nodes, and GPUs per node) from the nodes' loads. The
+        last state's sums are copied when they were made for the same rows and nodes, and only the nodes whose load
+        changed (by identity, see _NodeLoads) are summed again."""
+        last = _LAST_SUMS[0] if _LAST_SUMS else None
+        if last is not None and last[0] == key and len(last[1]) == len(loads):
+            changed = [i for i, (old, new) in enumerate(zip(last[1], loads)) if old is not new]
+            if len(changed) * 4 < len(loads) + 4:
+                used, gpus_used = last[2].copy(), last[3].copy()
+                for i in changed:
+                    used[:, i] = 0
+                    gpus_used[i] = 0
+                    self._add_load(used, gpus_used, i, loads[i])
+                return self._keep_sums(key, loads, used, gpus_used)
         n, row = len(loads), self.resource_row
         used = np.zeros_like(self.free)
         gpus_used = np.zeros(n, dtype=np.int64)
@@ -348,14 +445,31 @@ class ClusterState:
         used[row[PODS]] = np.fromiter((len(load.pods) for load in loads), dtype=np.int64, count=n)
         for i, load in enumerate(loads):
             if load.scalar:
-                own_gpu = self.nodes[i].gpu_resource
-                for name, amount in load.scalar.items():
-                    if name == own_gpu:  # a node's own GPU resource is judged by the GPU arrays, never by its row
-                        gpus_used[i] += amount
-                    else:
-                        used[row[name], i] += amount
+                self._add_scalars(used, gpus_used, i, load)
+        return self._keep_sums(key, loads, used, gpus_used)
+
+    def _add_load(self, used: np.ndarray, gpus_used: np.ndarray, i: int, load: _NodeLoad) -> None:
+        row = self.resource_row
+        used[row[CPU], i] = load.milli_cpu
+        used[row[MEMORY], i] = load.memory
+        used[row[EPHEMERAL_STORAGE], i] = load.ephemeral_storage
+        used[row[PODS], i] = len(load.pods)
+        self._add_scalars(used, gpus_used, i, load)
+
+    def _add_scalars(self, used: np.ndarray, gpus_used: np.ndarray, i: int, load: _NodeLoad) -> None:
+        own_gpu = self.nodes[i].gpu_resource
+        for name, amount in load.scalar.items():
+            if name == own_gpu:  # a node's own GPU resource is judged by the GPU arrays, never by its row
+                gpus_used[i] += amount
+            else:
+                used[self.resource_row[name], i] += amount
+
+    @staticmethod
+    def _keep_sums(key: tuple, loads: Sequence[_NodeLoad], used: np.ndarray, gpus_used: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
         used.setflags(write=False)
         gpus_used.setflags(write=False)
+        _LAST_SUMS[:] = [(key, tuple(loads), used, gpus_used)]  # one assignment: safe beside the other thread
         return used, gpus_used
 
     def pods_on(self, i: int) -> Sequence[PodInfo]:
@@ -395,6 +509,8 @@ class ClusterState:
 
     def _record_rules(self, i: int, pod: PodInfo, journal: bool) -> None:
         """The pod's host ports and required anti-affinity terms, which the placement masks read."""
+        if journal and (pod.host_ports or pod.required_pod_anti_affinity):
+            self._rules_version += 1
         add = self._append if journal else (lambda items, value: items.append(value))
         for port in pod.host_ports:
             if port.port > 0:
@@ -418,10 +534,12 @@ class ClusterState:
         while len(self._undo) > mark:
             entry = self._undo.pop()
             if isinstance(entry, list):
-                entry.pop()  # an _append
+                entry.pop()  # an _append: a placed pod taken off, its rules among what goes
+                self._rules_version += 1
             else:
                 array, key, old = entry  # a _set
                 array[key] = old
+                self._touch(array, key)
 
     # Journal entries are plain data, not closures: (array, key, old value) holds nothing the garbage collector tracks,
     # so the thousands of entries a large plan keeps cost it no passes (with closures the collector took about a tenth
@@ -431,6 +549,14 @@ class ClusterState:
         old = array[key]
         array[key] = value
         self._undo.append((array, key, old))
+        self._touch(array, key)
+
+    def _touch(self, array: np.ndarray, key: object) -> None:
+        """Log the node a change of `array[key]` is about (pool counts are about no node: screens never read them)."""
+        if array is self.free:
+            self.touched.append(key[1])  # type: ignore[index]
+        elif array is not self.pool_free:
+            self.touched.append(key)  # type: ignore[arg-type]
 
     def _append(self, items: list, value: object) -> None:
         self._version += 1
@@ -442,6 +568,11 @@ class ClusterState:
     def version(self) -> int:
         """Changes whenever the scratch does (caches of derived data key on it)."""
         return self._version
+
+    @property
+    def rules_version(self) -> int:
+        """Changes whenever the placement rules of the pods on live nodes may have (placed or taken off)."""
+        return self._rules_version
 
     def model_name(self, i: int) -> Optional[str]:
         m = int(self.model[i])

@@ -57,7 +57,7 @@ from dds.nodes.base import MachineInfo, MachinePhase
 from dds.planner import plan_scale_down, plan_scale_up
 from dds.planner.headroom import hungry_pools, plan_warm_refill
 from dds.planner.gangs import POD_GROUP_LABEL
-from dds.planner.moves import plan_moves
+from dds.planner.moves import plan_moves, plan_room_headroom
 from dds.planner.plan import Attach, Case, Detach, PlannerConfig, RemoveNode, Verdict
 from dds.planner.reservations import (ReservationConfig, claim_taint, earliest_reservation_age, keep_reserved,
                                       plan_reservations, pod_token, reservation_taint)
@@ -211,8 +211,9 @@ class Simulation:
         """`warm_gpus`: idle GPUs each group keeps attached past the cooldown and refills after pods take them (the
         warm headroom of dds/planner/headroom.py, as the controller applies it; attach-first policies only).
         `reservations`: when a large pod that waited too long gets a node reserved (attach-first policies only).
-        `moves`: release idle GPUs at once when pending pods elsewhere would get them (dds/planner/moves.py; off by
-        default: it has not yet paid off in the built-in workloads, see docs/simulation.md).
+        `moves`: release idle GPUs at once when pending pods elsewhere would get them, and keep idle GPUs for one more
+        pod on every node with room (dds/planner/moves.py; off by default, and meant for a long idle cooldown: see
+        "Placement" in docs/simulation.md).
         `exhaustive`: ask the planner at every step about every pending pod on the whole cluster, without the
         shortcuts that skip questions whose answer cannot change (slow; the reference the shortcuts are tested
         against)."""
@@ -500,6 +501,7 @@ class Simulation:
             self._changed_since_scale_up = False
             self._scale_up(snapshot)
         self._scale_down(snapshot)
+        self._room_headroom()
         self._refill_headroom()
         self._finish_removals()
 
@@ -570,6 +572,18 @@ class Simulation:
         for step in plan.new_nodes:
             group = next(g for g in self._groups if g.id == step.group)
             self._executor.add_nodes(step, group, f"nodes/{next(self._node_requests)}", Case.SCALE_UP)
+
+    def _room_headroom(self) -> None:
+        """With moves: each node with room for one more GPU pod gets idle GPUs for it from the free pool, so the
+        scheduler chooses among every node with room (dds/planner/moves.py), from what the pools hold after this
+        pass."""
+        if not self._moves:
+            return
+        snapshot = self._snapshot(capacity_to_come=True)
+        busy = set(self._ops_in_flight.values())
+        hungry = hungry_pools(snapshot, [p.info for p in self._pending.values()])
+        for step in plan_room_headroom(snapshot, hungry, frozenset(busy | self._reserved_nodes())):
+            self._attach(step, Case.WARM_HEADROOM)
 
     def _request_nodes(self, group_id: str, count: int) -> None:
         """The simulated cloud takes the order: each node is Ready after the provisioning time."""

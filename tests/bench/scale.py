@@ -41,6 +41,7 @@ import yaml
 from kubernetes import client
 
 from dds import certs
+from dds.model.groups import LABEL_ATTACHED_GPU
 from harness.controlplane import KWOK_NODE_ANNOTATION, ControlPlane, ensure_binaries, free_ports, start_control_plane
 from harness.provider_client import CloudConfig, ExternalGrpcClient, ProviderError, open_channel
 from harness.stack import DdsProcess, start_dds
@@ -96,8 +97,10 @@ def node_body(i: int) -> dict[str, Any]:
     name = node_name(i)
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "annotations": {key: value},
+                         # CA's GPU label as a running DDS leaves it: the first deployment's label pass (one PATCH
+                         # per node, in a thread of its own) is not the steady state this measures.
                          "labels": {"kubernetes.io/hostname": name, "nvidia.com/gpu.product": "A30",
-                                    "dds.cdi.dev/initial-gpus-attached": "true"}},
+                                    "dds.cdi.dev/initial-gpus-attached": "true", LABEL_ATTACHED_GPU: "A30"}},
             "spec": {"providerID": f"kwok://{name}"},
             "status": {"capacity": resources, "allocatable": resources}}
 
@@ -207,6 +210,14 @@ def populate(plane: ControlPlane, size: Size) -> None:
     log(f"created {size.nodes} nodes, {size.nodes} machines, {size.pods} pods in {time.monotonic() - started:.0f}s")
     wait_until(f"{size.pending} pending pods marked Unschedulable", lambda: unschedulable(core) >= size.pending,
                timeout=600)
+    # kwok marks bound pods Running at about 100 a second on this machine, minutes after they were created. Measuring
+    # before it is done would time DDS against a stream of pod updates that a settled cluster does not have.
+    wait_until(f"{size.bound} bound pods Running", lambda: bound_not_running(core) == 0, timeout=1800)
+
+
+def bound_not_running(core: client.CoreV1Api) -> int:
+    pods = core.list_namespaced_pod(NAMESPACE, field_selector="status.phase=Pending", _preload_content=False)
+    return sum(1 for p in json.loads(pods.data)["items"] if (p.get("spec") or {}).get("nodeName"))
 
 
 def unschedulable(core: client.CoreV1Api) -> int:

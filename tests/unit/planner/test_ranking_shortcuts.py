@@ -3,12 +3,15 @@ those only, packing static-filter rows into one key) change no decision: with th
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from dds.planner import existing, plan_scale_up
 from dds.planner.plan import PlannerConfig
 from dds.planner.scoring import Candidates, rank
+from dds.planner.snapshot import Snapshot
 from dds.planner.state import _unique_rows
 from tests.bench.synthetic import Shape, random_snapshot
 
@@ -40,6 +43,23 @@ def test_ranking_the_best_few_gives_the_beginning_of_the_full_order(policy: str,
         assert np.array_equal(few_score, full_score)
 
 
+@pytest.mark.parametrize("policy", ["best-fit", "least-demand", "concentrated", "spread"])
+@pytest.mark.parametrize("alike", [1.0, 0.9, 0.5])
+def test_ranking_the_best_few_of_many_alike_nodes_gives_the_beginning_of_the_full_order(policy: str,
+                                                                                       alike: float) -> None:
+    """Thousands of nodes that tie on every score but their position (a fraction `alike` of them copies of one)."""
+    rng = np.random.default_rng(int(alike * 10))
+    for n in (300, 2000):
+        candidates = random_candidates(rng, n)
+        copies = rng.random(n) < alike
+        fields = {name: np.where(copies, getattr(candidates, name)[0], getattr(candidates, name))
+                  for name in Candidates.__dataclass_fields__ if name != "order"}
+        candidates = Candidates(order=candidates.order, **fields)
+        full, _ = rank(policy, candidates)
+        for limit in (1, 16):
+            assert rank(policy, candidates, limit=limit)[0].tolist() == full[:limit].tolist()
+
+
 @pytest.mark.parametrize("busy", [False, True], ids=["mixed", "attach"])
 @pytest.mark.parametrize("policy", ["best-fit", "least-demand", "concentrated", "spread"])
 def test_plans_are_the_same_with_the_shortcuts_off(policy: str, busy: bool, monkeypatch) -> None:
@@ -50,6 +70,27 @@ def test_plans_are_the_same_with_the_shortcuts_off(policy: str, busy: bool, monk
     fast = [plan_scale_up(s, config) for s in snapshots]
     monkeypatch.setattr(existing, "SHORTCUT_ABOVE", 10**9)  # off: every candidate ranked and given a model
     assert [plan_scale_up(s, config) for s in snapshots] == fast
+
+
+def with_copies(snapshot: Snapshot, copies: int) -> Snapshot:
+    """The snapshot with each pending pod repeated: bursts of alike pods, as a Deployment or Job makes them."""
+    extra = [dataclasses.replace(pod, name=f"{pod.name}-copy{k}", uid=f"{pod.uid}-copy{k}")
+             for pod in snapshot.pending_pods() for k in range(copies)]
+    return dataclasses.replace(snapshot, pods=snapshot.pods + tuple(extra))
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["mixed", "attach"])
+@pytest.mark.parametrize("policy", ["best-fit", "spread"])
+def test_plans_are_the_same_without_the_screens_kept_per_pod_shape(policy: str, busy: bool, monkeypatch) -> None:
+    """Alike pods' pre-screens are judged again only on the nodes changed since (FastExisting._screened); judging
+    every node for every pod gives the same plans, rules-bearing pods and reverted what-ifs included."""
+    config = PlannerConfig(policy=policy, batch_solver="greedy")
+    snapshots = [with_copies(random_snapshot(seed, Shape(nodes=60, pending=12, slots=8, pools=2, busy=busy)), 4)
+                 for seed in (4, 5, 6)]
+    kept = [plan_scale_up(s, config) for s in snapshots]
+    monkeypatch.setattr(existing.FastExisting, "_screened", lambda self, kind, req, screen, sort_keys=None:
+                        existing._Screen(screen(np.arange(len(self.state.nodes))), 0, 0))
+    assert [plan_scale_up(s, config) for s in snapshots] == kept
 
 
 def test_packed_static_rows_number_nodes_as_sorting_the_rows_does() -> None:

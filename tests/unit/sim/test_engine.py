@@ -134,3 +134,17 @@ def test_warm_headroom_starts_the_next_job_without_an_attach_and_holds_one_gpu()
     assert waits(cold)["b"] == 30.0
     assert waits(warm)["b"] == 0.0
     assert warm.timeline[-1].gpus_present >= 1  # the headroom stays once both jobs are done
+
+
+def test_moves_keep_an_idle_gpu_on_a_node_with_room_for_one_more_pod():
+    # One 8-core node holding one GPU, a pool of 4, production's 600 s cooldown. a takes the GPU at t=0 and leaves
+    # room for one more 4-core pod: with moves, the node gets an idle GPU for it at once (dds/planner/moves.py,
+    # plan_room_headroom), so b starts on arrival; without, b waits for an attach. Once b runs the node is full and
+    # nothing more is attached.
+    jobs = [job("a", 0, gpus=1, cores=4, duration=1000), job("b", 100, gpus=1, cores=4)]
+    spec = cluster((1,), 4, gpu_idle_cooldown=600.0)
+    plain = simulate(scenario(spec, jobs), POLICIES["best-fit"])
+    moved = simulate(scenario(spec, jobs), POLICIES["best-fit"], moves=True)
+    assert waits(plain)["b"] == 30.0
+    assert waits(moved)["b"] == 0.0
+    assert moved.counters.gpus_attached == plain.counters.gpus_attached + 1  # the one b took, no more
