@@ -140,9 +140,9 @@ class DdsProcess:
     def running(self) -> bool:
         return self.process.poll() is None
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, timeout: float = 5.0) -> dict[str, float]:
         """The `dds_` samples of /metrics, keyed by name{labels} as Prometheus prints them."""
-        text = urllib.request.urlopen(self.metrics_url + "/metrics", timeout=5).read().decode()
+        text = urllib.request.urlopen(self.metrics_url + "/metrics", timeout=timeout).read().decode()
         out = {}
         for line in text.splitlines():
             if line.startswith("dds_"):

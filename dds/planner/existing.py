@@ -34,6 +34,7 @@ RUNNERS_UP = 3  # candidates that fitted but lost, listed first among the reject
 # those do not settle the choice. Below, the shortcut's own cost outweighs what it saves.
 RANKED_FIRST = 16
 SHORTCUT_ABOVE = 256
+RANKING_KEPT_UP_TO = 32  # nodes changed since a shape's last pod above which its kept order is dropped, not updated
 
 
 @dataclass(frozen=True)
@@ -122,16 +123,23 @@ class _Screen:
     seen: int
     rules: int
     sort_keys: Optional[SortKeys] = None
+    in_a_row: int = 0  # pods of this shape judged one after the other, with no other screen in between
     _ranking: Optional[_Ranking] = None
 
     def ranking(self) -> Optional[_Ranking]:
-        if self._ranking is None and self.sort_keys is not None:
+        """The kept order, once pods of the shape come one after the other: ordering every candidate costs a few
+        searches, which only a run of alike pods (each changing a node or two) repays; mixed pods take the search."""
+        if self._ranking is None and self.sort_keys is not None and self.in_a_row > 0:
             self._ranking = _Ranking(self.sort_keys(np.flatnonzero(self.ok)))
         return self._ranking
 
     def judge_again(self, nodes: np.ndarray, verdicts: np.ndarray) -> None:
         self.ok[nodes] = verdicts
-        if self._ranking is not None and self.sort_keys is not None:
+        if self._ranking is None or self.sort_keys is None:
+            return
+        if len(nodes) > RANKING_KEPT_UP_TO:
+            self._ranking = None  # many nodes changed since: ordering afresh, if asked again, costs less
+        else:
             self._ranking.update(nodes.tolist(), self.sort_keys(nodes[verdicts]))
 
 
@@ -142,6 +150,7 @@ class FastExisting:
         self.cluster: ClusterView = state
         self._explained: dict[tuple, Explanation] = {}
         self._screens: dict[tuple, _Screen] = {}
+        self._last_screen: Optional[_Screen] = None
         self._shapes: dict[int, tuple[PodRequest, tuple]] = {}
 
     def _screened(self, kind: str, req: PodRequest, screen: Callable[[np.ndarray], np.ndarray],
@@ -164,6 +173,8 @@ class FastExisting:
             nodes = np.fromiter(sorted(set(s.touched[found.seen:])), dtype=np.int64)
             found.judge_again(nodes, screen(nodes))
             found.seen = len(s.touched)
+        found.in_a_row = found.in_a_row + 1 if self._last_screen is found else 0
+        self._last_screen = found
         return found
 
     def _shape(self, req: PodRequest) -> tuple:

@@ -55,6 +55,9 @@ GROUP_ID = f"MachineSet/{NAMESPACE}/{GROUP_NAME}"
 GPU = "nvidia.com/gpu"
 PENDING_FRACTION = 0.01
 LOOP_INTERVAL_SECONDS = 2.0
+# The LIST-per-call baseline at 5,000 nodes keeps its process busy decoding for tens of seconds at a time; /metrics
+# answers when it gets the interpreter back.
+METRICS_TIMEOUT_SECONDS = 120.0
 CA_DEADLINE_SECONDS = 5.0  # cluster-autoscaler's externalgrpc default grpc_timeout
 WORKERS = 12  # parallel creates while populating
 
@@ -279,7 +282,7 @@ def rss_mib(pid: int) -> float:
 
 def requests_by_verb(dds: DdsProcess) -> dict[str, float]:
     out = {}
-    for key, value in dds.metrics().items():
+    for key, value in dds.metrics(timeout=METRICS_TIMEOUT_SECONDS).items():
         if key.startswith("dds_apiserver_requests_total{"):
             out[key.split('verb="')[1].split('"')[0]] = value
     return out
@@ -287,7 +290,8 @@ def requests_by_verb(dds: DdsProcess) -> dict[str, float]:
 
 def histogram_quantile(dds: DdsProcess, name: str, q: float) -> float:
     """Prometheus' histogram_quantile over the cumulative buckets of `name` (linear inside a bucket)."""
-    buckets = sorted((float(key.split('le="')[1].split('"')[0]), value) for key, value in dds.metrics().items()
+    buckets = sorted((float(key.split('le="')[1].split('"')[0]), value)
+                     for key, value in dds.metrics(timeout=METRICS_TIMEOUT_SECONDS).items()
                      if key.startswith(f"{name}_bucket{{"))
     total = buckets[-1][1] if buckets else 0
     if not total:
