@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from dds.planner.batch import improve_with_batch
+from dds.planner.dra import leave_pool_slots_to_the_scheduler
 from dds.planner.existing import FastExisting
 from dds.planner.gangs import plan_all_or_nothing
 from dds.planner.plan import PlannerConfig, ScaleUpPlan
@@ -31,9 +32,11 @@ __all__ = ["plan_scale_up", "plan_scale_down", "render_scale_up", "render_scale_
 def plan_scale_up(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]] = None) -> ScaleUpPlan:
     """Plan for the pending pods (`pods`, default: every pending pod of the snapshot): which fit now, which after
     attaching GPUs to live nodes, which need new nodes, and why each. A gang's minimum gets capacity as one unit or
-    not at all (dds/planner/gangs.py)."""
+    not at all (dds/planner/gangs.py). A dra-pool group's nodes get their GPUs through pool slots, never by a plan's
+    attach (dds/planner/dra.py)."""
     check_policy(config.policy)
-    return with_refusals(plan_all_or_nothing(_plan_pods, snapshot, config, pods), snapshot)
+    plan = with_refusals(plan_all_or_nothing(_plan_pods, snapshot, config, pods), snapshot)
+    return leave_pool_slots_to_the_scheduler(plan, snapshot)
 
 
 def _plan_pods(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]]) -> ScaleUpPlan:

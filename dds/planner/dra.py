@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from dds.model.groups import DRA_GPU_RESOURCE
+from dds.model.groups import DRA_GPU_RESOURCE, GpuApi
 from dds.model.quantity import to_int
 from dds.model.resources import Resources
 from dds.planner.dra_records import (ALL, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraDevice,
@@ -379,6 +379,23 @@ def pods_needing_nodes(plan: ScaleUpPlan, pods: Sequence[PodInfo]) -> tuple[PodI
     them (its externalgrpc templates carry no ResourceSlices), so DDS's loop adds their nodes (docs/dra.md)."""
     needing = {d.pod for d in plan.decisions if d.verdict == Verdict.NEEDS_NODE}
     return tuple(p for p in pods if p.resource_claims and p.key in needing)
+
+
+def leave_pool_slots_to_the_scheduler(plan: ScaleUpPlan, snapshot: Snapshot) -> ScaleUpPlan:
+    """`plan` without its attaches to nodes of dra-pool groups. There a GPU reaches a node only through a pool slot:
+    kube-scheduler allocates the slot and picks the node, then DDS attaches it (PoolModeBinder). An attach planned
+    for the same pod besides would take a second GPU out of the pool, and a slot off the slice, for a pod that gets
+    one. The pods' verdicts stay: they fit once a slot is theirs, and a pod no live node takes still needs a node."""
+    pool_nodes = {n.name for n in snapshot.nodes
+                  if n.group_id is not None and (g := snapshot.group(n.group_id)) is not None
+                  and g.gpu_api is GpuApi.DRA_POOL}
+    if not pool_nodes or not any(a.node in pool_nodes for a in plan.attaches):
+        return plan
+    decisions = tuple(replace(d, reason=f"{d.reason}; kube-scheduler allocates it a pool slot, then DDS attaches "
+                                        f"the GPU (pool mode)")
+                      if d.verdict == Verdict.FITS_AFTER_GPUS and d.node in pool_nodes else d
+                      for d in plan.decisions)
+    return replace(plan, attaches=tuple(a for a in plan.attaches if a.node not in pool_nodes), decisions=decisions)
 
 
 # --- pool mode: free pool GPUs as devices that bind to a node once DDS has attached them -----------------------------

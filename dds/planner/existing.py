@@ -24,7 +24,7 @@ from dds.model.resources import CPU, MEMORY, PODS
 from dds.planner.filters import ClusterView
 from dds.planner.plan import Reject
 from dds.planner.requests import PodRequest
-from dds.planner.scoring import Candidates, best_fit, primary_score, rank
+from dds.planner.scoring import Candidates, best_fit, order_keys, primary_score, rank
 from dds.planner.snapshot import PodAffinityTerm, PodInfo
 from dds.planner.state import Choice, ClusterState, StaticTable
 
@@ -107,6 +107,12 @@ class _Ranking:
             bisect.insort(self.sorted, key)
             self.key_of[key[NODE]] = key
 
+    def first(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The best RANKED_FIRST candidates: their nodes, scores and GPUs left."""
+        first = self.sorted[:RANKED_FIRST]
+        return (np.array([key[NODE] for key in first], dtype=np.int64), np.array([key[SCORE] for key in first]),
+                np.array([key[0] for key in first], dtype=np.int64))
+
     def __len__(self) -> int:
         return len(self.sorted)
 
@@ -117,7 +123,7 @@ NODE, SCORE = 6, 7  # positions in a _Ranking key
 @dataclass
 class _Screen:
     """A pre-screen's verdict per live node for one pod shape, as of `seen` entries of the state's touched log; and
-    its candidates in order, built on first use."""
+    its candidates in order, once pods of the shape come one after the other."""
 
     ok: np.ndarray
     seen: int
@@ -150,7 +156,9 @@ class FastExisting:
         self.cluster: ClusterView = state
         self._explained: dict[tuple, Explanation] = {}
         self._screens: dict[tuple, _Screen] = {}
-        self._last_screen: Optional[_Screen] = None
+        # Per kind of screen, the one the last pod was judged by: a pod passes several kinds in turn (now, coming,
+        # after), so a run of alike pods is a run within each kind.
+        self._last_screen: dict[str, _Screen] = {}
         self._shapes: dict[int, tuple[PodRequest, tuple]] = {}
 
     def _screened(self, kind: str, req: PodRequest, screen: Callable[[np.ndarray], np.ndarray],
@@ -173,8 +181,8 @@ class FastExisting:
             nodes = np.fromiter(sorted(set(s.touched[found.seen:])), dtype=np.int64)
             found.judge_again(nodes, screen(nodes))
             found.seen = len(s.touched)
-        found.in_a_row = found.in_a_row + 1 if self._last_screen is found else 0
-        self._last_screen = found
+        found.in_a_row = found.in_a_row + 1 if self._last_screen.get(kind) is found else 0
+        self._last_screen[kind] = found
         return found
 
     def _shape(self, req: PodRequest) -> tuple:
@@ -223,12 +231,10 @@ class FastExisting:
                                   self._sort_keys(req, gpus, attaching=False))
         ranking = screened.ranking()
         if ranking is not None:
-            first = ranking.sorted[:RANKED_FIRST]
-            nodes = np.array([key[NODE] for key in first], dtype=np.int64)
-            left = np.array([key[0] for key in first], dtype=np.int64)
+            nodes, score, left = ranking.first()
             found, sure = self._first_verified(
-                req, nodes, np.zeros(nodes.size, dtype=np.int64), s.model[nodes], np.arange(nodes.size),
-                np.array([key[SCORE] for key in first]), left, partial=len(ranking) > len(first))
+                req, nodes, np.zeros(nodes.size, dtype=np.int64), s.model[nodes], np.arange(nodes.size), score, left,
+                partial=len(ranking) > nodes.size)
             if sure:
                 return found
         nodes = np.flatnonzero(screened.ok)
@@ -241,7 +247,6 @@ class FastExisting:
         """Sort keys of candidate nodes in the order `best_verified` ranks them: the policy's `rank` (GPUs attached:
         each node's shortfall; else none), then, for pods placed on GPUs on their way, the fewest left first."""
         s = self.state
-        spread = self.policy == "spread"
 
         def keys(nodes: np.ndarray) -> list[tuple]:
             if attaching:
@@ -251,10 +256,9 @@ class FastExisting:
             c = self.candidates(req, nodes, attach, gpus)
             fit = best_fit(c)
             score = primary_score(self.policy, c, fit)
-            secondary = -fit if spread else fit
-            fills = (c.gpu_slots - c.gpu_present == 0) & (attach > 0)
-            return list(zip(left.tolist(), (-score).tolist(), (-secondary).tolist(), attach.tolist(),
-                            (~fills).tolist(), (~c.has_model.astype(bool)).tolist(), nodes.tolist(), score.tolist()))
+            ranked = order_keys(self.policy, c, fit, score, np.arange(nodes.size))
+            # Most significant first, for tuple comparison; the node's position (ranked[0]) last, then the score.
+            return list(zip(left.tolist(), *(key.tolist() for key in reversed(ranked)), score.tolist()))
         return keys
 
     def fits_after_gpus(self, req: PodRequest) -> Optional[Choice]:
@@ -295,15 +299,12 @@ class FastExisting:
                                  ) -> tuple[Optional[Choice], bool]:
         """As _best_few_after_gpus, from the kept order: the best RANKED_FIRST candidates, those a pool can serve."""
         s = self.state
-        first = ranking.sorted[:RANKED_FIRST]
-        nodes = np.array([key[NODE] for key in first], dtype=np.int64)
+        nodes, score, _ = ranking.first()
         best = np.zeros(len(s.nodes), dtype=bool)
         best[nodes] = True
         models = self._attach_models(table, best, shortfall)[nodes]
-        order = np.flatnonzero(models >= 0)
-        return self._first_verified(req, nodes, shortfall[nodes], models, order,
-                                    np.array([key[SCORE] for key in first]), None,
-                                    partial=len(ranking) > len(first))
+        return self._first_verified(req, nodes, shortfall[nodes], models, np.flatnonzero(models >= 0), score, None,
+                                    partial=len(ranking) > nodes.size)
 
     def _best_few_after_gpus(self, req: PodRequest, table: StaticTable, base: np.ndarray, shortfall: np.ndarray,
                              gpus: np.ndarray) -> tuple[Optional[Choice], bool]:

@@ -109,17 +109,23 @@ def rank(policy: str, c: Candidates, limit: Optional[int] = None) -> tuple[np.nd
         if len(chosen) < limit:
             threshold = np.partition(score, len(c) - limit)[len(c) - limit]  # the limit-th highest score
             chosen = np.flatnonzero(score >= threshold)
-    slots_left = c.gpu_slots[chosen] - c.gpu_present[chosen]
-    attach = c.attach[chosen]
-    fills_node = (slots_left == 0) & (attach > 0)
-    secondary = -fit[chosen] if policy == "spread" else fit[chosen]  # spread: ties go to the least allocated node
-    # np.lexsort: last key is the most significant, each ascending.
-    keys = (c.order[chosen], ~c.has_model[chosen].astype(bool), ~fills_node, attach, -secondary, -score[chosen])
+    keys = order_keys(policy, c, fit, score, chosen)
     if limit is not None and len(chosen) > limit:
         keep = _first_tied(keys, limit)
         chosen, keys = chosen[keep], tuple(key[keep] for key in keys)
     order = np.lexsort(keys)
     return chosen[order][:limit], score
+
+
+def order_keys(policy: str, c: Candidates, fit: np.ndarray, score: np.ndarray, at: np.ndarray
+               ) -> tuple[np.ndarray, ...]:
+    """`rank`'s order of the candidates at positions `at`, as np.lexsort keys (the last the most significant, each
+    ascending): score, then best-fit (spread: the least allocated node), fewer GPUs to attach, filling the node's
+    slots, holding a model, the node's position."""
+    attach = c.attach[at]
+    fills_node = (c.gpu_slots[at] - c.gpu_present[at] == 0) & (attach > 0)
+    secondary = -fit[at] if policy == "spread" else fit[at]
+    return c.order[at], ~c.has_model[at].astype(bool), ~fills_node, attach, -secondary, -score[at]
 
 
 def _first_tied(keys: tuple[np.ndarray, ...], limit: int) -> np.ndarray:

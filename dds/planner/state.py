@@ -131,36 +131,36 @@ class _NodeFacts:
 _NODE_FACTS = _NodeFacts()
 
 
-class _LastCapacity:
-    """The allocatable matrix (resource rows x nodes) of the last state built, with the nodes it was built from. The
-    next state over the same nodes in the same order and the same rows copies it and fills again only the columns of
-    the nodes that changed (by identity: the observer hands over the same NodeInfo for a node that did not)."""
+class _LastColumns:
+    """Arrays with one column per node (`items`: the nodes, or their loads), kept from the last state built with
+    everything else they read (`key`). The next state with the same key over as many items copies them and fills
+    again only the columns whose item changed (by identity: the observer hands over the same NodeInfo, and _NodeLoads
+    the same load, for a node that did not change), while those are few; otherwise they are built whole."""
 
     def __init__(self) -> None:
-        self._last: Optional[tuple[tuple[NodeInfo, ...], tuple[str, ...], np.ndarray]] = None
+        self._last: Optional[tuple[tuple, tuple, tuple[np.ndarray, ...]]] = None
 
-    def of(self, nodes: tuple[NodeInfo, ...], rows: tuple[str, ...],
-           fill: Callable[[np.ndarray, int, NodeInfo], None]) -> np.ndarray:
+    def of(self, key: tuple, items: tuple, build: Callable[[], tuple[np.ndarray, ...]],
+           refill: Callable[[tuple[np.ndarray, ...], int], None]) -> tuple[np.ndarray, ...]:
         last = self._last
         changed: Optional[list[int]] = None
-        if last is not None and last[1] == rows and len(last[0]) == len(nodes):
-            changed = [i for i, (old, new) in enumerate(zip(last[0], nodes)) if old is not new]
-        if changed is not None and len(changed) * 4 < len(nodes) + 4:
-            capacity = last[2].copy()  # type: ignore[index]
+        if last is not None and last[0] == key and len(last[1]) == len(items):
+            changed = [i for i, (old, new) in enumerate(zip(last[1], items)) if old is not new]
+        if changed is not None and len(changed) * 4 < len(items) + 4:
+            arrays = tuple(array.copy() for array in last[2])  # type: ignore[index]
             for i in changed:
-                fill(capacity, i, nodes[i])
+                refill(arrays, i)
         else:
-            capacity = np.zeros((len(rows), len(nodes)), dtype=np.int64)
-            for i, node in enumerate(nodes):
-                fill(capacity, i, node)
-        capacity.setflags(write=False)  # shared with the next state: read only
-        self._last = (nodes, rows, capacity)  # one assignment: safe beside the other thread planning
-        return capacity
+            arrays = build()
+        for array in arrays:
+            array.setflags(write=False)  # shared with the next state: read only
+        self._last = (key, items, arrays)  # one assignment: safe beside the other thread planning
+        return arrays
 
 
-_LAST_CAPACITY = _LastCapacity()
-# The last bound-pod sums made: (rows and GPU names key, the loads they sum, used, GPUs used). See _bound_request_sums.
-_LAST_SUMS: list[tuple[tuple, tuple[_NodeLoad, ...], np.ndarray, np.ndarray]] = []
+_LAST_CAPACITY = _LastColumns()  # allocatable per resource row and node
+_LAST_SUMS = _LastColumns()  # bound pods' requests per resource row and node, and their GPUs per node
+
 
 
 @dataclass
@@ -334,7 +334,8 @@ class ClusterState:
             scalars.update(self.cache.requests(pod).scalar)
         self.resource_names: tuple[str, ...] = STANDARD + tuple(sorted(scalars - set(STANDARD)))
         self.resource_row = {r: i for i, r in enumerate(self.resource_names)}
-        self.capacity = _LAST_CAPACITY.of(self.nodes, self.resource_names, self._capacity_column)
+        self.capacity = _LAST_CAPACITY.of((self.resource_names,), self.nodes, self._all_capacity,
+                                          lambda arrays, i: self._capacity_column(arrays[0], i))[0]
         self.free = self.capacity.copy()
         self.gpu_names = tuple(sorted({node.gpu_resource for node in self.nodes}))
         gpu_name_index = {g: i for i, g in enumerate(self.gpu_names)}
@@ -411,7 +412,14 @@ class ClusterState:
         self.free -= used
         self.gpu_free -= gpus_used
 
-    def _capacity_column(self, capacity: np.ndarray, i: int, node: NodeInfo) -> None:
+    def _all_capacity(self) -> tuple[np.ndarray]:
+        capacity = np.zeros((len(self.resource_names), len(self.nodes)), dtype=np.int64)
+        for i in range(len(self.nodes)):
+            self._capacity_column(capacity, i)
+        return (capacity,)
+
+    def _capacity_column(self, capacity: np.ndarray, i: int) -> None:
+        node = self.nodes[i]
         a = node.allocatable
         capacity[:, i] = 0
         capacity[0:4, i] = (a.milli_cpu, a.memory, a.ephemeral_storage, a.pods)
@@ -423,19 +431,13 @@ class ClusterState:
             capacity[gpu_row, i] = UNLIMITED
 
     def _bound_request_sums(self, loads: Sequence[_NodeLoad], key: tuple) -> tuple[np.ndarray, np.ndarray]:
-        """Bound pods' requests summed per node (resource rows x nodes, and GPUs per node) from the nodes' loads. The
-        last state's sums are copied when they were made for the same rows and nodes, and only the nodes whose load
-        changed (by identity, see _NodeLoads) are summed again."""
-        last = _LAST_SUMS[0] if _LAST_SUMS else None
-        if last is not None and last[0] == key and len(last[1]) == len(loads):
-            changed = [i for i, (old, new) in enumerate(zip(last[1], loads)) if old is not new]
-            if len(changed) * 4 < len(loads) + 4:
-                used, gpus_used = last[2].copy(), last[3].copy()
-                for i in changed:
-                    used[:, i] = 0
-                    gpus_used[i] = 0
-                    self._add_load(used, gpus_used, i, loads[i])
-                return self._keep_sums(key, loads, used, gpus_used)
+        """Bound pods' requests summed per node (resource rows x nodes, and GPUs per node) from the nodes' loads;
+        from the last state's sums when only a few loads changed (_LastColumns)."""
+        used, gpus_used = _LAST_SUMS.of(key, tuple(loads), lambda: self._all_sums(loads),
+                                        lambda arrays, i: self._refill_load(arrays, i, loads[i]))
+        return used, gpus_used
+
+    def _all_sums(self, loads: Sequence[_NodeLoad]) -> tuple[np.ndarray, np.ndarray]:
         n, row = len(loads), self.resource_row
         used = np.zeros_like(self.free)
         gpus_used = np.zeros(n, dtype=np.int64)
@@ -446,10 +448,13 @@ class ClusterState:
         for i, load in enumerate(loads):
             if load.scalar:
                 self._add_scalars(used, gpus_used, i, load)
-        return self._keep_sums(key, loads, used, gpus_used)
+        return used, gpus_used
 
-    def _add_load(self, used: np.ndarray, gpus_used: np.ndarray, i: int, load: _NodeLoad) -> None:
+    def _refill_load(self, arrays: tuple[np.ndarray, ...], i: int, load: _NodeLoad) -> None:
+        used, gpus_used = arrays
         row = self.resource_row
+        used[:, i] = 0
+        gpus_used[i] = 0
         used[row[CPU], i] = load.milli_cpu
         used[row[MEMORY], i] = load.memory
         used[row[EPHEMERAL_STORAGE], i] = load.ephemeral_storage
@@ -463,14 +468,6 @@ class ClusterState:
                 gpus_used[i] += amount
             else:
                 used[self.resource_row[name], i] += amount
-
-    @staticmethod
-    def _keep_sums(key: tuple, loads: Sequence[_NodeLoad], used: np.ndarray, gpus_used: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray]:
-        used.setflags(write=False)
-        gpus_used.setflags(write=False)
-        _LAST_SUMS[:] = [(key, tuple(loads), used, gpus_used)]  # one assignment: safe beside the other thread
-        return used, gpus_used
 
     def pods_on(self, i: int) -> Sequence[PodInfo]:
         """Pods on live node i: bound, then placed by this plan."""

@@ -133,3 +133,23 @@ def test_a_running_claim_counts_on_its_dra_node_only() -> None:
     plan = plan_scale_up(lower_claims(snapshot), GREEDY)
     assert decision(plan, "new").verdict == Verdict.FITS_AFTER_GPUS
     assert [(a.node, a.count) for a in plan.attaches] == [("d1", 1)]
+
+
+def test_a_pool_mode_node_gets_its_gpu_through_the_slot_not_a_plans_attach() -> None:
+    # kube-scheduler allocates a slot for the pod and DDS attaches then; an attach planned besides would take a second
+    # GPU out of the pool (and a slot off the slice). An extended-resource pod's attach in the same plan stays.
+    groups = [dra_group("pool", GpuApi.DRA_POOL, models=(), initial_gpus=0), make_group("ext", models=())]
+    snapshot = snapshot_with([dra_pod("train", "c"), make_pod("ext-pod", gpus=1)], [claim("c")], groups=groups,
+                             nodes=[dra_node("p1", gpus=0, group="pool"), make_node("e1", gpus=0, group="ext")])
+    plan = plan_scale_up(lower_claims(snapshot), GREEDY)
+    train = decision(plan, "train")
+    assert (train.verdict, train.node, train.gpus_added) == (Verdict.FITS_AFTER_GPUS, "p1", 1)
+    assert "kube-scheduler allocates it a pool slot" in train.reason, train.reason
+    assert [(a.node, a.count, a.pods) for a in plan.attaches] == [("e1", 1, ("default/ext-pod",))]
+
+
+def test_a_node_local_dra_node_still_gets_a_plans_attach() -> None:
+    snapshot = snapshot_with([dra_pod("train", "c")], [claim("c")], groups=[dra_group("local", models=())],
+                             nodes=[dra_node("d1", gpus=0, group="local")])
+    plan = plan_scale_up(lower_claims(snapshot), GREEDY)
+    assert [(a.node, a.count) for a in plan.attaches] == [("d1", 1)]

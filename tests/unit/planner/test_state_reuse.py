@@ -47,8 +47,8 @@ def next_snapshot(first: Snapshot, by_node: dict, seed: int) -> tuple[Snapshot, 
 def forget_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(state, "_NODE_FACTS", state._NodeFacts())
     monkeypatch.setattr(state, "_NODE_LOADS", state._NodeLoads())
-    monkeypatch.setattr(state, "_LAST_CAPACITY", state._LastCapacity())
-    monkeypatch.setattr(state, "_LAST_SUMS", [])
+    monkeypatch.setattr(state, "_LAST_CAPACITY", state._LastColumns())
+    monkeypatch.setattr(state, "_LAST_SUMS", state._LastColumns())
     monkeypatch.setattr(state, "_BOUND_PODS", state._BoundPodsMemo())
 
 
