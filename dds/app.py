@@ -78,6 +78,9 @@ class ObservedClusterView:
         self._lock = threading.Lock()
         self._nodes: tuple[LiveNode, ...] = ()
         self._read_at: Optional[float] = None
+        # node name -> (the record it was built from, its group, the LiveNode): the watch cache hands over the same
+        # record until the node changes, so a view over thousands of nodes builds again only the changed ones.
+        self._built: dict[str, tuple[object, Optional[str], LiveNode]] = {}
 
     def nodes(self) -> Sequence[LiveNode]:
         with self._lock:
@@ -96,10 +99,18 @@ class ObservedClusterView:
         group_of_provider = {m.provider_id: m.group_id for m in machines if m.provider_id}
         group_of_node = {m.node_name: m.group_id for m in machines if m.node_name}
         out = []
+        built, last = {}, self._built
         for node in self._observer.node_records():  # the watch cache once synced: no LIST per CA loop
-            out.append(LiveNode(name=node.name, provider_id=node.provider_id,
-                                group_id=group_of_provider.get(node.provider_id) or group_of_node.get(node.name),
-                                ready=node.ready, labels=dict(node.labels)))
+            group_id = group_of_provider.get(node.provider_id) or group_of_node.get(node.name)
+            found = last.get(node.name)
+            if found is not None and found[0] is node and found[1] == group_id:
+                live = found[2]
+            else:
+                live = LiveNode(name=node.name, provider_id=node.provider_id, group_id=group_id, ready=node.ready,
+                                labels=dict(node.labels))
+            built[node.name] = (node, group_id, live)
+            out.append(live)
+        self._built = built
         return tuple(out)
 
 
@@ -312,6 +323,7 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     app_ref: dict[str, App] = {}
     controller = Controller(observer, executor, watcher, fabric, api, events, loop, clock,
                             is_leader=lambda: app_ref["app"].is_leader)
+    events.pause = controller.calls_first.wait_for_calls  # a burst's Events are written between CA's calls
     scale_up = PlannerScaleUp(controller, tracker, planner, InstanceFactory(clock=clock),
                               settings.max_node_provision_seconds)
     controller.listeners.append(DeviceRepair(fabric, controller.actions, events, clock).run)  # GPUs failed while attached

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence, TypeVar
 
 from dds import metrics
 from dds.controller.apply import Actions
+from dds.controller.calls_first import CallsFirst
 from dds.controller.executor import Executor, OperationWatcher, node_ref
 from dds.controller.gang_attaches import GangAttaches
 from dds.controller.gpu_label import GpuLabelKeeper
@@ -132,6 +134,7 @@ class Controller:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.RLock()  # one planning pass at a time (loop and CA's RPCs share the fabric)
+        self.calls_first = CallsFirst()  # CA's calls have a deadline, the loop has none: it steps aside for them
         # node -> (group id, the case that decided it): detaching first, removal next
         self._pending_removals: dict[str, tuple[str, Case]] = {}
         self._removals_resumed = False  # the removals a previous process left half done are picked up once
@@ -191,41 +194,61 @@ class Controller:
         calls do not wait for each other's planning; a decision taken on a snapshot older than a change started since
         (any attach, detach, node added or removed: `Executor.generation`) is taken again under the lock, on a fresh
         snapshot, so no two decisions ever count on the same free GPU or miss each other's capacity."""
-        generation = self.executor.generation
-        decision = decide()
-        with self._lock:
-            if self.executor.generation != generation:
-                decision = decide()
-            return act(decision)
+        with self.calls_first.call():
+            generation = self.executor.generation
+            decision = decide()
+            with self._lock:
+                if self.executor.generation != generation:
+                    decision = decide()
+                return act(decision)
 
     def run_once(self) -> Observation:
-        with metrics.LOOP_LATENCY.time():
-            with self._lock:
-                tick = getattr(self.fabric, "tick", None)
-                if callable(tick):
-                    tick()
-                self.watcher.poll()
-            self._record_pools()
-            generation, labels_mark = self.executor.generation, self.gpu_labels.mark()
-            observation = self.observer.observe()
-            # The GPU label is bookkeeping for CA, not a decision: written by a thread of its own (dds/controller/
-            # gpu_label.py), as thousands of label writes on a first pass must neither hold CA's calls nor the pass.
-            self.gpu_labels.offer(observation.snapshot, since=labels_mark)
-            decisions = self._decide(observation)
-            with self._lock:
-                for listener in self.listeners:
-                    listener(observation)
-                self.gangs.reconcile(observation.snapshot)
-                self.reservations.reconcile(observation.snapshot)  # before the fast path: its GPUs go first
-                self._resume_removals(observation)
-                self._attach_initial_gpus(observation)
-                if self.executor.generation != generation:  # something started since the snapshot: decide on it
-                    observation = self.observer.observe()
-                    decisions = self._decide(observation)
-                self._act(observation, decisions)
-                self.pool_binder.reconcile(observation.snapshot)
-                self._reclaim_orphans(observation)
-            return observation
+        started, waited = time.monotonic(), [0.0]
+        try:
+            return self._pass(waited)
+        finally:
+            # The pass's own work: the time it stepped aside for CA's calls is counted apart.
+            metrics.LOOP_LATENCY.observe(max(0.0, time.monotonic() - started - waited[0]))
+
+    def _pass(self, waited: list[float]) -> Observation:
+        with self._lock:
+            tick = getattr(self.fabric, "tick", None)
+            if callable(tick):
+                tick()
+            self.watcher.poll()
+        self._record_pools()
+        waited[0] += self._step_aside_for_calls()
+        generation, labels_mark = self.executor.generation, self.gpu_labels.mark()
+        observation = self.observer.observe()
+        # The GPU label is bookkeeping for CA, not a decision: written by a thread of its own (dds/controller/
+        # gpu_label.py), as thousands of label writes on a first pass must neither hold CA's calls nor the pass.
+        self.gpu_labels.offer(observation.snapshot, since=labels_mark)
+        waited[0] += self._step_aside_for_calls()
+        decisions = self._decide(observation)
+        waited[0] += self._step_aside_for_calls()
+        with self._lock:
+            for listener in self.listeners:
+                listener(observation)
+            self.gangs.reconcile(observation.snapshot)
+            self.reservations.reconcile(observation.snapshot)  # before the fast path: its GPUs go first
+            self._resume_removals(observation)
+            self._attach_initial_gpus(observation)
+            if self.executor.generation != generation:  # something started since the snapshot: decide on it
+                observation = self.observer.observe()
+                decisions = self._decide(observation)
+            self._act(observation, decisions)
+            self.pool_binder.reconcile(observation.snapshot)
+            self._reclaim_orphans(observation)
+        return observation
+
+    def _step_aside_for_calls(self) -> float:
+        """Wait while CA's calls are under way (dds/controller/calls_first.py). Never under the lock: a call waiting
+        for the lock would wait for this pass, and this pass for it, until the wait's bound."""
+        if self._lock._is_owned():  # type: ignore[attr-defined]  # RLock's own check, as threading.Condition uses
+            raise RuntimeError("the control loop must not wait for CA's calls while it holds the planning lock")
+        waited = self.calls_first.wait_for_calls()
+        metrics.LOOP_WAITED.inc(waited)
+        return waited
 
     def _decide(self, observation: Observation) -> "PassDecisions":
         """Everything this pass would do, planned on one snapshot (no I/O, no lock)."""

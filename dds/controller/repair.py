@@ -68,7 +68,8 @@ class DeviceRepair:
         failed = [d for d in self.fabric.devices() if d.state == DeviceState.FAILED and d.node in live]
         for device in failed:
             self._detach_failed(device, now)
-        shortfalls = gpu_shortfalls(snapshot)
+        # Only where GPUs are owed (a failed one was taken off): a node's shortfall elsewhere is not repair's to close.
+        shortfalls = gpu_shortfalls(snapshot, among=self._owed) if self._owed else []
         # Owed only while the node still lacks GPUs for its pods (they may have left) or holds the failed ones.
         keep = {r.node for r in shortfalls} | {d.node for d in failed}
         self._owed = {node: owed for node, owed in self._owed.items() if node in live and node in keep}

@@ -31,7 +31,7 @@ from typing import Any, Callable, Generic, Iterator, Mapping, Optional, Sequence
 import orjson
 from kubernetes import client
 
-from dds.kube import decode
+from dds.kube import decode, raw
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,6 @@ Obj = dict[str, Any]
 
 PAGE_SIZE = 500
 WATCH_TIMEOUT_SECONDS = (240, 360)  # server-side watch length, randomized so reflectors do not renew in lockstep
-_CONNECT_TIMEOUT_SECONDS = 10.0
 _READ_SLACK_SECONDS = 60.0  # bookmarks arrive about once a minute; a stream silent for longer than this is dead
 _BACKOFF_SECONDS = (0.2, 10.0)
 
@@ -207,7 +206,7 @@ class Reflector(Generic[T]):
             query: list[tuple[str, Any]] = [("limit", self._page_size)]
             if continue_token:
                 query.append(("continue", continue_token))
-            body = orjson.loads(self._get(query, stream=False).data)
+            body = orjson.loads(self._get(query).data)
             for obj in body.get("items") or ():
                 items[decode.object_key(obj)] = self.resource.decode(obj)
             meta = body.get("metadata") or {}
@@ -235,7 +234,7 @@ class Reflector(Generic[T]):
         timeout = random.randint(*self._watch_timeout)
         query = [("watch", "true"), ("allowWatchBookmarks", "true"), ("resourceVersion", self._resource_version),
                  ("timeoutSeconds", timeout)]
-        response = self._get(query, stream=True, read_timeout=timeout + _READ_SLACK_SECONDS)
+        response = self._get(query, read_timeout=timeout + _READ_SLACK_SECONDS)
         self._response = response
         self.stats.watches += 1
         try:
@@ -314,20 +313,10 @@ class Reflector(Generic[T]):
             for key, value in items.items():
                 self._buckets.setdefault(bucket_of(value), {})[key] = value
 
-    def _get(self, query: list[tuple[str, Any]], *, stream: bool, read_timeout: float = 60.0) -> Any:
+    def _get(self, query: list[tuple[str, Any]], read_timeout: float = 60.0) -> Any:
         """A GET of the collection, answered as the raw urllib3 response (nothing decoded by the client)."""
-        timeout = (_CONNECT_TIMEOUT_SECONDS, read_timeout)
-        headers = {"Accept": "application/json"}
         try:
-            if hasattr(self._api, "param_serialize"):  # kubernetes >= 35: call_api never decodes, never raises
-                method, url, headers, _, _ = self._api.param_serialize(
-                    "GET", self.resource.path, query_params=query, header_params=headers, auth_settings=["BearerToken"])
-                response = self._api.call_api(method, url, header_params=headers, _request_timeout=timeout).response
-            else:
-                response = self._api.call_api(
-                    self.resource.path, "GET", query_params=query, header_params=headers,
-                    auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
-                    _request_timeout=timeout)
+            response = raw.send(self._api, "GET", self.resource.path, query=query, read_timeout=read_timeout)
         except client.ApiException as exc:
             if exc.status == 410:
                 raise Gone(str(exc.reason)) from exc

@@ -4,7 +4,7 @@
 lists and prints as "(xN over T)"), reporting controller `dds.cdi.dev/dds` and the pod name as reporting instance.
 
 - Non-blocking: `emit` only puts the event on a bounded queue; one worker thread writes to the apiserver. A decision
-  never waits on the API. When the queue is full (apiserver slow or down, or an event storm) the event is dropped and
+  never waits on the API, and the worker waits for CA's calls under way (`pause`) before each write. When the queue is full (apiserver slow or down, or an event storm) the event is dropped and
   counted in `dds_events_dropped_total{reason="queue_full"}`: Events are best-effort by design in Kubernetes too.
 - Never raises into the caller: API failures are logged and counted (`reason="api_error"`).
 - Aggregated like client-go's recorder: the same object + type + reason + message seen again within 10 minutes of its
@@ -29,6 +29,7 @@ from typing import Callable, Optional, Protocol, Union
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from dds.kube import raw
 from dds.metrics import EVENTS_DROPPED
 from dds.model.events import ObjectRef
 
@@ -58,14 +59,23 @@ class EventSink(Protocol):
 
 
 class KubeEventSink:
-    """core/v1 Events through the API."""
+    """core/v1 Events through the API. A new Event is POSTed as it is (dds/kube/raw.py: a burst of them costs the
+    interpreter a quarter of what the typed call does); a repeat is a PATCH through the client."""
 
     def __init__(self, api_client: client.ApiClient, request_timeout: float = 10.0) -> None:
+        self._client = api_client
         self._api = client.CoreV1Api(api_client)
         self._timeout = request_timeout
 
     def create(self, namespace: str, body: dict) -> None:
-        self._api.create_namespaced_event(namespace, body, _request_timeout=self._timeout, _preload_content=False)
+        try:
+            response = raw.send(self._client, "POST", f"/api/v1/namespaces/{namespace}/events", body=body,
+                                read_timeout=self._timeout)
+            status, reason, data = response.status, response.reason, response.data
+        except ApiException as error:  # kubernetes < 35 raises for an error status
+            status, reason, data = error.status, error.reason, (error.body or "").encode()
+        if status >= 300:
+            raise ApiException(status=status, reason=f"{reason}: {data.decode(errors='replace')[:300]}")
 
     def patch(self, namespace: str, name: str, body: dict) -> None:
         try:
@@ -117,6 +127,10 @@ class KubeEventRecorder:
         if queue_size < 1 or cache_size < 1:
             raise ValueError("KubeEventRecorder: queue_size and cache_size must be at least 1")
         self._sink = sink
+        # Called before each write: the app makes it wait while one of cluster-autoscaler's calls is under way, so
+        # the Events of a burst are written between the calls, not inside their deadlines (dds/controller/
+        # calls_first.py).
+        self.pause: Callable[[], object] = lambda: None
         # In a pod the hostname is the pod name, which is what reportingInstance should say.
         self._instance = reporting_instance or socket.gethostname()
         self._clock = clock
@@ -171,6 +185,7 @@ class KubeEventRecorder:
             if isinstance(item, _FlushMarker):
                 item.done.set()
             elif isinstance(item, _Pending):
+                self.pause()
                 self._write_safely(item)
 
     def _write_safely(self, pending: _Pending) -> None:

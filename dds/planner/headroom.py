@@ -59,6 +59,8 @@ class WarmBudget:
 
 def plan_warm_refill(snapshot: Snapshot, config: PlannerConfig, hungry: frozenset[str]) -> tuple[Attach, ...]:
     """Attaches that bring each group back to its warm headroom from what its pool has free."""
+    if not any(warm_target(group, config) > 0 for group in snapshot.groups):
+        return ()  # the usual case: no group keeps warm GPUs, and nothing below is worth a walk over every pod
     cache = RequestCache()
     pods_on: dict[str, list[PodInfo]] = {}
     for pod in snapshot.pods:

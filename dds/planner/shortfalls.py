@@ -3,7 +3,9 @@ back after GPUs failed while attached. Pure: a snapshot in, the attaches that wo
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Optional
 
 from dds.planner.requests import effective_requests
 from dds.planner.snapshot import NodeInfo, Snapshot
@@ -23,11 +25,11 @@ class Restore:
     have: int
 
 
-def gpu_shortfalls(snapshot: Snapshot) -> list[Restore]:
-    """Live, Ready nodes of DDS's groups whose bound pods request more GPUs than the node has, each with as many GPUs
-    as closes the gap and its free slots allow (a node being removed gets none)."""
+def gpu_shortfalls(snapshot: Snapshot, among: Optional[Collection[str]] = None) -> list[Restore]:
+    """Live, Ready nodes of DDS's groups (`among`: of those named) whose bound pods request more GPUs than the node
+    has, each with as many GPUs as closes the gap and its free slots allow (a node being removed gets none)."""
     out = []
-    for node in snapshot.nodes:
+    for node in snapshot.nodes if among is None else (n for n in snapshot.nodes if n.name in among):
         group = snapshot.group(node.group_id) if node.group_id else None
         if group is None or not node.ready or _going_away(node):
             continue

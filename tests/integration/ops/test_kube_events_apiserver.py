@@ -10,6 +10,7 @@ import pytest
 from kubernetes import client
 
 from dds.kube.events import REPORTING_CONTROLLER, KubeEventRecorder
+from dds.metrics import EVENTS_DROPPED
 from dds.model.events import NORMAL, WARNING, ObjectRef
 
 pytestmark = pytest.mark.integration
@@ -59,3 +60,16 @@ def test_an_event_on_a_node_lands_in_default(api: client.ApiClient, recorder: Ku
     assert recorder.flush()
     [event] = events_about(api, "default", node.name)
     assert event.involved_object.kind == "Node" and event.reason == "AttachedGPU"
+
+
+def test_an_event_the_apiserver_refuses_is_counted_and_the_recorder_goes_on(api: client.ApiClient,
+                                                                              recorder: KubeEventRecorder) -> None:
+    # A namespace that does not exist: the POST is refused (404). The next Event is written all the same.
+    before = EVENTS_DROPPED.labels("api_error")._value.get()
+    missing = ObjectRef(kind="Pod", name="trainer-0", namespace=f"gone-{uuid.uuid4().hex[:6]}")
+    recorder.emit(missing, NORMAL, "AttachingGPU", "attaching 1 A30")
+    pod = ObjectRef(kind="Pod", name=f"trainer-{uuid.uuid4().hex[:6]}", namespace="default")
+    recorder.emit(pod, NORMAL, "AttachingGPU", "attaching 1 A30")
+    assert recorder.flush()
+    assert EVENTS_DROPPED.labels("api_error")._value.get() == before + 1
+    assert [e.reason for e in events_about(api, "default", pod.name)] == ["AttachingGPU"]

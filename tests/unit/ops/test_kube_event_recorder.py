@@ -168,3 +168,17 @@ def test_emit_after_close_is_ignored(sink: MemorySink, clock: FakeClock) -> None
     recorder.close()
     recorder.emit(POD, NORMAL, "AttachingGPU", "m")
     assert sink.events == {}
+
+
+def test_the_writer_waits_for_its_pause_before_each_write() -> None:
+    # The app's pause waits while one of cluster-autoscaler's calls is under way: nothing is written meanwhile.
+    sink, go = MemorySink(), threading.Event()
+    recorder = KubeEventRecorder(sink, reporting_instance="dds-0")
+    recorder.pause = lambda: go.wait(10)
+    try:
+        recorder.emit(POD, NORMAL, "AttachingGPU", "attaching 1 A30")
+        assert not recorder.flush(timeout=0.3) and sink.events == {}
+        go.set()
+        assert recorder.flush() and len(sink.events) == 1
+    finally:
+        recorder.close()
