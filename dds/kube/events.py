@@ -4,8 +4,9 @@
 lists and prints as "(xN over T)"), reporting controller `dds.cdi.dev/dds` and the pod name as reporting instance.
 
 - Non-blocking: `emit` only puts the event on a bounded queue; one worker thread writes to the apiserver. A decision
-  never waits on the API, and the worker waits for CA's calls under way (`pause`) before each write. When the queue is full (apiserver slow or down, or an event storm) the event is dropped and
-  counted in `dds_events_dropped_total{reason="queue_full"}`: Events are best-effort by design in Kubernetes too.
+  never waits on the API, and the worker waits for CA's calls under way (`pause`) before each write. When the queue
+  is full (apiserver slow or down, or an event storm) the event is dropped and counted in
+  `dds_events_dropped_total{reason="queue_full"}`: Events are best-effort by design in Kubernetes too.
 - Never raises into the caller: API failures are logged and counted (`reason="api_error"`).
 - Aggregated like client-go's recorder: the same object + type + reason + message seen again within 10 minutes of its
   last occurrence increments `count` and `lastTimestamp` of the existing Event (a PATCH) instead of creating a new one.
@@ -73,7 +74,8 @@ class KubeEventSink:
                                 read_timeout=self._timeout)
             status, reason, data = response.status, response.reason, response.data
         except ApiException as error:  # kubernetes < 35 raises for an error status
-            status, reason, data = error.status, error.reason, (error.body or "").encode()
+            body = error.body or b""
+            status, reason, data = error.status, error.reason, body if isinstance(body, bytes) else body.encode()
         if status >= 300:
             raise ApiException(status=status, reason=f"{reason}: {data.decode(errors='replace')[:300]}")
 

@@ -112,6 +112,8 @@ def test_the_loop_acting_while_ca_decides_is_seen_before_ca_acts(dds: Controller
         return observation
 
     monkeypatch.setattr(observer, "observe", observe_then_the_loop_runs)
+    # The pass runs past its step boundaries, where it would wait for CA's call under way (which waits for it here).
+    monkeypatch.setattr(dds.controller.calls_first, "wait_for_calls", lambda: 0.0)
     instances = dds.app.scale_up.increase(group, 1, "ca-1")
 
     [attach] = dds.operations()
