@@ -187,6 +187,10 @@ class App:
     cache: Optional[ClusterCache] = None  # settings.watch_cache: what every decision reads the cluster from
     heap: HeapKeeper = field(default_factory=HeapKeeper)  # the collector kept off the cache's objects (dds/heap.py)
     stopped: threading.Event = field(default_factory=threading.Event)
+    # Set once start() is done: the cache's first LIST in, the planner primed, the gRPC server listening. Readiness
+    # waits for it, so a Service routes CA to a replica only once it can answer (at 5,000 nodes, 15 s after the
+    # process answers HTTP).
+    started: threading.Event = field(default_factory=threading.Event)
     exit_code: int = 0
 
     @property
@@ -203,6 +207,7 @@ class App:
         else:
             self.server.set_serving(False)
             self.elector.run_in_thread()
+        self.started.set()
         log.info("DDS serving %d node group(s) on %s (fabric %s, metrics on %s)", len(self.catalog.groups()),
                  self.server.address, self.fabric.name, self.settings.metrics_listen)
 
@@ -343,6 +348,7 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     app = App(settings=settings, api=api, fabric=fabric, catalog=catalog, registry=registry, controller=controller,
               server=server, ops=ops, events=events, elector=elector, tracker=tracker, scale_up=scale_up,
               scale_down=scale_down, infrastructure=nodes.infrastructure, cache=cache)
+    ops.add_ready_check("started", app.started.is_set)
     controller.listeners.append(app.heap.on_pass)
     app_ref["app"] = app
     return app
