@@ -386,10 +386,11 @@ def leave_pool_slots_to_the_scheduler(plan: ScaleUpPlan, snapshot: Snapshot) -> 
     kube-scheduler allocates the slot and picks the node, then DDS attaches it (PoolModeBinder). An attach planned
     for the same pod besides would take a second GPU out of the pool, and a slot off the slice, for a pod that gets
     one. The pods' verdicts stay: they fit once a slot is theirs, and a pod no live node takes still needs a node."""
-    pool_nodes = {n.name for n in snapshot.nodes
-                  if n.group_id is not None and (g := snapshot.group(n.group_id)) is not None
-                  and g.gpu_api is GpuApi.DRA_POOL}
-    if not pool_nodes or not any(a.node in pool_nodes for a in plan.attaches):
+    pool_groups = {g.id for g in snapshot.groups if g.gpu_api is GpuApi.DRA_POOL}
+    if not pool_groups or not plan.attaches:  # the usual case: no walk over the nodes on every plan
+        return plan
+    pool_nodes = {n.name for n in snapshot.nodes if n.group_id in pool_groups}
+    if not any(a.node in pool_nodes for a in plan.attaches):
         return plan
     decisions = tuple(replace(d, reason=f"{d.reason}; kube-scheduler allocates it a pool slot, then DDS attaches "
                                         f"the GPU (pool mode)")

@@ -162,7 +162,6 @@ _LAST_CAPACITY = _LastColumns()  # allocatable per resource row and node
 _LAST_SUMS = _LastColumns()  # bound pods' requests per resource row and node, and their GPUs per node
 
 
-
 @dataclass
 class _BoundPods:
     """The pods bound to a snapshot's live nodes, as a ClusterState reads them; shared by the states built on one
