@@ -26,7 +26,9 @@ from dds.controller.idle import IdleTracker
 from dds.controller.loop import Controller, LoopConfig
 from dds.controller.observe import ClusterObserver
 from dds.fabric.base import Fabric, ResumableFabric
-from dds.fabric.factory import build_fabric
+from dds.fabric.factory import (ALLOW_NON_KWOK_NODES_ADVICE, build_fabric, refuse_simulation_on_real_nodes,
+                                 require_fabric_choice)
+from dds.kube.authn import ApiserverAuthorizer
 from dds.kube.cache import CachedMachineSetLister, ClusterCache, cluster_cache
 from dds.kube.composability import WATCHED as COMPOSABILITY_OBJECTS
 from dds.kube import ApiClient
@@ -38,10 +40,10 @@ from dds.kube.requests import instrument
 from dds.kube.resourceslices import ResourceSlicePublisher, online_gpus, with_resource_slices
 from dds.kube.state import ConfigMapStateStore
 from dds.planner.reservations import ReservationConfig
-from dds.model.groups import DEFAULT_GPU_RESOURCE, LABEL_NODE_GROUP, GpuApi, NodeGroupSpec
+from dds.model.groups import DEFAULT_GPU_RESOURCE, LABEL_NODE_GROUP, NodeGroupSpec
 from dds.nodes.factory import build_node_backend
 from dds.nodes.kwok import KwokInfrastructure
-from dds.ops.http import OpsServer
+from dds.ops.http import OpsServer, build_ops_server, check_metrics_settings
 from dds.planner import plan_scale_up
 from dds.planner.plan import PlannerConfig
 from dds.scaling.instances import InstanceFactory, InstanceTracker
@@ -134,7 +136,7 @@ def lists_node_local_devices(api: ApiClient, groups: Callable[[], Sequence[NodeG
 
     def lists(node_name: str) -> bool:
         found = _node_group(api, groups, cache, node_name)
-        return isinstance(found, NodeGroupSpec) and found.gpu_api is GpuApi.DRA_NODE_LOCAL
+        return isinstance(found, NodeGroupSpec) and found.publishes_own_slices
 
     return lists
 
@@ -287,8 +289,11 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
               clock: Callable[[], float] = time.time) -> App:
     from dds.kube.client import api_client
 
+    check_metrics_settings(settings)  # before anything reads the cluster: an unprotected /metrics is a usage error
+    require_fabric_choice(settings)
     api = api or api_client(settings.kubeconfig, settings.in_cluster)
     instrument(api)  # dds_apiserver_requests_total{verb}: steady state must show no LIST
+    refuse_simulation_on_real_nodes(settings, api)  # simulated GPUs on real machines only when asked for by name
     if settings.leader_election and not settings.identity:
         # One name for the lease holder and the Events' reportingInstance: which replica acted is then on every Event.
         settings = settings.model_copy(update={"identity": default_identity()})
@@ -299,7 +304,10 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     lister = MachineSetLister(api, settings.machineset_namespaces)
     catalog = NodeGroupCatalog(source=MachineSetSource(CachedMachineSetLister(cache, lister) if cache else lister),
                                events=events)
-    on_devices = gpu_capacity_hook(api, gpu_resource_of(api, catalog.groups, cache))
+    simulating_on_kwok_only = (settings.fabric == FabricBackend.SIMULATED
+                               and not settings.simulated_fabric.allow_non_kwok_nodes)
+    on_devices = gpu_capacity_hook(api, gpu_resource_of(api, catalog.groups, cache),
+                                   kwok_only=ALLOW_NON_KWOK_NODES_ADVICE if simulating_on_kwok_only else None)
     built: dict[str, Fabric] = {}  # the hook reads the fabric it is given to (re-entrant: see dds/fabric/simulated.py)
     if settings.fabric == FabricBackend.SIMULATED:  # DDS plays the DRA driver of dra-node-local groups: docs/dra.md
         on_devices = with_resource_slices(on_devices, ResourceSlicePublisher(
@@ -339,7 +347,7 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                                 on_stopped_leading=lambda: app_ref["app"]._stopped_leading(), clock=clock)
     gate = LeaderGate(lambda: app_ref["app"].is_leader, lambda: elector.observed_leader if elector else "")
     server = build_server(settings, registry, scale_up, scale_down, interceptors=[gate])
-    ops = OpsServer(settings.metrics_listen)
+    ops = build_ops_server(settings, lambda: ApiserverAuthorizer.for_cluster(api))
     ops.add_ready_check("node-groups", lambda: catalog.last_error is None)
     if elector is not None:
         ops.add_ready_check("leader", lambda: elector.is_leader)

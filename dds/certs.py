@@ -9,6 +9,8 @@ Why these choices:
 - ECDSA P-256 keys: accepted by Go's crypto/tls and by gRPC's BoringSSL, small and fast to generate.
 - The CA may sign leaf certificates only (path length 0) and each leaf carries one extended key usage, so a stolen client
   key cannot pose as the server or the other way round.
+- The client's identity, CN and SAN DNS `cluster-autoscaler` (CLIENT_COMMON_NAME), is what DDS's `grpc_allowed_clients`
+  lets in by default (dds/provider/callers.py): being signed by this CA is not enough to call DDS.
 """
 
 from __future__ import annotations

@@ -66,6 +66,9 @@ class SimulatedFabricSettings(_Section):
     faults: FaultSpec = Field(default_factory=FaultSpec)
     # Where the simulated manager keeps its state in a cluster, so it outlives a DDS restart (as a real CDI manager does).
     state_configmap: str = "dds-simulated-fabric"
+    # The simulated fabric writes GPU capacity into Nodes, which is right only for kwok nodes (no kubelet, no devices).
+    # On any other node `dds serve` refuses, naming this setting; true lets it fake GPUs on real nodes too.
+    allow_non_kwok_nodes: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -95,6 +98,9 @@ class RedfishSettings(_Section):
 class ComposabilitySettings(_Section):
     resource_type: str = "gpu"
     request_name_prefix: str = "dds-"
+    # The operator writes every reconcile error into status.error and retries it with backoff, clearing it on success:
+    # an error is final for DDS only once an operation has lasted this long with the error still there.
+    operator_error_bound_seconds: float = Field(default=120.0, gt=0)
 
 
 class KwokSettings(_Section):
@@ -115,6 +121,11 @@ class Settings(BaseSettings):
     tls_key: Optional[Path] = None
     tls_ca: Optional[Path] = None  # client CA: client certificates are required and verified
     insecure: bool = False  # plaintext, only when asked for explicitly
+    # Who may call (mutual TLS): a client certificate must name one of these as its subject CommonName, a SAN DNS name
+    # or a SAN URI, else the call is PERMISSION_DENIED (dds/provider/callers.py). The default is the client identity
+    # `dds certs` issues to cluster-autoscaler (dds/certs.py CLIENT_COMMON_NAME): any other holder of a certificate of
+    # the same CA is refused.
+    grpc_allowed_clients: list[str] = Field(default_factory=lambda: ["cluster-autoscaler"])
 
     # Where node groups come from: a YAML file, or MachineSets in the cluster (kubeconfig / in-cluster).
     node_groups_file: Optional[Path] = None
@@ -126,7 +137,9 @@ class Settings(BaseSettings):
     # The label pods select a GPU model with (on nodes and templates). CA's GPULabel is DDS's own
     # dds.cdi.dev/attached-gpu, present only while a node has GPUs: docs/gpu-label.md.
     gpu_label: str = "nvidia.com/gpu.product"
-    fabric: FabricBackend = FabricBackend.SIMULATED
+    # No default: in a cluster the fabric is a choice (`dds serve` refuses to start without one), so settings made for
+    # a real cluster never fall back to simulated GPUs. The demo, harness/ and the tests choose `simulated`.
+    fabric: Optional[FabricBackend] = None
     simulated_fabric: SimulatedFabricSettings = Field(default_factory=SimulatedFabricSettings)
     redfish: RedfishSettings = Field(default_factory=RedfishSettings)
     composability: ComposabilitySettings = Field(default_factory=ComposabilitySettings)
@@ -166,7 +179,14 @@ class Settings(BaseSettings):
     watch_cache: bool = True  # read the cluster through LIST+WATCH (dds/kube/cache.py); false: a LIST per decision
 
     # Operations.
-    metrics_listen: str = "0.0.0.0:8087"
+    # /metrics, /decisions and the probes. Plain HTTP without authentication on a loopback address only (the default);
+    # anywhere else needs metrics_secure: TLS, and /metrics and /decisions only for bearer tokens the apiserver
+    # authenticates (TokenReview) and authorizes for `get` on the path (SubjectAccessReview): dds/ops/http.py.
+    metrics_listen: str = "127.0.0.1:8087"
+    metrics_secure: bool = False
+    # The serving pair of metrics_secure; unset: the gRPC server's tls_cert and tls_key (one Secret, one name).
+    metrics_tls_cert: Optional[Path] = None
+    metrics_tls_key: Optional[Path] = None
     leader_election: bool = False
     lease_name: str = "dds-leader"
     lease_duration_seconds: float = Field(default=15.0, gt=0)
@@ -175,6 +195,15 @@ class Settings(BaseSettings):
     identity: Optional[str] = None
     log_level: str = "INFO"
     log_format: str = "text"  # text | json
+
+    @field_validator("grpc_allowed_clients")
+    @classmethod
+    def _some_caller_allowed(cls, value: list[str]) -> list[str]:
+        if not value or not all(name.strip() for name in value):
+            raise ValueError("needs at least one non-empty identity, else no client could call DDS: list the subject "
+                             "CommonName, a SAN DNS name or a SAN URI of cluster-autoscaler's client certificate "
+                             "(`dds certs` issues cluster-autoscaler)")
+        return value
 
     @field_validator("batch_solver")
     @classmethod

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds (once) and caches the pinned binaries the tests and `make demo` run as local processes: etcd,
-# kube-apiserver, kube-scheduler, kube-controller-manager (DRA tests only), kwok and the real cluster-autoscaler.
-# Prints the bin directory on its last line.
+# kube-apiserver, kube-scheduler, kube-controller-manager (DRA tests only), kwok, the real cluster-autoscaler and the
+# CDI operator `cro-manager` (composability tests only). Prints the bin directory on its last line.
 #
 # Quiet by design: one line per binary on stderr; the Go tool's output goes to a log file the line names.
 # A warm run only checks that the cached binaries exist (well under a second).
@@ -159,12 +159,41 @@ build_cluster_autoscaler() {
   built cluster-autoscaler
 }
 
+# The CDI operator (CoHDI composable-resource-operator) for the composability tests (harness/cdi_operator.py), from the
+# pinned source archive in shared/third_party (checksum verified). Its CRDs, RBAC and webhook configuration from the same
+# tree are cached beside the binary under config/, so the tests install the upstream files, never a copy kept here.
+build_cro_manager() {
+  local short="${CRO_COMMIT:0:7}"
+  local out="$cache/cro-manager-$short"
+  if [[ -x "$out/cro-manager" && -f "$out/config/webhook/manifests.yaml" ]]; then return; fi
+  local src="$repo/../shared/third_party/$CRO_SOURCE_ARCHIVE" w="$cache/wrappers/cro-manager-$short" got
+  [[ -f "$src" ]] || die "CDI operator source not found: $src (expected the upstream composable-resource-operator
+  $short source archive in shared/third_party beside this repository)"
+  got="$(sha256sum "$src" | cut -d' ' -f1)"
+  [[ "$got" == "$CRO_SOURCE_SHA256" ]] || die "CDI operator source $src has sha256 $got, expected $CRO_SOURCE_SHA256
+  (corrupt or another commit)"
+  building cro-manager "$short"
+  rm -rf "$w" "$out.tmp"; mkdir -p "$w" "$out.tmp/config/crd/bases" "$out.tmp/config/rbac" "$out.tmp/config/webhook"
+  tar -xzf "$src" -C "$w" || die "cannot unpack CDI operator source $src"
+  local dir="$w/composable-resource-operator"
+  # The metal3 `api` module ships inside the archive: the module proxy refuses it. The edit is in the extracted copy.
+  (cd "$dir" && run cro-manager go mod edit \
+    -replace github.com/metal3-io/cluster-api-provider-metal3/api=../cluster-api-provider-metal3-api &&
+    run cro-manager go build -trimpath -ldflags "-s -w" -o "$out.tmp/cro-manager" ./cmd)
+  cp "$dir"/config/crd/bases/*.yaml "$out.tmp/config/crd/bases/"
+  cp "$dir"/config/rbac/*.yaml "$out.tmp/config/rbac/"
+  cp "$dir/config/webhook/manifests.yaml" "$out.tmp/config/webhook/"
+  rm -rf "$out" "$w"; mv "$out.tmp" "$out"
+  built cro-manager
+}
+
 start=$(date +%s)
 build_etcd
 build_kwok
 build_kubernetes
 build_kube_controller_manager
 build_cluster_autoscaler
+build_cro_manager
 bin="$cache/current"
 rm -rf "$bin"; mkdir -p "$bin"
 ln -sf "$cache/etcd-$ETCD_VERSION/etcd" "$bin/etcd"
@@ -173,6 +202,7 @@ ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/kube-apiserver" "$bin/kube-apiserv
 ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/kube-scheduler" "$bin/kube-scheduler"
 ln -sf "$cache/kube-controller-manager-$KUBERNETES_VERSION/kube-controller-manager" "$bin/kube-controller-manager"
 ln -sf "$cache/cluster-autoscaler-$CLUSTER_AUTOSCALER_VERSION/cluster-autoscaler" "$bin/cluster-autoscaler"
+ln -sf "$cache/cro-manager-${CRO_COMMIT:0:7}/cro-manager" "$bin/cro-manager"
 elapsed=$(( $(date +%s) - start ))
 (( elapsed > 1 )) && log "binaries ready in $elapsed s: $bin"
 echo "$bin"

@@ -152,7 +152,7 @@ Look inside:
   kubectl --context ${CONTEXT} -n dds-system logs deploy/dds --follow
   kubectl --context ${CONTEXT} -n dds-system logs deploy/cluster-autoscaler --follow
   kubectl --context ${CONTEXT} -n dds-system get lease dds-leader      # which replica leads
-  kubectl --context ${CONTEXT} -n dds-system port-forward svc/dds 8087  # then curl localhost:8087/metrics
+  kubectl --context ${CONTEXT} -n dds-system port-forward svc/dds 8087  # then https://localhost:8087/metrics with a token: docs/operations.md "Metrics"
 
 Adding a *node* (when GPUs alone cannot fit the pods) raises the MachineSet's replicas; the leading DDS turns them into
 kwok nodes here (node_backend kwok), as a Cluster API infrastructure provider would in a real cluster.

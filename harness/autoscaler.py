@@ -162,10 +162,10 @@ def _logged_version(log_path: Path, process: subprocess.Popen[bytes]) -> str:
 
 
 def start_autoscaler(kubeconfig: Path, cloud_config: Path, workdir: Path, *, binary: Optional[Path] = None,
-                     bin_dir: Optional[Path] = None, **timings: Any) -> AutoscalerHandle:
+                     bin_dir: Optional[Path] = None, namespace: str = "dds-system", **timings: Any) -> AutoscalerHandle:
     """Start the real cluster-autoscaler (see the module docstring for which binary); `timings` are AutoscalerTimings
     fields in seconds. Raises AutoscalerError, with nothing left running, when it is not the pinned version with the
-    externalgrpc provider."""
+    externalgrpc provider. `kubeconfig` should be CA's ServiceAccount's (harness/rbac.py), not the admin's."""
     parsed = AutoscalerTimings.from_kwargs(**timings)
     path = find_binary(binary, bin_dir)
     check_externalgrpc(path)
@@ -175,6 +175,8 @@ def start_autoscaler(kubeconfig: Path, cloud_config: Path, workdir: Path, *, bin
     log_path = workdir / "cluster-autoscaler.log"
     command = [str(path), "--cloud-provider=externalgrpc", f"--cloud-config={cloud_config}",
                f"--kubeconfig={kubeconfig}", "--leader-elect=false", f"--address=127.0.0.1:{free_port()}",
+               # As manifests/cluster-autoscaler/deployment.yaml: its Role grants the status ConfigMap only there.
+               f"--namespace={namespace}",
                "--skip-nodes-with-system-pods=false", "--v=4", *parsed.flags()]
     (workdir / "cluster-autoscaler.cmdline").write_text(" ".join(command) + "\n")
     with log_path.open("wb") as log_file:

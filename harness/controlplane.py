@@ -3,8 +3,11 @@
 etcd, kube-apiserver, kube-scheduler and kwok (the pinned builds of hack/build-binaries.sh) run on free loopback ports
 under one work directory:
 
-    workdir/kubeconfig            token user in system:masters (no RBAC in the way), CA of the serving certificate
+    workdir/kubeconfig            token user in system:masters (no RBAC in the way), CA of the serving certificate:
+                                  for the tests' own setup and inspection only; DDS and cluster-autoscaler run with
+                                  the ServiceAccount kubeconfigs of harness/rbac.py (the RBAC manifests/ ships)
     workdir/logs/<component>.log  each component's output (appended across an apiserver restart)
+    workdir/logs/audit.log        the apiserver's audit log of ServiceAccounts' requests (harness/audit.py)
     workdir/pki/                  serving CA and certificate, service-account key, token file
     workdir/etcd/                 etcd's data
 
@@ -12,7 +15,9 @@ There is no kube-controller-manager: no garbage collection, no Deployment/Replic
 namespace controller (`ControlPlane.delete_namespace` does that controller's job for tests). Because nothing would ever
 remove the `node.kubernetes.io/not-ready` taint, the TaintNodesByCondition admission plugin is off; ServiceAccount
 admission is off too (no token controller). kwok manages the Nodes annotated `kwok.x-k8s.io/node: fake`
-(`KWOK_NODE_ANNOTATION`): Ready at once, pods bound to them Running at once (harness/kwok_stages.yaml).
+(`KWOK_NODE_ANNOTATION`): Ready at once, pods bound to them Running at once (harness/kwok_stages.yaml). kwok is
+also their kubelet for the apiserver's exec: a kwok `Exec` object names the local command's environment, and kwok
+runs where harness/bin overlays /usr/bin (harness/gpu_node_agent.py: nvidia-smi in a GPU node's driver pod).
 
 No process outlives its ControlPlane: `stop()` (also the context manager's exit) terminates each component's process
 group and kills what is left after a timeout; a finalizer and an atexit hook do the same if a test run forgets or
@@ -28,6 +33,7 @@ import contextlib
 import ctypes
 import datetime
 import errno
+import functools
 import logging
 import os
 import secrets
@@ -47,12 +53,21 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from dds import certs
+from harness import audit
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-binaries.sh"
 KWOK_STAGES = Path(__file__).with_name("kwok_stages.yaml")
+# kwok's Exec API, served so that an exec on a pod of a kwok node runs a local command (harness/gpu_node_agent.py).
+KWOK_CRDS = Path(__file__).with_name("kwok_crds")
+# Executables kwok's execs find at /usr/bin (harness/bin/nvidia-smi: the CDI operator runs /usr/bin/nvidia-smi).
+HARNESS_BIN = Path(__file__).with_name("bin")
+# Run in a private mount namespace before kwok: harness/bin overlays /usr/bin, and /run/nvidia/driver (where the CDI
+# operator chroots in DRA mode) is this machine's root. $0 is harness/bin; nothing outside kwok's process sees it.
+_KWOK_MOUNTS = ('mount -t overlay overlay -o "lowerdir=$0:/usr/bin" /usr/bin && mount -t tmpfs tmpfs /run'
+                ' && mkdir -p /run/nvidia/driver && mount --rbind / /run/nvidia/driver && exec "$@"')
 CRD_DIRECTORIES = (REPO_ROOT / "manifests" / "crds" / "cluster-api", REPO_ROOT / "manifests" / "crds" / "composability")
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
 CONTROLLER_MANAGER = "kube-controller-manager"  # optional: start_control_plane(controller_manager=True)
@@ -348,6 +363,9 @@ class ControlPlane:
         self.bin_dir = bin_dir
         self.kubeconfig = workdir / "kubeconfig"
         self.logs = workdir / "logs"
+        # ServiceAccounts' requests only (harness/audit.py): a 403 to DDS or CA fails the test that caused it.
+        self.audit_log = self.logs / "audit.log"
+        audit.register(self.audit_log)
         self.ports = Ports.pick()
         self.server = f"https://127.0.0.1:{self.ports.apiserver}"
         self._pki = Pki.write(workdir / "pki")
@@ -385,11 +403,15 @@ class ControlPlane:
 
     def restart_apiserver(self) -> None:
         """Stop kube-apiserver and start it again on the same port and etcd (data kept); return once it is ready."""
+        began = time.time()
         with self._lock:
             self._check_not_stopped()
             self._apiserver.stop()
             self._apiserver.start()
         self._wait_apiserver_ready()
+        # Until its RBAC informers have synced, a starting apiserver answers 403 to every ServiceAccount: not a
+        # verdict on the roles, so harness/audit.py does not count those.
+        audit.restarted(self.audit_log, began, time.time())
 
     def create_namespace(self, name: str, labels: Optional[dict[str, str]] = None) -> None:
         self._check_not_stopped()
@@ -422,6 +444,12 @@ class ControlPlane:
                 raise ControlPlaneError(f"namespace {name} still exists {timeout:.0f} s after its deletion "
                                         f"(finalizers: {namespace['metadata'].get('finalizers')})")
             time.sleep(_POLL_S)
+
+    def add_component(self, name: str, argv: list[str], env: Optional[dict[str, str]] = None) -> ManagedProcess:
+        """A process of the test's own (e.g. the CDI operator, harness/cdi_operator.py), not yet started: its log is
+        logs/<name>.log and it is stopped with this control plane, before the components it talks to."""
+        self._check_not_stopped()
+        return self._component(name, argv, env)
 
     def pids(self) -> dict[str, int]:
         """The process id of each component started (for checks that nothing is left behind)."""
@@ -467,6 +495,7 @@ class ControlPlane:
             manager.start()
             _wait_ready(manager, _probe(self._session, f"https://127.0.0.1:{self._controller_manager_port}/healthz"))
         if self._with_kwok:
+            self.install_crds([KWOK_CRDS])  # before kwok starts: it watches Execs from the start (--enable-crds)
             kwok = self._component("kwok", self._kwok_argv(), env=self._kwok_env())
             kwok.start()
             with _loopback_session() as plain:
@@ -504,6 +533,8 @@ class ControlPlane:
                 f"--cert-dir={self.workdir / 'pki' / 'generated'}",
                 f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
                 f"--token-auth-file={pki.token_file}", "--authorization-mode=RBAC",
+                f"--audit-policy-file={audit.write_policy(self.workdir / 'audit-policy.yaml')}",
+                f"--audit-log-path={self.audit_log}", "--audit-log-format=json",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-signing-key-file={pki.service_account_key}",
                 f"--service-account-key-file={pki.service_account_public_key}",
@@ -514,7 +545,10 @@ class ControlPlane:
                 "--allow-privileged=true",
                 # Bounds the HTTP server's shutdown to 2 s; otherwise open watches (scheduler, kwok, tests) hold a
                 # stop or restart for the whole request timeout (60 s).
-                "--shutdown-send-retry-after=true"] + self._gate_flags() + (
+                "--shutdown-send-retry-after=true",
+                # Nodes' Hostname addresses are not resolvable names here; kwok posts InternalIP 127.0.0.1 and serves
+                # exec as their kubelet (harness/gpu_node_agent.py).
+                "--kubelet-preferred-address-types=InternalIP"] + self._gate_flags() + (
                     [f"--runtime-config={','.join(self.runtime_config)}"] if self.runtime_config else [])
 
     def _gate_flags(self) -> list[str]:
@@ -546,10 +580,15 @@ class ControlPlane:
 
     def _kwok_argv(self) -> list[str]:
         key, value = KWOK_NODE_ANNOTATION
-        return [str(self._binaries["kwok"]), f"--kubeconfig={self.kubeconfig}", f"--config={KWOK_STAGES}",
+        argv = [f"--kubeconfig={self.kubeconfig}", f"--config={KWOK_STAGES}",
                 f"--manage-nodes-with-annotation-selector={key}={value}",
                 f"--server-address=127.0.0.1:{self.ports.kwok}",
+                # The apiserver reaches kwok as the nodes' kubelet (exec, logs): InternalIP and kubeletEndpoint.
+                "--node-ip=127.0.0.1", f"--node-port={self.ports.kwok}", "--enable-crds=Exec",
                 "--node-lease-duration-seconds=40"]  # kubelet's default; kwok renews the Leases itself
+        argv = [str(self._binaries["kwok"]), *argv]
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _KWOK_MOUNTS, str(HARNESS_BIN),
+                *argv] if _private_mounts_work() else argv
 
     def _kwok_env(self) -> dict[str, str]:
         # kwok reads ~/.kwok/kwok.yaml whenever it exists: a private HOME keeps a developer's file out of the tests.
@@ -670,6 +709,22 @@ def start_control_plane(workdir: Path, *, scheduler: bool = True, kwok: bool = T
                 continue
             raise
     raise AssertionError("unreachable")
+
+
+@functools.lru_cache(maxsize=1)
+def _private_mounts_work() -> bool:
+    """Whether kwok can run under _KWOK_MOUNTS here (root with CAP_SYS_ADMIN, overlayfs). Without it, an exec on a
+    GPU node's driver pod fails with "no such file" for /usr/bin/nvidia-smi, and the log says why."""
+    try:
+        probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", _KWOK_MOUNTS,
+                                str(HARNESS_BIN), "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("kwok runs without the harness/bin overlay (execs of /usr/bin/nvidia-smi will fail): %s", exc)
+        return False
+    if probe.returncode != 0:
+        log.warning("kwok runs without the harness/bin overlay (execs of /usr/bin/nvidia-smi will fail): %s",
+                    probe.stderr.decode(errors="replace").strip())
+    return probe.returncode == 0
 
 
 def _port_taken(message: str) -> bool:

@@ -14,8 +14,11 @@ The scenario (shared/seeds/004, the talk's demo):
 4. Those pods go away -> idle GPUs are detached after the cooldown, the empty node is removed.
 
     python -m harness.demo [--workdir DIR] [--attach-latency 4:6] [--node-provisioning 20] [--json] [--dra]
+                           [--fabric simulated|composability]
 
 `--dra` runs the same scenario with every GPU asked for through a ResourceClaim (harness/demo_dra.py, docs/dra.md).
+`--fabric composability` runs it through CoHDI's real CDI operator and the fabric-manager emulator, GPUs claimed from
+NVIDIA's DRA driver (harness/demo_cdi.py); its second line is the operator's version.
 """
 
 from __future__ import annotations
@@ -342,6 +345,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON at the end")
     parser.add_argument("--dra", action="store_true",
                         help="the same demo with GPUs asked for through ResourceClaims (harness/demo_dra.py)")
+    parser.add_argument("--fabric", choices=("simulated", "composability"), default="simulated",
+                        help="composability: DDS drives the real CDI operator (harness/demo_cdi.py; DRA claims)")
     args = parser.parse_args(argv)
     import tempfile
 
@@ -349,13 +354,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     options = DemoOptions(workdir=workdir, stack=StackOptions(attach_latency=args.attach_latency,
                                                               node_provisioning_seconds=args.node_provisioning))
     scenario: type[Demo] = Demo
-    if args.dra:
+    failures: tuple[type[Exception], ...] = (StackError,)
+    if args.fabric == "composability":
+        from harness.cdi_operator import CdiOperatorError
+        from harness.demo_cdi import CdiDemo, cdi_demo_options
+
+        options, scenario = cdi_demo_options(options), CdiDemo
+        failures += (CdiOperatorError,)
+    elif args.dra:
         from harness.demo_dra import DraDemo, dra_options
 
         options, scenario = dra_options(options), DraDemo
     try:
         result = run_demo(options, scenario=scenario)
-    except StackError as exc:
+    except failures as exc:
         print(f"\ndemo failed: {exc}\nlogs: {workdir}", file=sys.stderr)
         return 1
     print(summary(result))

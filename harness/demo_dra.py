@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 from kubernetes import client
@@ -38,12 +38,12 @@ def dra_options(options: DemoOptions) -> DemoOptions:
     return replace(options, stack=stack)
 
 
-def claim_template() -> dict[str, Any]:
-    selector = f'device.attributes["{DRIVER}"].model == "A30"'
+def claim_template(driver: str = DRIVER, selector: str = f'device.attributes["{DRIVER}"].model == "A30"'
+                   ) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": TEMPLATE, "namespace": DEMO_NAMESPACE},
             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": DRIVER, "selectors": [{"cel": {"expression": selector}}]}}]}}}}
+                "deviceClassName": driver, "selectors": [{"cel": {"expression": selector}}]}}]}}}}
 
 
 def dra_pod(name: str, memory_gib: int) -> dict[str, Any]:
@@ -57,9 +57,19 @@ def dra_pod(name: str, memory_gib: int) -> dict[str, Any]:
 
 
 class DraDemo(Demo):
+    # The driver the demo's GPUs come under, and what a claim for one A30 selects (harness/demo_cdi.py: NVIDIA's).
+    driver = DRIVER
+
+    def device_class(self) -> Optional[dict[str, Any]]:
+        """The DeviceClass the demo creates; None when the stack installs it with the driver."""
+        return yaml.safe_load(DEVICE_CLASS_FILE.read_text())
+
+    def claim_template(self) -> dict[str, Any]:
+        return claim_template()
+
     def devices_by_node(self) -> dict[str, int]:
         items = client.ResourceV1Api(self.stack.api).list_resource_slice().items
-        return {s.spec.node_name: len(s.spec.devices or ()) for s in items if s.spec.driver == DRIVER}
+        return {s.spec.node_name: len(s.spec.devices or ()) for s in items if s.spec.driver == self.driver}
 
     def slices(self) -> str:
         return "; ".join(f"{node}: {count} device(s)" for node, count in sorted(self.devices_by_node().items())) \
@@ -72,10 +82,15 @@ class DraDemo(Demo):
 
     def run(self) -> DemoResult:
         resource = client.ResourceV1Api(self.stack.api)
-        self.step(f"DRA: DeviceClass {DRIVER} (manifests/dra), ResourceClaimTemplate {TEMPLATE} (1 GPU whose model "
-                  f"attribute is A30); each node's GPUs are devices of its ResourceSlice")
-        resource.create_device_class(yaml.safe_load(DEVICE_CLASS_FILE.read_text()))
-        resource.create_namespaced_resource_claim_template(DEMO_NAMESPACE, claim_template())
+        template = self.claim_template()
+        [request] = template["spec"]["spec"]["devices"]["requests"]
+        self.step(f"DRA: DeviceClass {self.driver}, ResourceClaimTemplate {TEMPLATE} (1 GPU: "
+                  f"{request['exactly']['selectors'][0]['cel']['expression']}); each node's GPUs are devices of its "
+                  f"ResourceSlice")
+        device_class = self.device_class()
+        if device_class is not None:
+            resource.create_device_class(device_class)
+        resource.create_namespaced_resource_claim_template(DEMO_NAMESPACE, template)
         self.wait_for("two Ready workers, each with its boot-time A30 in its ResourceSlice",
                       lambda: len(self.ready_workers()) == 2 and self.slices().count("1 device(s)") == 2,
                       describe=lambda: f"{self.nodes_describe()} | {self.slices()}")

@@ -5,7 +5,8 @@ folder (integration, e2e).
   whole run, in a pytest tmp dir (its logs under <tmp>/control-plane*/logs), stopped at the end of the session whatever
   happened. When the binaries cannot be built or the control plane cannot start, every test that needs it ERRORS with
   the reason: CI must build them, so this is never a skip.
-- `namespace` (function): a fresh namespace, deleted with everything in it afterwards.
+- `namespace` (function): a fresh namespace, deleted with everything in it afterwards; DDS's shipped Role is bound in
+  it (harness/rbac.py `grant_namespace`), for DDS run with the namespace as its own.
 
 The binaries are built (or found in the cache) right after collection, and only when a collected test needs the
 control plane: a cold build takes minutes and should not count against the first test's timeout.
@@ -20,6 +21,7 @@ from typing import Union
 
 import pytest
 
+from harness import rbac
 from harness.controlplane import ControlPlane, ensure_binaries, start_control_plane
 
 _FIXTURE = "control_plane"
@@ -66,6 +68,8 @@ def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
     name = f"test-{uuid.uuid4().hex[:8]}"
     control_plane.create_namespace(name)
+    # DDS run in this test keeps its state and Lease here (`namespace: <name>`): its shipped Role, moved here.
+    rbac.grant_namespace(control_plane, rbac.DDS, name)
     try:
         yield name
     finally:

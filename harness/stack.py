@@ -4,9 +4,10 @@
     + MachineSet default/gpu-workers (manifests/examples, with short cooldowns)
     + Cluster API's part, played by KwokInfrastructure in this process (as in a cluster, it is not DDS: killing DDS
       does not stop machines from being made)
-    + DDS: `python -m dds serve --config ...` as a process of its own, on mutual TLS, restartable and killable
+    + DDS: `python -m dds serve --config ...` as a process of its own, on mutual TLS, restartable and killable, with
+      its ServiceAccount's kubeconfig (`dds_kubeconfig`: the RBAC of manifests/dds, harness/rbac.py)
     + the real cluster-autoscaler (--cloud-provider=externalgrpc; $DDS_CLUSTER_AUTOSCALER or the binary cache, the
-      pinned version only: harness/autoscaler.py)
+      pinned version only: harness/autoscaler.py), with the ServiceAccount of manifests/cluster-autoscaler
 
 `StackOptions.dds_settings` overrides any DDS setting (e.g. a different fabric backend, fault injection).
 """
@@ -30,6 +31,8 @@ from kubernetes import client
 
 from dds import certs
 from dds.model.groups import ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN
+from dds.nodes.kwok import KWOK_PROVIDER_IDS, ProviderIds
+from harness import rbac
 from harness.autoscaler import AutoscalerHandle, free_port, start_autoscaler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +67,12 @@ class StackOptions:
     runtime_config: tuple[str, ...] = ()
     # kube-controller-manager's resourceclaim controller (DRA claim templates, claims released when pods end).
     controller_manager: bool = False
+    # The providerIDs the Cluster API part gives Machines and their Nodes (kwok://<name> by default).
+    provider_ids: ProviderIds = KWOK_PROVIDER_IDS
+    # The hardware's side of a real fabric backend, entered once the control plane runs and before the MachineSet and
+    # DDS exist, closed with the stack: called with the Stack, returns a context manager (harness/cdi_stack.py: the
+    # fabric-manager emulator, the GPU node agent and the real CDI operator).
+    fabric_side: Optional[Callable[["Stack"], Any]] = None
 
 
 def machineset(options: StackOptions) -> dict:
@@ -108,10 +117,12 @@ def dds_settings(options: StackOptions, kubeconfig: Path, tls_dir: Path, grpc_po
         "tls_cert": str(tls_dir / certs.SERVER_CERT),
         "tls_key": str(tls_dir / certs.SERVER_KEY),
         "tls_ca": str(tls_dir / certs.CA_CERT),
+        "grpc_allowed_clients": [certs.CLIENT_COMMON_NAME],  # the client certificate `certs.generate_bundle` gives CA
         "kubeconfig": str(kubeconfig),
         "namespace": DDS_NAMESPACE,
         "loop_interval_seconds": 1.0,
         "max_node_provision_seconds": max(120.0, options.node_provisioning_seconds * 4),
+        "fabric": "simulated",  # kwok nodes: the simulated fabric is allowed on them (no default in DDS)
         "simulated_fabric": {
             "pools": [{"name": "default", "devices": {"A30": options.pool_size}}],
             "attach_latency": latency(options.attach_latency),
@@ -236,15 +247,21 @@ class Stack:
         self.core = client.CoreV1Api(self.api)
         for namespace in (DDS_NAMESPACE, WORKLOAD_NAMESPACE):
             self.core.create_namespace({"metadata": {"name": namespace}})
+        # DDS and CA never get the admin kubeconfig: their ServiceAccounts under the RBAC manifests/ ships.
+        self.dds_kubeconfig = rbac.install(self.control_plane, rbac.DDS)
+        self.autoscaler_kubeconfig = rbac.install(self.control_plane, rbac.AUTOSCALER)
         self.tls_dir = self.workdir / "tls"
         self.grpc_port = free_port()
         bundle = certs.generate_bundle(["localhost"], ["127.0.0.1"], days=1)
         certs.write_bundle(self.tls_dir, bundle, certs.CloudConfigOptions(address=f"127.0.0.1:{self.grpc_port}",
                                                                           files_dir=str(self.tls_dir)))
+        self.fabric_side = (self._exit.enter_context(self.options.fabric_side(self))
+                            if self.options.fabric_side is not None else None)
         client.CustomObjectsApi(self.api).create_namespaced_custom_object(
             "cluster.x-k8s.io", "v1beta1", "default", "machinesets", machineset(self.options))
         self.infrastructure = KwokInfrastructure(self.control_plane.api_client(), time.time,
-                                                 provisioning_delay_seconds=self.options.node_provisioning_seconds)
+                                                 provisioning_delay_seconds=self.options.node_provisioning_seconds,
+                                                 provider_ids=self.options.provider_ids)
         self.infrastructure.run_in_thread()
         self._exit.callback(self.infrastructure.stop)
         self.config_path = self.write_dds_config("dds.yaml", self.grpc_port)
@@ -257,8 +274,8 @@ class Stack:
     def write_dds_config(self, name: str, grpc_port: int, **overrides: Any) -> Path:
         """A settings file for one DDS replica; `overrides` win over the stack's settings."""
         metrics_port = free_port()
-        settings = merge(dds_settings(self.options, self.control_plane.kubeconfig, self.tls_dir, grpc_port,
-                                      metrics_port), overrides)
+        settings = merge(dds_settings(self.options, self.dds_kubeconfig, self.tls_dir, grpc_port, metrics_port),
+                         overrides)
         path = self.workdir / name
         path.write_text(yaml.safe_dump(settings, sort_keys=False))
         return path
@@ -283,7 +300,7 @@ class Stack:
                    "max_node_provision_time": max(120.0, self.options.node_provisioning_seconds * 4),
                    "scale_down_unneeded_time": 30.0, "scale_down_delay_after_add": 30.0,
                    **self.options.autoscaler_timings}
-        handle = start_autoscaler(self.control_plane.kubeconfig, self.tls_dir / certs.CLOUD_CONFIG,
+        handle = start_autoscaler(self.autoscaler_kubeconfig, self.tls_dir / certs.CLOUD_CONFIG,
                                   self.workdir / "autoscaler", binary=self.options.autoscaler_binary,
                                   bin_dir=self.control_plane.bin_dir, **timings)
         self.autoscaler = handle

@@ -8,4 +8,5 @@ import os
 # the children exec at once and need none of them. Set before grpc is first imported.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-pytest_plugins = ["harness.pytest_plugin"]
+# harness.rbac_plugin: DDS and cluster-autoscaler under the shipped RBAC; a 403 to either fails the test.
+pytest_plugins = ["harness.pytest_plugin", "harness.rbac_plugin"]

@@ -57,7 +57,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--kubeconfig", type=Path, help="serve the cluster of this kubeconfig")
     parser.add_argument("--in-cluster", action="store_true", default=None,
                         help="serve the cluster DDS runs in (service account)")
-    parser.add_argument("--metrics-listen", help="host:port of /metrics, /healthz, /readyz (default 0.0.0.0:8087)")
+    parser.add_argument("--metrics-listen", help="host:port of /metrics, /healthz, /readyz (default 127.0.0.1:8087; "
+                        "any other address needs metrics_secure)")
     parser.add_argument("--leader-election", action="store_true", default=None,
                         help="campaign for the Lease; only the leader acts and answers cluster-autoscaler")
     parser.add_argument("--identity", help="leader-election identity (default: the host name and a random suffix)")

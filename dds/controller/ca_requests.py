@@ -462,5 +462,6 @@ class PlannerScaleDown:
                                             f"CA asked to remove it; only idle GPUs are released: {keep.reason}")
 
     def _untaint(self, node_name: str) -> None:
-        """CA tainted (and cordoned) the node it asked to delete; DDS keeps it, so both go."""
-        remove_taint(self._api, node_name, TAINT_TO_BE_DELETED, uncordon=True)
+        """CA tainted the node it asked to delete (and cordoned it, with --cordon-node-before-terminating); DDS keeps
+        it, so CA's taint goes, and CA's cordon with it — an administrator's cordon stays (dds/kube/nodes.py)."""
+        remove_taint(self._api, node_name, TAINT_TO_BE_DELETED, uncordon_if_cordoned_with_it=True)

@@ -248,8 +248,12 @@ class ClusterObserver:
         # ResourceClaims become the GPU requests they amount to before anything counts GPU use (docs/dra.md).
         dra = self._dra.read()
         claims = any(entry.claims for entry in on_nodes.values()) or any(r.info.resource_claims for r in waiting)
+        fabric_devices = self._fabric.devices()
+        # A vendor DRA driver names a GPU by its UUID; the fabric may call it otherwise (a ComposableResource's name).
+        fabric_models = {d.serial: d.model for d in fabric_devices if d.serial}
+        fabric_ids = {d.serial: d.id for d in fabric_devices if d.serial}
         lowered = lower_observed(pods, dra, {m for p in self._fabric.pools() for m in p.total},
-                                 self._gpu_model_label) if claims else pods
+                                 self._gpu_model_label, groups=groups, fabric_models=fabric_models) if claims else pods
         if lowered is not pods and any(a is not b for a, b in zip(lowered, pods)):
             # Claims became requests: what was derived per node is derived again from the pods as lowered.
             pods = lowered
@@ -257,7 +261,7 @@ class ClusterObserver:
             pending = tuple(p for p in pods if p.node_name is None)
         unschedulable = {r.info.key: r.unschedulable_since for r in waiting if r.unschedulable_since is not None}
 
-        grouped = devices_by_node(self._fabric.devices())
+        grouped = devices_by_node(fabric_devices)
         online_by_node, detaching_by_node = grouped.online, grouped.detaching
         attaching_by_node: dict[str, int] = {}
         online_ids: Optional[set[str]] = None  # built at the first attach in flight: most passes have none
@@ -302,7 +306,8 @@ class ClusterObserver:
                 upcoming[group_id] = upcoming.get(group_id, 0) + missing
         pools = tuple(PoolInfo(p.name, dict(p.free)) for p in self._fabric.pools())
         snapshot = mark_claimed(Snapshot(now=now, nodes=tuple(nodes), pods=pods, groups=groups, pools=pools,
-                                         upcoming_nodes=upcoming, gpu_model_label=self._gpu_model_label, dra=dra))
+                                         upcoming_nodes=upcoming, gpu_model_label=self._gpu_model_label, dra=dra),
+                                fabric_ids=fabric_ids)
         snapshot.index_pods({name: entry.pods for name, entry in on_nodes.items()},
                             pending=pending)
         return Observation(snapshot=snapshot, unschedulable_since=unschedulable, machines=machines, replicas=replicas)

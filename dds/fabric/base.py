@@ -57,6 +57,9 @@ class FabricDevice:
     node: Optional[str]  # None = free in the pool
     state: DeviceState = DeviceState.ONLINE
     attached_at: Optional[float] = None
+    # The device's own identity where the backend's id is another (a ComposableResource's name): the GPU UUID the
+    # node's driver publishes, so a vendor DRA driver's devices can be told apart by fabric device.
+    serial: Optional[str] = None
 
 
 @dataclass(frozen=True, slots=True)

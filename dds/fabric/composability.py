@@ -5,11 +5,26 @@ and the operator creates one ComposableResource per device and attaches it throu
 ONE `samenode` request per (node, type, model), named `<prefix><node>-<type>-<model>` (see `request_name`), and:
 
 - attach n  = raise `spec.resource.size` by n;
-- detach ids = lower `size` by len(ids). **The operator picks which devices go**: this API has no way to name a device,
-  so the devices released may differ from the ids asked for; the finished operation lists the ones actually released.
-  `force` cannot be expressed per detach (changing `force_detach` on a live request makes the operator detach *all* its
-  devices and attach new ones), so a forced detach is sent as a normal size decrease and the operator's in-use check
-  applies. Because of that, this backend cannot refuse a detach of an in-use device itself.
+- detach ids = annotate those ComposableResources `cohdi.io/delete-device: "true"`, then lower `size` by len(ids).
+  The operator removes not-yet-attached resources first, then the annotated ones, then the least recently used, so
+  the devices DDS chose are the ones that go — unless an attach is still in flight on the same request, which is why
+  a detach is refused (retryably) until the request's resources are all Online. `force` cannot be expressed per
+  detach (changing `force_detach` on a live request makes the operator replace *all* its devices), so a forced detach
+  is sent as a normal one and the operator's in-use check applies.
+
+What the operator does (CoHDI composable-resource-operator, read in its source and checked against the running
+operator in tests/integration/fabric and tests/e2e), and what this backend makes of it:
+- a size decrease drops the chosen device from `status.resources` at once; its ComposableResource then goes Online
+  (with a deletionTimestamp) -> Detaching (in-use check, fabric detach, node check) -> Deleting -> gone. A detach is
+  therefore done when the ComposableResource object is *gone*, not when the status entry is; a resource with a
+  deletionTimestamp is DETACHING, never counted Online.
+- every reconcile error goes into `status.error` (request or resource) and is retried with backoff, cleared on
+  success. An error ends an operation only once the operation has lasted `operator_error_bound_seconds` with the error
+  still there: FAILED with that error (DeviceInUse when the operator found load on the GPU). A failed attach gives
+  back what it could not attach (the size is lowered by the missing devices in the same write that records the
+  outcome; the operator removes not-yet-attached resources first), so no device arrives later unplanned.
+- an Online resource whose `error` names a Critical device is FAILED (to be replaced); other errors on an Online
+  resource (a Warning, a fabric read that failed) leave it Online and are logged.
 
 Every change is a read-modify-write carrying the request's resourceVersion (409 Conflict -> read again). Idempotency:
 each applied operation is recorded in the request's `dds.cdi.dev/operations` annotation (JSON, the newest
@@ -21,8 +36,7 @@ was done, so re-deciding it after a restart is harmless.
 
 Pools: the operator has no pool API, so capacity comes from configuration (settings.simulated_fabric.pools describes
 what the CDI manager holds; a model is expected in one pool only) minus what requests hold: for each request
-max(spec.size, resources in status), plus ComposableResources no request lists. Errors: `status.error` of the request
-and `error` of its resources end the operation as FAILED with that message (BackendError).
+max(spec.size, resources in status), plus ComposableResources no request lists (being detached, or orphans).
 """
 
 from __future__ import annotations
@@ -34,13 +48,14 @@ import re
 import threading
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 from dds.config import ComposabilitySettings, PoolSpec
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, FabricDevice, FabricError, Operation,
                              OperationKind, OperationState, PoolState)
 from dds.kube import ApiClient
-from dds.kube.composability import GROUP, REQUESTS, RESOURCES, VERSION, ComposabilityObjects, ObjectCache
+from dds.kube.composability import (FIELD_MANAGER, GROUP, REQUESTS, RESOURCES, VERSION, ComposabilityObjects,
+                                    ObjectCache)
 from dds.kube.errors import ApiError
 
 __all__ = ["GROUP", "VERSION", "REQUESTS", "RESOURCES", "ComposabilityRequestFabric", "request_name"]
@@ -49,14 +64,23 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 ANN_OPERATIONS = "dds.cdi.dev/operations"
+# The operator's own names (composabilityrequest_controller.go): which resource a size decrease removes first, and the
+# label tying a ComposableResource to its request.
+ANN_DELETE_DEVICE = "cohdi.io/delete-device"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_NODE = "dds.cdi.dev/node"
 MANAGER = "dds"
 MAX_RECORDED_OPERATIONS = 32
+# Before DDS named its field manager, the kubernetes client's default (from its User-Agent) was recorded for its writes.
+_DDS_MANAGERS = frozenset({FIELD_MANAGER, "OpenAPI-Generator"})
 _CONFLICT_ATTEMPTS = 5
 _MAX_NAME = 253
 
 # ComposableResource status.state -> device state
+# What the operator writes when the fabric reports a device broken, and when it finds work on a GPU it was told to detach
+# (internal/cdi/fti/fm/client.go CheckResource, internal/utils/gpus.go CheckNoGPULoads).
+_CRITICAL = "Critical"
+_IN_USE = "found gpu load"
 _RESOURCE_STATES = {"": DeviceState.ATTACHING, "Attaching": DeviceState.ATTACHING, "Online": DeviceState.ONLINE,
                     "Detaching": DeviceState.DETACHING, "Deleting": DeviceState.DETACHING}
 
@@ -113,11 +137,10 @@ class ComposabilityRequestFabric:
             target = spec.get("target_node")
             if not target or (node is not None and target != node):
                 continue
-            state = _RESOURCE_STATES.get(status.get("state", ""), DeviceState.ATTACHING)
-            if status.get("error") and state == DeviceState.ONLINE:
-                state = DeviceState.FAILED
+            state = _device_state(resource)
             model = spec.get("model", "")
-            out.append(FabricDevice(resource_name, model, self._pool_of_model.get(model, ""), target, state))
+            out.append(FabricDevice(resource_name, model, self._pool_of_model.get(model, ""), target, state,
+                                    serial=status.get("device_id") or None))
         return tuple(out)
 
     def attach(self, request: AttachRequest) -> Operation:
@@ -131,6 +154,7 @@ class ComposabilityRequestFabric:
                 record = _records(existing).get(request.key)
                 if record is not None:
                     return self._operation_from(record, existing)
+                self._check_sole_writer(request.key, name, request.node, request.model, existing)
                 refusal = self._refusal(request, existing)
                 if refusal is not None:
                     self._refused[request.key] = refusal
@@ -164,6 +188,9 @@ class ComposabilityRequestFabric:
                 if len(request.device_ids) > size:
                     raise FabricError(ErrorCode.INVALID, f"detach {request.key}: {len(request.device_ids)} devices "
                                                          f"asked, ComposabilityRequest {name} holds {size}")
+                self._check_sole_writer(request.key, name, request.node, model, existing)
+                self._check_nothing_attaching(request.key, name, existing)
+                self._mark_for_removal(request.key, request.device_ids)
                 record = self._new_record(request.key, OperationKind.DETACH, request.node, model,
                                           self._pool_of_model.get(model, ""), len(request.device_ids), existing)
                 record["asked"] = list(request.device_ids)
@@ -193,6 +220,51 @@ class ComposabilityRequestFabric:
         """Nothing to release: the requests are the state."""
 
     # --- deciding ---
+    def _check_sole_writer(self, key: str, name: str, node: str, model: str, existing: Optional[dict[str, Any]]) -> None:
+        """Refuse to share a node's devices with another autoscaler. CoHDI's dynamic-device-scaler finds requests by
+        (node, model) and resizes whichever it finds: it would adopt DDS's request (and DDS its), each undoing the
+        other's decisions. Its own requests are named `composability-*`; a resize of DDS's request by any other field
+        manager shows in managedFields."""
+        rivals = sorted(n for n, r in self._view().requests.items()
+                        if n != name and _targets(r) == (node, model) and _labels(r).get(LABEL_MANAGED_BY) != MANAGER)
+        if rivals:
+            raise FabricError(ErrorCode.INVALID, (
+                f"{key}: {node} already has ComposabilityRequest(s) {', '.join(rivals)} for {self._type} {model} that "
+                f"DDS did not create (CoHDI's dynamic-device-scaler, or a person). Two writers would undo each other's "
+                f"sizes, so DDS leaves this node's {model} alone: delete those requests or stop the other scaler on "
+                f"this node"))
+        others = sorted(_size_writers(existing) - _DDS_MANAGERS) if existing else []
+        if others:
+            raise FabricError(ErrorCode.INVALID, (
+                f"{key}: spec.resource.size of ComposabilityRequest {name} was also set by {', '.join(others)} "
+                f"(CoHDI's dynamic-device-scaler adopts requests by node and model). Two writers would undo each "
+                f"other's sizes, so DDS stops changing it: stop the other writer on {node}, then delete the request's "
+                f"managedFields entry for it or recreate the request"))
+
+    def _check_nothing_attaching(self, key: str, name: str, existing: dict[str, Any]) -> None:
+        """The operator removes not-yet-attached resources before the ones marked for removal: lowering the size while
+        an attach is in flight would cancel that attach instead of releasing the devices asked for."""
+        view = self._view()
+        attaching = sorted(n for n, r in view.resources.items()
+                           if _labels(r).get(LABEL_MANAGED_BY) == name and _device_state(r) == DeviceState.ATTACHING)
+        listed = ((existing.get("status") or {}).get("resources") or {})
+        attaching += sorted(n for n, r in listed.items() if n not in view.resources and r.get("state") != "Online")
+        size = int(existing["spec"]["resource"].get("size", 0))
+        if attaching or len(listed) < size:
+            waiting = ", ".join(attaching) or f"{size - len(listed)} not created yet"
+            raise FabricError(ErrorCode.BACKEND, f"detach {key}: ComposabilityRequest {name} still has devices on "
+                                                 f"their way ({waiting}); the operator would cancel those instead "
+                                                 f"of the ones asked for, so the detach waits for them")
+
+    def _mark_for_removal(self, key: str, device_ids: Sequence[str]) -> None:
+        for device_id in device_ids:
+            try:
+                found = self._objects.annotate_resource(device_id, {ANN_DELETE_DEVICE: "true"})
+            except ApiError as exc:
+                raise _api_error(f"detach {key}: mark ComposableResource {device_id} for removal", exc) from exc
+            if not found:
+                raise FabricError(ErrorCode.NOT_FOUND, f"detach {key}: ComposableResource {device_id} is gone")
+
     def _validate_attach(self, request: AttachRequest) -> None:
         if not request.key or not request.node or request.count <= 0:
             raise FabricError(ErrorCode.INVALID, f"attach {request.key or '<no key>'}: key, node and a positive "
@@ -271,6 +343,14 @@ class ComposabilityRequestFabric:
         records = _records(request)
         records[record["key"]] = record
         body["metadata"]["annotations"][ANN_OPERATIONS] = json.dumps(_bounded(list(records.values())))
+        missing = _not_attached(record)
+        if missing:
+            # Give back what the failed attach did not get, in the same write: the operator removes not-yet-attached
+            # resources first, so nothing arrives later that no plan asked for.
+            resource = body["spec"]["resource"]
+            resource["size"] = max(0, int(resource.get("size", 0)) - missing)
+            log.warning("attach %s on %s failed (%s); giving back %d device(s) the operator had not attached",
+                        record["key"], record["node"], record.get("error", ""), missing)
         # Not stored now (a conflict, or an error): the outcome is recomputed (identically) on the next read and
         # stored then.
         try:
@@ -284,9 +364,11 @@ class ComposabilityRequestFabric:
     # --- reading ---
     def _operation_from(self, record: dict[str, Any], request: Optional[dict[str, Any]]) -> Operation:
         if "state" not in record and request is not None:
-            outcome = _outcome(record, request)
+            now = self._clock()
+            outcome = _outcome(record, request, self._view().resources, now,
+                               self._settings.operator_error_bound_seconds)
             if outcome is not None:
-                record = {**record, **outcome, "finished_at": self._clock()}
+                record = {**record, **outcome, "finished_at": now}
                 self._remember_result(request, record)
         elif "state" not in record:
             record = {**record, "state": OperationState.FAILED.value, "error_code": ErrorCode.NOT_FOUND.value,
@@ -378,32 +460,131 @@ def _bounded(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if "state" not in r or r["key"] in kept]
 
 
-def _outcome(record: dict[str, Any], request: dict[str, Any]) -> Optional[dict[str, Any]]:
-    """The end of an operation as the request's status shows it, or None while it is still running."""
+def _outcome(record: dict[str, Any], request: dict[str, Any], resources: Mapping[str, dict[str, Any]], now: float,
+             error_bound: float) -> Optional[dict[str, Any]]:
+    """The end of an operation as the operator's objects show it, or None while it is still running.
+
+    `resources`: the ComposableResources by name. An error ends the operation only past `error_bound` seconds (the
+    operator retries every error and clears it on success). An attach's devices are the first `count` resources the
+    operator created for the request after it started, less those an earlier attach on the same request takes: two
+    attaches started before the operator listed either's resources would otherwise both count the first one."""
     status = request.get("status") or {}
-    resources: dict[str, dict[str, Any]] = status.get("resources") or {}
+    listed: dict[str, dict[str, Any]] = status.get("resources") or {}
+    name = (request.get("metadata") or {}).get("name", "")
     before = set(record.get("before", ()))
     count = int(record["count"])
-    size = int(request["spec"]["resource"].get("size", 0))
-    settled = status.get("state") == "Running" and len(resources) == size and \
-        all(r.get("state") == "Online" for r in resources.values())
     if record["kind"] == OperationKind.ATTACH.value:
-        new = {n: r for n, r in resources.items() if n not in before}
-        online = sorted(n for n, r in new.items() if r.get("state") == "Online" and not r.get("error"))
-        errors = [r["error"] for r in new.values() if r.get("error")]
-        if len(online) >= count:
-            return _done(OperationState.SUCCEEDED, online[:count])
+        ours = {n: r for n, r in resources.items() if _labels(r).get(LABEL_MANAGED_BY) == name}
+        mine = _attach_claim(record, request, ours, _taken_by_earlier(record, request, ours))
+        done = [n for n in mine if n in ours and _device_state(ours[n]) == DeviceState.ONLINE]
+        errors = [_error_of(n, ours.get(n), listed.get(n)) for n in mine]
     else:
-        online = sorted(n for n in before if n not in resources)  # released
-        errors = [r["error"] for n, r in resources.items() if n in before and r.get("error")]
-        if len(online) >= count:
-            return _done(OperationState.SUCCEEDED, online[:count])
-    if errors or status.get("error"):
-        return _done(OperationState.FAILED, online, ErrorCode.BACKEND, "; ".join(errors or [status["error"]]))
-    if settled:
-        return _done(OperationState.FAILED, online, ErrorCode.BACKEND,
-                     f"the operator settled with {len(online)} of {count} device(s) {record['kind']}ed")
+        # A device is released when its ComposableResource is gone: the status entry goes at once, the device later.
+        done = sorted(n for n in before if n not in listed and n not in resources)
+        errors = [_error_of(n, resources.get(n), None) for n in sorted(before) if n in resources]
+    if len(done) >= count:
+        asked = [n for n in record.get("asked", ()) if n in done]
+        return _done(OperationState.SUCCEEDED, (asked + [n for n in done if n not in asked])[:count])
+    messages = [e for e in errors if e]
+    if status.get("error"):
+        messages.append(f"{name}: {status['error']}")
+    if messages and now - float(record["started_at"]) >= error_bound:
+        in_use = record["kind"] == OperationKind.DETACH.value and any(_IN_USE in m for m in messages)
+        retrying = " (the operator keeps retrying it)" if record["kind"] == OperationKind.DETACH.value else ""
+        return _done(OperationState.FAILED, done, ErrorCode.DEVICE_IN_USE if in_use else ErrorCode.BACKEND,
+                     f"still failing after {error_bound:g} s{retrying}: " + "; ".join(messages))
     return None
+
+
+def _attach_claim(record: dict[str, Any], request: dict[str, Any], ours: Mapping[str, dict[str, Any]],
+                  taken: Collection[str]) -> list[str]:
+    """The resources an attach counts as its own: `count` of those the operator listed for the request since the
+    attach started, not `taken` by an earlier attach. It takes first the ones a later attach had already seen when it
+    started (that attach cannot count them), then the oldest (creation times have whole seconds only: ties go by
+    name); entries listed before their object exists come last."""
+    listed = ((request.get("status") or {}).get("resources") or {})
+    candidates = (set(listed) | set(ours)) - set(record.get("before", ())) - set(taken)
+    seen_by_later = set()
+    for other in _records(request).values():
+        if other.get("kind") == OperationKind.ATTACH.value and _start_order(other) > _start_order(record):
+            seen_by_later.update(other.get("before", ()))
+
+    def preference(name: str) -> tuple[int, str, str]:
+        created = ((ours.get(name) or {}).get("metadata") or {}).get("creationTimestamp") or "~"
+        return (0 if name in seen_by_later else 1), created, name
+
+    return sorted(candidates, key=preference)[:int(record["count"])]
+
+
+def _start_order(record: dict[str, Any]) -> tuple[float, str]:
+    return float(record.get("started_at", 0.0)), str(record.get("key", ""))
+
+
+def _taken_by_earlier(record: dict[str, Any], request: dict[str, Any],
+                      ours: Mapping[str, dict[str, Any]]) -> frozenset[str]:
+    """The resources the attaches started before `record` on the same request hold: a finished one its devices, a
+    running one its claim (in start order, each after the ones before it)."""
+    taken: set[str] = set()
+    for other in sorted(_records(request).values(), key=_start_order):
+        if _start_order(other) >= _start_order(record):
+            break
+        if other.get("kind") != OperationKind.ATTACH.value:
+            continue
+        if "state" in other:
+            taken.update(other.get("devices", ()))
+        else:
+            taken.update(_attach_claim(other, request, ours, taken))
+    return frozenset(taken)
+
+
+def _error_of(name: str, resource: Optional[dict[str, Any]], listed: Optional[dict[str, Any]]) -> str:
+    error = ((resource or {}).get("status") or {}).get("error") or (listed or {}).get("error") or ""
+    return f"{name}: {error}" if error else ""
+
+
+def _not_attached(record: dict[str, Any]) -> int:
+    """How many devices a finished attach did not get (0 for anything else)."""
+    if record.get("kind") != OperationKind.ATTACH.value or record.get("state") != OperationState.FAILED.value:
+        return 0
+    return max(0, int(record["count"]) - len(record.get("devices", ())))
+
+
+def _targets(request: dict[str, Any]) -> tuple[Optional[str], Optional[str]]:
+    """(node, model) a samenode request is for: its target_node, else where its devices are."""
+    resource = (request.get("spec") or {}).get("resource") or {}
+    node = resource.get("target_node") or next(
+        (r.get("node_name") for r in ((request.get("status") or {}).get("resources") or {}).values()), None)
+    return node, resource.get("model")
+
+
+def _size_writers(request: dict[str, Any]) -> set[str]:
+    """The field managers that set spec.resource.size (status and other subresources aside)."""
+    writers = set()
+    for entry in (request.get("metadata") or {}).get("managedFields") or ():
+        if entry.get("subresource"):
+            continue
+        fields = (((entry.get("fieldsV1") or {}).get("f:spec") or {}).get("f:resource") or {})
+        if "f:size" in fields:
+            writers.add(entry.get("manager", ""))
+    return writers
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, str]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def _device_state(resource: dict[str, Any]) -> DeviceState:
+    """A ComposableResource's device as DDS counts it: one being deleted is on its way out whatever its state says."""
+    status = resource.get("status") or {}
+    if (resource.get("metadata") or {}).get("deletionTimestamp"):
+        return DeviceState.DETACHING
+    state = _RESOURCE_STATES.get(status.get("state", ""), DeviceState.ATTACHING)
+    if state == DeviceState.ONLINE and _CRITICAL in (status.get("error") or ""):
+        return DeviceState.FAILED
+    if state == DeviceState.ONLINE and status.get("error"):
+        log.info("ComposableResource %s is Online with an error the operator retries: %s",
+                 (resource.get("metadata") or {}).get("name"), status["error"])
+    return state
 
 
 def _done(state: OperationState, devices: list[str], code: Optional[ErrorCode] = None,

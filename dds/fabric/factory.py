@@ -2,7 +2,7 @@
 
 | settings.fabric          | backend                        | needs api_client | state                                         |
 |--------------------------|--------------------------------|------------------|-----------------------------------------------|
-| simulated (default)      | SimulatedFabric                | no (optional)    | ConfigMap settings.simulated_fabric.state_configmap in settings.namespace with a client, else in memory |
+| simulated (kwok only)    | SimulatedFabric                | no (optional)    | ConfigMap settings.simulated_fabric.state_configmap in settings.namespace with a client, else in memory |
 | composability-request    | ComposabilityRequestFabric     | yes              | the ComposabilityRequests themselves          |
 | redfish                  | RedfishFabric                  | no (optional)    | operation log in ConfigMap `<state_configmap>-redfish` with a client, else in memory |
 
@@ -24,17 +24,48 @@ from dds.fabric.state import FabricStateStore, InMemoryFabricStateStore
 from dds.fabric.state_configmap import ConfigMapFabricStateStore
 from dds.kube import ApiClient
 from dds.kube.composability import ObjectCache
+from dds.kube.nodes import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, non_kwok_nodes
+from dds.model.groups import LABEL_NODE_GROUP
 
 log = logging.getLogger(__name__)
 
 REDFISH_LOG_SUFFIX = "-redfish"
 
 
+# The setting that lets the simulated fabric write GPUs into Nodes kwok does not manage; named in every refusal.
+ALLOW_NON_KWOK_NODES = "simulated_fabric.allow_non_kwok_nodes"
+ALLOW_NON_KWOK_NODES_ADVICE = (f"the simulated fabric fakes GPUs for kwok test clusters; choose a real fabric "
+                               f"(composability-request or redfish), or set {ALLOW_NON_KWOK_NODES}: true if faking GPUs "
+                               "on these nodes is really meant")
+
+
+def require_fabric_choice(settings: Settings) -> FabricBackend:
+    """The fabric the settings name; there is no default, so settings written for a real cluster never simulate GPUs
+    by omission."""
+    if settings.fabric is None:
+        choices = ", ".join(b.value for b in FabricBackend)
+        raise ValueError(f"fabric is not set: choose one of {choices} (simulated only for kwok test clusters)")
+    return settings.fabric
+
+
+def refuse_simulation_on_real_nodes(settings: Settings, api_client: ApiClient) -> None:
+    """With the simulated fabric, refuse a cluster whose DDS-managed Nodes (the node-group label) are not all kwok
+    nodes, unless `simulated_fabric.allow_non_kwok_nodes`. Nodes that join later are refused one by one by the capacity
+    hook (`gpu_capacity_hook(kwok_only=...)`)."""
+    if settings.fabric != FabricBackend.SIMULATED or settings.simulated_fabric.allow_non_kwok_nodes:
+        return
+    real = non_kwok_nodes(api_client, LABEL_NODE_GROUP)
+    if real:
+        shown = ", ".join(real[:5]) + (f" and {len(real) - 5} more" if len(real) > 5 else "")
+        raise ValueError(f"fabric simulated: node(s) {shown} of DDS node groups are not kwok nodes (no annotation "
+                         f"{KWOK_NODE_ANNOTATION}: {KWOK_NODE_VALUE}); {ALLOW_NON_KWOK_NODES_ADVICE}")
+
+
 def build_fabric(settings: Settings, *, clock: Callable[[], float], api_client: Optional[ApiClient] = None,
                  on_node_devices_changed: Optional[VisibilityHook] = None,
                  cache: Optional[ObjectCache] = None) -> Fabric:
     """`cache`: the fabric's own custom objects as the watch cache holds them (composability-request only)."""
-    backend = settings.fabric
+    backend = require_fabric_choice(settings)
     if backend == FabricBackend.SIMULATED:
         store = _store(settings, api_client, settings.simulated_fabric.state_configmap)
         return SimulatedFabric(settings.simulated_fabric, clock=clock, store=store,

@@ -23,6 +23,12 @@ Both are read through one parser (`parse_group`), so a key means the same thing 
 | dds.cdi.dev/force-detach (true, false)                           | force_detach                     | false            |
 | dds.cdi.dev/warm-gpus (whole number >= 0)                         | warm_gpus (idle GPUs kept)       | the pool's       |
 | dds.cdi.dev/gpu-api (extended-resource, dra-node-local, dra-pool) | gpu_api (how pods get GPUs)      | extended-resource |
+| dds.cdi.dev/dra-driver (a DRA group's driver, e.g. gpu.nvidia.com) | dra.driver                     | gpu.dds.cdi.dev  |
+| dds.cdi.dev/dra-device-class                                     | dra.device_class                 | the driver name  |
+| dds.cdi.dev/dra-model-attribute, dra-memory-capacity             | dra.model_attribute, memory_capacity | productName, memory |
+| dds.cdi.dev/dra-device-id-attribute (the fabric id, GPU UUID)    | dra.device_id_attribute          | uuid             |
+| dds.cdi.dev/dra-models (`A100=NVIDIA A100-SXM4-80GB:80Gi,...`)    | dra.models (shape of unseen models) | none          |
+| dds.cdi.dev/dra-device-attributes (`type=gpu,...`)               | dra.device_attributes            | none             |
 | cluster.x-k8s.io/autoscaling-options-<option>                    | options (CA's per-group options) | CA's defaults    |
 
 Options as cluster-autoscaler's clusterapi provider names them: scaledownutilizationthreshold,
@@ -32,6 +38,8 @@ maxnodestartuptime is accepted and ignored: no released externalgrpc client has 
 
 A DRA group (gpu-api dra-node-local or dra-pool) has no GPU resource: dds.cdi.dev/gpu-resource is refused on it and
 gpu-type is ignored; a dra-pool group's nodes boot with no GPU (gpu-count 0). docs/dra.md says what each API means.
+The dra-* keys belong to DRA groups only; all but dra-driver and dra-device-class describe a vendor's driver's devices
+and are refused with DDS's own driver (whose shape is fixed); a dra-pool group keeps DDS's driver.
 
 Values beyond what Kubernetes or CA can hold (sizes over int32, quantities over 2^63-1, durations over a Go
 time.Duration) and names the apiserver would refuse on a node (label keys and values, taint keys and values, the GPU
@@ -357,6 +365,100 @@ def _parse_gpu_api(f: "_Fields", initial_gpus: int) -> tuple[GpuApi, Optional[st
     return api, None
 
 
+_DRA_KEYS = (g.ANN_DRA_DRIVER, g.ANN_DRA_DEVICE_CLASS, g.ANN_DRA_MODEL_ATTRIBUTE, g.ANN_DRA_MEMORY_CAPACITY,
+             g.ANN_DRA_DEVICE_ID_ATTRIBUTE, g.ANN_DRA_MODELS, g.ANN_DRA_DEVICE_ATTRIBUTES)
+# What only a vendor's driver needs said: DDS's own driver publishes one shape (dds/planner/dra.py `gpu_device`).
+_VENDOR_ONLY_KEYS = _DRA_KEYS[2:]
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
+
+
+def _dra_driver(value: str) -> str:
+    # resource.k8s.io/v1: a driver name is a DNS subdomain of at most 63 characters, lowercase.
+    if len(value) > 63 or not _DNS_SUBDOMAIN.match(value):
+        raise NotAName(f"DRA driver {_shown(value)} must be a DNS subdomain of at most 63 characters such as "
+                       f"gpu.nvidia.com")
+    return value
+
+
+def _device_class(value: str) -> str:
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise NotAName(f"DeviceClass name {_shown(value)} must be a DNS subdomain such as gpu.nvidia.com")
+    return value
+
+
+def _device_attribute(value: str) -> str:
+    # A device attribute or capacity name: a C identifier of at most 32 characters, optionally "<domain>/" first.
+    domain, slash, name = value.rpartition("/")
+    if (slash and not _DNS_SUBDOMAIN.match(domain)) or not _C_IDENTIFIER.match(name):
+        raise NotAName(f"device attribute {_shown(value)} must be a C identifier of at most 32 characters, "
+                       f"optionally after a domain and '/', such as productName")
+    return value
+
+
+def _dra_models(value: str) -> dict[str, g.DraModelDescription]:
+    """`A100=NVIDIA A100-SXM4-80GB:80Gi,A30=NVIDIA A30:24Gi`: per fabric model, the value of the model attribute and
+    (after the last ':', optional) the memory capacity."""
+    out = {}
+    for entry in filter(None, (part.strip() for part in value.split(","))):
+        model, sep, shown = (part.strip() for part in entry.partition("="))
+        if not sep or not model or not shown:
+            raise ValueError(f"entry {entry!r} is not MODEL=VALUE or MODEL=VALUE:MEMORY")
+        name, colon, memory = shown.rpartition(":")
+        if not colon:
+            name, memory = shown, ""
+        try:
+            size = to_int(memory.strip()) if memory.strip() else None
+        except QuantityError:
+            raise ValueError(f"entry {entry!r}: memory {memory.strip()!r} is not a quantity such as 80Gi") from None
+        if not name.strip():
+            raise ValueError(f"entry {entry!r} has no value before the memory")
+        out[_check_label_value(model, "GPU model")] = g.DraModelDescription(value=name.strip(), memory=size)
+    return out
+
+
+def _device_attributes(value: str) -> dict[str, str]:
+    out = {}
+    for entry in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, shown = (part.strip() for part in entry.partition("="))
+        if not sep or not name:
+            raise ValueError(f"entry {entry!r} is not NAME=VALUE")
+        out[_device_attribute(name)] = shown
+    return out
+
+
+def _parse_dra_driver(f: "_Fields", api: GpuApi) -> Optional[g.DraDriverConfig]:
+    """A DRA group's driver and device shape (None: the default, DDS's own driver). The dra-* keys are errors on an
+    extended-resource group, and the shape keys on a group of DDS's own driver, naming the fix."""
+    given = [key for key in _DRA_KEYS if f.raw(key)]
+    if not given:
+        return None
+    if not api.dra:
+        for key in given:
+            f.error(key, f"an {api.value} group's GPUs are node capacity, not DRA devices; remove it or set "
+                         f"{g.ANN_GPU_API} to dra-node-local")
+        return None
+    driver = f.get(g.ANN_DRA_DRIVER, _dra_driver, g.DDS_DRA_DRIVER, "a DRA driver name")
+    if driver == g.DDS_DRA_DRIVER:
+        for key in (k for k in _VENDOR_ONLY_KEYS if k in given):
+            f.error(key, f"DDS publishes the devices of its own driver {g.DDS_DRA_DRIVER} in one shape (attributes "
+                         f"model, productName, deviceID; capacity memory); set {g.ANN_DRA_DRIVER} to the vendor's "
+                         f"driver (e.g. gpu.nvidia.com) whose devices this describes")
+    elif api is GpuApi.DRA_POOL:
+        f.error(g.ANN_DRA_DRIVER, f"a {api.value} group's GPUs are slots DDS publishes under its own driver "
+                                  f"{g.DDS_DRA_DRIVER}; a vendor's driver ({driver}) needs {g.ANN_GPU_API}: "
+                                  f"dra-node-local")
+    attribute = "a device attribute name such as productName"
+    return g.DraDriverConfig(
+        driver=driver,
+        device_class=f.get(g.ANN_DRA_DEVICE_CLASS, _device_class, "", "a DeviceClass name"),
+        model_attribute=f.get(g.ANN_DRA_MODEL_ATTRIBUTE, _device_attribute, "", attribute),
+        memory_capacity=f.get(g.ANN_DRA_MEMORY_CAPACITY, _device_attribute, "memory", "a device capacity name"),
+        device_id_attribute=f.get(g.ANN_DRA_DEVICE_ID_ATTRIBUTE, _device_attribute, "", attribute),
+        models=f.get(g.ANN_DRA_MODELS, _dra_models, {}, "a list of MODEL=VALUE[:MEMORY] separated by commas"),
+        device_attributes=f.get(g.ANN_DRA_DEVICE_ATTRIBUTES, _device_attributes, {},
+                                "a list of NAME=VALUE separated by commas"))
+
+
 def _merge_taints(from_spec: Sequence[Mapping[str, str]], from_annotation: Sequence[Taint],
                   fields: _Fields) -> tuple[Taint, ...]:
     """spec.template.spec.taints first, an annotation taint replaces one with the same key and effect (CA's rule)."""
@@ -386,6 +488,7 @@ def parse_group(item: GroupInput) -> tuple[Optional[NodeGroupSpec], tuple[GroupC
     initial_gpus = f.get(CAP_GPU_COUNT, _count, 0, "a whole number >= 0")
     max_gpus = f.get(g.ANN_MAX_GPUS, _count, initial_gpus, "a whole number >= 0")
     gpu_api, gpu_resource = _parse_gpu_api(f, initial_gpus)
+    dra = _parse_dra_driver(f, gpu_api)
     labels = f.get(CAP_LABELS, _labels, {}, "a list of key=value separated by commas")
     annotation_taints = f.get(CAP_TAINTS, _taints, (), "a list of key=value:Effect separated by commas")
     taints = _merge_taints(item.template_taints, annotation_taints, f)
@@ -408,6 +511,8 @@ def parse_group(item: GroupInput) -> tuple[Optional[NodeGroupSpec], tuple[GroupC
         return None, tuple(f.errors)
     replicas = item.replicas if item.replicas is not None else min_size
     resource = {"gpu_resource": gpu_resource} if gpu_resource is not None else {}
+    if dra is not None:
+        resource["dra"] = dra
     try:
         spec = NodeGroupSpec(
             id=item.id, min_size=min_size, max_size=max_size, replicas=replicas, milli_cpu=milli_cpu, memory=memory,

@@ -19,6 +19,8 @@ GROUP = "cro.hpsys.ibm.ie.com"
 VERSION = "v1alpha1"
 REQUESTS = "composabilityrequests"
 RESOURCES = "composableresources"
+# DDS's writes carry this field manager, so the requests' managedFields tell DDS's changes from another writer's.
+FIELD_MANAGER = "dds"
 
 Obj = dict[str, Any]
 ObjectCache = Mapping[str, Collection[Obj]]  # watched collections by plural: ClusterCache.composability
@@ -52,12 +54,12 @@ class ComposabilityObjects:
     def create_request(self, body: Obj) -> bool:
         """Create; False when a request of that name appeared meanwhile (409)."""
         return self._write(REQUESTS, lambda: _with_retries(self._objects.create_cluster_custom_object)(
-            GROUP, VERSION, REQUESTS, body))
+            GROUP, VERSION, REQUESTS, body, field_manager=FIELD_MANAGER))
 
     def replace_request(self, name: str, body: Obj) -> bool:
         """Replace (PUT) with the resourceVersion in `body`; False when another writer came first (409)."""
         return self._write(REQUESTS, lambda: _with_retries(self._objects.replace_cluster_custom_object)(
-            GROUP, VERSION, REQUESTS, name, body))
+            GROUP, VERSION, REQUESTS, name, body, field_manager=FIELD_MANAGER))
 
     def list_requests(self, label_selector: Optional[str] = None) -> list[Obj]:
         cached = self._cached(REQUESTS, label_selector)
@@ -69,6 +71,12 @@ class ComposabilityObjects:
         return list(listed.get("items", []))
 
     # --- ComposableResources ---
+    def annotate_resource(self, name: str, annotations: Mapping[str, Optional[str]]) -> bool:
+        """Merge-patch annotations onto a ComposableResource (None removes one); False when it no longer exists."""
+        body = {"metadata": {"annotations": dict(annotations)}}
+        return self._write(RESOURCES, lambda: _with_retries(self._objects.patch_cluster_custom_object)(
+            GROUP, VERSION, RESOURCES, name, body, field_manager=FIELD_MANAGER), refused=404)
+
     def list_resources(self) -> list[Obj]:
         cached = self._cached(RESOURCES, None)
         if cached is not None:
@@ -93,11 +101,13 @@ class ComposabilityObjects:
         return [obj for obj in collection.values()
                 if all(((obj.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in wanted.items())]
 
-    def _write(self, plural: str, call: Callable[[], object]) -> bool:
+    def _write(self, plural: str, call: Callable[[], object], refused: int = 409) -> bool:
+        """Run a write and assume its answer into the cache; False when the apiserver answers `refused` (409: another
+        writer came first; 404: the object is gone)."""
         try:
             written = call()
         except client.ApiException as exc:
-            if exc.status == 409:
+            if exc.status == refused:
                 return False
             raise ApiError.of(exc) from exc
         collection = self._cache.get(plural)

@@ -7,7 +7,13 @@ scheduler and cluster-autoscaler see the GPUs as they would on a real node.
 with a node and its ONLINE devices by model, it publishes their total as the GPU resource of the node's group.
 
 Also the other Node reads and writes of the layers above: labels and taints the controller sets, the work on a node,
-and `NodeObjects` (Nodes as dicts) for the kwok infrastructure provider that makes and deletes them.
+and `NodeObjects` (Nodes as dicts) for the kwok infrastructure provider that makes and deletes them. Those writes keep
+what other writers do to the same Node: taints (one list, replaced whole) go under the resourceVersion they were
+computed from and are redone on a conflict, labels are patched key by key, and `spec.unschedulable` is never cleared on
+a node someone else cordoned.
+
+With the simulated fabric the capacity writer only touches kwok nodes (`gpu_capacity_hook(kwok_only=...)`,
+`non_kwok_nodes`): on a real machine's Node it would announce GPUs that do not exist.
 """
 
 from __future__ import annotations
@@ -38,6 +44,27 @@ class NodeUpdateFailed(Exception):
     """The apiserver refused or did not answer the status patch; the message says why. Retrying is safe."""
 
 
+# kwok manages the Nodes annotated so (harness/controlplane.py, dds/nodes/kwok.py): no kubelet, no devices, so GPU
+# capacity written by DDS is all they ever show.
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_NODE_VALUE = "fake"
+
+
+class NotAKwokNode(NodeUpdateFailed):
+    """Simulated GPUs were about to be written into a Node that kwok does not manage (a real machine)."""
+
+
+def is_kwok_node(annotations: Optional[Mapping[str, str]]) -> bool:
+    return (annotations or {}).get(KWOK_NODE_ANNOTATION) == KWOK_NODE_VALUE
+
+
+def non_kwok_nodes(api: client.ApiClient, label_selector: str) -> list[str]:
+    """Names of the Nodes matching `label_selector` that kwok does not manage; failures raise `ApiError`."""
+    with api_errors():
+        listed = client.CoreV1Api(api).list_node(label_selector=label_selector)
+    return sorted(n.metadata.name for n in listed.items if not is_kwok_node(n.metadata.annotations))
+
+
 def gpu_capacity_patch(resource: str, count: int) -> dict[str, object]:
     quantity = str(count)
     return {"status": {"capacity": {resource: quantity}, "allocatable": {resource: quantity}}}
@@ -53,7 +80,7 @@ def set_gpu_capacity(api: client.ApiClient, node_name: str, resource: str, count
         raise ValueError(f"node {node_name}: no GPU resource name given")
     what = f"node {node_name}: setting {resource} capacity and allocatable to {count}"
     # A dict body is sent as a strategic merge patch: only this resource's entries change.
-    _patch(what, lambda: client.CoreV1Api(api).patch_node_status(
+    _node_call(what, lambda: client.CoreV1Api(api).patch_node_status(
         node_name, gpu_capacity_patch(resource, count), _request_timeout=request_timeout_seconds))
     log.info("%s (device hot-plug made visible)", what)
 
@@ -63,14 +90,14 @@ def set_node_label(api: client.ApiClient, node_name: str, key: str, value: Optio
     """Set label `key` to `value` on the Node, or remove it when `value` is None (a merge patch: other labels stay).
     A missing Node raises `NodeNotFound`; any other failure `NodeUpdateFailed`. Idempotent."""
     what = f"node {node_name}: {'removing label ' + key if value is None else f'setting label {key}={value}'}"
-    _patch(what, lambda: client.CoreV1Api(api).patch_node(
+    _node_call(what, lambda: client.CoreV1Api(api).patch_node(
         node_name, {"metadata": {"labels": {key: value}}}, _request_timeout=request_timeout_seconds))
 
 
-def _patch(what: str, call: Callable[[], object]) -> None:
-    """Run one Node patch; a missing Node is `NodeNotFound`, any other failure `NodeUpdateFailed` saying `what`."""
+def _node_call(what: str, call: Callable[[], Any]) -> Any:
+    """Run one Node request; a missing Node is `NodeNotFound`, any other failure `NodeUpdateFailed` saying `what`."""
     try:
-        call()
+        return call()
     except client.ApiException as exc:
         if exc.status == 404:
             raise NodeNotFound(f"{what}: the Node does not exist") from exc
@@ -80,28 +107,99 @@ def _patch(what: str, call: Callable[[], object]) -> None:
 
 
 def label_node(api: client.ApiClient, node_name: str, labels: Mapping[str, str]) -> None:
-    """Merge `labels` into the Node's labels (others stay)."""
+    """Merge `labels` into the Node's labels. A merge patch names only these keys and reads nothing first, so a label
+    another writer sets at the same time is kept (no read-modify-write, nothing to lose)."""
     client.CoreV1Api(api).patch_node(node_name, {"metadata": {"labels": dict(labels)}})
 
 
 def add_taint(api: client.ApiClient, node_name: str, key: str, value: str, effect: str) -> None:
-    """Add the taint unless the Node has one with that key (re-read first, so a taint added meanwhile stays)."""
-    core = client.CoreV1Api(api)
-    taints = list(core.read_node(node_name).spec.taints or [])
-    if any(t.key == key for t in taints):
-        return
-    taints.append(client.V1Taint(key=key, value=value, effect=effect))
-    core.patch_node(node_name, {"spec": {"taints": [t.to_dict() for t in taints]}})
+    """Add the taint unless the Node has one with that key. `spec.taints` is one list that a patch replaces whole, so
+    the write carries the resourceVersion it was computed from: a taint another writer adds in between makes it a 409,
+    and it is computed again from a fresh read (`_rewrite_node`). Other failures raise `client.ApiException`."""
+
+    def with_taint(node: client.V1Node) -> Optional[Obj]:
+        taints = node.spec.taints or []
+        if any(t.key == key for t in taints):
+            return None
+        added = {"key": key, "value": value, "effect": effect}
+        return {"spec": {"taints": [*(_taint_body(api, t) for t in taints), added]}}
+
+    _rewrite_node(api, node_name, f"adding taint {key}", with_taint)
 
 
-def remove_taint(api: client.ApiClient, node_name: str, key: str, *, uncordon: bool = False) -> None:
-    """Remove every taint with `key` (re-read first); `uncordon` also clears spec.unschedulable (CA's drain sets it)."""
+def remove_taint(api: client.ApiClient, node_name: str, key: str, *, uncordon_if_cordoned_with_it: bool = False) -> None:
+    """Remove every taint with `key`, under the read's resourceVersion as `add_taint` does (others' taints stay).
+
+    `uncordon_if_cordoned_with_it`: also set `spec.unschedulable: false`, but only when the write that added this taint
+    is the one that cordoned the node (cluster-autoscaler's --cordon-node-before-terminating taints and cordons in one
+    update): the apiserver's managedFields name who set `spec.unschedulable`. A cordon anyone else made — an
+    administrator's `kubectl cordon` before or after — is never undone. DDS itself never cordons."""
+
+    def without_taint(node: client.V1Node) -> Optional[Obj]:
+        taints = node.spec.taints or []
+        kept = [t for t in taints if t.key != key]
+        spec: Obj = {}
+        if len(kept) != len(taints):
+            spec["taints"] = [_taint_body(api, t) for t in kept]
+        if uncordon_if_cordoned_with_it and node.spec.unschedulable and _cordoned_with_taint(node, key):
+            spec["unschedulable"] = False
+        return {"spec": spec} if spec else None
+
+    _rewrite_node(api, node_name, f"removing taint {key}", without_taint)
+
+
+# Enough for a burst of writers on one node (the kubelet does not write spec; CA, DDS and an administrator might).
+_CONFLICT_ATTEMPTS = 5
+
+
+def _rewrite_node(api: client.ApiClient, node_name: str, what: str,
+                  change: Callable[[client.V1Node], Optional[Obj]]) -> None:
+    """Read the Node, compute a patch from it (`change`; None: nothing to do) and send it with the read's
+    resourceVersion as a precondition; on 409 Conflict (someone wrote the Node in between) start again from a fresh
+    read. Raises the apiserver's `client.ApiException` (404, 403, a 409 that outlasted every attempt)."""
     core = client.CoreV1Api(api)
-    kept = [t for t in core.read_node(node_name).spec.taints or [] if t.key != key]
-    spec: dict[str, object] = {"taints": [t.to_dict() for t in kept]}
-    if uncordon:
-        spec["unschedulable"] = False
-    core.patch_node(node_name, {"spec": spec})
+    for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
+        node = core.read_node(node_name)
+        patch = change(node)
+        if patch is None:
+            return
+        patch.setdefault("metadata", {})["resourceVersion"] = node.metadata.resource_version
+        try:
+            core.patch_node(node_name, patch)
+            return
+        except client.ApiException as exc:
+            if exc.status != 409 or attempt == _CONFLICT_ATTEMPTS:
+                raise
+            log.debug("node %s: %s: the Node changed since it was read (attempt %d), reading it again",
+                      node_name, what, attempt)
+
+
+def _taint_body(api: client.ApiClient, taint: client.V1Taint) -> Obj:
+    # The API's own field names (timeAdded, not the model's time_added), so a taint is written back as it was read.
+    return api.sanitize_for_serialization(taint)
+
+
+def _cordoned_with_taint(node: client.V1Node, taint_key: str) -> bool:
+    """Whether the writer that owns `spec.unschedulable` also wrote the taint `taint_key` (so cordoned along with it).
+
+    A field is owned by the last manager that changed it. An administrator's cordon is owned by kubectl (or whatever
+    they used) and stays theirs when cluster-autoscaler later sets the same value again; only a cordon made in the
+    same update as the taint shares its owner. When in doubt (no managedFields), the answer is no: the node stays
+    cordoned, which an operator can see and undo, rather than an administrator's cordon lifted behind their back."""
+    owners = [e for e in node.metadata.managed_fields or () if "f:unschedulable" in _spec_fields(e)]
+    return len(owners) == 1 and _owns_taint(_spec_fields(owners[0]).get("f:taints"), taint_key)
+
+
+def _spec_fields(entry: client.V1ManagedFieldsEntry) -> dict[str, Any]:
+    fields = entry.fields_v1 if isinstance(entry.fields_v1, dict) else {}
+    spec = fields.get("f:spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def _owns_taint(taints_fields: Any, taint_key: str) -> bool:
+    if taints_fields == {}:  # an atomic list: the owner wrote every taint in it
+        return True
+    return isinstance(taints_fields, dict) and any(json.dumps(taint_key) in item for item in taints_fields)
 
 
 def read_node_labels(api: client.ApiClient, node_name: str) -> Optional[dict[str, str]]:
@@ -160,12 +258,15 @@ def work_on_node(api: client.ApiClient, node_name: str) -> list[str]:
 
 def gpu_capacity_hook(api: client.ApiClient,
                       resource: Union[str, ResourceOfNode] = DEFAULT_GPU_RESOURCE, *,
-                      request_timeout_seconds: float = 10.0) -> DevicesChanged:
+                      request_timeout_seconds: float = 10.0, kwok_only: Optional[str] = None) -> DevicesChanged:
     """An `on_node_devices_changed` callback that publishes a node's online device count as its GPU capacity.
 
     `resource` is the GPU resource name, or a function giving it per node (its group's `gpu_resource`; None skips a
     node DDS does not manage). Errors propagate, so the fabric retries on its next tick — except a missing Node with
     no devices left, which has nothing to show.
+
+    `kwok_only`: publish on kwok nodes only (simulated GPUs); any other node raises `NotAKwokNode`, whose message ends
+    with this text (what to change to allow it).
     """
 
     def publish(node_name: str, online: Mapping[str, int]) -> None:
@@ -175,6 +276,8 @@ def gpu_capacity_hook(api: client.ApiClient,
             return
         count = sum(online.values())
         try:
+            if kwok_only is not None:
+                _require_kwok_node(api, node_name, kwok_only, request_timeout_seconds)
             set_gpu_capacity(api, node_name, name, count, request_timeout_seconds=request_timeout_seconds)
         except NodeNotFound:
             if count == 0:
@@ -183,6 +286,14 @@ def gpu_capacity_hook(api: client.ApiClient,
             raise
 
     return publish
+
+
+def _require_kwok_node(api: client.ApiClient, node_name: str, advice: str, request_timeout_seconds: float) -> None:
+    what = f"node {node_name}: checking it is a kwok node"
+    node = _node_call(what, lambda: client.CoreV1Api(api).read_node(node_name, _request_timeout=request_timeout_seconds))
+    if not is_kwok_node(node.metadata.annotations):
+        raise NotAKwokNode(f"node {node_name} is not a kwok node (no annotation {KWOK_NODE_ANNOTATION}: "
+                           f"{KWOK_NODE_VALUE}): refusing to write simulated GPUs into a real Node; {advice}")
 
 
 def _message(exc: client.ApiException) -> str:

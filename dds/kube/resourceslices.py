@@ -67,7 +67,8 @@ def slice_devices(node: str, online: Iterable[tuple[str, str]], driver: str = DR
 class ResourceSlicePublisher:
     """Keeps `<node>.<driver>` listing the node's online GPUs; `publish(node)` after every change of them.
 
-    `lists(node)` says whether the node's GPUs are DRA devices (its group's gpu-api is dra-node-local); any other node
+    `lists(node)` says whether DDS lists the node's GPUs as DRA devices (its group's `publishes_own_slices`:
+    dra-node-local under DDS's own driver; a vendor's driver publishes its nodes' slices itself); any other node
     has no slice, so a GPU is never offered both as a device and as the node's extended resource. Other nodes cost no
     request, unless this process listed their devices before (their group changed API: the slice goes)."""
 

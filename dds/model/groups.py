@@ -22,6 +22,16 @@ ANN_NODE_IDLE_COOLDOWN = ANNOTATION_PREFIX + "node-idle-cooldown"  # duration, d
 ANN_FORCE_DETACH = ANNOTATION_PREFIX + "force-detach"  # "true": detach GPUs even while in use
 ANN_WARM_GPUS = ANNOTATION_PREFIX + "warm-gpus"  # idle GPUs kept attached across the group's nodes (headroom)
 ANN_GPU_API = ANNOTATION_PREFIX + "gpu-api"  # how pods get the group's GPUs: GpuApi (docs/dra.md)
+# A DRA group's devices (DraDriverConfig; docs/dra.md "A GPU vendor's DRA driver"): which driver publishes them, the
+# DeviceClass claims name, where the model and the memory are in a device, and how DDS describes a model no device of
+# the cluster shows yet.
+ANN_DRA_DRIVER = ANNOTATION_PREFIX + "dra-driver"
+ANN_DRA_DEVICE_CLASS = ANNOTATION_PREFIX + "dra-device-class"
+ANN_DRA_MODEL_ATTRIBUTE = ANNOTATION_PREFIX + "dra-model-attribute"
+ANN_DRA_MEMORY_CAPACITY = ANNOTATION_PREFIX + "dra-memory-capacity"
+ANN_DRA_DEVICE_ID_ATTRIBUTE = ANNOTATION_PREFIX + "dra-device-id-attribute"
+ANN_DRA_MODELS = ANNOTATION_PREFIX + "dra-models"  # A100=NVIDIA A100-SXM4-80GB:80Gi,...
+ANN_DRA_DEVICE_ATTRIBUTES = ANNOTATION_PREFIX + "dra-device-attributes"  # type=gpu,...
 
 # Labels DDS puts on nodes it manages.
 LABEL_NODE_GROUP = ANNOTATION_PREFIX + "node-group"
@@ -44,6 +54,19 @@ DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 # (dds/planner/dra.py). Planning only: it is never on a Node nor on cluster-autoscaler's template. A name of its own
 # keeps extended-resource pods off DRA groups' nodes and claims off the others, through the ordinary resource checks.
 DRA_GPU_RESOURCE = "dra.dds.cdi.dev/gpu"
+# The DRA driver DDS publishes attached GPUs under itself (simulated fabric, pool mode); the default of every DRA group.
+DDS_DRA_DRIVER = "gpu.dds.cdi.dev"
+
+
+def dra_gpu_resource(driver: str) -> str:
+    """The planner's resource for the GPUs of DRA groups whose devices come under `driver`: DRA_GPU_RESOURCE for DDS's
+    own driver (as before), `dra.dds.cdi.dev/<driver>` for a vendor's. One per driver, so a claim the vendor's devices
+    satisfy is never planned onto a node whose GPUs another driver publishes (and the other way round)."""
+    return DRA_GPU_RESOURCE if driver == DDS_DRA_DRIVER else f"{DRA_GPU_RESOURCE.partition('/')[0]}/{driver}"
+
+
+def is_dra_gpu_resource(resource: str) -> bool:
+    return resource.startswith(DRA_GPU_RESOURCE.partition("/")[0] + "/")
 
 
 class GpuApi(str, Enum):
@@ -111,6 +134,51 @@ class SourceRef(BaseModel):
         return f"{self.kind} {self.namespace}/{self.name}"
 
 
+class DraModelDescription(BaseModel):
+    """How a vendor's driver shows one GPU model, when no device of that model is in the cluster to learn it from:
+    the model attribute's value (e.g. "NVIDIA A100-SXM4-80GB") and the memory capacity in bytes (None: not known, a
+    selector reading it then fails, as kube-scheduler's would on a device without it)."""
+
+    model_config = ConfigDict(frozen=True)
+    value: str
+    memory: Optional[int] = Field(default=None, ge=0)
+
+
+class DraDriverConfig(BaseModel):
+    """Which DRA driver a DRA group's GPUs come under and where a device of it says its model and its memory.
+
+    DDS's own driver (the default) is published by DDS itself in one shape (dds/planner/dra.py `gpu_device`). A
+    vendor's driver (e.g. NVIDIA's `gpu.nvidia.com`) publishes the node's GPUs itself; DDS learns the shape of a model
+    from a device of it already published in the cluster, else from `models` (docs/dra.md)."""
+
+    model_config = ConfigDict(frozen=True)
+    driver: str = DDS_DRA_DRIVER
+    device_class: str = ""  # empty: the driver's name (both DDS's and NVIDIA's DeviceClass are named after the driver)
+    model_attribute: str = ""  # empty: "model" for DDS's driver, "productName" for a vendor's (NVIDIA's name)
+    memory_capacity: str = "memory"
+    device_id_attribute: str = ""  # the fabric device id (the GPU UUID): "deviceID" for DDS's driver, else "uuid"
+    models: dict[str, DraModelDescription] = Field(default_factory=dict)  # fabric model -> the vendor's shape
+    # What every whole GPU of the driver shows (e.g. type=gpu): given to described devices, required of the published
+    # devices DDS learns from and counts (NVIDIA's MIG devices say type=mig).
+    device_attributes: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        driver = data.get("driver") or DDS_DRA_DRIVER
+        own = driver == DDS_DRA_DRIVER
+        defaults = {"device_class": driver, "model_attribute": "model" if own else "productName",
+                    "device_id_attribute": "deviceID" if own else "uuid"}
+        return {**data, **{name: value for name, value in defaults.items() if not data.get(name)}}
+
+    @property
+    def own(self) -> bool:
+        """DDS publishes the devices itself (its own driver)."""
+        return self.driver == DDS_DRA_DRIVER
+
+
 class NodeGroupSpec(BaseModel):
     """A DDS node group. Its template advertises `max_gpus_per_node` GPUs (spec-fixed)."""
 
@@ -139,16 +207,20 @@ class NodeGroupSpec(BaseModel):
     # PlannerConfig.warm_gpus_by_pool): dds/planner/headroom.py.
     warm_gpus: Optional[int] = Field(default=None, ge=0)
     gpu_api: GpuApi = GpuApi.EXTENDED_RESOURCE
+    dra: DraDriverConfig = Field(default_factory=DraDriverConfig)  # a DRA group's driver and device shape
     options: OptionOverrides = Field(default_factory=OptionOverrides)
     source: SourceRef
 
     @model_validator(mode="before")
     @classmethod
     def _dra_resource(cls, data: Any) -> Any:
-        # A DRA group counts its GPUs in DRA_GPU_RESOURCE unless told otherwise (and `_consistent` refuses otherwise).
+        # A DRA group counts its GPUs in its driver's planner resource unless told otherwise (and `_consistent` refuses
+        # otherwise).
         api = data.get("gpu_api", GpuApi.EXTENDED_RESOURCE) if isinstance(data, dict) else None
         if api in {a.value for a in GpuApi} and GpuApi(api).dra and "gpu_resource" not in data:
-            return {**data, "gpu_resource": DRA_GPU_RESOURCE}
+            dra = data.get("dra")
+            driver = dra.driver if isinstance(dra, DraDriverConfig) else (dra or {}).get("driver") or DDS_DRA_DRIVER
+            return {**data, "gpu_resource": dra_gpu_resource(driver)}
         return data
 
     @model_validator(mode="after")
@@ -157,13 +229,24 @@ class NodeGroupSpec(BaseModel):
             raise ValueError(f"min size {self.min_size} is above max size {self.max_size}")
         if self.initial_gpus > self.max_gpus_per_node:
             raise ValueError(f"initial GPUs {self.initial_gpus} exceed max GPUs per node {self.max_gpus_per_node}")
-        if self.gpu_api.dra != (self.gpu_resource == DRA_GPU_RESOURCE):
+        if self.gpu_api.dra != is_dra_gpu_resource(self.gpu_resource) or (
+                self.gpu_api.dra and self.gpu_resource != dra_gpu_resource(self.dra.driver)):
             raise ValueError(f"GPU resource {self.gpu_resource} does not go with GPU API {self.gpu_api.value}: "
-                             f"{DRA_GPU_RESOURCE} is the planner's name for DRA groups' GPUs, and theirs only")
+                             f"{DRA_GPU_RESOURCE} (dra.dds.cdi.dev/<driver> for a vendor's DRA driver) is the "
+                             f"planner's name for DRA groups' GPUs, and theirs only")
+        if self.gpu_api is GpuApi.DRA_POOL and not self.dra.own:
+            raise ValueError(f"a {GpuApi.DRA_POOL.value} group's GPUs are slots DDS publishes under its own driver "
+                             f"{DDS_DRA_DRIVER}, not {self.dra.driver}")
         if self.gpu_api is GpuApi.DRA_POOL and self.initial_gpus:
             raise ValueError(f"a {GpuApi.DRA_POOL.value} group's nodes boot with no GPU (its GPUs are pool slots "
                              f"kube-scheduler allocates), not {self.initial_gpus}")
         return self
+
+    @property
+    def publishes_own_slices(self) -> bool:
+        """DDS writes each node's ResourceSlice (dds/kube/resourceslices.py): node-local mode under DDS's own driver.
+        A vendor's driver publishes its nodes' devices itself; DDS only reads them."""
+        return self.gpu_api is GpuApi.DRA_NODE_LOCAL and self.dra.own
 
     @property
     def default_gpu_model(self) -> Optional[str]:

@@ -7,7 +7,7 @@ For every MachineSet opted into DDS (`dds.cdi.dev/enabled: "true"`) in the watch
 |------------------------------------------|--------------------------------------------------------------------|
 | fewer live Machines than spec.replicas   | create Machines `<machineset>-<suffix>` from spec.template: owner   |
 |                                          | reference, label cluster.x-k8s.io/set-name, providerID              |
-|                                          | kwok://<name>; phase Provisioning                                   |
+|                                          | kwok://<name> (or as ProviderIds says); phase Provisioning          |
 | a Machine older than the provisioning    | create its Node (annotation kwok.x-k8s.io/node=fake: kwok makes it  |
 | delay, without a Node                    | Ready and runs its pods), then status.nodeRef and phase Running     |
 | more live Machines than spec.replicas    | delete the surplus, Machines marked cluster.x-k8s.io/delete-machine |
@@ -78,6 +78,26 @@ class KwokPass:
 
 # --- pure parts ---
 
+@dataclass(frozen=True)
+class ProviderIds:
+    """How this provider names its machines: a Machine's spec.providerID, copied to its Node, is `prefix` followed by
+    `machine_id(machine name)`; Machines and Nodes whose providerID has another prefix are not this provider's. The
+    default is kwok://<name>; a test cluster whose nodes stand for another infrastructure's servers names them as that
+    infrastructure does (harness/cdi_stack.py: fsas-cdi://<uuid>, which the CDI operator reads in DRA mode)."""
+
+    prefix: str = PROVIDER_PREFIX
+    machine_id: Callable[[str], str] = str
+
+    def of(self, machine_name: str) -> str:
+        return self.prefix + self.machine_id(machine_name)
+
+    def owns(self, provider_id: str) -> bool:
+        return provider_id.startswith(self.prefix)
+
+
+KWOK_PROVIDER_IDS = ProviderIds()
+
+
 def machine_name(machineset_name: str, uid: str, generation: int, index: int) -> str:
     """`<machineset>-<5 characters>`, the same for the same (MachineSet uid, generation, index)."""
     number = int.from_bytes(hashlib.sha256(f"{uid}/{generation}/{index}".encode()).digest()[:8], "big")
@@ -139,8 +159,9 @@ def build_node(group: NodeGroupSpec, machineset: Mapping[str, Any], machine: Map
     }
 
 
-def build_machine(machineset: Mapping[str, Any], name: str, requested_at: float) -> Obj:
-    """A Machine from the MachineSet's template, owned by it, with the kwok providerID of its future Node."""
+def build_machine(machineset: Mapping[str, Any], name: str, requested_at: float,
+                  provider_ids: ProviderIds = KWOK_PROVIDER_IDS) -> Obj:
+    """A Machine from the MachineSet's template, owned by it, with the providerID of its future Node."""
     template = (machineset.get("spec") or {}).get("template") or {}
     metadata = template.get("metadata") or {}
     labels = {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
@@ -153,7 +174,7 @@ def build_machine(machineset: Mapping[str, Any], name: str, requested_at: float)
     spec = copy.deepcopy(template.get("spec") or {})
     if cluster:
         spec["clusterName"] = cluster
-    spec["providerID"] = PROVIDER_PREFIX + name
+    spec["providerID"] = provider_ids.of(name)
     return {
         "apiVersion": machineset.get("apiVersion", ""), "kind": "Machine",
         "metadata": {
@@ -221,8 +242,8 @@ def node_is_ready(node: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def is_kwok_machine(machine: Mapping[str, Any]) -> bool:
-    return capi.provider_id(machine).startswith(PROVIDER_PREFIX)
+def is_kwok_machine(machine: Mapping[str, Any], provider_ids: ProviderIds = KWOK_PROVIDER_IDS) -> bool:
+    return provider_ids.owns(capi.provider_id(machine))
 
 
 # --- the reconciler ---
@@ -230,7 +251,7 @@ def is_kwok_machine(machine: Mapping[str, Any]) -> bool:
 class KwokInfrastructure:
     def __init__(self, api: ApiClient, clock: Callable[[], float], provisioning_delay_seconds: float,
                  namespaces: Sequence[str] = (), *, gpu_label: str = DEFAULT_GPU_LABEL,
-                 request_timeout_seconds: float = 10.0) -> None:
+                 request_timeout_seconds: float = 10.0, provider_ids: ProviderIds = KWOK_PROVIDER_IDS) -> None:
         if provisioning_delay_seconds < 0:
             raise ValueError(f"provisioning delay must be >= 0 seconds, got {provisioning_delay_seconds}")
         self._nodes = NodeObjects(api, request_timeout_seconds=request_timeout_seconds)
@@ -239,6 +260,7 @@ class KwokInfrastructure:
         self.provisioning_delay_seconds = provisioning_delay_seconds
         self._namespaces = tuple(namespaces)
         self._gpu_label = gpu_label
+        self._provider_ids = provider_ids
         self._reported: set[str] = set()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -350,7 +372,7 @@ class KwokInfrastructure:
                 continue
             taken.add(name)
             try:
-                machine = self._capi.create(MACHINES, namespace, build_machine(machineset, name, self._clock()))
+                machine = self._capi.create(MACHINES, namespace, build_machine(machineset, name, self._clock(), self._provider_ids))
             except ApiError as exc:
                 if not exc.conflict:
                     raise
@@ -362,7 +384,7 @@ class KwokInfrastructure:
 
     def _ensure_node(self, group: NodeGroupSpec, machineset: Obj, machine: Obj, nodes: dict[str, Obj],
                      result: KwokPass) -> None:
-        if capi.node_ref_name(machine) or not is_kwok_machine(machine) or capi.phase(machine) == capi.PHASE_FAILED:
+        if capi.node_ref_name(machine) or not is_kwok_machine(machine, self._provider_ids) or capi.phase(machine) == capi.PHASE_FAILED:
             return
         name, namespace = capi.name_of(machine), capi.namespace_of(machine)
         node = nodes.get(name)
@@ -408,7 +430,7 @@ class KwokInfrastructure:
         """Its Node first, then the Machine: a failure in between leaves a Machine without a Node, which the next
         pass deletes again, never a Node nobody owns."""
         name, namespace = capi.name_of(machine), capi.namespace_of(machine)
-        node_name = capi.node_ref_name(machine) or (name if is_kwok_machine(machine) else None)
+        node_name = capi.node_ref_name(machine) or (name if is_kwok_machine(machine, self._provider_ids) else None)
         if node_name and self._delete_node(node_name):
             result.nodes_deleted.append(node_name)
         nodes.pop(node_name or "", None)
@@ -422,7 +444,7 @@ class KwokInfrastructure:
                          result: KwokPass) -> None:
         for machine in machines:
             owner = capi.owner_machineset(machine)
-            if owner is None or not is_kwok_machine(machine) or capi.is_deleting(machine):
+            if owner is None or not is_kwok_machine(machine, self._provider_ids) or capi.is_deleting(machine):
                 continue
             if not any(capi.owned_by(machine, ms) for ms in machinesets):
                 log.info("kwok infrastructure: MachineSet %s/%s is gone; deleting its Machine %s",
@@ -436,7 +458,7 @@ class KwokInfrastructure:
             annotations = capi.annotations_of(node)
             machine_ref = (annotations.get(capi.NODE_ANN_CLUSTER_NAMESPACE, ""), annotations.get(capi.NODE_ANN_MACHINE))
             if annotations.get(ANN_KWOK_NODE) != KWOK_NODE_VALUE or not machine_ref[1] or \
-                    not str((node.get("spec") or {}).get("providerID", "")).startswith(PROVIDER_PREFIX):
+                    not str((node.get("spec") or {}).get("providerID", "")).startswith(self._provider_ids.prefix):
                 continue
             if self._namespaces and machine_ref[0] not in self._namespaces:
                 continue

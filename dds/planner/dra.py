@@ -20,6 +20,12 @@ are in use; `mark_claimed` flags the fabric devices behind allocated results, wh
 
 A claim no device DDS can attach satisfies gets a refusal naming the request, the selector and the device that failed
 it (`PodInfo.dra_refusal`), which the controller turns into an Event and `dds plan` prints.
+
+A group whose GPUs come under a GPU vendor's driver (`NodeGroupSpec.dra`, e.g. NVIDIA's gpu.nvidia.com) is offered
+each model in the vendor's shape instead: learnt from a device of that model the vendor already publishes, else
+described by the group's dds.cdi.dev/dra-models, else not offered at all (the refusal says DDS cannot describe it).
+Each driver's groups count their GPUs in a resource of their own (`dra_gpu_resource`), so a claim is planned onto the
+nodes of the drivers whose devices satisfy it only (docs/dra.md "A GPU vendor's DRA driver").
 """
 
 from __future__ import annotations
@@ -29,17 +35,18 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from dds.model.groups import DRA_GPU_RESOURCE, GpuApi
+from dds.model.groups import (ANN_DRA_MODELS, DDS_DRA_DRIVER, DraDriverConfig, GpuApi, NodeGroupSpec,
+                              dra_gpu_resource)
 from dds.model.quantity import to_int
 from dds.model.resources import Resources
 from dds.planner.dra_records import (ALL, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraDevice,
-                                     DraState, PodClaimRef, ResourceClaimInfo)
+                                     DraState, PodClaimRef, ResourceClaimInfo, ResourceSliceInfo)
 from dds.planner.plan import ScaleUpPlan, Verdict
 from dds.planner.snapshot import (ContainerRequests, NodeInfo, NodeSelectorTerm, PodInfo, SelectorRequirement,
                                   Snapshot)
 
-DRIVER = "gpu.dds.cdi.dev"  # the DRA driver name DDS (or the fabric's driver) publishes attached GPUs under
-DEVICE_CLASS = "gpu.dds.cdi.dev"  # the DeviceClass in manifests/dra/ selecting them
+DRIVER = DDS_DRA_DRIVER  # the DRA driver name DDS publishes attached GPUs under (simulated fabric, pool mode)
+DEVICE_CLASS = DDS_DRA_DRIVER  # the DeviceClass in manifests/dra/ selecting them
 
 # Memory of the GPU models the simulated fabric and the demo use, published as the device's `memory` capacity. A model
 # missing here is published without it (a selector reading it then fails with an error, as upstream does).
@@ -162,32 +169,169 @@ def request_mismatch(request: DeviceRequestInfo, classes: Mapping[str, DeviceCla
     return None
 
 
+# --- a vendor's driver: its devices, as learnt from the cluster or described by the group -----------------------------
+#
+# A vendor's DRA driver (NVIDIA's gpu.nvidia.com) publishes each node's GPUs itself, in its own shape. What N attaches
+# of model M would give a node is then a device in that shape: learnt exactly from a device of M the vendor already
+# publishes anywhere in the cluster (its id attribute, the GPU UUID, is the id of a fabric device of M; or its model
+# attribute is the value the group's dds.cdi.dev/dra-models gives M), else described from dds.cdi.dev/dra-models. A
+# model neither gives is not guessed: no claim is planned onto it, and a refusal says why.
+
+OWN_DRIVER = DraDriverConfig()  # DDS's own driver, the default of every DRA group
+
+
+def _qualified(name: str, driver: str) -> str:
+    return name if "/" in name else f"{driver}/{name}"
+
+
+def _is_gpu(device: DraDevice, config: DraDriverConfig) -> bool:
+    """A device of the vendor's slices that is one GPU of the group's kind: it shows the model attribute and every
+    attribute the group says its GPUs have (e.g. type=gpu, which tells a whole GPU from NVIDIA's MIG devices)."""
+    attributes = device.attributes
+    if _qualified(config.model_attribute, config.driver) not in attributes:
+        return False
+    return all(str(attributes.get(_qualified(k, config.driver))) == v for k, v in config.device_attributes.items())
+
+
+def learnt_devices(slices: Iterable[ResourceSliceInfo], config: DraDriverConfig,
+                   fabric_models: Mapping[str, str]) -> dict[str, DraDevice]:
+    """Per fabric model, a device of `config.driver` published in the cluster that shows it: first one whose id
+    attribute names a fabric device of that model (`fabric_models`: GPU UUID -> model), then one whose model
+    attribute is the value dds.cdi.dev/dra-models gives the model. The first by slice and device name, so every pass
+    learns the same one."""
+    id_key = _qualified(config.device_id_attribute, config.driver)
+    model_key = _qualified(config.model_attribute, config.driver)
+    by_value = {d.value: m for m, d in config.models.items()}
+    devices = [d for s in sorted(slices, key=lambda s: s.name) if s.driver == config.driver
+               for d in sorted(s.devices, key=lambda d: d.name) if _is_gpu(d, config)]
+    out: dict[str, DraDevice] = {}
+    for device in devices:  # by the fabric's own id: the surest
+        model = fabric_models.get(str(device.attributes.get(id_key, "")))
+        if model is not None:
+            out.setdefault(model, device)
+    for device in devices:
+        model = by_value.get(str(device.attributes.get(model_key)))
+        if model is not None:
+            out.setdefault(model, device)
+    return out
+
+
+def described_device(config: DraDriverConfig, model: str) -> Optional[DraDevice]:
+    """`model` in the vendor's shape from the group's dds.cdi.dev/dra-models (None: no entry): the model attribute,
+    the group's constant attributes, and the memory capacity when the entry gives one."""
+    entry = config.models.get(model)
+    if entry is None:
+        return None
+    attributes: dict[str, Any] = {_qualified(k, config.driver): v for k, v in config.device_attributes.items()}
+    attributes[_qualified(config.model_attribute, config.driver)] = entry.value
+    capacity = {_qualified(config.memory_capacity, config.driver): entry.memory} if entry.memory is not None else {}
+    return DraDevice(name=device_name(f"{model}-described"), driver=config.driver, pool="described",
+                     attributes=attributes, capacity=capacity)
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A GPU model DDS can attach, as a device of one driver would show it; `device` None when DDS cannot describe the
+    model in that driver's shape (`why_not` says so)."""
+
+    model: str
+    driver: str
+    device: Optional[DraDevice]
+    why_not: str = ""
+
+    @property
+    def label(self) -> str:
+        own = self.driver == DRIVER
+        return f"an attachable {self.model}" + ("" if own else f" as a {self.driver} device")
+
+
+def _undescribed(config: DraDriverConfig, model: str) -> str:
+    value = config.models.get(model)
+    by_value = f" or whose {config.model_attribute} is {value.value!r}" if value else ""
+    return (f"DDS cannot describe {model} as a {config.driver} device: no {config.driver} device in the cluster has "
+            f"the {config.device_id_attribute} of a fabric {model}{by_value}, and {ANN_DRA_MODELS} has no entry for "
+            f"{model}")
+
+
+def offers_for(config: DraDriverConfig, models: Iterable[str], slices: Iterable[ResourceSliceInfo] = (),
+               fabric_models: Optional[Mapping[str, str]] = None) -> tuple[Offer, ...]:
+    """Each model as a device of `config.driver`: DDS's own shape for its own driver; learnt, else described, else
+    not at all (with the reason) for a vendor's."""
+    if config.own:
+        return tuple(Offer(m, config.driver, gpu_device(m, f"pool/{m}", "pool", config.driver))
+                     for m in sorted(set(models)))
+    learnt = learnt_devices(slices, config, fabric_models or {})
+    out = []
+    for model in sorted(set(models)):
+        device = learnt.get(model) or described_device(config, model)
+        out.append(Offer(model, config.driver, device, "" if device else _undescribed(config, model)))
+    return tuple(out)
+
+
+def dra_drivers(groups: Iterable[NodeGroupSpec]) -> tuple[DraDriverConfig, ...]:
+    """The distinct drivers' configurations of the DRA groups; DDS's own when there is no DRA group (claims are then
+    judged as before, and refused for want of a DRA group)."""
+    configs: list[DraDriverConfig] = []
+    for group in groups:
+        if group.gpu_api.dra and group.dra not in configs:
+            configs.append(group.dra)
+    return tuple(configs) or (OWN_DRIVER,)
+
+
 # --- a pod's demand -------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """What a pod's claims need of DDS: `gpus` new devices of one of `models` (None = any model DDS attaches), on
-    `node` when an allocated claim already ties the pod to one; `refusal` when no attach can satisfy them."""
+    """What a pod's claims need of DDS: `gpus` new devices of one of the models `choices` gives per driver (None = no
+    new device asked for), `held` GPUs per driver its allocated claims hold on its node, on `node` when an allocated
+    claim already ties the pod to one; `refusal` when no attach can satisfy them."""
 
     gpus: int = 0
-    models: Optional[frozenset[str]] = None
+    choices: Optional[Mapping[str, frozenset[str]]] = None
     node: Optional[str] = None
     refusal: Optional[str] = None
     claims: tuple[str, ...] = ()
+    held: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def models(self) -> Optional[frozenset[str]]:
+        """The models any driver accepts (None: no constraint)."""
+        return None if self.choices is None else frozenset().union(*self.choices.values())
+
+
+def _as_offer(item: Offer | DraDevice) -> Offer:
+    if isinstance(item, Offer):
+        return item
+    return Offer(str(item.attributes.get(f"{item.driver}/model", item.name)), item.driver, item)
+
+
+def accepted_by(request: DeviceRequestInfo, classes: Mapping[str, DeviceClassInfo],
+                offers: Sequence[Offer | DraDevice]) -> tuple[dict[str, frozenset[str]], tuple[str, ...]]:
+    """Per driver, the models whose offered device serves `request`; and why each other offer does not."""
+    good: dict[str, set[str]] = {}
+    why: list[str] = []
+    for offer in map(_as_offer, offers):
+        if offer.device is None:
+            why.append(offer.why_not)
+            continue
+        found = request_mismatch(request, classes, offer.device, label=offer.label)
+        if found is None:
+            good.setdefault(offer.driver, set()).add(offer.model)
+        else:
+            why.append(found.text())
+    return {d: frozenset(m) for d, m in good.items()}, tuple(why)
 
 
 def models_for(request: DeviceRequestInfo, classes: Mapping[str, DeviceClassInfo],
-               offers: Sequence[DraDevice]) -> tuple[frozenset[str], tuple[Mismatch, ...]]:
-    """The models (by their offered device) that serve `request`, and why each other one does not."""
-    good, bad = set(), []
-    for device in offers:
-        model = str(device.attributes.get(f"{device.driver}/model", device.name))
-        found = request_mismatch(request, classes, device, label=f"an attachable {model}")
-        if found is None:
-            good.add(model)
-        else:
-            bad.append(found)
-    return frozenset(good), tuple(bad)
+               offers: Sequence[Offer | DraDevice]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The models (of any driver) that serve `request`, and why each other offer does not."""
+    accepted, why = accepted_by(request, classes, offers)
+    return frozenset().union(*accepted.values()), why
+
+
+def _common(a: Mapping[str, frozenset[str]], b: Mapping[str, frozenset[str]]) -> dict[str, frozenset[str]]:
+    # A node's GPUs come under one driver and are of one model: what both accept, driver by driver.
+    return {d: a[d] & b[d] for d in sorted(a) if d in b and a[d] & b[d]}
 
 
 def _request_count(request: DeviceRequestInfo) -> int:
@@ -197,27 +341,29 @@ def _request_count(request: DeviceRequestInfo) -> int:
 
 
 def claim_demand(claim: ResourceClaimInfo, classes: Mapping[str, DeviceClassInfo],
-                 offers: Sequence[DraDevice]) -> Demand:
-    """An unallocated claim: the devices it needs and the models that give them, or why none can."""
-    models: Optional[frozenset[str]] = None
+                 offers: Sequence[Offer | DraDevice], group_classes: Sequence[str] = ()) -> Demand:
+    """An unallocated claim: the devices it needs and the models (per driver) that give them, or why none can.
+    `group_classes`: the DeviceClasses the DRA groups' GPUs come under, named in a refusal for a request of another."""
+    choices: Optional[dict[str, frozenset[str]]] = None
     gpus = 0
     for request in claim.requests:
         if request.first_available:
             return Demand(refusal=f"ResourceClaim {claim.key} request {request.name!r} uses firstAvailable, which "
                                   f"DDS does not plan")
-        accepted, mismatches = models_for(request, classes, offers)
+        accepted, why = accepted_by(request, classes, offers)
         if not accepted:
-            why = "; ".join(m.text() for m in mismatches) or "DDS attaches no GPU model at all"
+            hint = (f"; DDS node groups take GPUs through DeviceClass {', '.join(group_classes)}, not "
+                    f"{request.device_class}" if group_classes and request.device_class not in group_classes else "")
             return Demand(refusal=f"ResourceClaim {claim.key} request {request.name!r}: no GPU DDS can attach "
-                                  f"satisfies it ({why})")
-        models = accepted if models is None else models & accepted
-        if not models:
+                                  f"satisfies it ({'; '.join(why) or 'DDS attaches no GPU model at all'}){hint}")
+        choices = accepted if choices is None else _common(choices, accepted)
+        if not choices:
             return Demand(refusal=f"ResourceClaim {claim.key}: its requests accept no common GPU model, and a node "
                                   f"holds one model at a time")
         gpus += _request_count(request)
     if claim.constraints:
         return Demand(refusal=f"ResourceClaim {claim.key} has spec.devices.constraints, which DDS does not plan")
-    return Demand(gpus=gpus, models=models, claims=(claim.key,))
+    return Demand(gpus=gpus, choices=choices, claims=(claim.key,))
 
 
 def _merge(a: Demand, b: Demand) -> Demand:
@@ -226,10 +372,11 @@ def _merge(a: Demand, b: Demand) -> Demand:
     if a.node and b.node and a.node != b.node:
         return Demand(refusal=f"claims {', '.join(a.claims + b.claims)} are allocated on different nodes "
                               f"({a.node}, {b.node})")
-    models = b.models if a.models is None else a.models if b.models is None else a.models & b.models
-    if models is not None and not models:
+    choices = b.choices if a.choices is None else a.choices if b.choices is None else _common(a.choices, b.choices)
+    if choices is not None and not choices:
         return Demand(refusal=f"claims {', '.join(a.claims + b.claims)} accept no common GPU model")
-    return Demand(gpus=a.gpus + b.gpus, models=models, node=a.node or b.node, claims=a.claims + b.claims)
+    return Demand(gpus=a.gpus + b.gpus, choices=choices, node=a.node or b.node, claims=a.claims + b.claims,
+                  held=a.held + b.held)
 
 
 @dataclass(frozen=True)
@@ -239,17 +386,29 @@ class _World:
     claims: Mapping[str, ResourceClaimInfo]
     templates: Mapping[str, ResourceClaimInfo]
     classes: Mapping[str, DeviceClassInfo]
-    offers: tuple[DraDevice, ...]
-    driver: str
+    offers: tuple[Offer, ...]
+    drivers: frozenset[str]
+    group_classes: tuple[str, ...] = ()  # the DeviceClasses of the DRA groups (none: no DRA group to name)
 
     @classmethod
-    def build(cls, state: DraState, models: Iterable[str], driver: str) -> "_World":
+    def build(cls, state: DraState, models: Iterable[str], configs: Sequence[DraDriverConfig],
+              fabric_models: Optional[Mapping[str, str]] = None, group_classes: Sequence[str] = ()) -> "_World":
         templates = {f"{t.namespace}/{t.name}": ResourceClaimInfo(t.namespace, t.name, t.requests,
                                                                   constraints=t.constraints)
                      for t in state.templates}
-        offers = tuple(gpu_device(m, f"pool/{m}", "pool", driver) for m in sorted(set(models)))
+        group_classes = tuple(sorted(set(group_classes)))
+        models = sorted(set(models))
+        offers = tuple(o for c in configs for o in offers_for(c, models, state.slices, fabric_models))
         return cls(claims={c.key: c for c in state.claims}, templates=templates,
-                   classes={c.name: c for c in state.classes}, offers=offers, driver=driver)
+                   classes={c.name: c for c in state.classes}, offers=offers,
+                   drivers=frozenset(c.driver for c in configs), group_classes=group_classes)
+
+    def all_models(self) -> dict[str, frozenset[str]]:
+        """Per driver, every model an attach may bring (described or not): a claim accepting fewer is restricted."""
+        out: dict[str, set[str]] = {}
+        for offer in self.offers:
+            out.setdefault(offer.driver, set()).add(offer.model)
+        return {d: frozenset(m) for d, m in out.items()}
 
     def resolve(self, pod: PodInfo, ref: PodClaimRef) -> tuple[Optional[ResourceClaimInfo], str]:
         """The claim behind a pod's entry (the template's spec while its claim is not created yet), or why none."""
@@ -265,8 +424,12 @@ class _World:
         return None, f"pod resource claim {ref.name!r} names neither a claim nor a template"
 
 
-def _ours(results: Iterable[AllocatedDeviceInfo], driver: str) -> tuple[AllocatedDeviceInfo, ...]:
-    return tuple(r for r in results if r.driver == driver)
+def _held(results: Iterable[AllocatedDeviceInfo], drivers: frozenset[str]) -> tuple[tuple[str, int], ...]:
+    counts: dict[str, int] = {}
+    for result in results:
+        if result.driver in drivers:  # other drivers' devices (NICs, ...) are not GPUs DDS attaches
+            counts[result.driver] = counts.get(result.driver, 0) + 1
+    return tuple(sorted(counts.items()))
 
 
 def pod_demand(pod: PodInfo, world: _World, charged: set[str]) -> Demand:
@@ -278,34 +441,47 @@ def pod_demand(pod: PodInfo, world: _World, charged: set[str]) -> Demand:
         if claim is None:
             return Demand(refusal=f"waits for its claim: {missing}")
         if claim.allocated is not None:
-            results = _ours(claim.allocated, world.driver)
+            results = [r for r in claim.allocated if r.driver in world.drivers]
             # The allocation's node (node-local devices and devices that bind to a node); a node-local pool is
-            # also named by its node.
+            # also named by its node (DDS's slices and NVIDIA's alike).
             node = claim.allocated_node or (results[0].pool if results else None)
-            count = 0 if claim.key in charged or pod.node_name is None else len(results)
+            held = () if claim.key in charged or pod.node_name is None else _held(results, world.drivers)
             charged.add(claim.key)
-            part = Demand(gpus=count, node=node, claims=(claim.key,))
+            part = Demand(node=node, claims=(claim.key,), held=held)
         elif claim.key in charged:
             part = Demand(claims=(claim.key,))  # another pending pod of the same claim asks for its devices
         else:
             charged.add(claim.key)
-            part = claim_demand(claim, world.classes, world.offers)
+            part = claim_demand(claim, world.classes, world.offers, world.group_classes)
         total = _merge(total, part)
     return total
 
 
-def _with_demand(pod: PodInfo, demand: Demand, gpu_resource: str, model_label: str,
-                 all_models: frozenset[str]) -> PodInfo:
+def _chosen_driver(choices: Mapping[str, frozenset[str]]) -> str:
+    # A pod asks for one planner resource; when claims accept the devices of several drivers' groups, DDS's own
+    # driver first, else the first by name (docs/dra.md: "Several drivers").
+    return DRIVER if DRIVER in choices else min(choices)
+
+
+def _with_demand(pod: PodInfo, demand: Demand, model_label: str, all_models: Mapping[str, frozenset[str]]) -> PodInfo:
     if demand.refusal:
         # Never promised a fit (the simulation cannot satisfy what it cannot read); the refusal says why.
         unsupported = pod.unsupported + ((demand.refusal,) if pod.node_name is None else ())
         return replace(pod, dra_refusal=demand.refusal, unsupported=unsupported, claims_lowered=True)
-    containers = pod.containers
-    if demand.gpus:
-        containers = containers + (ContainerRequests(Resources(scalar={gpu_resource: demand.gpus})),)
+    scalar: dict[str, int] = {}
+    for driver, count in demand.held:
+        scalar[dra_gpu_resource(driver)] = scalar.get(dra_gpu_resource(driver), 0) + count
     wanted: list[SelectorRequirement] = []
-    if pod.node_name is None and demand.models is not None and demand.models != all_models:
-        wanted.append(SelectorRequirement(model_label, "In", tuple(sorted(demand.models))))
+    if demand.gpus and demand.choices:
+        driver = _chosen_driver(demand.choices)
+        resource = dra_gpu_resource(driver)
+        scalar[resource] = scalar.get(resource, 0) + demand.gpus
+        models = demand.choices[driver]
+        if pod.node_name is None and models != all_models.get(driver):
+            wanted.append(SelectorRequirement(model_label, "In", tuple(sorted(models))))
+    containers = pod.containers
+    if scalar:
+        containers = containers + (ContainerRequests(Resources(scalar=scalar)),)
     fields = (SelectorRequirement("metadata.name", "In", (demand.node,)),) if (
         pod.node_name is None and demand.node) else ()
     affinity = pod.required_node_affinity
@@ -316,25 +492,29 @@ def _with_demand(pod: PodInfo, demand: Demand, gpu_resource: str, model_label: s
     return replace(pod, containers=containers, required_node_affinity=affinity, claims_lowered=True)
 
 
-def lower_pods(pods: Sequence[PodInfo], state: DraState, models: Iterable[str], gpu_resource: str,
-               model_label: str, driver: str = DRIVER) -> tuple[PodInfo, ...]:
+def lower_pods(pods: Sequence[PodInfo], state: DraState, models: Iterable[str], model_label: str,
+               groups: Sequence[NodeGroupSpec] = (), fabric_models: Optional[Mapping[str, str]] = None
+               ) -> tuple[PodInfo, ...]:
     """Every pod with resource claims rewritten as the GPU requests they amount to (see the module docstring); other
     pods are returned as they are (the same objects). Bound pods are charged first, so a claim shared by a running
-    and a pending pod is never asked for twice."""
+    and a pending pod is never asked for twice. `groups` give the DRA drivers to judge claims against (none: DDS's
+    own); `fabric_models` (GPU UUID -> model of the fabric's devices) lets a vendor's published devices teach their
+    model's shape."""
     if not any(p.resource_claims and not p.claims_lowered for p in pods):
         return tuple(pods)
-    world = _World.build(state, models, driver)
-    all_models = frozenset(str(d.attributes[f"{driver}/model"]) for d in world.offers)
+    world = _World.build(state, models, dra_drivers(groups), fabric_models,
+                         [g.dra.device_class for g in groups if g.gpu_api.dra])
+    all_models = world.all_models()
     charged: set[str] = set()
     lowered: dict[str, PodInfo] = {}
     ordered = sorted((p for p in pods if p.resource_claims and not p.claims_lowered),
                      key=lambda p: (p.node_name is None, -p.priority, p.created_at, p.key))
     for pod in ordered:
-        lowered[pod.key] = _with_demand(pod, pod_demand(pod, world, charged), gpu_resource, model_label, all_models)
+        lowered[pod.key] = _with_demand(pod, pod_demand(pod, world, charged), model_label, all_models)
     return tuple(lowered.get(p.key, p) if p.resource_claims else p for p in pods)
 
 
-# --- devices a detach must leave alone ------------------------------------------------------------------------------
+# --- devices a detach must leave alone, and the GPUs a vendor's driver shows -----------------------------------------
 
 def claimed_devices(state: DraState, driver: str = DRIVER) -> frozenset[tuple[str, str]]:
     """(pool, device name) of every device an allocated claim holds."""
@@ -342,36 +522,94 @@ def claimed_devices(state: DraState, driver: str = DRIVER) -> frozenset[tuple[st
                      for r in c.allocated if r.driver == driver)
 
 
-def mark_claimed(snapshot: Snapshot, driver: str = DRIVER) -> Snapshot:
+def _vendor_configs(groups: Iterable[NodeGroupSpec]) -> tuple[DraDriverConfig, ...]:
+    return tuple(c for c in dra_drivers(groups) if not c.own)
+
+
+def claimed_vendor_devices(state: DraState, configs: Sequence[DraDriverConfig]) -> frozenset[str]:
+    """The fabric ids (the vendor's id attribute, the GPU UUID) of the vendor's devices an allocated claim holds."""
+    if not configs:
+        return frozenset()
+    id_keys = {c.driver: _qualified(c.device_id_attribute, c.driver) for c in configs}
+    held = {(r.driver, r.pool, r.device) for c in state.claims if c.allocated for r in c.allocated
+            if r.driver in id_keys}
+    if not held:
+        return frozenset()
+    return frozenset(str(d.attributes[id_keys[s.driver]]) for s in state.slices if s.driver in id_keys
+                     for d in s.devices if (s.driver, s.pool, d.name) in held and id_keys[s.driver] in d.attributes)
+
+
+def _published_gpus(state: DraState, configs: Sequence[DraDriverConfig]) -> dict[tuple[str, str], int]:
+    """(driver, node) -> GPUs the vendor's driver publishes on the node (node-local slices)."""
+    by_driver = {c.driver: c for c in configs}
+    out: dict[tuple[str, str], int] = {}
+    for s in state.slices:
+        config = by_driver.get(s.driver)
+        node = s.node_name
+        if config is None or node is None:
+            continue
+        count = sum(1 for d in s.devices if _is_gpu(d, config))
+        out[(s.driver, node)] = out.get((s.driver, node), 0) + count
+    return out
+
+
+def mark_claimed(snapshot: Snapshot, driver: str = DRIVER, fabric_ids: Optional[Mapping[str, str]] = None
+                 ) -> Snapshot:
     """The snapshot with `Device.in_claim` set on the fabric devices allocated to a claim (node-local pools are named
-    by node, devices by `device_name`; pool mode names the devices DDS attached for a claim on the claim)."""
+    by node, devices by `device_name`; pool mode names the devices DDS attached for a claim on the claim; a vendor's
+    devices name theirs in their id attribute, the GPU UUID: `fabric_ids` maps it to the fabric's device id where the
+    two differ, e.g. a ComposableResource's name), and the nodes of vendor-driver groups showing the GPUs their driver
+    publishes (a GPU the vendor lists is the node's, even one the fabric does not report)."""
+    configs = _vendor_configs(snapshot.groups)
     held = claimed_devices(snapshot.dra, driver)
     attached_for_claims = {d for c in snapshot.dra.claims if c.allocated is not None for d in c.fabric_devices}
-    if not held and not attached_for_claims:
+    ids = fabric_ids or {}
+    attached_for_claims |= {ids.get(u, u) for u in claimed_vendor_devices(snapshot.dra, configs)}
+    published = _published_gpus(snapshot.dra, configs) if configs else {}
+    if not held and not attached_for_claims and not published:
         return snapshot
+    vendor_of = {g.id: g.dra.driver for g in snapshot.groups if g.gpu_api.dra and not g.dra.own}
 
     def marked(node: NodeInfo) -> NodeInfo:
         devices = tuple(replace(d, in_claim=True) if (node.name, device_name(d.id)) in held
                         or d.id in attached_for_claims else d for d in node.devices)
-        return replace(node, devices=devices) if devices != node.devices else node
+        shown = published.get((vendor_of.get(node.group_id or ""), node.name), 0)
+        allocatable = node.allocatable
+        if shown > allocatable.get(node.gpu_resource):
+            allocatable = allocatable.with_scalar(node.gpu_resource, shown)
+        if devices == node.devices and allocatable is node.allocatable:
+            return node
+        return replace(node, devices=devices, allocatable=allocatable)
 
     return replace(snapshot, nodes=tuple(marked(n) for n in snapshot.nodes))
 
 
-def lower_claims(snapshot: Snapshot, driver: str = DRIVER) -> Snapshot:
-    """The snapshot as the planner plans it: claims lowered to GPU requests, claimed devices marked. The models are
-    those the pools hold."""
-    if not snapshot.dra.claims and not any(p.resource_claims and not p.claims_lowered for p in snapshot.pods):
-        return snapshot
-    models = {m for p in snapshot.pools for m in p.free} | {d.model for n in snapshot.nodes for d in n.devices}
-    pods = lower_pods(snapshot.pods, snapshot.dra, models, DRA_GPU_RESOURCE, snapshot.gpu_model_label, driver)
-    return mark_claimed(replace(snapshot, pods=pods), driver)
+def fabric_models_of(nodes: Iterable[NodeInfo], fabric_ids: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """GPU UUID -> model of the fabric devices on the nodes. `fabric_ids` (GPU UUID -> fabric device id) where the
+    fabric names a device otherwise; else a device's id is its UUID (the simulated fabric's ids stand for it)."""
+    uuid_of = {fabric_id: uuid for uuid, fabric_id in (fabric_ids or {}).items()}
+    return {uuid_of.get(d.id, d.id): d.model for n in nodes for d in n.devices}
 
 
-def lower_observed(pods: Sequence[PodInfo], state: DraState, models: Iterable[str],
-                   model_label: str) -> tuple[PodInfo, ...]:
-    """`lower_pods` for the observer, before anything reads the pods' GPU requests (idle tracking included)."""
-    return lower_pods(pods, state, models, DRA_GPU_RESOURCE, model_label)
+def lower_claims(snapshot: Snapshot, driver: str = DRIVER, fabric_ids: Optional[Mapping[str, str]] = None
+                 ) -> Snapshot:
+    """The snapshot as the planner plans it: claims lowered to GPU requests against the DRA groups' drivers,
+    claimed devices marked, vendor-published GPUs counted. The models are those the pools hold. `fabric_ids`: GPU
+    UUID -> fabric device id, where they differ."""
+    if snapshot.dra.claims or any(p.resource_claims and not p.claims_lowered for p in snapshot.pods):
+        models = {m for p in snapshot.pools for m in p.free} | {d.model for n in snapshot.nodes for d in n.devices}
+        pods = lower_pods(snapshot.pods, snapshot.dra, models, snapshot.gpu_model_label, snapshot.groups,
+                          fabric_models_of(snapshot.nodes, fabric_ids))
+        snapshot = replace(snapshot, pods=pods)
+    return mark_claimed(snapshot, driver, fabric_ids)
+
+
+def lower_observed(pods: Sequence[PodInfo], state: DraState, models: Iterable[str], model_label: str,
+                   groups: Sequence[NodeGroupSpec] = (), fabric_models: Optional[Mapping[str, str]] = None
+                   ) -> tuple[PodInfo, ...]:
+    """`lower_pods` for the observer, before anything reads the pods' GPU requests (idle tracking included). Without
+    `groups`, claims are judged against DDS's own driver only."""
+    return lower_pods(pods, state, models, model_label, groups, fabric_models)
 
 
 def pods_needing_nodes(plan: ScaleUpPlan, pods: Sequence[PodInfo]) -> tuple[PodInfo, ...]:

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 from dataclasses import replace
 
-from dds.model.groups import ANN_GPU_API, DEFAULT_GPU_RESOURCE, DRA_GPU_RESOURCE, NodeGroupSpec
+from dds.model.groups import ANN_GPU_API, DEFAULT_GPU_RESOURCE, NodeGroupSpec, is_dra_gpu_resource
 from dds.planner.nodes import group_slots
 from dds.planner.plan import PodDecision, ScaleUpPlan, Verdict
 from dds.planner.requests import effective_requests
@@ -107,7 +107,8 @@ def _api_unserved(pod: PodInfo, groups: Sequence[NodeGroupSpec]) -> Optional[Can
     requests = effective_requests(pod)
     dra_groups = [g.id for g in groups if g.gpu_api.dra]
     extended = {g.gpu_resource for g in groups if not g.gpu_api.dra}
-    by_claims = requests.get(DRA_GPU_RESOURCE) > 0
+    # Each DRA driver's GPUs are counted in a resource of their own (dds.cdi.dev/<driver>): any of them is a claim.
+    by_claims = any(is_dra_gpu_resource(name) and count > 0 for name, count in requests.scalar.items())
     by_resource = sorted(r for r in extended | {DEFAULT_GPU_RESOURCE} if requests.get(r) > 0)
     if by_claims and by_resource:
         return CannotServe(NO_GROUP_FOR_API, f"asks for GPUs both as {by_resource[0]} and through ResourceClaims, but "

@@ -1,5 +1,6 @@
 """The gRPC server cluster-autoscaler connects to: the CloudProvider servicer, the standard health service, and
-mutual TLS (plaintext only when asked for with `insecure`).
+mutual TLS (plaintext only when asked for with `insecure`) whose files are re-read when they change, with only the
+client identities of `grpc_allowed_clients` let in (dds/provider/callers.py).
 
 `build_server` takes already-built parts (registry, deciders), so the no-cluster mode (`dds serve --node-groups`)
 and the cluster mode (fabric, planner, controller loop) share it.
@@ -8,6 +9,7 @@ and the cluster mode (fabric, planner, controller loop) share it.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from dds.config import Settings
 from dds.scaling.requests import ScaleDownDecider, ScaleUpDecider
 from dds.provider.gen.externalgrpc import externalgrpc_pb2
+from dds.provider.callers import CallerGate
 from dds.provider.registry import Registry
 from dds.provider.servicer import CloudProviderServicer, add_to_server
 
@@ -44,11 +47,26 @@ def _read(setting: str, path: Optional[Path]) -> bytes:
         raise ServerConfigError(f"{setting} {path}: cannot read: {exc.strerror or exc}") from exc
 
 
+@dataclass(frozen=True)
+class TlsMaterial:
+    """The three PEM files of mutual TLS, read and checked together (a rotation writes them one after the other)."""
+
+    cert: bytes
+    key: bytes
+    client_ca: bytes
+
+
 def check_tls_material(settings: Settings) -> None:
     """Fail fast, before DDS touches a cluster: mutual TLS unless `insecure`, with files that hold what they claim
     (gRPC would only fail at bind time, with a message that names none of them). Messages name paths, never content."""
     if settings.insecure:
         return
+    load_tls_material(settings)
+
+
+def load_tls_material(settings: Settings) -> TlsMaterial:
+    """Read tls_cert, tls_key and tls_ca and check that they hold what they claim: a certificate, its own unencrypted
+    key, and CA certificates. Raises `ServerConfigError` naming the setting and path."""
     cert, key, client_ca = (_read(name, path) for name, path in (
         ("tls_cert", settings.tls_cert), ("tls_key", settings.tls_key), ("tls_ca", settings.tls_ca)))
     try:
@@ -65,6 +83,7 @@ def check_tls_material(settings: Settings) -> None:
         x509.load_pem_x509_certificates(client_ca)
     except ValueError:
         raise ServerConfigError(f"tls_ca {settings.tls_ca}: not PEM certificates") from None
+    return TlsMaterial(cert=cert, key=key, client_ca=client_ca)
 
 
 def _spki(public_key: object) -> bytes:
@@ -73,12 +92,65 @@ def _spki(public_key: object) -> bytes:
 
 
 def server_credentials(settings: Settings) -> grpc.ServerCredentials:
-    """Mutual TLS: our certificate and key, and the CA that client certificates must be signed by (required)."""
-    check_tls_material(settings)
-    cert = _read("tls_cert", settings.tls_cert)
-    key = _read("tls_key", settings.tls_key)
-    client_ca = _read("tls_ca", settings.tls_ca)
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca, require_client_auth=True)
+    """Mutual TLS: our certificate and key, and the CA that client certificates must be signed by (required). The
+    files are re-read when they change (`CertificateReloader`), so a rotated Secret needs no restart."""
+    reloader = CertificateReloader(settings)
+    return grpc.dynamic_ssl_server_credentials(reloader.initial, reloader, require_client_authentication=True)
+
+
+def _certificate_configuration(material: TlsMaterial) -> grpc.ServerCertificateConfiguration:
+    return grpc.ssl_server_certificate_configuration([(material.key, material.cert)],
+                                                     root_certificates=material.client_ca)
+
+
+# What tells a changed file apart: a Secret update swaps the volume's `..data` symlink to a new directory, so the
+# resolved file is a new inode; an edit in place changes its mtime or size.
+_FileStamp = tuple[int, int, int, int]
+
+
+class CertificateReloader:
+    """gRPC's certificate configuration fetcher: called before every new TLS handshake, it returns new certificates
+    when tls_cert, tls_key or tls_ca changed on disk, else None (keep the current ones). Connections already open keep
+    the session they made, so cluster-autoscaler's channel is not broken by a rotation; its next connection gets the
+    new certificate.
+
+    A half-written rotation (a new certificate beside the old key) does not load: the previous certificates stay in
+    use, the problem is logged once, and the next handshake looks again."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._paths = [Path(p) for p in (settings.tls_cert, settings.tls_key, settings.tls_ca) if p is not None]
+        self._lock = threading.Lock()
+        self._loaded = self._stamps()
+        self._refused: Optional[tuple[_FileStamp, ...]] = None
+        self.initial = _certificate_configuration(load_tls_material(settings))
+
+    def __call__(self) -> Optional[grpc.ServerCertificateConfiguration]:
+        try:
+            stamps = self._stamps()
+        except OSError:
+            stamps = None  # a file missing for a moment during the swap: keep serving, look again next time
+        with self._lock:
+            if stamps is None or stamps == self._loaded or stamps == self._refused:
+                return None
+            try:
+                material = load_tls_material(self._settings)
+            except ServerConfigError as exc:
+                self._refused = stamps
+                log.error("TLS files changed but do not load (%s); still serving the certificates loaded before", exc)
+                return None
+            self._loaded, self._refused = stamps, None
+        subject = x509.load_pem_x509_certificate(material.cert).subject.rfc4514_string()
+        log.info("TLS files changed: new connections get the certificate of %s from %s", subject,
+                 self._settings.tls_cert)
+        return _certificate_configuration(material)
+
+    def _stamps(self) -> tuple[_FileStamp, ...]:
+        return tuple(_stamp(path.stat()) for path in self._paths)
+
+
+def _stamp(stat: os.stat_result) -> _FileStamp:
+    return stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
 @dataclass
@@ -122,8 +194,10 @@ def build_server(settings: Settings, registry: Registry, scale_up: ScaleUpDecide
     from concurrent import futures
 
     servicer = CloudProviderServicer(registry, scale_up, scale_down, settings.gpu_label, new_request_key)
+    # Who the caller is comes first: an unknown caller is refused before any other interceptor answers it.
+    gates = () if settings.insecure else (CallerGate(settings.grpc_allowed_clients),)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dds-grpc"),
-                         options=[("grpc.so_reuseport", 0)], interceptors=tuple(interceptors))
+                         options=[("grpc.so_reuseport", 0)], interceptors=(*gates, *interceptors))
     add_to_server(servicer, server)  # lenient request decoding: a bad payload is INVALID_ARGUMENT, not INTERNAL
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -244,6 +244,7 @@ def write_settings(workdir: Path, plane: ControlPlane, size: Size, grpc_port: in
         "machineset_namespaces": [NAMESPACE], "loop_interval_seconds": LOOP_INTERVAL_SECONDS,
         "pending_debounce_seconds": 86400.0,  # the loop plans and observes; attaching stays CA's (case 1)
         # Enough devices for every pending pod twice; the simulated manager keeps its state in one ConfigMap (1 MiB).
+        "fabric": "simulated",
         "simulated_fabric": {"pools": [{"name": "default", "devices": {"A30": 2 * size.pending}}],
                              "attach_latency": {"min": 86400, "max": 86400}},
     }

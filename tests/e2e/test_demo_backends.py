@@ -1,39 +1,33 @@
-"""The talk's demo through the two other fabric backends (issue 6 part 7, "Done when"): the same scenario and the same
+"""The talk's demo through the other fabric backends (issue 6 part 7, "Done when"): the same scenario and the same
 assertions as tests/e2e/test_demo.py, with DDS driving
 
-- `composability-request`: DDS writes ComposabilityRequests on the real apiserver; the stand-in CDI operator
-  (harness/cro_operator.py) runs in this process and reconciles them against a simulated CDI manager. As the real
-  operator makes an attached GPU visible (it restarts the device plugin, which publishes the node's GPUs), the
-  stand-in's manager publishes each node's online devices as its GPU capacity (dds.kube.nodes.gpu_capacity_hook).
 - `redfish`: DDS composes GPU resource blocks into ComputerSystems of the Redfish emulator on loopback
   (harness/redfish_emulator.py). The servers' side — a ComputerSystem per machine, and the device plugin publishing
   the GPUs composed into it — is played by harness/redfish_hosts.py, reading the emulator, never DDS.
 
-One stack per backend (module-scoped, parametrized): two runs of ~2 minutes each.
+The `composability-request` backend runs the demo through CoHDI's real CDI operator in tests/e2e/test_cdi_operator.py
+(DRA mode, GPUs claimed from NVIDIA's driver: the operator's device-plugin mode cannot attach at its pinned commit).
+
+One stack per backend (module-scoped, parametrized): a run of ~2 minutes each.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 
 import pytest
 
 import tests.e2e.test_demo as reference
-from dds.config import LatencySpec, PoolSpec, SimulatedFabricSettings
 from harness.demo import Demo, DemoOptions, DemoResult
-from dds.fabric.simulated import SimulatedFabric
-from dds.kube.nodes import gpu_capacity_hook
-from harness.cro_operator import StandInOperator
 from harness.redfish_emulator import EmulatorConfig, RedfishEmulator
 from harness.redfish_hosts import RedfishHosts
 from harness.stack import StackOptions
 
 pytestmark = pytest.mark.e2e
 
-BACKENDS = ("composability-request", "redfish")
+BACKENDS = ("redfish",)
 POOL_SIZE = 8
 
 
@@ -42,22 +36,6 @@ def _options(workdir, backend: str, dds_settings: dict) -> DemoOptions:
         attach_latency=reference.ATTACH_LATENCY, detach_latency=(1.0, 2.0), node_provisioning_seconds=12.0,
         gpu_idle_cooldown_seconds=8.0, node_idle_cooldown_seconds=10.0, pool_size=POOL_SIZE,
         dds_settings={"fabric": backend, **dds_settings}))
-
-
-def _start_cro_operator(demo: Demo, cleanup: ExitStack) -> None:
-    options = demo.options.stack
-    manager = SimulatedFabric(
-        SimulatedFabricSettings(pools=[PoolSpec(name="default", devices={"A30": options.pool_size})],
-                                attach_latency=LatencySpec(min=min(options.attach_latency),
-                                                           max=max(options.attach_latency)),
-                                detach_latency=LatencySpec(min=min(options.detach_latency),
-                                                           max=max(options.detach_latency))),
-        clock=time.time, on_node_devices_changed=gpu_capacity_hook(demo.stack.control_plane.api_client()),
-        name="cdi-manager")
-    operator = StandInOperator(demo.stack.control_plane.api_client(), manager, poll_interval_s=0.2).start()
-    cleanup.callback(operator.stop)
-    demo.step("stand-in CDI operator running (reconciles ComposabilityRequests; the device plugin's part publishes "
-              "each node's online GPUs)")
 
 
 def _start_redfish_hosts(demo: Demo, emulator: RedfishEmulator, cleanup: ExitStack) -> None:
@@ -69,24 +47,19 @@ def _start_redfish_hosts(demo: Demo, emulator: RedfishEmulator, cleanup: ExitSta
 
 def _run(backend: str, workdir) -> DemoResult:
     with ExitStack() as cleanup:
-        settings: dict = {}
-        emulator = None
-        if backend == "redfish":
-            # Composition takes as long as the simulated fabric's attach (fixed: the emulator has one latency).
-            emulator = RedfishEmulator(EmulatorConfig(systems=[], gpus={"default": {"A30": POOL_SIZE}},
-                                                      composition_latency_s=sum(reference.ATTACH_LATENCY) / 2,
-                                                      decomposition_latency_s=1.5))
-            settings["redfish"] = {"endpoint": emulator.start()}
-            cleanup.callback(emulator.stop)
+        assert backend == "redfish", backend
+        # Composition takes as long as the simulated fabric's attach (fixed: the emulator has one latency).
+        emulator = RedfishEmulator(EmulatorConfig(systems=[], gpus={"default": {"A30": POOL_SIZE}},
+                                                  composition_latency_s=sum(reference.ATTACH_LATENCY) / 2,
+                                                  decomposition_latency_s=1.5))
+        settings = {"redfish": {"endpoint": emulator.start()}}
+        cleanup.callback(emulator.stop)
         demo = Demo(_options(workdir, backend, settings), sys.stdout)
         cleanup.callback(demo.close)
         demo.start()
-        # Right after the stack starts: the workers' systems must exist (and the operator run) before DDS composes
-        # their boot-time GPUs, which it does once they are Ready (node_provisioning_seconds later).
-        if emulator is not None:
-            _start_redfish_hosts(demo, emulator, cleanup)
-        else:
-            _start_cro_operator(demo, cleanup)
+        # Right after the stack starts: the workers' systems must exist before DDS composes their boot-time GPUs,
+        # which it does once they are Ready (node_provisioning_seconds later).
+        _start_redfish_hosts(demo, emulator, cleanup)
         return demo.run()
 
 

@@ -140,6 +140,15 @@ def running_members(stack: Stack, names: list[str]) -> int:
     return sum(1 for p in stack.pods() if p.metadata.name in names and p.status.phase == "Running")
 
 
+def gpus_and_running(stack: Stack, names: list[str]) -> tuple[int, int]:
+    """(GPUs on the workers, members running), read in the order that cannot see a violation that is not there: the
+    members first, then the GPUs. GPUs only arrive while members wait at Permit and none go while members run, so GPUs
+    read after the members are at least those the members had; read the other way round, GPUs arriving between the
+    two reads (and the gang bound at once) would look like members running on part of them."""
+    running = running_members(stack, names)
+    return worker_gpus(stack), running
+
+
 def test_a_gang_of_four_starts_only_when_all_eight_gpus_are_attached(stack: Stack):
     stack.wait_for("the idle GPUs back in the pool", lambda: worker_gpus(stack) == 0, TIMEOUT,
                    lambda: describe(stack))
@@ -147,7 +156,7 @@ def test_a_gang_of_four_starts_only_when_all_eight_gpus_are_attached(stack: Stac
     seen: list[tuple[int, int]] = []  # (GPUs on the workers, members running), at every look
 
     def all_running() -> bool:
-        seen.append((worker_gpus(stack), running_members(stack, names)))
+        seen.append(gpus_and_running(stack, names))
         return seen[-1][1] == len(names)
 
     stack.wait_for("the gang Running", all_running, TIMEOUT, lambda: describe(stack), interval=0.2)
@@ -172,7 +181,7 @@ def test_a_gang_whose_attach_fails_is_rolled_back_then_served_whole(stack: Stack
 
     def look(done: Callable[[], bool]) -> Callable[[], bool]:
         def step() -> bool:
-            seen.append((worker_gpus(stack), running_members(stack, names)))
+            seen.append(gpus_and_running(stack, names))
             return done()
         return step
 

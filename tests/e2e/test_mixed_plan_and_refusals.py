@@ -86,7 +86,7 @@ def test_pods_dds_cannot_help_are_told_why_once(stack: Stack):
 
 
 def test_dds_plan_gives_the_same_reasons(stack: Stack):
-    done = subprocess.run([sys.executable, "-m", "dds", "plan", "--kubeconfig", str(stack.control_plane.kubeconfig),
+    done = subprocess.run([sys.executable, "-m", "dds", "plan", "--kubeconfig", str(stack.dds_kubeconfig),
                            "--config", str(stack.config_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "asks for A100 GPUs, but no pool holds A100" in done.stdout, done.stdout

@@ -17,17 +17,18 @@ pytestmark = pytest.mark.integration
 
 
 def test_plan_on_a_live_cluster_attaches_a_gpu_for_a_pending_pod(control_plane: Any, namespace: str, tmp_path,
-                                                                 capsys) -> None:
-    harness = NodeGroupHarness(control_plane.api_client(), namespace)
+                                                                 capsys, dds_kubeconfig: Any, dds_api: Any) -> None:
+    harness = NodeGroupHarness(control_plane.api_client(), namespace, dds_api=dds_api)
     harness.infrastructure.run_in_thread(interval_seconds=0.2)
     try:
         node = one_node_and_a_pending_gpu_pod(harness, namespace)
         core = client.CoreV1Api(control_plane.api_client())
         config = tmp_path / "dds.yaml"
         # The fabric's state ConfigMap lives in the test's namespace; only this namespace's MachineSets are groups.
-        config.write_text(yaml.safe_dump({"namespace": namespace, "machineset_namespaces": [namespace]}))
+        config.write_text(yaml.safe_dump({"namespace": namespace, "machineset_namespaces": [namespace],
+                                           "fabric": "simulated"}))
         snapshot_file = tmp_path / "snapshot.json"
-        code = main(["plan", "--kubeconfig", str(control_plane.kubeconfig), "--config", str(config), "--json",
+        code = main(["plan", "--kubeconfig", str(dds_kubeconfig), "--config", str(config), "--json",
                      "--save-snapshot", str(snapshot_file)])
         out = json.loads(capsys.readouterr().out)
         assert code == 0

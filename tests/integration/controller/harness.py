@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional
 from kubernetes import client
 
 from dds.app import App, build_app
-from dds.config import LatencySpec, NodeBackend, PoolSpec, Settings, SimulatedFabricSettings
+from dds.config import FabricBackend, LatencySpec, NodeBackend, PoolSpec, Settings, SimulatedFabricSettings
 from dds.fabric.base import AttachRequest, FabricDevice, Operation
 from dds.model.groups import (ANN_CAPI_MIN, ANN_FORCE_DETACH, ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN,
                               ANN_TEMPLATE_MODE, NodeGroupSpec)
@@ -55,6 +55,7 @@ def settings_for(namespace: str, pool_size: int = 4) -> Settings:
     return Settings(
         listen="127.0.0.1:0", insecure=True, metrics_listen="127.0.0.1:0",
         namespace=namespace, machineset_namespaces=[namespace], node_backend=NodeBackend.MACHINESET,
+        fabric=FabricBackend.SIMULATED,
         loop_interval_seconds=1.0, pending_debounce_seconds=DEBOUNCE_SECONDS,
         simulated_fabric=SimulatedFabricSettings(
             pools=[PoolSpec(name="default", devices={"A30": pool_size})],
@@ -65,15 +66,19 @@ def settings_for(namespace: str, pool_size: int = 4) -> Settings:
 class ControllerHarness:
     """One DDS (`self.app`) and one node group per test; see the module docstring."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, pool_size: int = 4) -> None:
+    def __init__(self, api: client.ApiClient, namespace: str, pool_size: int = 4, *,
+                 dds_api: client.ApiClient) -> None:
+        """`api` is the test's own (admin) client for setup and inspection; DDS gets `dds_api`, its ServiceAccount's
+        (harness/rbac.py), so a request the shipped RBAC does not grant fails the test."""
         self.api = api
+        self.dds_api = dds_api
         self.namespace = namespace
         self.core = client.CoreV1Api(api)
         self.clock = VirtualClock()
-        self.nodes = NodeGroupHarness(api, namespace, clock=self.clock)
+        self.nodes = NodeGroupHarness(api, namespace, clock=self.clock, dds_api=dds_api)
         self.nodes.infrastructure.run_in_thread(interval_seconds=0.2)
         self.settings = settings_for(namespace, pool_size)
-        self.app: App = build_app(self.settings, api, clock=self.clock)
+        self.app: App = build_app(self.settings, dds_api, clock=self.clock)
         self._apps = [self.app]
 
     # --- DDS ---
@@ -87,7 +92,7 @@ class ControllerHarness:
     def restart_dds(self) -> App:
         """A new DDS on the same cluster and stored state, as after a crash: the old one is dropped without a word
         (nothing of its memory carries over)."""
-        self.app = build_app(self.settings, self.api, clock=self.clock)
+        self.app = build_app(self.settings, self.dds_api, clock=self.clock)
         self._apps.append(self.app)
         return self.app
 

@@ -26,7 +26,7 @@ MIN_AGE = 120.0
 
 def with_reservations(dds: ControllerHarness) -> None:
     controller = dds.controller
-    controller.reservations = Reservations(ReservationWrites(dds.api), controller.actions, controller.events,
+    controller.reservations = Reservations(ReservationWrites(dds.dds_api), controller.actions, controller.events,
                                            controller.journal, ReservationConfig(min_age_seconds=MIN_AGE))
 
 

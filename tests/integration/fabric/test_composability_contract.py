@@ -1,96 +1,319 @@
-"""The fabric contract on the ComposabilityRequest backend: the real apiserver (CRDs from manifests/crds/composability)
-with the stand-in CDI operator reconciling against a simulated fabric on wall time. The contract runs twice: reading
-the operator's objects with a LIST per query, and from the watch cache (where DDS must read its own writes at once)."""
+"""The fabric contract on the ComposabilityRequest backend against the REAL CDI operator.
+
+CoHDI's composable-resource-operator (harness/cdi_operator.py, DRA mode) reconciles DDS's ComposabilityRequests and
+attaches through the fabric-manager emulator (harness/fabric_manager.py); the node side (nvidia-smi through kwok exec,
+the vendor driver's ResourceSlice, GPU load) is harness/gpu_node_agent.py. DDS's fabric runs under its ServiceAccount
+(manifests/dds RBAC). The contract of tests/unit/fabric/contract.py runs twice: reading the operator's objects with a
+LIST per query, and from the watch cache. The cases after it settle, each by what the running operator does, the points
+dds/fabric/composability.py's docstring makes about the operator.
+
+One control plane, emulator, agent and operator serve the whole module (the operator's webhook port is fixed, so one
+operator runs on a machine at a time); `reset` puts the world back between tests: no request, no resource, nothing
+attached in the fabric, no fault armed, no pod holding a GPU.
+"""
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
-from dds.config import ComposabilitySettings, LatencySpec, SimulatedFabricSettings
-from dds.fabric.base import AttachRequest, Fabric, Operation, OperationState
+from dds.config import ComposabilitySettings
+from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, Fabric, FabricError, Operation,
+                             OperationState)
 from dds.fabric.composability import GROUP, REQUESTS, RESOURCES, VERSION, ComposabilityRequestFabric, request_name
-from dds.fabric.simulated import SimulatedFabric
 from dds.kube.cache import ClusterCache
 from dds.kube.composability import WATCHED
 from dds.kube.requests import instrument
-from harness.cro_operator import StandInOperator
+from harness import rbac
+from harness.cdi_operator import (DRA_FEATURE_GATES, DRA_RUNTIME_CONFIG, CdiOperator, CdiOperatorError,
+                                  DeviceResourceType, FabricManagerAccess)
+from harness.controlplane import KWOK_NODE_ANNOTATION, ControlPlane, ensure_binaries, start_control_plane
+from harness.fabric_manager import FabricManagerEmulator
+from harness.gpu_node_agent import NVIDIA_DRA_DRIVER, DeviceMode, GpuNodeAgent
 from tests.unit.fabric import contract
-from tests.unit.fabric.contract import MODEL, NODE_A, NODE_B, NODE_C, POOL
-from tests.unit.fabric.harnesses import contract_pools, wait_until_done
+from tests.unit.fabric.contract import MODEL, NODE_A, NODE_B, NODE_C, POOL, TOTAL
+from tests.unit.fabric.harnesses import contract_pools
 
 pytestmark = pytest.mark.integration
 
+NODES = (NODE_A, NODE_B, NODE_C)
+WORKLOADS = "gpu-workloads"  # the namespace of the pods that hold a GPU (mark_in_use)
+GPU_CLASS = "gpu.nvidia.com"
+# Long enough that the operator's retries of a transient error (backoff from 5 ms, and a fresh reconcile on each status
+# write) win before DDS calls the error final; the cases about final errors build their fabric with a short one.
+ERROR_BOUND_S = 30.0
+SHORT_ERROR_BOUND_S = 3.0
+SETTLE_TIMEOUT_S = 90.0  # a broken run only: an attach or detach through the operator takes a few seconds here
+RESET_TIMEOUT_S = 60.0
+PORT_WAIT_S = 300.0  # another helper's operator may hold the webhook port for a while
 
-def delete_all(objects: client.CustomObjectsApi) -> None:
-    for plural in (REQUESTS, RESOURCES):
-        for item in objects.list_cluster_custom_object(GROUP, VERSION, plural).get("items", []):
-            try:
-                objects.delete_cluster_custom_object(GROUP, VERSION, plural, item["metadata"]["name"])
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+
+@dataclass
+class World:
+    plane: ControlPlane
+    fm: FabricManagerEmulator
+    agent: GpuNodeAgent
+    operator: CdiOperator
+    admin: client.ApiClient
+    dds_api: client.ApiClient
+    machines: dict[str, str]  # node -> machine uuid
+
+    @property
+    def objects(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.admin)
 
 
-class ComposabilityHarness:
-    def __init__(self, api: client.ApiClient, watched: bool = False) -> None:
-        self.api = api
-        self.cache = ClusterCache.for_cluster(api, capi_version=None, composability=WATCHED) if watched else None
-        self.objects = client.CustomObjectsApi(api)
-        delete_all(self.objects)
-        core = client.CoreV1Api(api)
-        existing = {n.metadata.name for n in core.list_node().items}
-        for node in (NODE_A, NODE_B, NODE_C):
-            if node not in existing:
-                core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
-        self.visible: dict[str, dict[str, int]] = {}
-        self.manager = SimulatedFabric(
-            SimulatedFabricSettings(pools=contract_pools(), attach_latency=LatencySpec(min=0.3, max=0.5),
-                                    detach_latency=LatencySpec(min=0.1, max=0.2)),
-            clock=time.time, on_node_devices_changed=lambda node, counts: self.visible.__setitem__(node, counts))
-        self.operator = StandInOperator(api, self.manager, poll_interval_s=0.05).start()
+def _start_operator(operator: CdiOperator) -> CdiOperator:
+    """Start it, waiting while another test run's operator holds the fixed webhook port."""
+    deadline = time.monotonic() + PORT_WAIT_S
+    while True:
+        try:
+            return operator.start()
+        except CdiOperatorError as exc:
+            if "is taken" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(5)
+
+
+def _create_node(core: client.CoreV1Api, name: str) -> None:
+    key, value = KWOK_NODE_ANNOTATION
+    core.create_node({"apiVersion": "v1", "kind": "Node",
+                      "metadata": {"name": name, "annotations": {key: value},
+                                   "labels": {"kubernetes.io/hostname": name}},
+                      # DRA mode: the operator finds the node's fabric machine in its providerID.
+                      "spec": {"providerID": f"fsas-cdi://{uuid.uuid4()}"}})
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    with start_control_plane(tmp_path_factory.mktemp("cdi-contract-plane"), bin_dir=ensure_binaries(),
+                             feature_gates=DRA_FEATURE_GATES, runtime_config=DRA_RUNTIME_CONFIG) as plane, \
+            FabricManagerEmulator({MODEL: TOTAL}) as fm, plane.api_client() as admin:
+        operator = _start_operator(CdiOperator(plane, FabricManagerAccess.of(fm),
+                                               device_resource_type=DeviceResourceType.DRA))
+        try:
+            core = client.CoreV1Api(admin)
+            for node in NODES:
+                _create_node(core, node)
+            core.create_namespace({"metadata": {"name": WORKLOADS}})
+            objects = client.CustomObjectsApi(admin)
+            objects.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", {
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": GPU_CLASS},
+                "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{NVIDIA_DRA_DRIVER}'"}}]}})
+            with GpuNodeAgent(admin, fm, mode=DeviceMode.DRA, resync_interval_s=0.5) as agent, \
+                    rbac.api_client(rbac.install(plane, rbac.DDS)) as dds_api:
+                machines = {node: agent.add_node(node) for node in NODES}
+                yield World(plane, fm, agent, operator, admin, dds_api, machines)
+        finally:
+            operator.stop()
+
+
+class RealOperatorHarness:
+    """contract.Harness on the real operator: DDS's fabric (listed or watched) with its ServiceAccount's client."""
+
+    def __init__(self, world: World, *, watched: bool = False, error_bound_s: float = ERROR_BOUND_S) -> None:
+        self.world = world
+        self.objects = world.objects
+        self.error_bound_s = error_bound_s
+        self.cache = (ClusterCache.for_cluster(world.dds_api, capi_version=None, composability=WATCHED)
+                      if watched else None)
         if self.cache is not None:
             self.cache.start()
             assert self.cache.wait_synced(60)
         self.fabric: Fabric = self._build()
 
     def _build(self) -> ComposabilityRequestFabric:
-        return ComposabilityRequestFabric(self.api, ComposabilitySettings(), contract_pools(), clock=time.time,
-                                          cache=self.cache.composability if self.cache else None)
+        return ComposabilityRequestFabric(
+            self.world.dds_api, ComposabilitySettings(operator_error_bound_seconds=self.error_bound_s),
+            contract_pools(), clock=time.time, cache=self.cache.composability if self.cache else None)
 
     def settle(self, key: str) -> Operation:
-        return wait_until_done(lambda: self.fabric, key)
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while True:
+            op = self.fabric.operation(key)
+            assert op is not None, f"the fabric does not know operation {key}"
+            if op.state.done:
+                return op
+            if time.monotonic() > deadline:
+                raise AssertionError(f"operation {key} not done after {SETTLE_TIMEOUT_S:.0f} s: {op}\n"
+                                     f"requests: {self.requests()}\noperator log:\n"
+                                     f"{self.world.operator.log_tail(60)}")
+            time.sleep(0.1)
 
     def restart(self) -> Fabric:
         self.fabric = self._build()
         return self.fabric
 
     def mark_in_use(self, device_id: str) -> bool:
-        return False  # DDS cannot ask the operator; the operator's own check surfaces as a BackendError
+        """A pod whose claim kube-scheduler allocated the device's GPU runs on its node: the agent shows its process
+        in nvidia-smi, where the operator's in-use check finds it."""
+        resource = self.objects.get_cluster_custom_object(GROUP, VERSION, RESOURCES, device_id)
+        node, serial = resource["spec"]["target_node"], resource["status"]["device_id"]
+        hold_gpu(self.world, node, serial)
+        return True
+
+    def requests(self) -> list[dict[str, Any]]:
+        return self.objects.list_cluster_custom_object(GROUP, VERSION, REQUESTS)["items"]
+
+    def resources(self) -> list[dict[str, Any]]:
+        return self.objects.list_cluster_custom_object(GROUP, VERSION, RESOURCES)["items"]
 
     def close(self) -> None:
-        self.operator.stop()
         if self.cache is not None:
             self.cache.stop()
-        delete_all(self.objects)
+
+
+def wait_for(what: str, world: World, check: Callable[[], Any], timeout_s: float = SETTLE_TIMEOUT_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = check()
+        if seen:
+            return seen
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached in {timeout_s:.0f} s; operator log:\n"
+                                 f"{world.operator.log_tail(60)}")
+        time.sleep(0.1)
+
+
+def hold_gpu(world: World, node: str, serial: str) -> str:
+    """Run a pod on `node` whose ResourceClaim kube-scheduler allocates the GPU `serial`; wait until the agent shows
+    its process on that GPU. Returns the pod's name."""
+    name = f"holds-{serial[-8:].lower()}-{uuid.uuid4().hex[:5]}"
+    objects, core = world.objects, client.CoreV1Api(world.admin)
+    objects.create_namespaced_custom_object("resource.k8s.io", "v1", WORKLOADS, "resourceclaims", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": GPU_CLASS,
+            "selectors": [{"cel": {"expression": f"device.attributes['{NVIDIA_DRA_DRIVER}'].uuid == '{serial}'"}}]}}]}}})
+    core.create_namespaced_pod(WORKLOADS, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                 "containers": [{"name": "main", "image": "registry.example/infer:1",
+                                 "resources": {"claims": [{"name": "gpu"}]}}]}})
+    wait_for(f"pod {name}'s process on GPU {serial}", world,
+             lambda: serial in {p["gpu_uuid"] for p in world.agent.node_state(node)["processes"]})
+    return name
+
+
+def release_gpus(world: World) -> None:
+    core = client.CoreV1Api(world.admin)
+    objects = world.objects
+    for pod in core.list_namespaced_pod(WORKLOADS).items:
+        core.delete_namespaced_pod(pod.metadata.name, WORKLOADS, grace_period_seconds=0)
+    for claim in objects.list_namespaced_custom_object("resource.k8s.io", "v1", WORKLOADS,
+                                                       "resourceclaims")["items"]:
+        name = claim["metadata"]["name"]
+        objects.delete_namespaced_custom_object("resource.k8s.io", "v1", WORKLOADS, "resourceclaims", name)
+        # An allocated claim keeps kube-controller-manager's finalizer, and no controller manager runs here.
+        try:
+            objects.patch_namespaced_custom_object("resource.k8s.io", "v1", WORKLOADS, "resourceclaims", name,
+                                                   {"metadata": {"finalizers": None}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    wait_for("no pod holding a GPU", world,
+             lambda: not core.list_namespaced_pod(WORKLOADS).items
+             and all(not world.agent.node_state(node)["processes"] for node in NODES))
+    wait_for("no claim on a GPU", world, lambda: not objects.list_namespaced_custom_object(
+        "resource.k8s.io", "v1", WORKLOADS, "resourceclaims")["items"])
+
+
+def _each_request(world: World, change: Callable[[str], None]) -> None:
+    for item in world.objects.list_cluster_custom_object(GROUP, VERSION, REQUESTS)["items"]:
+        try:
+            change(item["metadata"]["name"])
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def _released(world: World) -> bool:
+    """Whether every device is gone from the fabric and every ComposableResource from the cluster; nudges the
+    operator on each resource still there. A detach the operator retried while its GPU was in use is retried with
+    controller-runtime's exponential backoff (5 ms doubling, up to ~17 min), so once the load is gone it may not look
+    again for minutes; any update of the object makes it reconcile at once."""
+    objects = world.objects
+    remaining = objects.list_cluster_custom_object(GROUP, VERSION, RESOURCES)["items"]
+    for resource in remaining:
+        try:
+            objects.patch_cluster_custom_object(GROUP, VERSION, RESOURCES, resource["metadata"]["name"], {
+                "metadata": {"annotations": {"dds-test/reset": str(time.monotonic())}}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    if remaining:
+        time.sleep(0.5)
+    return not remaining and not world.fm.attachments()
+
+
+def reset(world: World) -> None:
+    """Back to an empty world: every request sized to 0 (the operator detaches its devices), then deleted.
+
+    Not deleted at once: a deleted request's devices are released in its Cleaning state, which the operator
+    re-examines only every 30 s (its watch of ComposableResources enqueues the resource's name, not the request's),
+    while a size decrease is followed through at once."""
+    objects = world.objects
+    world.fm.fail_next_attaches(0)
+    world.fm.fail_next_detaches(0)
+    world.fm.attach_latency_s = world.fm.detach_latency_s = 0.0
+    release_gpus(world)
+    _each_request(world, lambda name: objects.patch_cluster_custom_object(
+        GROUP, VERSION, REQUESTS, name, {"spec": {"resource": {"size": 0}}}))
+    wait_for("no resource, nothing attached", world, lambda: _released(world), RESET_TIMEOUT_S)
+    _each_request(world, lambda name: objects.delete_cluster_custom_object(GROUP, VERSION, REQUESTS, name))
+    wait_for("no request", world,
+             lambda: not objects.list_cluster_custom_object(GROUP, VERSION, REQUESTS)["items"], RESET_TIMEOUT_S)
+
+
+@pytest.fixture
+def fresh(world: World) -> Iterator[World]:
+    reset(world)
+    yield world
 
 
 @pytest.fixture(params=["listed", "watched"])
-def h(control_plane: Any, request: pytest.FixtureRequest) -> Iterator[ComposabilityHarness]:
-    harness = ComposabilityHarness(control_plane.api_client(), watched=request.param == "watched")
+def h(fresh: World, request: pytest.FixtureRequest) -> Iterator[RealOperatorHarness]:
+    harness = RealOperatorHarness(fresh, watched=request.param == "watched")
     yield harness
     harness.close()
 
 
-def test_from_the_watch_cache_the_fabric_queries_send_no_list(control_plane: Any) -> None:
-    api = control_plane.api_client()
-    harness = ComposabilityHarness(api, watched=True)
+def short_bound(world: World) -> RealOperatorHarness:
+    return RealOperatorHarness(world, error_bound_s=SHORT_ERROR_BOUND_S)
+
+
+# --- the contract ---
+
+# The contract's in-use case expects a refused detach to leave the device Online. The real operator cannot refuse a
+# detach: the size decrease has already marked the device's ComposableResource for deletion when its in-use check
+# fails, and it keeps retrying until the load ends. DDS reports DeviceInUse past the bound and counts the device
+# DETACHING: test_a_gpu_in_use_is_not_detached_and_stays_counted_detaching below.
+_CASES = [pytest.param(mode, case, id=f"{mode}-{case.__name__.removeprefix('test_')}")
+          for mode in ("listed", "watched") for case in contract.CONTRACT
+          if case is not contract.test_detaching_a_device_in_use_without_force_is_refused]
+
+
+@pytest.mark.parametrize("mode, case", _CASES)
+def test_fabric_contract(fresh: World, mode: str, case: Callable[[Any], None]) -> None:
+    harness = RealOperatorHarness(fresh, watched=mode == "watched")
     try:
-        counts = instrument(api)
+        case(harness)
+    finally:
+        harness.close()
+
+
+def test_from_the_watch_cache_the_fabric_queries_send_no_list(fresh: World) -> None:
+    harness = RealOperatorHarness(fresh, watched=True)
+    try:
+        counts = instrument(fresh.dds_api)
         op = harness.fabric.attach(AttachRequest(key="k", node=NODE_A, pool=POOL, model=MODEL, count=1))
         harness.settle(op.key)
         lists = counts.snapshot().get("LIST", 0)
@@ -102,58 +325,213 @@ def test_from_the_watch_cache_the_fabric_queries_send_no_list(control_plane: Any
         harness.close()
 
 
-# Whether a device is in use is the operator's to know, read or watched alike: that case runs (and skips) once.
-_CASES = [pytest.param(mode, case, id=f"{mode}-{case.__name__.removeprefix('test_')}")
-          for mode in ("listed", "watched") for case in contract.CONTRACT
-          if mode == "listed" or case is not contract.test_detaching_a_device_in_use_without_force_is_refused]
+# --- what the real operator does, settled ---
+
+def _attach(h: RealOperatorHarness, key: str, node: str, count: int) -> Operation:
+    return h.fabric.attach(AttachRequest(key=key, node=node, pool=POOL, model=MODEL, count=count, reason="test"))
 
 
-@pytest.mark.parametrize("mode, case", _CASES)
-def test_fabric_contract(control_plane: Any, mode: str, case: Callable[[Any], None]) -> None:
-    harness = ComposabilityHarness(control_plane.api_client(), watched=mode == "watched")
+def _slice_uuids(world: World, node: str) -> set[str]:
     try:
-        case(harness)
-    finally:
-        harness.close()
+        found = world.objects.get_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
+                                                        world.agent.slice_name(node))
+    except ApiException as exc:
+        if exc.status == 404:
+            return set()
+        raise
+    return {d["attributes"]["uuid"]["string"] for d in found["spec"].get("devices") or []}
 
 
-def test_dds_keeps_one_samenode_request_per_node_and_model_sized_to_the_devices(h: ComposabilityHarness) -> None:
+def test_one_samenode_request_per_node_and_model_sized_to_the_devices(h: RealOperatorHarness) -> None:
     for index in range(2):
-        h.fabric.attach(AttachRequest(key=f"k{index}", node=NODE_A, pool=POOL, model=MODEL, count=1))
-        h.settle(f"k{index}")
+        _attach(h, f"k{index}", NODE_A, 1)
+        assert h.settle(f"k{index}").state == OperationState.SUCCEEDED
     name = request_name("dds-", NODE_A, "gpu", MODEL)
-    requests = h.objects.list_cluster_custom_object(GROUP, VERSION, REQUESTS)["items"]
-    assert [r["metadata"]["name"] for r in requests] == [name]
-    resource = requests[0]["spec"]["resource"]
+    [request] = h.requests()
+    assert request["metadata"]["name"] == name
+    resource = request["spec"]["resource"]
     assert (resource["size"], resource["allocation_policy"], resource["target_node"], resource["type"]) == (
         2, "samenode", NODE_A, "gpu")
-    assert requests[0]["status"]["state"] == "Running"
-    assert h.visible[NODE_A] == {MODEL: 2}  # the operator's manager made them visible on the node
+    assert request["status"]["state"] == "Running"
+    serials = {d.serial for d in h.fabric.devices(NODE_A)}
+    # FabricDevice.serial is the GPU's UUID: what the fabric attached and the node's driver publishes.
+    assert serials == set(h.world.fm.attachments()[h.world.machines[NODE_A]]) == _slice_uuids(h.world, NODE_A)
 
 
-def test_a_second_samenode_request_for_the_same_node_and_model_is_rejected(h: ComposabilityHarness) -> None:
-    op = h.fabric.attach(AttachRequest(key="k", node=NODE_B, pool=POOL, model=MODEL, count=1))
-    h.settle(op.key)
-    intruder = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ComposabilityRequest",
-                "metadata": {"name": "someone-else"},
-                "spec": {"resource": {"type": "gpu", "model": MODEL, "size": 1, "target_node": NODE_B}}}
-    h.objects.create_cluster_custom_object(GROUP, VERSION, REQUESTS, intruder)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        status = h.objects.get_cluster_custom_object(GROUP, VERSION, REQUESTS, "someone-else").get("status") or {}
-        if status.get("error"):
-            break
-        time.sleep(0.05)
-    assert "already exists" in status["error"]
-    assert len(h.fabric.devices(NODE_B)) == 1
+def test_a_detach_ends_only_when_the_device_is_gone_from_the_fabric_and_the_node(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)
+    try:
+        attached = _attach(h, "attach", NODE_A, 1)
+        attached = h.settle(attached.key)
+        [device] = h.fabric.devices(NODE_A)
+        fresh.fm.detach_latency_s = 2.0  # the fabric takes its time: DDS must wait for it
+        try:
+            h.fabric.detach(DetachRequest(key="detach", node=NODE_A, device_ids=attached.devices, reason="test"))
+            # At once the operator drops the device from the request's status; the fabric still holds it.
+            wait_for("the device dropped from the request's status", fresh,
+                     lambda: not (h.requests()[0].get("status") or {}).get("resources"))
+            op = h.fabric.operation("detach")
+            assert op is not None
+            if not op.state.done:
+                assert device.serial in fresh.fm.attachments().get(fresh.machines[NODE_A], [])
+            done = h.settle("detach")
+        finally:
+            fresh.fm.detach_latency_s = 0.0
+        assert done.state == OperationState.SUCCEEDED, done
+        assert done.devices == attached.devices
+        assert device.serial not in fresh.fm.attachments().get(fresh.machines[NODE_A], [])
+        assert device.serial not in _slice_uuids(fresh, NODE_A)
+        assert h.fabric.devices(NODE_A) == ()
+    finally:
+        h.close()
 
 
-def test_an_operator_side_failure_ends_the_operation_with_its_error(h: ComposabilityHarness) -> None:
-    # Take the manager's devices behind DDS's back: the operator cannot serve the next attach.
-    for key, node, count in (("outside-1", NODE_C, 3), ("outside-2", NODE_B, 1)):
-        taken = h.manager.attach(AttachRequest(key=key, node=node, pool=POOL, model=MODEL, count=count))
-        assert taken.state == OperationState.RUNNING
-    op = h.fabric.attach(AttachRequest(key="k", node=NODE_A, pool=POOL, model=MODEL, count=1))
-    done = h.settle(op.key)
-    assert done.state == OperationState.FAILED
-    assert "free" in done.error.message
+def test_one_fabric_error_is_retried_by_the_operator_and_the_attach_succeeds(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)
+    try:
+        fresh.fm.fail_next_attaches(1)
+        done = h.settle(_attach(h, "flaky", NODE_A, 1).key)
+        assert done.state == OperationState.SUCCEEDED, done
+        assert len(fresh.fm.attachments()[fresh.machines[NODE_A]]) == 1
+        # the error was there (the operator recorded it) and is gone
+        assert any(c.method == "PATCH" and c.status == 500 for c in fresh.fm.calls())
+        assert [d.state for d in h.fabric.devices(NODE_A)] == [DeviceState.ONLINE]
+    finally:
+        h.close()
+
+
+def test_a_persistent_fabric_error_fails_past_the_bound_and_gives_the_size_back(fresh: World) -> None:
+    h = short_bound(fresh)
+    try:
+        fresh.fm.fail_next_attaches(1000, message="fabric switch sw-3 is down")
+        done = h.settle(_attach(h, "doomed", NODE_A, 1).key)
+        assert done.state == OperationState.FAILED, done
+        assert done.error is not None and done.error.code == ErrorCode.BACKEND
+        assert "fabric switch sw-3 is down" in done.error.message
+        assert f"{SHORT_ERROR_BOUND_S:g} s" in done.error.message
+        [request] = h.requests()
+        assert request["spec"]["resource"]["size"] == 0
+        fresh.fm.fail_next_attaches(0)
+        # The operator removes the resource it could not attach: nothing arrives later that no request holds.
+        wait_for("the failed attach's resource gone", fresh, lambda: not h.resources())
+        time.sleep(1)
+        assert fresh.fm.attachments() == {}
+        assert h.fabric.devices() == ()
+        assert contract.free(h.fabric) == TOTAL
+    finally:
+        h.close()
+
+
+def test_of_two_gpus_the_one_dds_chose_is_the_one_removed(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)
+    try:
+        attached = h.settle(_attach(h, "two", NODE_A, 2).key)
+        assert attached.state == OperationState.SUCCEEDED, attached
+        by_id = {d.id: d for d in h.fabric.devices(NODE_A)}
+        # The operator would remove the least recently used otherwise: choose each of the two in turn.
+        for chosen in sorted(by_id, reverse=True):
+            kept = next(i for i in by_id if i != chosen)
+            done = h.settle(h.fabric.detach(DetachRequest(key=f"drop-{chosen}", node=NODE_A,
+                                                          device_ids=(chosen,))).key)
+            assert done.state == OperationState.SUCCEEDED, done
+            assert done.devices == (chosen,)
+            on_machine = fresh.fm.attachments().get(fresh.machines[NODE_A], [])
+            assert by_id[chosen].serial not in on_machine and by_id[kept].serial in on_machine
+            assert [d.id for d in h.fabric.devices(NODE_A)] == [kept]
+            if len(by_id) == 2:
+                h.settle(_attach(h, f"again-{chosen}", NODE_A, 1).key)
+                by_id = {d.id: d for d in h.fabric.devices(NODE_A)}
+                assert len(by_id) == 2
+    finally:
+        h.close()
+
+
+def test_a_gpu_in_use_is_not_detached_and_stays_counted_detaching(fresh: World) -> None:
+    h = short_bound(fresh)
+    try:
+        attached = h.settle(_attach(h, "busy", NODE_A, 1).key)
+        [device] = h.fabric.devices(NODE_A)
+        assert h.mark_in_use(device.id)
+        done = h.settle(h.fabric.detach(DetachRequest(key="unforced", node=NODE_A, device_ids=attached.devices)).key)
+        assert done.state == OperationState.FAILED and done.error is not None
+        assert done.error.code == ErrorCode.DEVICE_IN_USE, done.error
+        assert "found gpu load" in done.error.message
+        assert device.serial in fresh.fm.attachments()[fresh.machines[NODE_A]]
+        # The operator keeps the resource (being deleted) and keeps retrying: on its way out, never Online again.
+        [still] = h.fabric.devices(NODE_A)
+        assert (still.id, still.state) == (device.id, DeviceState.DETACHING)
+        assert contract.online(h.fabric, NODE_A) == []
+    finally:
+        h.close()
+
+
+def test_resources_being_deleted_are_not_counted_online(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)
+    try:
+        attached = h.settle(_attach(h, "two", NODE_B, 2).key)
+        [first, second] = attached.devices
+        hold_gpu(fresh, NODE_B, next(d.serial for d in h.fabric.devices(NODE_B) if d.id == first))
+        h.fabric.detach(DetachRequest(key="held", node=NODE_B, device_ids=(first,)))
+        # The operator cannot detach it (in use) and the resource stays with a deletionTimestamp.
+        wait_for("the resource marked for deletion", fresh, lambda: (
+            fresh.objects.get_cluster_custom_object(GROUP, VERSION, RESOURCES, first)["metadata"]
+            .get("deletionTimestamp")))
+        states = {d.id: d.state for d in h.fabric.devices(NODE_B)}
+        assert states == {first: DeviceState.DETACHING, second: DeviceState.ONLINE}
+        assert contract.online(h.fabric, NODE_B) == [second]
+        assert contract.free(h.fabric) == TOTAL - 2  # still held by the fabric: not free either
+    finally:
+        h.close()
+
+
+def test_a_request_someone_else_created_for_the_node_and_model_is_refused_by_name(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)
+    try:
+        intruder = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ComposabilityRequest",
+                    "metadata": {"name": "composability-someone-else"},
+                    "spec": {"resource": {"type": "gpu", "model": MODEL, "size": 0, "allocation_policy": "samenode",
+                                          "target_node": NODE_B}}}
+        fresh.objects.create_cluster_custom_object(GROUP, VERSION, REQUESTS, intruder)
+        with pytest.raises(FabricError) as refused:
+            _attach(h, "mine", NODE_B, 1)
+        assert refused.value.code == ErrorCode.INVALID
+        assert "composability-someone-else" in str(refused.value)
+        assert [r["metadata"]["name"] for r in h.requests()] == ["composability-someone-else"]
+    finally:
+        h.close()
+
+
+def test_a_resize_of_dds_request_by_another_field_manager_is_refused_by_name(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)
+    try:
+        attached = h.settle(_attach(h, "mine", NODE_C, 1).key)
+        name = request_name("dds-", NODE_C, "gpu", MODEL)
+        fresh.objects.patch_cluster_custom_object(GROUP, VERSION, REQUESTS, name,
+                                                  {"spec": {"resource": {"size": 2}}},
+                                                  field_manager="dynamic-device-scaler")
+        with pytest.raises(FabricError) as refused:
+            _attach(h, "more", NODE_C, 1)
+        assert refused.value.code == ErrorCode.INVALID and "dynamic-device-scaler" in str(refused.value)
+        with pytest.raises(FabricError) as refused:
+            h.fabric.detach(DetachRequest(key="less", node=NODE_C, device_ids=attached.devices))
+        assert refused.value.code == ErrorCode.INVALID and "dynamic-device-scaler" in str(refused.value)
+    finally:
+        h.close()
+
+
+def test_the_operator_restarted_mid_attach_completes_it_once(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)
+    try:
+        fresh.fm.attach_latency_s = 2.0  # the operator is restarted while the fabric composes
+        _attach(h, "across-operator-restart", NODE_A, 2)
+        wait_for("the fabric composing", fresh,
+                 lambda: any(d.get("status", {}).get("state") == "Attaching" for d in h.resources()))
+        fresh.operator.restart()
+        done = h.settle("across-operator-restart")
+        assert done.state == OperationState.SUCCEEDED, done
+        on_machine = fresh.fm.attachments()[fresh.machines[NODE_A]]
+        assert sorted(on_machine) == sorted(d.serial for d in h.fabric.devices(NODE_A))
+        assert len(on_machine) == 2 and fresh.fm.free_count(MODEL) == TOTAL - 2
+    finally:
+        fresh.fm.attach_latency_s = 0.0
+        h.close()

@@ -15,12 +15,12 @@ from dds.fabric.state_configmap import ConfigMapFabricStateStore
 from tests.unit.fabric.harnesses import FakeClock, contract_pools
 
 pytestmark = pytest.mark.integration
-NAMESPACE = "default"
 
 
 @pytest.fixture
-def store(control_plane: Any) -> ConfigMapFabricStateStore:
-    return ConfigMapFabricStateStore(control_plane.api_client(), NAMESPACE, f"fabric-{uuid.uuid4().hex[:8]}")
+def store(dds_api: Any, namespace: str) -> ConfigMapFabricStateStore:
+    """DDS's store as its ServiceAccount, in the test's namespace (where DDS's Role is bound)."""
+    return ConfigMapFabricStateStore(dds_api, namespace, f"fabric-{uuid.uuid4().hex[:8]}")
 
 
 def test_a_write_based_on_a_stale_version_is_a_conflict(store: ConfigMapFabricStateStore) -> None:

@@ -85,8 +85,9 @@ def settled(api: client.ApiClient, cache: ClusterCache) -> list[str]:
 
 
 @pytest.fixture
-def cache(control_plane: Any, namespace: str) -> Iterator[ClusterCache]:
-    cache = cluster_cache(control_plane.api_client(), [namespace])
+def cache(dds_api: Any, namespace: str) -> Iterator[ClusterCache]:
+    """DDS's cache as its ServiceAccount (harness/rbac.py); the churn and the fresh LISTs compared are the admin's."""
+    cache = cluster_cache(dds_api, [namespace])
     cache.start()
     try:
         assert cache.wait_synced(60), "the cache never synced"
@@ -214,10 +215,11 @@ def compact_etcd(control_plane: Any) -> None:
 
 
 def test_a_resource_version_the_apiserver_no_longer_has_makes_the_reflector_relist(control_plane: Any,
-                                                                                   namespace: str) -> None:
+                                                                                   namespace: str,
+                                                                                   dds_api: Any) -> None:
     api = control_plane.api_client()
     core = client.CoreV1Api(api)
-    reflector = cluster_cache(api, [namespace]).pods.reflectors[0]
+    reflector = cluster_cache(dds_api, [namespace]).pods.reflectors[0]
     reflector.relist()
     # While this reflector is away: a pod it never hears of, its history compacted, the apiserver's watch cache
     # rebuilt from now on. Its resourceVersion is then gone (410) and only a relist can continue.

@@ -25,7 +25,7 @@ def start_cache(dds: ControllerHarness) -> None:
 
 
 def lists_sent(dds: ControllerHarness) -> int:
-    return instrument(dds.api).snapshot().get("LIST", 0)  # build_app instrumented this client: the same counts
+    return instrument(dds.dds_api).snapshot().get("LIST", 0)  # build_app instrumented this client: the same counts
 
 
 def comparable(observation: Observation) -> tuple[Any, ...]:
@@ -69,7 +69,7 @@ def test_the_cached_snapshot_is_the_one_a_list_gives(dds: ControllerHarness) -> 
     dds.wait_unschedulable("train-0")
     dds.wait_running("small")
     cached = dds.app.controller.observer
-    listing = ClusterObserver(dds.api, dds.app.fabric, dds.app.catalog.groups, dds.clock, IdleTracker(),
+    listing = ClusterObserver(dds.dds_api, dds.app.fabric, dds.app.catalog.groups, dds.clock, IdleTracker(),
                               dds.settings.gpu_label, dds.settings.machineset_namespaces)
     wait_for("the cached snapshot to equal the listed one",
              lambda: comparable(cached.observe()) == comparable(listing.observe()), timeout=30)

@@ -1,10 +1,9 @@
 """`dds plan --kubeconfig` reads the cluster with one LIST per kind (the cache's decoder) and writes nothing: not the
-simulated fabric's state ConfigMap, not in a namespace that does not exist, not anywhere."""
+simulated fabric's state ConfigMap, not anywhere. It runs as DDS's ServiceAccount (harness/rbac.py)."""
 
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import pytest
@@ -23,8 +22,9 @@ READS = {"GET", "LIST"}
 
 @pytest.mark.parametrize("watch_cache", [True, False], ids=["cache-decoder", "list-per-call"])
 def test_plan_on_a_live_cluster_sends_only_reads(control_plane: Any, namespace: str, tmp_path: Any, capsys: Any,
-                                                 monkeypatch: pytest.MonkeyPatch, watch_cache: bool) -> None:
-    harness = NodeGroupHarness(control_plane.api_client(), namespace)
+                                                 monkeypatch: pytest.MonkeyPatch, watch_cache: bool,
+                                                 dds_kubeconfig: Any, dds_api: Any) -> None:
+    harness = NodeGroupHarness(control_plane.api_client(), namespace, dds_api=dds_api)
     harness.infrastructure.run_in_thread(interval_seconds=0.2)
     try:
         node = one_node_and_a_pending_gpu_pod(harness, namespace)
@@ -39,11 +39,11 @@ def test_plan_on_a_live_cluster_sends_only_reads(control_plane: Any, namespace: 
             return api
 
         monkeypatch.setattr(dds.kube.client, "api_client", counted_client)
-        absent = f"absent-{uuid.uuid4().hex[:8]}"  # where the fabric would keep its state: never created
+        # The fabric's state ConfigMap would live in the test's namespace (where DDS's Role is bound): never created.
         config = tmp_path / "dds.yaml"
-        config.write_text(yaml.safe_dump({"namespace": absent, "machineset_namespaces": [namespace],
-                                          "watch_cache": watch_cache}))
-        code = main(["plan", "--kubeconfig", str(control_plane.kubeconfig), "--config", str(config), "--json"])
+        config.write_text(yaml.safe_dump({"fabric": "simulated", "namespace": namespace,
+                                          "machineset_namespaces": [namespace], "watch_cache": watch_cache}))
+        code = main(["plan", "--kubeconfig", str(dds_kubeconfig), "--config", str(config), "--json"])
         out = json.loads(capsys.readouterr().out)
 
         assert code == 0
@@ -51,7 +51,6 @@ def test_plan_on_a_live_cluster_sends_only_reads(control_plane: Any, namespace: 
         assert [a["count"] for a in attaches] == [1], out["scaleUp"]
         sent = counts.snapshot()
         assert sent and set(sent) <= READS, sent
-        namespaces = {n.metadata.name for n in core.list_namespace().items}
-        assert absent not in namespaces
+        assert not core.list_namespaced_config_map(namespace).items
     finally:
         harness.close()

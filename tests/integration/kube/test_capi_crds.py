@@ -38,8 +38,8 @@ def example_machineset(namespace: str) -> dict[str, Any]:
     return machineset
 
 
-def test_a_v1beta1_machineset_reads_back_whole_as_v1beta2(objects: client.CustomObjectsApi, api: client.ApiClient,
-                                                          namespace: str) -> None:
+def test_a_v1beta1_machineset_reads_back_whole_as_v1beta2(objects: client.CustomObjectsApi, namespace: str,
+                                                          dds_api: client.ApiClient) -> None:
     written = example_machineset(namespace)
     objects.create_namespaced_custom_object(GROUP, "v1beta1", namespace, "machinesets", written)
 
@@ -48,7 +48,7 @@ def test_a_v1beta1_machineset_reads_back_whole_as_v1beta2(objects: client.Custom
     assert read["spec"] == written["spec"], "nothing the v1beta1 manifest carried is dropped"
     assert read["metadata"]["annotations"] == written["metadata"]["annotations"]
 
-    [listed] = MachineSetLister(api, namespaces=[namespace]).list()
+    [listed] = MachineSetLister(dds_api, namespaces=[namespace]).list()  # DDS's reader, as its ServiceAccount
     assert (listed.group_id, listed.api_version, listed.replicas) == (
         f"MachineSet/{namespace}/gpu-workers", f"{GROUP}/v1beta2", 1)
     assert listed.annotations["dds.cdi.dev/max-gpus-per-node"] == "4"

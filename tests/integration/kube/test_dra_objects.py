@@ -31,9 +31,9 @@ def device_class(resource: client.ResourceV1Api) -> Iterator[None]:
     resource.delete_device_class(DEVICE_CLASS)
 
 
-def test_a_nodes_slice_follows_its_gpus(control_plane: Any, resource: client.ResourceV1Api) -> None:
+def test_a_nodes_slice_follows_its_gpus(dds_api: Any, resource: client.ResourceV1Api) -> None:
     online: dict[str, list[tuple[str, str]]] = {"slice-node": [("default/A30-000", "A30")]}
-    publisher = ResourceSlicePublisher(control_plane.api_client(), lambda node: online[node])
+    publisher = ResourceSlicePublisher(dds_api, lambda node: online[node])
     name = slice_name("slice-node")
 
     publisher.publish("slice-node")
@@ -56,11 +56,11 @@ def test_a_nodes_slice_follows_its_gpus(control_plane: Any, resource: client.Res
     assert gone.value.status == 404
 
 
-def test_only_dra_node_local_nodes_have_a_slice(control_plane: Any, resource: client.ResourceV1Api) -> None:
+def test_only_dra_node_local_nodes_have_a_slice(dds_api: Any, resource: client.ResourceV1Api) -> None:
     # The group's gpu-api decides (`lists`): an extended-resource node never gets one, and a node whose group stops
     # being dra-node-local loses the slice it had.
     node_local = {"listed-node": True, "extended-node": False}
-    publisher = ResourceSlicePublisher(control_plane.api_client(), lambda node: [("default/A30-000", "A30")],
+    publisher = ResourceSlicePublisher(dds_api, lambda node: [("default/A30-000", "A30")],
                                        lists=lambda node: node_local[node])
     publisher.publish("extended-node")
     publisher.publish("listed-node")
@@ -72,9 +72,9 @@ def test_only_dra_node_local_nodes_have_a_slice(control_plane: Any, resource: cl
     assert slice_name("listed-node") not in {s.metadata.name for s in resource.list_resource_slice().items}
 
 
-def test_the_cache_reads_dra_objects_as_the_planner_records(control_plane: Any, namespace: str,
+def test_the_cache_reads_dra_objects_as_the_planner_records(dds_api: Any, namespace: str,
                                                            resource: client.ResourceV1Api, device_class: None) -> None:
-    api = control_plane.api_client()
+    api = dds_api  # DDS's publisher, cache and reader, as its ServiceAccount; the test's claim is made as admin
     ResourceSlicePublisher(api, lambda node: [("default/A100-000", "A100")]).publish("cache-node")
     resource.create_namespaced_resource_claim(namespace, {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "two"},

@@ -25,15 +25,15 @@ def records(count: int):
     return [factory(make_group(), InstanceKind.GPU, "1 more A30 on gpu-1", "increase/k1") for _ in range(count)]
 
 
-def test_instances_survive_a_restart_and_keep_a_concurrent_writers_change(control_plane: Any, namespace: str) -> None:
-    api = control_plane.api_client()
+def test_instances_survive_a_restart_and_keep_a_concurrent_writers_change(namespace: str, dds_api: Any) -> None:
+    api = dds_api  # DDS's stores as its ServiceAccount (harness/rbac.py)
     name = f"instances-{uuid.uuid4().hex[:6]}"
     first, second = records(2)
     tracker = InstanceTracker(ConfigMapStateStore(api, namespace, name))
     tracker.add(first)
 
     # Another writer (a second replica during a handover) writes between our read and our write.
-    other = ConfigMapDocument(control_plane.api_client(), namespace, name)
+    other = ConfigMapDocument(dds_api, namespace, name)
     document = ConfigMapDocument(api, namespace, name)
     interfered = []
 
@@ -46,7 +46,7 @@ def test_instances_survive_a_restart_and_keep_a_concurrent_writers_change(contro
     document.update(mutate)
     stored = json.loads(client.CoreV1Api(api).read_namespaced_config_map(name, namespace).data[DATA_KEY])
     assert set(stored) == {first.id, second.id, "dds://other/gpu/x"}  # the other writer's change is kept
-    restarted = InstanceTracker(ConfigMapStateStore(control_plane.api_client(), namespace, name))
+    restarted = InstanceTracker(ConfigMapStateStore(dds_api, namespace, name))
     assert restarted.get(first.id) == first and restarted.get(second.id) == second
 
 
@@ -55,10 +55,10 @@ def corrupt(api: Any, namespace: str, name: str) -> None:
         namespace, {"metadata": {"name": name}, "data": {DATA_KEY: "{not json"}})
 
 
-def test_corrupt_instances_start_empty_and_are_overwritten(control_plane: Any, namespace: str) -> None:
-    api = control_plane.api_client()
+def test_corrupt_instances_start_empty_and_are_overwritten(control_plane: Any, namespace: str, dds_api: Any) -> None:
+    api = dds_api  # DDS's stores as its ServiceAccount (harness/rbac.py)
     name = f"instances-{uuid.uuid4().hex[:6]}"
-    corrupt(api, namespace, name)
+    corrupt(control_plane.api_client(), namespace, name)
     store = ConfigMapStateStore(api, namespace, name)
     assert store.load() == {}
     [record] = records(1)
@@ -66,9 +66,9 @@ def test_corrupt_instances_start_empty_and_are_overwritten(control_plane: Any, n
     assert set(ConfigMapStateStore(api, namespace, name).load()) == {record.id}
 
 
-def test_corrupt_fabric_state_is_an_error_never_a_reset(control_plane: Any, namespace: str) -> None:
-    api = control_plane.api_client()
+def test_corrupt_fabric_state_is_an_error_never_a_reset(control_plane: Any, namespace: str, dds_api: Any) -> None:
+    api = dds_api  # DDS's stores as its ServiceAccount (harness/rbac.py)
     name = f"fabric-{uuid.uuid4().hex[:6]}"
-    corrupt(api, namespace, name)
+    corrupt(control_plane.api_client(), namespace, name)
     with pytest.raises(CorruptDocument, match="is not JSON"):
         ConfigMapFabricStateStore(api, namespace, name).load()

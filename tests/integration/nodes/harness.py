@@ -62,12 +62,15 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60.0, int
 
 class NodeGroupHarness:
     def __init__(self, api: client.ApiClient, namespace: str, clock: Callable[[], float] = time.time,
-                 provisioning_delay_seconds: float = 0.0) -> None:
+                 provisioning_delay_seconds: float = 0.0, *, dds_api: client.ApiClient) -> None:
+        """`api` (admin) is Cluster API's part and the test's inspection; DDS's parts (the MachineSet provisioner and
+        reader) use `dds_api`, its ServiceAccount's client (harness/rbac.py)."""
         self.api = api
+        self.dds_api = dds_api
         self.namespace = namespace
         self.core = client.CoreV1Api(api)
         self.objects = client.CustomObjectsApi(api)
-        self.provisioner = MachineSetProvisioner(api, clock)
+        self.provisioner = MachineSetProvisioner(dds_api, clock)
         self.infrastructure = KwokInfrastructure(api, clock, provisioning_delay_seconds, (namespace,),
                                                  gpu_label=GPU_LABEL)
 
@@ -79,7 +82,7 @@ class NodeGroupHarness:
 
     def group(self, name: str) -> NodeGroupSpec:
         """The group as DDS reads it (MachineSet source and parser)."""
-        read = MachineSetSource(MachineSetLister(self.api, [self.namespace])).read()
+        read = MachineSetSource(MachineSetLister(self.dds_api, [self.namespace])).read()
         assert not read.errors, read.errors
         return next(g for g in read.groups if g.source.name == name)
 

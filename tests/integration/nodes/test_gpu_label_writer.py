@@ -33,8 +33,8 @@ def node(control_plane: Any) -> Iterator[tuple[client.CoreV1Api, str]]:
 
 
 @pytest.fixture
-def keeper(control_plane: Any) -> Iterator[GpuLabelKeeper]:
-    keeper = GpuLabelKeeper(control_plane.api_client(), SimulatedFabric(SimulatedFabricSettings(), clock=time.monotonic))
+def keeper(dds_api: Any) -> Iterator[GpuLabelKeeper]:
+    keeper = GpuLabelKeeper(dds_api, SimulatedFabric(SimulatedFabricSettings(), clock=time.monotonic))
     keeper.start()
     yield keeper
     keeper.stop()

@@ -23,9 +23,9 @@ GPU = "nvidia.com/gpu"
 
 
 @pytest.fixture
-def worker(control_plane: Any, namespace: str) -> Iterator[tuple[NodeGroupHarness, str]]:
+def worker(control_plane: Any, namespace: str, dds_api: Any) -> Iterator[tuple[NodeGroupHarness, str]]:
     """One Ready kwok worker of a DDS group, booted with 0 GPUs."""
-    harness = NodeGroupHarness(control_plane.api_client(), namespace)
+    harness = NodeGroupHarness(control_plane.api_client(), namespace, dds_api=dds_api)
     harness.infrastructure.run_in_thread(interval_seconds=0.2)
     group = harness.create_machineset("gpu-workers")
     harness.provisioner.add_nodes(group, 1, key="boot")
@@ -53,8 +53,8 @@ def test_a_gpu_pod_waits_until_the_node_shows_the_gpu_then_runs(worker: tuple[No
     assert GPU in message
     assert core.read_namespaced_pod("train-0", h.namespace).spec.node_name is None
 
-    set_gpu_capacity(h.api, node, GPU, 1)
-    set_gpu_capacity(h.api, node, GPU, 1)  # idempotent
+    set_gpu_capacity(h.dds_api, node, GPU, 1)
+    set_gpu_capacity(h.dds_api, node, GPU, 1)  # idempotent
 
     assert gpus(core, node) == ("1", "1")
     wait_for("train-0 bound to the node and Running", lambda: running_on(core, h.namespace, "train-0", node))
@@ -70,7 +70,7 @@ def test_the_fabric_hook_makes_an_attached_gpu_visible_and_a_detached_one_go(
         SimulatedFabricSettings(pools=[PoolSpec(name="default", devices={"A30": 2})],
                                 attach_latency=LatencySpec(min=0.0, max=0.0),
                                 detach_latency=LatencySpec(min=0.0, max=0.0)),
-        clock=time.time, on_node_devices_changed=gpu_capacity_hook(h.api))
+        clock=time.time, on_node_devices_changed=gpu_capacity_hook(h.dds_api))
     core.create_namespaced_pod(h.namespace, gpu_pod("train-0", node))
     wait_for("train-0 unschedulable", lambda: unschedulable(core, h.namespace, "train-0"))
 
@@ -87,8 +87,8 @@ def test_the_fabric_hook_makes_an_attached_gpu_visible_and_a_detached_one_go(
     fabric.close()
 
 
-def test_a_missing_node_is_a_clear_error(control_plane: Any) -> None:
-    api = control_plane.api_client()
+def test_a_missing_node_is_a_clear_error(dds_api: Any) -> None:
+    api = dds_api
     with pytest.raises(NodeNotFound, match="node no-such-node: setting nvidia.com/gpu .* to 2: the Node does not"):
         set_gpu_capacity(api, "no-such-node", GPU, 2)
     hook = gpu_capacity_hook(api)

@@ -23,20 +23,20 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def h(control_plane: Any, namespace: str) -> Iterator[NodeGroupHarness]:
+def h(control_plane: Any, namespace: str, dds_api: Any) -> Iterator[NodeGroupHarness]:
     """The provider running in the background on wall time, Nodes registering at once."""
-    harness = NodeGroupHarness(control_plane.api_client(), namespace)
+    harness = NodeGroupHarness(control_plane.api_client(), namespace, dds_api=dds_api)
     harness.infrastructure.run_in_thread(interval_seconds=0.2)
     yield harness
     harness.close()
 
 
 @pytest.fixture
-def fake_time(control_plane: Any, namespace: str) -> Iterator[tuple[NodeGroupHarness, list[float]]]:
+def fake_time(control_plane: Any, namespace: str, dds_api: Any) -> Iterator[tuple[NodeGroupHarness, list[float]]]:
     """The provider driven pass by pass on a fake clock, with a 30 s provisioning delay."""
     now = [1000.0]
     harness = NodeGroupHarness(control_plane.api_client(), namespace, clock=lambda: now[0],
-                               provisioning_delay_seconds=30.0)
+                               provisioning_delay_seconds=30.0, dds_api=dds_api)
     yield harness, now
     harness.close()
 

@@ -22,8 +22,9 @@ def api(control_plane: Any) -> client.ApiClient:
 
 
 @pytest.fixture
-def recorder(api: client.ApiClient) -> Iterator[KubeEventRecorder]:
-    recorder = KubeEventRecorder.for_cluster(api, reporting_instance="dds-test-0")
+def recorder(dds_api: client.ApiClient) -> Iterator[KubeEventRecorder]:
+    """DDS's recorder as DDS's ServiceAccount; the tests read the Events back as admin (`api`)."""
+    recorder = KubeEventRecorder.for_cluster(dds_api, reporting_instance="dds-test-0")
     yield recorder
     recorder.close()
 

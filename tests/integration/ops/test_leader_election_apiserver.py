@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -75,7 +74,8 @@ def api(control_plane: Any) -> client.ApiClient:
 
 @pytest.fixture
 def lease_name() -> str:
-    return f"dds-leader-{uuid.uuid4().hex[:8]}"
+    # The name DDS's shipped Role grants get/update on (manifests/dds/rbac.yaml); each test has its own namespace.
+    return "dds-leader"
 
 
 @dataclass
@@ -86,15 +86,16 @@ class Replicas:
 
 
 @pytest.fixture
-def electors(api: client.ApiClient, lease_name: str) -> Iterator[Replicas]:
+def electors(dds_api: client.ApiClient, namespace: str, lease_name: str) -> Iterator[Replicas]:
+    """Two replicas as DDS's ServiceAccount (harness/rbac.py), the Lease in the test's namespace."""
     replicas = Replicas(electors=[], stores={}, timeline=Timeline())
     for identity in ("replica-a", "replica-b"):
-        settings = Settings(namespace="default", lease_name=lease_name, identity=identity,
+        settings = Settings(namespace=namespace, lease_name=lease_name, identity=identity,
                             lease_duration_seconds=LEASE, renew_deadline_seconds=RENEW, retry_period_seconds=RETRY)
-        store = replicas.stores[identity] = PausableStore(api, "default", lease_name, request_timeout=RETRY)
+        store = replicas.stores[identity] = PausableStore(dds_api, namespace, lease_name, request_timeout=RETRY)
         timeline = replicas.timeline
         replicas.electors.append(LeaderElector(
-            api, settings, on_started_leading=lambda i=identity: timeline.record(i, "started"),
+            dds_api, settings, on_started_leading=lambda i=identity: timeline.record(i, "started"),
             on_stopped_leading=lambda i=identity: timeline.record(i, "stopped"), store=store))
     yield replicas
     for elector in replicas.electors:
@@ -107,12 +108,12 @@ def current_leader(electors: list[LeaderElector]) -> Optional[LeaderElector]:
     return leaders[0] if leaders else None
 
 
-def lease_holder(api: client.ApiClient, name: str) -> str:
-    return client.CoordinationV1Api(api).read_namespaced_lease(name, "default").spec.holder_identity or ""
+def lease_holder(api: client.ApiClient, namespace: str, name: str) -> str:
+    return client.CoordinationV1Api(api).read_namespaced_lease(name, namespace).spec.holder_identity or ""
 
 
 def test_exactly_one_of_two_replicas_leads(electors: Replicas, api: client.ApiClient,
-                                           lease_name: str) -> None:
+                                           lease_name: str, namespace: str) -> None:
     replicas, timeline = electors.electors, electors.timeline
     for replica in replicas:
         replica.run_in_thread()
@@ -123,12 +124,12 @@ def test_exactly_one_of_two_replicas_leads(electors: Replicas, api: client.ApiCl
     while time.monotonic() < deadline:
         assert current_leader(replicas) is leader
         time.sleep(0.1)
-    assert lease_holder(api, lease_name) == leader.identity
+    assert lease_holder(api, namespace, lease_name) == leader.identity
     assert all(len(leading) <= 1 for leading in timeline.leaders_over_time())
 
 
 def test_stopping_the_leader_hands_over_at_once(electors: Replicas, api: client.ApiClient,
-                                                lease_name: str) -> None:
+                                                lease_name: str, namespace: str) -> None:
     replicas, timeline = electors.electors, electors.timeline
     for replica in replicas:
         replica.run_in_thread()
@@ -137,15 +138,15 @@ def test_stopping_the_leader_hands_over_at_once(electors: Replicas, api: client.
     standby = next(r for r in replicas if r is not leader)
 
     leader.stop(timeout=10)
-    assert lease_holder(api, lease_name) in ("", standby.identity), "a graceful stop releases the Lease"
+    assert lease_holder(api, namespace, lease_name) in ("", standby.identity), "a graceful stop releases the Lease"
     # Released, not expired: the standby's next retry takes it (well inside the lease duration).
     assert wait_for(lambda: standby.is_leader, timeout=RETRY * 2.2 + 2.0)
-    assert lease_holder(api, lease_name) == standby.identity
+    assert lease_holder(api, namespace, lease_name) == standby.identity
     assert all(len(leading) <= 1 for leading in timeline.leaders_over_time())
 
 
 def test_a_partitioned_leader_steps_down_and_the_standby_takes_over(
-        electors: Replicas, api: client.ApiClient, lease_name: str) -> None:
+        electors: Replicas, api: client.ApiClient, lease_name: str, namespace: str) -> None:
     replicas, timeline = electors.electors, electors.timeline
     for replica in replicas:
         replica.run_in_thread()
@@ -162,5 +163,5 @@ def test_a_partitioned_leader_steps_down_and_the_standby_takes_over(
     started_at = next(t for t, who, what in events if who == standby.identity and what == "started")
     assert stopped_at < started_at
     assert all(len(leading) <= 1 for leading in timeline.leaders_over_time())
-    record = client.CoordinationV1Api(api).read_namespaced_lease(lease_name, "default").spec
+    record = client.CoordinationV1Api(api).read_namespaced_lease(lease_name, namespace).spec
     assert (record.holder_identity, record.lease_transitions) == (standby.identity, 1)

@@ -1,5 +1,7 @@
-"""manifests/: what a user applies. Rendered with the small in-test kustomize walk, checked for the promises the
-operations guide makes, and applied to the real apiserver with server-side dry-run (dryRun=All)."""
+"""manifests/: what a user applies. Rendered with the small kustomize walk of harness/kustomize.py, checked for the
+promises the operations guide makes, and applied to the real apiserver with server-side dry-run (dryRun=All). The RBAC
+rules themselves are checked against what the code sends (harness/rbac.py, tests/integration/ops/test_rbac_audit.py);
+here, their wiring: who they are bound to, and that the ServiceAccount kubeconfigs the tests use are those identities."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
 
 from dds.commands import certs as certs_command
 from dds.config import Settings
-from .kustomize import render
+from harness import rbac
+from harness.kustomize import render
 
 ROOT = Path(__file__).resolve().parents[3]
 MANIFESTS = ROOT / "manifests"
@@ -60,47 +63,52 @@ def test_no_rbac_rule_uses_a_wildcard(rendered: list[dict[str, Any]]) -> None:
                 assert "*" not in rule.get(field, []), f"{role['kind']} {role['metadata']['name']}: {rule}"
 
 
-def grants(role: dict[str, Any]) -> dict[str, set[str]]:
-    """(group/resource[:names]) -> verbs, flattened over rules."""
-    table: dict[str, set[str]] = {}
-    for rule in role["rules"]:
-        names = ":" + ",".join(rule["resourceNames"]) if rule.get("resourceNames") else ""
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                table.setdefault(f"{group or 'core'}/{resource}{names}", set()).update(rule["verbs"])
-    return table
+# What DDS's roles grant is checked against what the code does, not against a table: every integration and e2e test
+# runs DDS under these rendered roles (harness/rbac.py), a 403 fails the test, and tests/integration/ops/
+# test_rbac_audit.py compares the grants with the requests the audit log recorded. Here: the wiring around the rules.
+
+@pytest.mark.parametrize("identity", [rbac.DDS, rbac.AUTOSCALER], ids=lambda i: i.name)
+def test_each_deployment_runs_as_the_service_account_its_roles_are_bound_to(rendered: list[dict[str, Any]],
+                                                                           identity: rbac.Identity) -> None:
+    deployment = find(rendered, "Deployment", identity.name)
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == identity.name
+    assert find(rendered, "ServiceAccount", identity.name)["metadata"]["namespace"] == identity.namespace
+    subjects = [(b["kind"], b["roleRef"]["kind"], s) for b in rendered if b["kind"].endswith("Binding")
+                for s in b["subjects"] if s["name"] == identity.name]
+    assert {kind for kind, _, _ in subjects} == {"ClusterRoleBinding", "RoleBinding"}
+    assert all(s == {"kind": "ServiceAccount", "name": identity.name, "namespace": identity.namespace}
+               for _, _, s in subjects)
+    assert rbac.granted(identity), "bound roles grant something"
 
 
-def test_dds_cluster_role_is_exactly_the_documented_least_privilege(rendered: list[dict[str, Any]]) -> None:
-    read = {"get", "list", "watch"}
-    assert grants(find(rendered, "ClusterRole", "dds")) == {
-        "cluster.x-k8s.io/machinesets": read | {"patch", "update"},
-        "cluster.x-k8s.io/machines": read | {"patch", "update"},
-        "cluster.x-k8s.io/machinesets/scale": {"get", "patch", "update"},
-        "core/nodes": read | {"patch"},
-        "core/nodes/status": {"patch"},
-        "core/pods": read | {"patch"},
-        "scheduling.k8s.io/workloads": {"get", "list"},
-        "scheduling.x-k8s.io/podgroups": {"get", "list"},
-        "core/events": {"create", "patch"},
-        "cro.hpsys.ibm.ie.com/composabilityrequests": read | {"create", "update", "patch", "delete"},
-        "cro.hpsys.ibm.ie.com/composabilityrequests/status": {"get"},
-        "cro.hpsys.ibm.ie.com/composableresources": read,
-        "resource.k8s.io/resourceclaims": read,
-        "resource.k8s.io/resourceclaimtemplates": read,
-        "resource.k8s.io/deviceclasses": read,
-        "resource.k8s.io/resourceslices": read | {"create", "update", "delete"},
-    }
-
-
-def test_dds_namespaced_role_covers_its_lease_and_state(rendered: list[dict[str, Any]]) -> None:
+def test_dds_role_names_the_lease_its_settings_use(rendered: list[dict[str, Any]]) -> None:
+    settings = yaml.safe_load(find(rendered, "ConfigMap", "dds-settings")["data"]["settings.yaml"])
     role = find(rendered, "Role", "dds")
-    assert role["metadata"]["namespace"] == "dds-system"
-    assert grants(role) == {
-        "coordination.k8s.io/leases": {"create"},
-        "coordination.k8s.io/leases:dds-leader": {"get", "update"},
-        "core/configmaps": {"get", "list", "watch", "create", "update", "patch"},
-    }
+    assert role["metadata"]["namespace"] == settings["namespace"]
+    named = [rule for rule in role["rules"] if "leases" in rule["resources"] and rule.get("resourceNames")]
+    assert [rule["resourceNames"] for rule in named] == [[settings["lease_name"]]]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("identity", [rbac.DDS, rbac.AUTOSCALER], ids=lambda i: i.name)
+def test_the_service_account_kubeconfig_is_that_identity_and_holds_only_its_grants(control_plane: Any,
+                                                                                  identity: rbac.Identity) -> None:
+    with rbac.api_client(rbac.install(control_plane, identity)) as api:
+        review = client.AuthenticationV1Api(api).create_self_subject_review({"apiVersion": "authentication.k8s.io/v1",
+                                                                             "kind": "SelfSubjectReview"})
+        assert review.status.user_info.username == identity.username
+        assert "system:masters" not in (review.status.user_info.groups or [])
+
+        def allowed(verb: str, resource: str, group: str = "", namespace: str = "") -> bool:
+            answer = client.AuthorizationV1Api(api).create_self_subject_access_review({
+                "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": {"verb": verb, "resource": resource, "group": group,
+                                                "namespace": namespace}}})
+            return bool(answer.status.allowed)
+
+        assert allowed("list", "nodes") and allowed("create", "leases", "coordination.k8s.io", identity.namespace)
+        assert not allowed("get", "secrets", namespace=identity.namespace)
+        assert not allowed("delete", "pods", namespace="default")
 
 
 def test_settings_config_map_is_valid_for_dds(rendered: list[dict[str, Any]], tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 Each backend's test module builds a harness (the backend on a fresh world: one pool `POOL` holding `TOTAL` devices of
 `MODEL`, at most `SLOTS` devices per node, nodes `NODE_A`/`NODE_B`/`NODE_C`) and runs `CONTRACT` against it:
 tests/unit/fabric/test_contract.py (simulated, Redfish emulator) and tests/integration/fabric/ (ComposabilityRequest on the
-real apiserver with the stand-in operator).
+real apiserver with CoHDI's composable-resource-operator running, harness/cdi_operator.py).
 """
 
 from __future__ import annotations

@@ -3,13 +3,15 @@ operation record, pool configuration. The backend against a real apiserver: test
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from dds.config import PoolSpec
-from dds.fabric.base import ErrorCode, OperationState
-from dds.fabric.composability import (MAX_RECORDED_OPERATIONS, _bounded, _capacity_from, _outcome, request_name)
+from dds.fabric.base import DeviceState, ErrorCode, OperationState
+from dds.fabric.composability import (MAX_RECORDED_OPERATIONS, _bounded, _capacity_from, _device_state, _not_attached,
+                                      _outcome, _size_writers, _targets, request_name)
 
 
 @pytest.mark.parametrize("node,model,expected", [
@@ -28,46 +30,101 @@ def test_a_too_long_request_name_is_shortened_with_a_hash_and_stays_unique() -> 
     assert len(first) <= 253 and len(second) <= 253 and first != second
 
 
-def status(state: str, resources: dict[str, tuple[str, str]], error: str = "") -> dict[str, Any]:
-    return {"state": state, "error": error,
-            "resources": {name: {"state": s, "error": e} for name, (s, e) in resources.items()}}
+REQUEST = "dds-w1-gpu-a30"
+BOUND = 120.0
 
 
-def request(size: int, st: dict[str, Any]) -> dict[str, Any]:
-    return {"spec": {"resource": {"size": size}}, "status": st}
+def cr(state: str, error: str = "", deleting: bool = False, request: str = REQUEST) -> dict[str, Any]:
+    """A ComposableResource as the operator writes it."""
+    meta: dict[str, Any] = {"labels": {"app.kubernetes.io/managed-by": request}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-26T00:00:00Z"
+    return {"metadata": meta, "status": {"state": state, "error": error}}
 
 
-ATTACH_2 = {"key": "k", "kind": "attach", "count": 2, "before": ["gpu-old"]}
-DETACH_1 = {"key": "k", "kind": "detach", "count": 1, "before": ["gpu-a", "gpu-b"]}
+def req(size: int, listed: dict[str, str], state: str = "Updating", error: str = "") -> dict[str, Any]:
+    """A ComposabilityRequest: `listed` is status.resources (name -> state), as the operator keeps it."""
+    return {"metadata": {"name": REQUEST}, "spec": {"resource": {"size": size}},
+            "status": {"state": state, "error": error,
+                       "resources": {n: {"state": st, "node_name": "w1"} for n, st in listed.items()}}}
 
 
-@pytest.mark.parametrize("record,req,expected", [
-    pytest.param(ATTACH_2, request(3, status("Updating", {"gpu-old": ("Online", ""), "gpu-n1": ("Attaching", "")})),
-                 None, id="attach-in-progress"),
-    pytest.param(ATTACH_2, request(3, status("Running", {"gpu-old": ("Online", ""), "gpu-n1": ("Online", ""),
-                                                         "gpu-n2": ("Online", "")})),
+ATTACH_2 = {"key": "k", "kind": "attach", "count": 2, "before": ["gpu-old"], "started_at": 0.0}
+DETACH_1 = {"key": "k", "kind": "detach", "count": 1, "before": ["gpu-a", "gpu-b"], "asked": ["gpu-b"],
+            "started_at": 0.0}
+
+
+@pytest.mark.parametrize("record,request_,resources,now,expected", [
+    pytest.param(ATTACH_2, req(3, {"gpu-old": "Online", "gpu-n1": "", "gpu-n2": ""}, state="NodeAllocating"),
+                 {"gpu-old": cr("Online")}, 1.0, None, id="attach-entries-listed-before-objects-exist"),
+    pytest.param(ATTACH_2, req(3, {"gpu-old": "Online", "gpu-n1": "Online", "gpu-n2": "Attaching"}),
+                 {"gpu-old": cr("Online"), "gpu-n1": cr("Online"), "gpu-n2": cr("Attaching")}, 5.0, None,
+                 id="attach-in-progress"),
+    pytest.param(ATTACH_2, req(3, {"gpu-old": "Online", "gpu-n1": "Online", "gpu-n2": "Online"}, state="Running"),
+                 {"gpu-old": cr("Online"), "gpu-n1": cr("Online"), "gpu-n2": cr("Online")}, 5.0,
                  (OperationState.SUCCEEDED, ["gpu-n1", "gpu-n2"], None), id="attach-done"),
-    pytest.param(ATTACH_2, request(3, status("Updating", {"gpu-old": ("Online", ""), "gpu-n1": ("Online", ""),
-                                                          "gpu-n2": ("Attaching", "no free device")})),
-                 (OperationState.FAILED, ["gpu-n1"], ErrorCode.BACKEND), id="attach-resource-error"),
-    pytest.param(ATTACH_2, request(3, status("Updating", {"gpu-old": ("Online", "")}, error="quota exceeded")),
-                 (OperationState.FAILED, [], ErrorCode.BACKEND), id="attach-request-error"),
-    pytest.param(DETACH_1, request(1, status("Updating", {"gpu-a": ("Online", ""), "gpu-b": ("Detaching", "")})),
-                 None, id="detach-in-progress"),
-    pytest.param(DETACH_1, request(1, status("Running", {"gpu-a": ("Online", "")})),
-                 (OperationState.SUCCEEDED, ["gpu-b"], None), id="detach-done-operator-picked"),
-    pytest.param(DETACH_1, request(1, status("Updating", {"gpu-a": ("Online", ""),
-                                                          "gpu-b": ("Detaching", "device is in use")})),
-                 (OperationState.FAILED, [], ErrorCode.BACKEND), id="detach-in-use"),
+    pytest.param(ATTACH_2, req(3, {"gpu-old": "Online", "gpu-n1": "Online", "gpu-n2": "Attaching"}),
+                 {"gpu-old": cr("Online"), "gpu-n1": cr("Online"), "gpu-n2": cr("Attaching", "FM returned 500")},
+                 30.0, None, id="attach-error-within-the-bound-is-retried-by-the-operator"),
+    pytest.param(ATTACH_2, req(3, {"gpu-old": "Online", "gpu-n1": "Online", "gpu-n2": "Attaching"}),
+                 {"gpu-old": cr("Online"), "gpu-n1": cr("Online"), "gpu-n2": cr("Attaching", "FM returned 500")},
+                 BOUND, (OperationState.FAILED, ["gpu-n1"], ErrorCode.BACKEND), id="attach-error-past-the-bound"),
+    pytest.param(ATTACH_2, req(3, {"gpu-old": "Online"}, state="NodeAllocating", error="insufficient nodes"),
+                 {"gpu-old": cr("Online")}, BOUND + 1, (OperationState.FAILED, [], ErrorCode.BACKEND),
+                 id="attach-request-error-past-the-bound"),
+    pytest.param(DETACH_1, req(1, {"gpu-a": "Online"}),
+                 {"gpu-a": cr("Online"), "gpu-b": cr("Online", deleting=True)}, 1.0, None,
+                 id="detach-status-entry-gone-but-the-device-not-yet"),
+    pytest.param(DETACH_1, req(1, {"gpu-a": "Online"}),
+                 {"gpu-a": cr("Online"), "gpu-b": cr("Detaching", deleting=True)}, 5.0, None,
+                 id="detach-in-progress"),
+    pytest.param(DETACH_1, req(1, {"gpu-a": "Online"}, state="Running"), {"gpu-a": cr("Online")}, 5.0,
+                 (OperationState.SUCCEEDED, ["gpu-b"], None), id="detach-done-when-the-resource-is-gone"),
+    pytest.param(DETACH_1, req(1, {"gpu-b": "Online"}, state="Running"), {"gpu-b": cr("Online")}, 5.0,
+                 (OperationState.SUCCEEDED, ["gpu-a"], None), id="detach-done-operator-picked-another"),
+    pytest.param(DETACH_1, req(1, {"gpu-a": "Online"}),
+                 {"gpu-a": cr("Online"), "gpu-b": cr("Detaching", "found gpu load on gpu 'GPU-1'", deleting=True)},
+                 10.0, None, id="detach-in-use-within-the-bound"),
+    pytest.param(DETACH_1, req(1, {"gpu-a": "Online"}),
+                 {"gpu-a": cr("Online"), "gpu-b": cr("Detaching", "found gpu load on gpu 'GPU-1'", deleting=True)},
+                 BOUND + 5, (OperationState.FAILED, [], ErrorCode.DEVICE_IN_USE), id="detach-in-use-past-the-bound"),
 ])
-def test_progress_is_read_from_the_request_status(record, req, expected) -> None:
-    outcome = _outcome(record, req)
+def test_progress_is_read_from_the_operators_objects(record, request_, resources, now, expected) -> None:
+    outcome = _outcome(record, request_, resources, now, BOUND)
     if expected is None:
         assert outcome is None
     else:
         state, devices, code = expected
         assert (outcome["state"], outcome["devices"], outcome["error_code"]) == (
             state.value, devices, code.value if code else None)
+
+
+def test_a_failure_says_the_operator_kept_retrying_and_for_how_long() -> None:
+    outcome = _outcome(DETACH_1, req(1, {"gpu-a": "Online"}),
+                       {"gpu-a": cr("Online"), "gpu-b": cr("Detaching", "found gpu load", deleting=True)}, 500.0, BOUND)
+    assert "still failing after 120 s (the operator keeps retrying it)" in outcome["error"]
+    assert "gpu-b: found gpu load" in outcome["error"]
+
+
+@pytest.mark.parametrize("resource,expected", [
+    pytest.param(cr(""), DeviceState.ATTACHING, id="new"),
+    pytest.param(cr("Online"), DeviceState.ONLINE, id="online"),
+    pytest.param(cr("Online", deleting=True), DeviceState.DETACHING, id="online-being-deleted-is-not-online"),
+    pytest.param(cr("Online", "the target gpu 'GPU-1' is showing a Warning status in FM"), DeviceState.ONLINE,
+                 id="warning-stays-online"),
+    pytest.param(cr("Online", "the target gpu 'GPU-1' is showing a Critical status in FM"), DeviceState.FAILED,
+                 id="critical-is-failed"),
+    pytest.param(cr("Deleting"), DeviceState.DETACHING, id="deleting"),
+])
+def test_device_states_follow_the_operator(resource, expected) -> None:
+    assert _device_state(resource) == expected
+
+
+def test_a_failed_attach_gives_back_only_what_it_did_not_get() -> None:
+    failed = {"kind": "attach", "count": 3, "state": "failed", "devices": ["gpu-n1"]}
+    assert _not_attached(failed) == 2
+    assert _not_attached({**failed, "state": "succeeded", "devices": ["a", "b", "c"]}) == 0
+    assert _not_attached({"kind": "detach", "count": 1, "state": "failed", "devices": []}) == 0
 
 
 def test_the_operation_record_keeps_the_newest_and_every_running_one() -> None:
@@ -82,3 +139,52 @@ def test_the_operation_record_keeps_the_newest_and_every_running_one() -> None:
 def test_a_model_in_two_pools_is_refused_because_requests_cannot_tell_pools_apart() -> None:
     with pytest.raises(ValueError, match=r"pools\[1\] \('b'\): model A30 is already in pool 'a'"):
         _capacity_from([PoolSpec(name="a", devices={"A30": 2}), PoolSpec(name="b", devices={"A30": 2})])
+
+
+def managed(manager: str, fields: dict[str, Any], subresource: str = "") -> dict[str, Any]:
+    entry = {"manager": manager, "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": fields}
+    return {**entry, "subresource": subresource} if subresource else entry
+
+
+def test_the_writers_of_a_requests_size_are_read_from_managed_fields() -> None:
+    request_ = {"metadata": {"managedFields": [
+        managed("dds", {"f:spec": {"f:resource": {"f:size": {}, "f:model": {}}}}),
+        managed("manager", {"f:status": {"f:state": {}}}, subresource="status"),
+        managed("manager", {"f:metadata": {"f:finalizers": {}}}),
+        managed("dynamic-device-scaler", {"f:spec": {"f:resource": {"f:size": {}}}}),
+    ]}}
+    assert _size_writers(request_) == {"dds", "dynamic-device-scaler"}
+
+
+def test_a_request_is_for_its_target_node_or_where_its_devices_are() -> None:
+    targeted = {"spec": {"resource": {"target_node": "w1", "model": "A30"}}}
+    untargeted = {"spec": {"resource": {"model": "A30"}}, "status": {"resources": {"gpu-x": {"node_name": "w2"}}}}
+    assert (_targets(targeted), _targets(untargeted)) == (("w1", "A30"), ("w2", "A30"))
+
+
+def test_two_attaches_started_before_the_operator_listed_either_do_not_count_the_same_device() -> None:
+    first = {"key": "a1", "kind": "attach", "count": 1, "before": [], "started_at": 0.0}
+    second = {"key": "a2", "kind": "attach", "count": 1, "before": [], "started_at": 0.5}
+    request_ = req(2, {"gpu-x": "Online", "gpu-y": "Attaching"})
+    request_["metadata"]["annotations"] = {"dds.cdi.dev/operations": json.dumps([first, second])}
+    resources = {"gpu-x": cr("Online"), "gpu-y": cr("Attaching")}
+    resources["gpu-x"]["metadata"]["creationTimestamp"] = "2026-11-26T10:00:00Z"
+    resources["gpu-y"]["metadata"]["creationTimestamp"] = "2026-11-26T10:00:01Z"
+    assert _outcome(first, request_, resources, 1.0, BOUND)["devices"] == ["gpu-x"]
+    assert _outcome(second, request_, resources, 1.0, BOUND) is None  # gpu-y is the second's, still attaching
+    resources["gpu-y"] = {**cr("Online"), "metadata": {**resources["gpu-y"]["metadata"]}}
+    assert _outcome(second, request_, resources, 2.0, BOUND)["devices"] == ["gpu-y"]
+
+
+def test_an_earlier_attach_leaves_a_later_one_the_devices_only_the_later_one_can_count() -> None:
+    # Both resources were created in the same second; the second attach had already seen gpu-b listed when it
+    # started, so it can only count gpu-a: the first attach must take gpu-b, whatever the names' order.
+    first = {"key": "a1", "kind": "attach", "count": 1, "before": [], "started_at": 0.0}
+    second = {"key": "a2", "kind": "attach", "count": 1, "before": ["gpu-b"], "started_at": 0.1}
+    request_ = req(2, {"gpu-a": "Online", "gpu-b": "Online"}, state="Running")
+    request_["metadata"]["annotations"] = {"dds.cdi.dev/operations": json.dumps([first, second])}
+    resources = {"gpu-a": cr("Online"), "gpu-b": cr("Online")}
+    for resource in resources.values():
+        resource["metadata"]["creationTimestamp"] = "2026-11-26T10:00:00Z"
+    assert _outcome(first, request_, resources, 1.0, BOUND)["devices"] == ["gpu-b"]
+    assert _outcome(second, request_, resources, 1.0, BOUND)["devices"] == ["gpu-a"]

@@ -70,7 +70,7 @@ def pki(tmp_path_factory):
 
 def _tls_settings(pki: Path) -> Settings:
     return Settings(listen="127.0.0.1:0", tls_cert=pki / "server.crt", tls_key=pki / "server.key",
-                    tls_ca=pki / "ca.crt")
+                    tls_ca=pki / "ca.crt", grpc_allowed_clients=["dds-client"])  # the client certificate made above
 
 
 def test_client_with_a_certificate_signed_by_the_ca_is_served(provider_factory, pki):

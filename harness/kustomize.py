@@ -1,4 +1,5 @@
-"""A small kustomize renderer for the subset manifests/ uses (no kubectl or kustomize binary in the test environment).
+"""A small kustomize renderer for the subset manifests/ uses (no kubectl or kustomize binary in the test environment);
+harness/rbac.py applies the RBAC it renders, tests/integration/ops/test_manifests.py checks the rest.
 
 Supported: `resources:` entries that are YAML files or directories holding a kustomization.yaml (recursively),
 `images:` (name -> newName/newTag/digest on every container and initContainer image of the rendered workloads, with

@@ -1,0 +1,87 @@
+"""DDS's RBAC against what the suite saw DDS's ServiceAccount do (the apiserver's audit logs, harness/audit.py).
+
+Every control plane of the run logs its ServiceAccounts' requests; harness/rbac_plugin.py gathers, test by test, the
+(verb, resource, subresource, apiGroup) DDS's ServiceAccount was allowed, and these tests (marked `rbac_audit`) run
+after every other test of the session and read that record:
+
+- nothing DDS used is missing from the roles manifests/dds ships — holds for any subset of the suite;
+- every grant of those roles was used by some test, or is listed in docs/operations.md ("Grants the suite cannot
+  exercise") with the feature that needs it. That half needs the whole suite: it is skipped, saying why, when a test
+  file of tests/integration or tests/e2e was not collected, a test was deselected (other than the `slow` soak
+  variants `make test` leaves out), or a test failed (its requests may have stopped short). So `pytest tests/unit`
+  never collects these tests, and `pytest tests/integration/ops` runs the first and skips the second.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from harness import rbac
+from harness.audit import Grant
+from harness.rbac_plugin import AUDITED_SUITES, AuditRecord
+
+pytestmark = [pytest.mark.integration, pytest.mark.rbac_audit]
+
+ROOT = Path(__file__).resolve().parents[3]
+OPERATIONS = ROOT / "docs" / "operations.md"
+UNEXERCISED_HEADING = "### Grants the suite cannot exercise"
+_ROW = re.compile(r"^\|\s*`(?P<verb>[a-z]+) (?P<group>[^/`]+)/(?P<resource>[a-z0-9.]+)(?:/(?P<sub>[a-z]+))?`\s*\|")
+
+
+def documented_unexercised(doc: Path = OPERATIONS) -> set[Grant]:
+    """The grants docs/operations.md names as needed by a feature the suite cannot exercise (first column of the
+    table under UNEXERCISED_HEADING, written as `verb group/resource[/subresource]`, group `core` for "")."""
+    text = doc.read_text()
+    assert UNEXERCISED_HEADING in text, f"{doc}: no section {UNEXERCISED_HEADING!r}"
+    section = text.split(UNEXERCISED_HEADING, 1)[1].split("\n#", 1)[0]
+    out = set()
+    for line in section.splitlines():
+        match = _ROW.match(line)
+        if match:
+            group = "" if match["group"] == "core" else match["group"]
+            out.add(Grant(match["verb"], match["resource"], match["sub"] or "", group))
+    return out
+
+
+def incomplete_run(record: AuditRecord) -> list[str]:
+    """Why this run cannot show that a grant is unused (empty: it can)."""
+    on_disk = {p.relative_to(ROOT).as_posix() for suite in AUDITED_SUITES for p in (ROOT / suite).rglob("test_*.py")}
+    reasons = []
+    not_collected = sorted(on_disk - record.collected_files)
+    if not_collected:
+        reasons.append(f"{len(not_collected)} test files not collected (e.g. {', '.join(not_collected[:3])})")
+    if record.deselected:
+        reasons.append(f"{len(record.deselected)} tests deselected (e.g. {record.deselected[0]})")
+    if record.failed:
+        reasons.append(f"{len(record.failed)} tests failed (e.g. {record.failed[0]})")
+    return reasons
+
+
+def test_dds_used_nothing_its_shipped_roles_do_not_grant(rbac_audit: AuditRecord) -> None:
+    granted = rbac.granted(rbac.DDS)
+    missing = {grant: test for grant, test in rbac_audit.dds_used.items()
+               if grant not in granted and grant not in rbac.EVERY_USER}
+    assert not missing, "DDS's ServiceAccount was allowed requests its roles in manifests/dds do not grant:\n" + \
+        "\n".join(f"  {grant.describe()} (first by {test})" for grant, test in sorted(missing.items(), key=repr))
+
+
+def test_every_grant_of_dds_is_used_by_a_test_or_documented(rbac_audit: AuditRecord) -> None:
+    granted = rbac.granted(rbac.DDS)
+    documented = documented_unexercised()
+    stale = documented - granted
+    assert not stale, (f"{OPERATIONS.name} lists grants the roles do not have: "
+                       f"{sorted(g.describe() for g in stale)}")
+    reasons = incomplete_run(rbac_audit)
+    if reasons:
+        pytest.skip("not the whole suite, so an unused grant cannot be told from an untested one: " + "; ".join(reasons))
+    used = set(rbac_audit.dds_used) - rbac.EVERY_USER
+    unused = granted - used - documented
+    assert not unused, ("grants of manifests/dds no test used and docs/operations.md does not name as needed by a "
+                        f"feature the suite cannot exercise: {sorted(g.describe() for g in unused)}")
+    exercised_after_all = documented & used
+    assert not exercised_after_all, (f"{OPERATIONS.name} says the suite cannot exercise these, but a test did: "
+                                     f"{sorted(g.describe() for g in exercised_after_all)} (first by "
+                                     f"{[rbac_audit.dds_used[g] for g in exercised_after_all]})")

@@ -1,0 +1,45 @@
+"""harness/cdi_stack.py's options: the stack it describes is one DDS and the CDI operator can both work with."""
+
+from __future__ import annotations
+
+import uuid
+
+from dds.groups.sources import group_input_from_machineset, parse_group
+from dds.kube.machinesets import machineset_from_object
+from dds.nodes.kwok import build_machine, build_node, is_kwok_machine
+from harness.cdi_operator import DRA_FEATURE_GATES, DRA_RUNTIME_CONFIG
+from harness.cdi_stack import FSAS_CDI_PROVIDER_IDS, PRODUCT_NAME, CdiFabricSide, cdi_options, machine_uuid
+from harness.gpu_node_agent import NVIDIA_DRA_DRIVER, PROVIDER_ID_PREFIX
+from harness.stack import StackOptions, machineset
+
+
+def test_the_machineset_is_a_valid_vendor_driver_group() -> None:
+    options = cdi_options(StackOptions())
+    spec, errors = parse_group(group_input_from_machineset(machineset_from_object(machineset(options))))
+    assert spec is not None, errors
+    assert spec.gpu_api.dra and spec.dra is not None
+    assert spec.dra.driver == NVIDIA_DRA_DRIVER and not spec.publishes_own_slices
+    assert PRODUCT_NAME == "NVIDIA A30"
+
+
+def test_the_stack_runs_dra_the_operator_needs_and_drives_it_through_requests() -> None:
+    options = cdi_options(StackOptions(feature_gates={"GangScheduling": True}, dds_settings={"loop_interval_seconds": 2}))
+    assert options.feature_gates == {**DRA_FEATURE_GATES, "GangScheduling": True}
+    assert set(DRA_RUNTIME_CONFIG) <= set(options.runtime_config)
+    assert options.controller_manager and options.fabric_side is CdiFabricSide
+    assert options.dds_settings == {"fabric": "composability-request", "loop_interval_seconds": 2}
+
+
+def test_machines_and_their_nodes_carry_the_fabric_machine_id_the_operator_reads() -> None:
+    options = cdi_options(StackOptions())
+    obj = {**machineset(options), "apiVersion": "cluster.x-k8s.io/v1beta1"}
+    obj["metadata"] = {**obj["metadata"], "uid": "uid-1"}
+    machine = build_machine(obj, "gpu-workers-bcd23", 1.0, options.provider_ids)
+    provider_id = machine["spec"]["providerID"]
+    assert provider_id == PROVIDER_ID_PREFIX + machine_uuid("gpu-workers-bcd23")
+    assert uuid.UUID(provider_id.removeprefix(PROVIDER_ID_PREFIX))  # the operator's FM path takes the uuid
+    assert machine_uuid("gpu-workers-bcd23") == machine_uuid("gpu-workers-bcd23") != machine_uuid("gpu-workers-x")
+    assert is_kwok_machine(machine, FSAS_CDI_PROVIDER_IDS) and not is_kwok_machine(machine)
+    spec, _ = parse_group(group_input_from_machineset(machineset_from_object(obj)))
+    assert spec is not None
+    assert build_node(spec, obj, machine, "nvidia.com/gpu.product")["spec"]["providerID"] == provider_id
