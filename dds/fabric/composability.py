@@ -155,6 +155,7 @@ class ComposabilityRequestFabric:
                 if record is not None:
                     return self._operation_from(record, existing)
                 self._check_sole_writer(request.key, name, request.node, request.model, existing)
+                existing = self._settle_ended(name, existing)
                 refusal = self._refusal(request, existing)
                 if refusal is not None:
                     self._refused[request.key] = refusal
@@ -189,6 +190,9 @@ class ComposabilityRequestFabric:
                     raise FabricError(ErrorCode.INVALID, f"detach {request.key}: {len(request.device_ids)} devices "
                                                          f"asked, ComposabilityRequest {name} holds {size}")
                 self._check_sole_writer(request.key, name, request.node, model, existing)
+                existing = self._settle_ended(name, existing)
+                if existing is None:
+                    continue
                 self._check_nothing_attaching(request.key, name, existing)
                 self._mark_for_removal(request.key, request.device_ids)
                 record = self._new_record(request.key, OperationKind.DETACH, request.node, model,
@@ -337,29 +341,54 @@ class ComposabilityRequestFabric:
         except ApiError as exc:
             raise _api_error(f"write ComposabilityRequest {name}", exc) from exc
 
+    def _settle_ended(self, name: str, existing: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        """Store the outcome of every operation on the request that has ended, before a new one is recorded: the new
+        one changes what the request shows, and an outcome first read after that would be read from another world
+        (an attach counting a device a later attach brought). Returns the request as it is now."""
+        for key, record in sorted(_records(existing).items()):
+            if "state" in record:
+                continue
+            current = self._get_request(name)
+            record = _records(current).get(key)
+            if current is None or record is None or "state" in record:
+                continue
+            self._operation_from(record, current)
+        return self._get_request(name) if existing is not None else None
+
     def _remember_result(self, request: dict[str, Any], record: dict[str, Any]) -> None:
         """Store a finished operation's outcome in the annotation, so it stays stable as the request moves on."""
+        body = self._with_result(request, record)
+        # Not stored now (an error, or conflicts throughout): the outcome is computed again on the next read.
+        name = request["metadata"]["name"]
+        for _ in range(_CONFLICT_ATTEMPTS):
+            try:
+                if self._objects.replace_request(name, body):
+                    return
+            except ApiError as exc:
+                log.debug("could not record the outcome of %s: %s", record["key"], exc.status)
+                return
+            fresh = self._get_request(name)  # the operator wrote its status meanwhile: apply the record again
+            if fresh is None or "state" in _records(fresh).get(record["key"], {}):
+                return
+            body = self._with_result(fresh, record)
+        log.debug("could not record the outcome of %s: 409 on every attempt", record["key"])
+
+    @staticmethod
+    def _with_result(request: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+        """The request with the finished operation's record stored (and what a failed attach did not get given back,
+        in the same write: the operator removes not-yet-attached resources first, so nothing arrives later that no
+        plan asked for)."""
         body = json.loads(json.dumps(request))
         records = _records(request)
         records[record["key"]] = record
-        body["metadata"]["annotations"][ANN_OPERATIONS] = json.dumps(_bounded(list(records.values())))
+        body["metadata"].setdefault("annotations", {})[ANN_OPERATIONS] = json.dumps(_bounded(list(records.values())))
         missing = _not_attached(record)
         if missing:
-            # Give back what the failed attach did not get, in the same write: the operator removes not-yet-attached
-            # resources first, so nothing arrives later that no plan asked for.
             resource = body["spec"]["resource"]
             resource["size"] = max(0, int(resource.get("size", 0)) - missing)
             log.warning("attach %s on %s failed (%s); giving back %d device(s) the operator had not attached",
                         record["key"], record["node"], record.get("error", ""), missing)
-        # Not stored now (a conflict, or an error): the outcome is recomputed (identically) on the next read and
-        # stored then.
-        try:
-            stored = self._objects.replace_request(request["metadata"]["name"], body)
-        except ApiError as exc:
-            log.debug("could not record the outcome of %s: %s", record["key"], exc.status)
-            return
-        if not stored:
-            log.debug("could not record the outcome of %s: 409", record["key"])
+        return body
 
     # --- reading ---
     def _operation_from(self, record: dict[str, Any], request: Optional[dict[str, Any]]) -> Operation:
