@@ -3,16 +3,23 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# The compatibility run's Kubernetes profile (hack/versions.env; docs/versions.md): the previous minor, kept working.
+COMPAT_PROFILE := $(shell sed -n 's/^DDS_COMPAT_K8S_PROFILE=//p' hack/versions.env)
+COMPAT_TESTS := tests/e2e/test_demo.py tests/e2e/test_demo_dra.py tests/e2e/test_gangs_on_the_real_scheduler.py \
+	tests/e2e/test_dra_pool_mode.py
 
-.PHONY: demo demo-dra demo-cdi test unit setup binaries protos bench bench-cdi bench-scale soak lint
+.PHONY: demo demo-dra demo-cdi test test-compat unit setup setup-python binaries protos bench bench-cdi bench-scale soak lint
 
 setup:  ## Python dependencies into .venv and the pinned binaries (control plane + cluster-autoscaler), built from source
 	bash hack/setup.sh
 
-binaries:
+setup-python:  ## Python dependencies into .venv only: no Go, no binaries (enough for unit, lint, protos, bench)
+	bash hack/setup.sh python
+
+binaries:  ## The default Kubernetes profile's binaries (DDS_K8S_PROFILE=<profile> for another; --all: every profile)
 	bash hack/build-binaries.sh
 
-demo: setup  ## The talk's demo end to end: control plane, DDS, the real cluster-autoscaler, simulated fabric, kwok nodes
+demo: setup  ## The talk's demo end to end: control plane, DDS, the real cluster-autoscaler, simulated fabric, kwok nodes; its timeline drawn in demo-timeline.png beside its logs
 	$(PYTHON) -m harness.demo
 
 demo-dra: setup  ## The same demo with GPUs asked for through ResourceClaims (node-local DRA: docs/dra.md)
@@ -25,13 +32,16 @@ test: setup  ## Every test: lint contracts, unit, integration (real apiserver), 
 	$(VENV)/bin/lint-imports
 	$(PYTHON) -m pytest tests -m "not slow" $(PYTEST_ARGS)
 
-unit: setup
+test-compat: setup  ## The compatibility run on the previous Kubernetes minor and its cluster-autoscaler: the demo, the DRA demo, gangs and DRA pool mode
+	DDS_K8S_PROFILE=$(COMPAT_PROFILE) $(PYTHON) -m pytest $(COMPAT_TESTS) -m "not slow" $(PYTEST_ARGS)
+
+unit: setup-python  ## The unit tests only: no control-plane binaries needed, none built
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)
 
-protos: setup  ## Regenerate dds/provider/gen from protos/
+protos: setup-python  ## Regenerate dds/provider/gen from protos/
 	PYTHON=$(abspath $(PYTHON)) bash hack/gen-protos.sh
 
-bench: setup  ## Planner benchmarks (ratios and percentiles)
+bench: setup-python  ## Planner benchmarks (ratios and percentiles)
 	$(PYTHON) -m tests.bench.planner
 
 bench-cdi: setup  ## The GPU path through the real CDI operator: pending pod -> Running, step by step (docs/composability.md)
@@ -39,9 +49,17 @@ bench-cdi: setup  ## The GPU path through the real CDI operator: pending pod -> 
 
 bench-scale: setup  ## DDS at 1k nodes/10k pods and 5k/50k on the real control plane: watch cache vs LIST per call (docs/scale.md)
 	$(PYTHON) -m tests.bench.scale $(BENCH_SCALE_ARGS)
+	$(PYTHON) -m tests.bench.scale_ca $(BENCH_SCALE_CA_ARGS)
 
 soak: setup  ## The long reliability campaign
 	DDS_SOAK=1 $(PYTHON) -m pytest tests -m slow $(PYTEST_ARGS)
 
-lint: setup
+lint: setup-python  ## The import-layering contracts: no control-plane binaries needed, none built
 	$(VENV)/bin/lint-imports
+
+.PHONY: chart dashboard
+chart: setup  ## The Helm chart, alerts and dashboard checked by helm, promtool and a real apiserver (part of make test)
+	$(PYTHON) -m pytest tests/integration/chart $(PYTEST_ARGS)
+
+dashboard: setup-python  ## Regenerate charts/dds/files/dashboard.json from hack/gen-dashboard.py
+	$(PYTHON) hack/gen-dashboard.py

@@ -45,7 +45,7 @@ from dds.nodes.factory import build_node_backend
 from dds.nodes.kwok import KwokInfrastructure
 from dds.ops.http import OpsServer, build_ops_server, check_metrics_settings
 from dds.planner import plan_scale_up
-from dds.planner.plan import PlannerConfig
+from dds.planner.plan import Detach, PlannerConfig
 from dds.scaling.instances import InstanceFactory, InstanceTracker
 from dds.provider.leadership import LeaderGate
 from dds.scaling.requests import LiveNode
@@ -113,6 +113,9 @@ class ObservedClusterView:
             built[node.name] = (node, group_id, live)
             out.append(live)
         self._built = built
+        if len(out) == len(self._nodes) and all(new is old for new, old in zip(out, self._nodes)):
+            # Nothing changed: the same tuple, so the registry's membership index built from it stays valid.
+            return self._nodes
         return tuple(out)
 
 
@@ -153,6 +156,18 @@ def _node_group(api: ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]], c
         return _GONE
     label = labels.get(LABEL_NODE_GROUP)
     return next((g for g in groups() if node_group_label_value(g.id) == label), None)
+
+
+def taint_then(before_detach: Optional[Callable[[Detach], None]], slices: ResourceSlicePublisher
+               ) -> Callable[[Detach], None]:
+    """The executor's before-detach hook, also tainting the GPUs' devices in the node's ResourceSlice first."""
+
+    def hook(step: Detach) -> None:
+        if before_detach is not None:
+            before_detach(step)
+        slices.taint_for_detach(step.node, step.device_ids)
+
+    return hook
 
 
 def fresh_groups(catalog: NodeGroupCatalog, clock: Callable[[], float], max_age_seconds: float) -> Callable[[], tuple]:
@@ -309,10 +324,11 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     on_devices = gpu_capacity_hook(api, gpu_resource_of(api, catalog.groups, cache),
                                    kwok_only=ALLOW_NON_KWOK_NODES_ADVICE if simulating_on_kwok_only else None)
     built: dict[str, Fabric] = {}  # the hook reads the fabric it is given to (re-entrant: see dds/fabric/simulated.py)
+    slices: Optional[ResourceSlicePublisher] = None
     if settings.fabric == FabricBackend.SIMULATED:  # DDS plays the DRA driver of dra-node-local groups: docs/dra.md
-        on_devices = with_resource_slices(on_devices, ResourceSlicePublisher(
-            api, lambda node: online_gpus(built["fabric"], node),
-            lists=lists_node_local_devices(api, catalog.groups, cache)))
+        slices = ResourceSlicePublisher(api, lambda node: online_gpus(built["fabric"], node),
+                                        lists=lists_node_local_devices(api, catalog.groups, cache))
+        on_devices = with_resource_slices(on_devices, slices)
     fabric = built["fabric"] = build_fabric(settings, clock=clock, api_client=api, on_node_devices_changed=on_devices,
                                             cache=cache.composability if cache else None)
     nodes = build_node_backend(settings, clock=clock, api_client=api, on_written=cache.assume if cache else None)
@@ -327,6 +343,7 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     loop = LoopConfig(interval_seconds=settings.loop_interval_seconds,
                       pending_debounce_seconds=settings.pending_debounce_seconds,
                       gang_start_timeout_seconds=settings.gang_start_timeout_seconds, planner=planner,
+                      dra_binding_timeout_seconds=settings.dra_binding_timeout_seconds,
                       move_idle_gpus=settings.move_idle_gpus,
                       orphan_timeout_seconds=settings.orphan_attach_timeout_seconds,
                       reservations=ReservationConfig(enabled=settings.reservations,
@@ -337,6 +354,8 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     controller = Controller(observer, executor, watcher, fabric, api, events, loop, clock,
                             is_leader=lambda: app_ref["app"].is_leader)
     events.pause = controller.calls_first.wait_for_calls  # a burst's Events are written between CA's calls
+    if slices is not None:  # a GPU DDS lists as a DRA device is tainted before its detach (docs/dra.md)
+        executor.before_detach = taint_then(executor.before_detach, slices)
     scale_up = PlannerScaleUp(controller, tracker, planner, InstanceFactory(clock=clock),
                               settings.max_node_provision_seconds)
     controller.listeners.append(DeviceRepair(fabric, controller.actions, events, clock).run)  # GPUs failed while attached

@@ -160,6 +160,10 @@ class Settings(BaseSettings):
     # A gang whose GPUs are attached but that has not reached its minimum of running pods this long after (or one of
     # whose attaches failed) gets them detached: dds/controller/gang_attaches.py.
     gang_start_timeout_seconds: float = Field(default=300.0, gt=0)
+    # DRA pool mode: kube-scheduler's binding timeout (its DynamicResources plugin's bindingTimeout; 600 s unless the
+    # scheduler configuration sets another). An attach for a pool slot still running shortly before it gets the
+    # failure condition, so the scheduler allocates again at once (dds/controller/dra_binding.py, docs/dra.md).
+    dra_binding_timeout_seconds: float = Field(default=600.0, ge=1)
     # Reservations (dds/controller/reservations.py, docs/reservations.md): a pending pod asking for more than
     # `reservation_large_fraction` of a node's GPU slots, unschedulable for `reservation_min_age_seconds`, gets a
     # node reserved (tainted, the pod tolerating it) and its GPUs gathered there. Off by default.

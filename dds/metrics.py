@@ -1,7 +1,8 @@
 """Every Prometheus metric DDS exports, defined once (prometheus-client idiom: module level, base units, `_total`).
 
 Served on `/metrics` by dds/ops/http.py. Label values are bounded: group ids, pool names, models, RPC method names,
-case and outcome enums.
+case and outcome enums — and node names for `dds_node_gpus`, one series per node (and GPU model on it), as
+kube-state-metrics has per node; a node's series go when the node does (dds/controller/gpu_gauges.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ ATTACH_LATENCY = Histogram("dds_attach_duration_seconds", "From attach request t
 DETACH_LATENCY = Histogram("dds_detach_duration_seconds", "From detach request to the GPU back in the pool",
                            ["backend"], buckets=_FABRIC_BUCKETS)
 POOL_DEVICES = Gauge("dds_pool_devices", "Devices per pool, model and state (free, used)", ["pool", "model", "state"])
+NODE_GPUS = Gauge("dds_node_gpus", "Fabric GPUs attached to each node, by its node group (empty: none) and model, as "
+                  "the last control loop pass saw them", ["node", "group", "model"])
+GPUS_IDLE_PAST_COOLDOWN = Gauge("dds_gpus_idle_past_cooldown",
+                                "Idle GPUs past their group's GPU idle cooldown and not kept as warm headroom (nor "
+                                "reserved): the ones the last control loop pass decided to detach", ["group"])
 NODES_ADDED = Counter("dds_nodes_added_total", "Nodes requested through the node backend", ["group"])
 NODES_REMOVED = Counter("dds_nodes_removed_total", "Nodes removed through the node backend", ["group"])
 PLAN_LATENCY = Histogram("dds_plan_duration_seconds", "Time to compute a plan", ["kind"], buckets=_LATENCY_BUCKETS)

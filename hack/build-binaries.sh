@@ -3,6 +3,14 @@
 # kube-apiserver, kube-scheduler, kube-controller-manager (DRA tests only), kwok, the real cluster-autoscaler and the
 # CDI operator `cro-manager` (composability tests only). Prints the bin directory on its last line.
 #
+#   bash hack/build-binaries.sh            the profile $DDS_K8S_PROFILE, else hack/versions.env's default profile
+#   bash hack/build-binaries.sh 1.35       that Kubernetes profile (hack/versions-1.35.env)
+#   bash hack/build-binaries.sh --all      every profile (hack/setup.sh); prints the default profile's directory
+#
+# A profile pins the control plane and the cluster-autoscaler of one Kubernetes minor (hack/versions-<profile>.env);
+# etcd, kwok and cro-manager are shared. Each profile's binaries are symlinked into $cache/k8s-<profile>; the default
+# profile's also into $cache/current.
+#
 # Quiet by design: one line per binary on stderr; the Go tool's output goes to a log file the line names.
 # A warm run only checks that the cached binaries exist (well under a second).
 #
@@ -15,18 +23,53 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
+: "${DDS_DEFAULT_K8S_PROFILE:?hack/versions.env must name DDS_DEFAULT_K8S_PROFILE}"
 cache="${DDS_BIN_CACHE:-$HOME/.cache/dds/bin}"
 logs="$cache/logs"
 export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod
 mkdir -p "$cache" "$logs"
+# One run at a time per cache: two runs building the same version would share its wrapper and output folders (the
+# harness runs this script at the start of every test session, and several sessions may start together). A warm run
+# holds the lock for well under a second.
+exec 9>"$cache/.build.lock"
+if ! flock -n 9; then
+  echo "[build-binaries] waiting for another build-binaries.sh run to finish (lock: $cache/.build.lock)" >&2
+  flock 9
+fi
 log() { echo "[build-binaries] $*" >&2; }
 die() { echo "[build-binaries] error: $*" >&2; exit 1; }
 
-staging_modules=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
-  cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api cri-client
-  csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms kube-aggregator
-  kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics mount-utils pod-security-admission
-  sample-apiserver sample-cli-plugin sample-controller)
+# profiles: every Kubernetes profile hack/ pins (versions-<profile>.env), one a line.
+profiles() { local f; for f in "$here"/versions-*.env; do f="${f##*/versions-}"; echo "${f%.env}"; done; }
+
+# load_profile PROFILE: reads its pins over the shared ones; an unknown profile is an error naming the known ones.
+load_profile() {
+  local file="$here/versions-$1.env"
+  [[ -f "$file" ]] || die "no Kubernetes profile '$1' (no $file); known profiles: $(profiles | tr '\n' ' ')"
+  unset KUBERNETES_VERSION KUBERNETES_STAGING_VERSION KUBERNETES_GO_DIRECTIVE KUBERNETES_GODEBUG \
+    CLUSTER_AUTOSCALER_TAG CLUSTER_AUTOSCALER_VERSION CLUSTER_AUTOSCALER_SOURCE_ARCHIVE CLUSTER_AUTOSCALER_SOURCE_SHA256
+  # shellcheck source=versions-1.36.env
+  source "$file"
+  local key
+  for key in KUBERNETES_VERSION KUBERNETES_STAGING_VERSION KUBERNETES_GO_DIRECTIVE KUBERNETES_GODEBUG \
+    CLUSTER_AUTOSCALER_TAG CLUSTER_AUTOSCALER_VERSION CLUSTER_AUTOSCALER_SOURCE_ARCHIVE CLUSTER_AUTOSCALER_SOURCE_SHA256; do
+    [[ -n "${!key:-}" ]] || die "$file pins no $key"
+  done
+}
+
+# replace_staging_modules NAME: in the current wrapper module, points every staging module k8s.io/kubernetes replaces
+# with ./staging/src/k8s.io/<m> at its published version. The list is read from that release's own go.mod, so it follows
+# the release (1.36 added cri-streaming and streaming).
+replace_staging_modules() {
+  local name="$1" gomod m
+  gomod="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" 2>>"$logs/$name.log" |
+    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+  [[ -f "$gomod" ]] || { tail -n 25 "$logs/$name.log" >&2; die "k8s.io/kubernetes@$KUBERNETES_VERSION: no go.mod from the module proxy"; }
+  local modules
+  modules="$(sed -n 's#^[[:space:]]*k8s.io/\([a-z0-9-]*\) => ./staging/src/k8s.io/.*#\1#p' "$gomod")"
+  [[ -n "$modules" ]] || die "k8s.io/kubernetes@$KUBERNETES_VERSION's go.mod ($gomod) replaces no staging module"
+  for m in $modules; do run "$name" go mod edit -replace "k8s.io/$m=k8s.io/$m@$KUBERNETES_STAGING_VERSION"; done
+}
 
 # run NAME CMD...: runs one build step with its output in the binary's log; on failure shows the log's tail.
 run() {
@@ -65,7 +108,7 @@ build_kubernetes() {
   rm -rf "$w"; mkdir -p "$w"; cd "$w"
   run kubernetes go mod init dds.local/wrapper/kubernetes
   run kubernetes go mod edit -go="$KUBERNETES_GO_DIRECTIVE" -godebug="default=$KUBERNETES_GODEBUG"
-  for m in "${staging_modules[@]}"; do run kubernetes go mod edit -replace "k8s.io/$m=k8s.io/$m@$KUBERNETES_STAGING_VERSION"; done
+  replace_staging_modules kubernetes
   run kubernetes go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" \
     "k8s.io/kubernetes/cmd/kube-scheduler@$KUBERNETES_VERSION"
   mkdir -p "$out.tmp"
@@ -86,9 +129,7 @@ build_kube_controller_manager() {
   rm -rf "$w"; mkdir -p "$w"; cd "$w"
   run kube-controller-manager go mod init dds.local/wrapper/kube-controller-manager
   run kube-controller-manager go mod edit -go="$KUBERNETES_GO_DIRECTIVE" -godebug="default=$KUBERNETES_GODEBUG"
-  for m in "${staging_modules[@]}"; do
-    run kube-controller-manager go mod edit -replace "k8s.io/$m=k8s.io/$m@$KUBERNETES_STAGING_VERSION"
-  done
+  replace_staging_modules kube-controller-manager
   run kube-controller-manager go get -tool "k8s.io/kubernetes/cmd/kube-controller-manager@$KUBERNETES_VERSION"
   mkdir -p "$out.tmp"
   run kube-controller-manager go build -trimpath -ldflags "$(k8s_ldflags "$KUBERNETES_VERSION")" -o "$out.tmp/" \
@@ -187,22 +228,52 @@ build_cro_manager() {
   built cro-manager
 }
 
+# link_profile PROFILE DIR: DIR becomes a directory of symlinks to that profile's binaries (the harness's bin dir).
+link_profile() {
+  local bin="$2"
+  rm -rf "$bin.tmp"; mkdir -p "$bin.tmp"
+  ln -sf "$cache/etcd-$ETCD_VERSION/etcd" "$bin.tmp/etcd"
+  ln -sf "$cache/kwok-$KWOK_VERSION/kwok" "$bin.tmp/kwok"
+  ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/kube-apiserver" "$bin.tmp/kube-apiserver"
+  ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/kube-scheduler" "$bin.tmp/kube-scheduler"
+  ln -sf "$cache/kube-controller-manager-$KUBERNETES_VERSION/kube-controller-manager" "$bin.tmp/kube-controller-manager"
+  ln -sf "$cache/cluster-autoscaler-$CLUSTER_AUTOSCALER_VERSION/cluster-autoscaler" "$bin.tmp/cluster-autoscaler"
+  ln -sf "$cache/cro-manager-${CRO_COMMIT:0:7}/cro-manager" "$bin.tmp/cro-manager"
+  echo "profile=$1 kubernetes=$KUBERNETES_VERSION cluster-autoscaler=$CLUSTER_AUTOSCALER_VERSION" >"$bin.tmp/PROFILE"
+  # Swapped in whole, so a test resolving the directory meanwhile sees the old set or the new one, never half of one.
+  rm -rf "$bin.old"; [[ -e "$bin" ]] && mv "$bin" "$bin.old"
+  mv "$bin.tmp" "$bin"; rm -rf "$bin.old"
+}
+
+# build_profile PROFILE: builds that profile's binaries (and the shared ones) and links its bin dir; prints nothing.
+build_profile() {
+  load_profile "$1"
+  build_etcd
+  build_kwok
+  build_kubernetes
+  build_kube_controller_manager
+  build_cluster_autoscaler
+  build_cro_manager
+  local bin="$cache/k8s-$1"
+  # A warm run relinks nothing: tests of another profile may be reading the directories right now.
+  [[ "$(cat "$bin/PROFILE" 2>/dev/null)" == "profile=$1 kubernetes=$KUBERNETES_VERSION cluster-autoscaler=$CLUSTER_AUTOSCALER_VERSION" ]] ||
+    link_profile "$1" "$bin"
+  if [[ "$1" == "$DDS_DEFAULT_K8S_PROFILE" &&
+        "$(cat "$cache/current/PROFILE" 2>/dev/null)" != "$(cat "$bin/PROFILE")" ]]; then
+    link_profile "$1" "$cache/current"
+  fi
+}
+
+case "${1:-}" in
+  --all) wanted=($(profiles)) selected="$DDS_DEFAULT_K8S_PROFILE" ;;
+  "") selected="${DDS_K8S_PROFILE:-$DDS_DEFAULT_K8S_PROFILE}"; wanted=("$selected") ;;
+  -*) die "unknown option $1 (usage: build-binaries.sh [PROFILE | --all])" ;;
+  *) selected="$1"; wanted=("$1") ;;
+esac
+[[ -f "$here/versions-$selected.env" ]] ||
+  die "no Kubernetes profile '$selected' (DDS_K8S_PROFILE or the argument); known profiles: $(profiles | tr '\n' ' ')"
 start=$(date +%s)
-build_etcd
-build_kwok
-build_kubernetes
-build_kube_controller_manager
-build_cluster_autoscaler
-build_cro_manager
-bin="$cache/current"
-rm -rf "$bin"; mkdir -p "$bin"
-ln -sf "$cache/etcd-$ETCD_VERSION/etcd" "$bin/etcd"
-ln -sf "$cache/kwok-$KWOK_VERSION/kwok" "$bin/kwok"
-ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/kube-apiserver" "$bin/kube-apiserver"
-ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/kube-scheduler" "$bin/kube-scheduler"
-ln -sf "$cache/kube-controller-manager-$KUBERNETES_VERSION/kube-controller-manager" "$bin/kube-controller-manager"
-ln -sf "$cache/cluster-autoscaler-$CLUSTER_AUTOSCALER_VERSION/cluster-autoscaler" "$bin/cluster-autoscaler"
-ln -sf "$cache/cro-manager-${CRO_COMMIT:0:7}/cro-manager" "$bin/cro-manager"
+for profile in "${wanted[@]}"; do build_profile "$profile"; done
 elapsed=$(( $(date +%s) - start ))
-(( elapsed > 1 )) && log "binaries ready in $elapsed s: $bin"
-echo "$bin"
+(( elapsed > 1 )) && log "binaries ready in $elapsed s: $cache/k8s-$selected (profile $selected)"
+echo "$cache/k8s-$selected"

@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need on a fresh machine, into this checkout only:
 #   .venv/            the project's Python virtual environment (pip install -e .[dev]); the machine's Python is untouched
-#   ~/.cache/dds/bin  etcd, kube-apiserver, kube-scheduler, kwok and cluster-autoscaler built from source
-#                     (hack/build-binaries.sh; one progress line per binary, full logs under ~/.cache/dds/bin/logs)
-# Prerequisites: Python >= 3.11 with venv, Go >= 1.25, and the Python package index and the Go module proxy reachable.
+#   ~/.cache/dds/bin  etcd, kube-apiserver, kube-scheduler, kwok and cluster-autoscaler built from source, for every
+#                     Kubernetes profile (hack/versions-<profile>.env: the default one and the compatibility one;
+#                     hack/build-binaries.sh --all; one progress line per binary, full logs under ~/.cache/dds/bin/logs)
+# Prerequisites: Python >= 3.11 with venv, Go >= 1.26 (Kubernetes 1.36 and cluster-autoscaler 1.36 say go 1.26.0), and the Python package index and the Go module proxy reachable.
 # A warm run takes about a second.
+#
+#   bash hack/setup.sh           both (make setup: what make demo and make test need)
+#   bash hack/setup.sh python    .venv only, no Go and no binaries (make setup-python: what make unit and make lint need)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${DDS_VENV:-.venv}"
 python="${PYTHON_FOR_VENV:-python3}"
 say() { echo "[setup] $*" >&2; }
 die() { echo "[setup] error: $*" >&2; exit 1; }
+what="${1:-all}"
+[[ "$what" == all || "$what" == python ]] || die "unknown argument '$what': bash hack/setup.sh [python]"
 
 "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null ||
   die "Python >= 3.11 is needed ($python is $("$python" --version 2>&1 || echo missing))"
-command -v go >/dev/null || die "Go >= 1.25 is needed to build the control-plane binaries (go not found)"
-go_minor="$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')"
-[[ "$go_minor" =~ ^[0-9]+$ ]] && (( go_minor >= 25 )) || die "Go >= 1.25 is needed (found $(go env GOVERSION))"
+if [[ "$what" == all ]]; then
+  command -v go >/dev/null || die "Go >= 1.26 is needed to build the control-plane binaries (go not found)"
+  go_minor="$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')"
+  [[ "$go_minor" =~ ^[0-9]+$ ]] && (( go_minor >= 26 )) || die "Go >= 1.26 is needed (found $(go env GOVERSION))"
+fi
 
 stamp="$venv/.dds-installed"
 if [[ ! -x "$venv/bin/python" ]]; then
@@ -31,4 +39,7 @@ if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" ]] || ! "$venv/bin/python" -c
   fi
   touch "$stamp"
 fi
-bash hack/build-binaries.sh >/dev/null
+if [[ "$what" == python ]]; then exit 0; fi
+bash hack/build-binaries.sh --all >/dev/null
+# helm and promtool, built from their Go modules: the chart, alert and dashboard checks of make test.
+bash hack/build-tools.sh >/dev/null

@@ -2,8 +2,9 @@
 
 Which binary: the one the caller names, else `DDS_CLUSTER_AUTOSCALER=/path/to/cluster-autoscaler`, else the one
 hack/build-binaries.sh built into the binary cache. There is no fallback: a missing binary, one built without the
-externalgrpc provider, or one of another version than hack/versions.env pins is an `AutoscalerError` that says so,
-before anything is started. The running process's log must then name the pinned version too.
+externalgrpc provider, or one of another version than the Kubernetes profile pins (hack/versions-<profile>.env, the
+profile from harness/versions.py) is an `AutoscalerError` that says so, before anything is started. The running
+process's log must then name the pinned version too, of the control plane's Kubernetes minor (`check_same_minor`).
 
 It runs with the flags from shared/reference/control-plane.md, timings short enough for tests (`AutoscalerTimings`).
 """
@@ -19,8 +20,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
 
+from harness import versions
+
 ENV_BINARY = "DDS_CLUSTER_AUTOSCALER"
-VERSIONS_FILE = Path(__file__).resolve().parents[1] / "hack" / "versions.env"
 _VERSION_LINE = re.compile(r"Cluster Autoscaler (\S+)")
 _PROVIDERS_IN_HELP = re.compile(r"Cloud provider type\. Available values: \[([^\]]*)\]")
 _VERSION_WAIT_SECONDS = 20.0
@@ -77,13 +79,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def pinned_version(versions_file: Path = VERSIONS_FILE) -> str:
-    """CLUSTER_AUTOSCALER_VERSION from hack/versions.env: the one version the tests accept."""
-    for line in versions_file.read_text().splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() == "CLUSTER_AUTOSCALER_VERSION":
-            return value.strip()
-    raise AutoscalerError(f"{versions_file} pins no CLUSTER_AUTOSCALER_VERSION")
+def pinned_version() -> str:
+    """CLUSTER_AUTOSCALER_VERSION of the active Kubernetes profile: the one version the tests accept."""
+    try:
+        return versions.active_profile().autoscaler_version
+    except versions.VersionsError as exc:
+        raise AutoscalerError(str(exc)) from exc
 
 
 def find_binary(explicit: Optional[Path] = None, bin_dir: Optional[Path] = None) -> Path:
@@ -161,11 +162,24 @@ def _logged_version(log_path: Path, process: subprocess.Popen[bytes]) -> str:
     raise AutoscalerError(f"cluster-autoscaler logged no version within {_VERSION_WAIT_SECONDS:.0f}s; see {log_path}")
 
 
+def check_same_minor(autoscaler_version: str, control_plane_version: str) -> None:
+    """Refuse a cluster-autoscaler of another Kubernetes minor than the control plane's: CA releases follow Kubernetes
+    minors, vendor that minor's scheduler framework and API types, and upstream supports only the matching pair."""
+    ca_minor, plane_minor = versions.minor_of(autoscaler_version), versions.minor_of(control_plane_version)
+    if ca_minor != plane_minor:
+        raise AutoscalerError(
+            f"cluster-autoscaler {autoscaler_version} is for Kubernetes {ca_minor[0]}.{ca_minor[1]}, but the control "
+            f"plane is Kubernetes {control_plane_version}: run the cluster-autoscaler release of the control plane's "
+            f"minor (one Kubernetes profile, hack/versions-<profile>.env, pins both; DDS_K8S_PROFILE selects it)")
+
+
 def start_autoscaler(kubeconfig: Path, cloud_config: Path, workdir: Path, *, binary: Optional[Path] = None,
-                     bin_dir: Optional[Path] = None, namespace: str = "dds-system", **timings: Any) -> AutoscalerHandle:
+                     bin_dir: Optional[Path] = None, namespace: str = "dds-system",
+                     control_plane_version: Optional[str] = None, **timings: Any) -> AutoscalerHandle:
     """Start the real cluster-autoscaler (see the module docstring for which binary); `timings` are AutoscalerTimings
     fields in seconds. Raises AutoscalerError, with nothing left running, when it is not the pinned version with the
-    externalgrpc provider. `kubeconfig` should be CA's ServiceAccount's (harness/rbac.py), not the admin's."""
+    externalgrpc provider, or (given `control_plane_version`, the apiserver's gitVersion) not of the control plane's
+    Kubernetes minor. `kubeconfig` should be CA's ServiceAccount's (harness/rbac.py), not the admin's."""
     parsed = AutoscalerTimings.from_kwargs(**timings)
     path = find_binary(binary, bin_dir)
     check_externalgrpc(path)
@@ -185,9 +199,12 @@ def start_autoscaler(kubeconfig: Path, cloud_config: Path, workdir: Path, *, bin
     handle = AutoscalerHandle(kind="cluster-autoscaler", log_path=log_path, process=process)
     try:
         version = _logged_version(log_path, process)
+        if control_plane_version is not None:
+            check_same_minor(version, control_plane_version)
         if version != want:
             raise AutoscalerError(f"{path} is cluster-autoscaler {version}; the tests pin {want} "
-                                  f"(hack/versions.env): rebuild with `bash hack/build-binaries.sh`")
+                                  f"(Kubernetes profile {versions.default_profile_name()}, hack/versions-"
+                                  f"{versions.default_profile_name()}.env): rebuild with `bash hack/build-binaries.sh`")
     except BaseException:
         handle.stop()
         raise

@@ -25,10 +25,12 @@ the operator, so one operator at a time runs on a machine; a taken port is a cle
 Modes, as this upstream commit behaves:
 - DRA: a node's fabric machine is its providerID `fsas-cdi://<uuid>`; detaches need the alpha DeviceTaintRule API
   (DRA_FEATURE_GATES / DRA_RUNTIME_CONFIG on the control plane; checked at install).
-- DEVICE_PLUGIN (needs FTI_CDI_CLUSTER_ID): a node's machine is looked up through Metal3, but the manager's scheme
-  (cmd/main.go) does not register cluster-api-provider-metal3's Metal3Machine, so every attach fails before any
-  request with `no kind is registered for the type v1beta1.Metal3Machine`. The harness supports the mode as shipped;
-  attaches in it only work with an operator that registers the type.
+- DEVICE_PLUGIN (needs FTI_CDI_CLUSTER_ID, composableresource_adapter.go:58-61): the FM client's getNodeMachineID
+  (internal/cdi/fti/fm/client.go:416-430) reads the Node's `machine.openshift.io/machine` annotation, then GETs a
+  cluster-api-provider-metal3 Metal3Machine, a type the manager's scheme (cmd/main.go:48, 52-59) does not register:
+  every attach, detach, health check and upstream sync fails before any fabric request with `no kind is registered for
+  the type v1beta1.Metal3Machine`. No setting avoids it in FM mode (docs/composability.md, "Known issues"). The
+  harness supports the mode as shipped; attaches in it only work with an operator that registers the type.
 """
 
 from __future__ import annotations
@@ -65,8 +67,10 @@ CLUSTER_POLICY_NAME = "cluster-policy"
 WEBHOOK_PORT = 9443  # controller-runtime's default; cmd/main.go does not change it
 WEBHOOK_CERT_SUBDIR = Path("k8s-webhook-server") / "serving-certs"
 THIRD_PARTY_CRDS = Path(__file__).with_name("crds")
-# In DRA mode every detach goes through a DeviceTaintRule, an alpha API in Kubernetes 1.35: the control plane must serve
-# it (start_control_plane(..., feature_gates=DRA_FEATURE_GATES, runtime_config=DRA_RUNTIME_CONFIG)).
+# In DRA mode every detach goes through a DeviceTaintRule, which the operator writes as resource.k8s.io/v1alpha3: alpha
+# in Kubernetes 1.35 (gate DRADeviceTaints), and in 1.36 still served as v1alpha3 only on request (DRADeviceTaints is
+# beta and on there; setting it is harmless). The control plane must serve it
+# (start_control_plane(..., feature_gates=DRA_FEATURE_GATES, runtime_config=DRA_RUNTIME_CONFIG)).
 DRA_FEATURE_GATES = {"DRADeviceTaints": True}
 DRA_RUNTIME_CONFIG = ("resource.k8s.io/v1alpha3=true",)
 _DEVICE_TAINT_RULES = "/apis/resource.k8s.io/v1alpha3"

@@ -95,7 +95,8 @@ class ControlPlaneError(RuntimeError):
 # --- binaries ---
 
 def ensure_binaries(timeout: float = BUILD_TIMEOUT_S) -> Path:
-    """Build (once; cached by version) the pinned binaries with hack/build-binaries.sh and return their directory."""
+    """Build (once; cached by version) the pinned binaries with hack/build-binaries.sh and return their directory: those
+    of the Kubernetes profile $DDS_K8S_PROFILE names, else of hack/versions.env's default one (harness/versions.py)."""
     try:
         done = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=timeout,
                               start_new_session=True)
@@ -354,10 +355,14 @@ class ControlPlane:
 
     def __init__(self, workdir: Path, bin_dir: Path, *, scheduler: bool = True, kwok: bool = True,
                  feature_gates: Optional[Mapping[str, bool]] = None, runtime_config: Sequence[str] = (),
-                 controller_manager: bool = False) -> None:
+                 controller_manager: bool = False, dra_binding_timeout_seconds: Optional[float] = None) -> None:
         self.workdir = workdir
-        # Alpha APIs (the Workload API's gangs, DRA binding conditions) are off by default in 1.35: a test that needs
-        # them names the gates, passed to both kube-apiserver and kube-scheduler, and the API groups to serve.
+        # kube-scheduler's DynamicResources bindingTimeout (None: its default, 600 s): DRA pool mode's slow-fabric test.
+        self.dra_binding_timeout_seconds = dra_binding_timeout_seconds
+        # Alpha APIs are off by default (1.35: the Workload API's gangs, DRA binding conditions; 1.36: the Workload
+        # API's gangs, DeviceTaintRules): a test that needs them names the gates, passed to every component, and the
+        # API groups to serve. Which gates and group versions exist depends on the minor (docs/versions.md): a gate
+        # that is gone, or a group version no longer registered, stops the apiserver at start with its name.
         self.feature_gates = dict(feature_gates or {})
         self.runtime_config = tuple(runtime_config)
         self.bin_dir = bin_dir
@@ -394,6 +399,10 @@ class ControlPlane:
         self._finalizer = weakref.finalize(self, _stop_all, self._processes)
 
     # -- public API --
+
+    def server_version(self) -> str:
+        """The running kube-apiserver's gitVersion ("v1.36.3"), as /version reports it."""
+        return str(self._request("GET", "/version").json()["gitVersion"])
 
     def api_client(self) -> Any:
         """A new kubernetes.client.ApiClient for this control plane (one per caller: they are not shared)."""
@@ -559,10 +568,14 @@ class ControlPlane:
 
     def _scheduler_argv(self) -> list[str]:
         config = self.workdir / "kube-scheduler.yaml"
-        config.write_text(yaml.safe_dump({
+        settings: dict[str, Any] = {
             "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
             "clientConnection": {"kubeconfig": str(self.kubeconfig)},
-            "leaderElection": {"leaderElect": False}}))
+            "leaderElection": {"leaderElect": False}}
+        if self.dra_binding_timeout_seconds is not None:
+            settings["profiles"] = [{"schedulerName": "default-scheduler", "pluginConfig": [
+                {"name": "DynamicResources", "args": {"bindingTimeout": f"{self.dra_binding_timeout_seconds:g}s"}}]}]
+        config.write_text(yaml.safe_dump(settings))
         # /healthz is on the scheduler's always-allowed paths, so no delegated authn/authz kubeconfig is needed. It
         # serves with the apiserver's certificate (valid for 127.0.0.1), so the probe can verify it.
         return [str(self._binaries["kube-scheduler"]), f"--config={config}",
@@ -685,7 +698,8 @@ def _crd_documents(directories: Iterable[Path]) -> Iterator[dict[str, Any]]:
 
 def start_control_plane(workdir: Path, *, scheduler: bool = True, kwok: bool = True, crds: bool = True,
                         bin_dir: Optional[Path] = None, feature_gates: Optional[Mapping[str, bool]] = None,
-                        runtime_config: Sequence[str] = (), controller_manager: bool = False) -> ControlPlane:
+                        runtime_config: Sequence[str] = (), controller_manager: bool = False,
+                        dra_binding_timeout_seconds: Optional[float] = None) -> ControlPlane:
     """Start etcd and kube-apiserver (plus kube-scheduler, kwok, and the CRDs DDS uses, unless told not to) under
     `workdir`, wait until each is ready, and return the handle. On failure nothing is left running and the error
     shows the failing component's log tail.
@@ -698,7 +712,8 @@ def start_control_plane(workdir: Path, *, scheduler: bool = True, kwok: bool = T
         attempt_dir = workdir if attempt == 1 else workdir / f"retry-{attempt}"
         attempt_dir.mkdir(parents=True, exist_ok=True)
         plane = ControlPlane(attempt_dir, bin_dir, scheduler=scheduler, kwok=kwok, feature_gates=feature_gates,
-                             runtime_config=runtime_config, controller_manager=controller_manager)
+                             runtime_config=runtime_config, controller_manager=controller_manager,
+                             dra_binding_timeout_seconds=dra_binding_timeout_seconds)
         try:
             plane._start(crds)
             return plane

@@ -2,8 +2,10 @@
 
 What runs, all on this machine: etcd, kube-apiserver, kube-scheduler and kwok as processes (harness/controlplane.py),
 DDS (`dds serve` in cluster mode, mutual TLS, simulated fabric), Cluster API's part that turns MachineSet replicas into
-kwok nodes (dds/nodes/kwok.py), and the real cluster-autoscaler 1.35.2 with `--cloud-provider=externalgrpc`, built from
-source by hack/build-binaries.sh ($DDS_CLUSTER_AUTOSCALER names another build of the same version).
+kwok nodes (dds/nodes/kwok.py), and the real cluster-autoscaler of the Kubernetes profile (1.36.1 with Kubernetes 1.36 by
+default, DDS_K8S_PROFILE=1.35 for 1.35.2: docs/versions.md) with `--cloud-provider=externalgrpc`, built from source by
+hack/build-binaries.sh ($DDS_CLUSTER_AUTOSCALER names another build of the same version). The version the demo prints
+is the one the running binary logs.
 
 The scenario (shared/seeds/004, the talk's demo):
 1. Two workers of MachineSet gpu-workers, one A30 each, both busy.
@@ -34,10 +36,17 @@ from typing import Any, Callable, Optional, TextIO
 
 from kubernetes import client
 
+from harness.demo_plot import Moment, Recording, Sample, Span, render, write_recording
 from harness.stack import (WORKLOAD_NAMESPACE as DEMO_NAMESPACE, StackError, StackOptions, gpus_allocatable,
                                is_ready, pod, start_stack)
 
 BOOT_GPUS = 1  # the demo MachineSet's capacity.cluster-autoscaler.kubernetes.io/gpu-count: each node boots with one
+PICTURE = "demo-timeline.png"  # written beside the logs, with its recording (demo-timeline.json): harness/demo_plot.py
+# DDS's and CA's Events marked on the picture: (kind, reason, subject prefix) -> what a reader is told happened.
+MOMENTS = {("dds", "AttachingGPU", "pod/"): "DDS attaches a GPU", ("ca", "TriggeredScaleUp", "pod/"): "CA scale-up",
+           ("dds", "AddingNode", "machineset/"): "DDS adds a node",
+           ("dds", "DetachingGPU", "node/"): "DDS detaches a GPU",
+           ("dds", "RemovingNode", "machineset/"): "DDS removes a node"}
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,7 @@ class Timeline:
     out: Optional[TextIO]
     started: float = field(default_factory=time.monotonic)
     entries: list[Entry] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)  # what the cluster showed at each poll, for the picture
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, kind: str, subject: str, text: str) -> Entry:
@@ -78,6 +88,14 @@ class Timeline:
             print(entry.line(), file=self.out, flush=True)
         return entry
 
+    def now(self) -> float:
+        return round(time.monotonic() - self.started, 1)
+
+    def sample(self, at: float, gpus: dict[str, int], ready_nodes: int, pending_pods: int, running_pods: int,
+               pool_free: Optional[int]) -> None:
+        with self._lock:
+            self.samples.append(Sample(at, gpus, ready_nodes, pending_pods, running_pods, pool_free))
+
     def find(self, kind: str, predicate: Callable[[Entry], bool]) -> list[Entry]:
         with self._lock:
             return [e for e in self.entries if e.kind == kind and predicate(e)]
@@ -86,8 +104,11 @@ class Timeline:
 class ClusterWatcher:
     """Turns what the cluster shows into timeline lines: pod phases, nodes and their GPUs, and DDS's Events."""
 
-    def __init__(self, api: client.ApiClient, timeline: Timeline, interval: float = 0.5) -> None:
+    def __init__(self, api: client.ApiClient, timeline: Timeline, interval: float = 0.5,
+                 pool_free: Callable[[], Optional[int]] = lambda: None) -> None:
         self._core = client.CoreV1Api(api)
+        self._resource = client.ResourceV1Api(api)
+        self._pool_free = pool_free
         self._timeline = timeline
         self._interval = interval
         self._pods: dict[str, str] = {}
@@ -117,12 +138,30 @@ class ClusterWatcher:
             # Events first: an Event announces what DDS or CA does, its effect on pods and nodes shows after it; seen
             # in the same poll, the effect must not be timed before its cause.
             self._poll_events()
-            self._poll_pods()
-            self._poll_nodes()
+            # The sample is timed when its reads start: never after a pod line it explains (a GPU shown, then the
+            # pod Running on it, both seen in this poll).
+            at = self._timeline.now()
+            pods = self._poll_pods()
+            nodes = self._poll_nodes()
+            self._sample(at, pods, nodes)
 
-    def _poll_pods(self) -> None:
+    def _sample(self, at: float, pods: list[Any], nodes: list[Any]) -> None:
+        """The picture's numbers: GPUs each node shows (nvidia.com/gpu, or its devices in ResourceSlices with DRA),
+        Ready nodes, pods Pending and Running, and the pool's free GPUs as DDS reports them."""
+        devices: dict[str, int] = {}
+        for resource_slice in self._resource.list_resource_slice().items:
+            node = resource_slice.spec.node_name
+            if node:
+                devices[node] = devices.get(node, 0) + len(resource_slice.spec.devices or ())
+        phases = [p.status.phase or "Pending" for p in pods if not p.metadata.deletion_timestamp]
+        gpus = {n.metadata.name: gpus_allocatable(n) + devices.get(n.metadata.name, 0) for n in nodes}
+        self._timeline.sample(at, gpus, sum(1 for n in nodes if is_ready(n)), phases.count("Pending"),
+                              phases.count("Running"), self._pool_free())
+
+    def _poll_pods(self) -> list[Any]:
         seen = set()
-        for item in self._core.list_namespaced_pod(DEMO_NAMESPACE).items:
+        items = self._core.list_namespaced_pod(DEMO_NAMESPACE).items
+        for item in items:
             name = item.metadata.name
             seen.add(name)
             state = pod_state(item)
@@ -132,10 +171,12 @@ class ClusterWatcher:
         for gone in set(self._pods) - seen:
             del self._pods[gone]
             self._timeline.add("pod", gone, "deleted")
+        return items
 
-    def _poll_nodes(self) -> None:
+    def _poll_nodes(self) -> list[Any]:
         seen = set()
-        for node in self._core.list_node().items:
+        items = self._core.list_node().items
+        for node in items:
             name = node.metadata.name
             seen.add(name)
             state = f"{'Ready' if is_ready(node) else 'NotReady'}, {gpus_allocatable(node)} GPU(s) allocatable"
@@ -146,6 +187,7 @@ class ClusterWatcher:
         for gone in set(self._nodes) - seen:
             del self._nodes[gone]
             self._timeline.add("node", gone, "removed from the cluster")
+        return items
 
     def _poll_events(self) -> None:
         events = self._core.list_event_for_all_namespaces().items
@@ -190,6 +232,9 @@ class DemoResult:
     metrics: dict[str, float]
     decisions: list[dict[str, Any]]  # DDS's decision journal at the end, newest first
     workdir: Path
+    samples: list[Sample] = field(default_factory=list)  # what the watcher saw at each poll
+    spans: list[Span] = field(default_factory=list)  # the GPU path and the node path, in timeline seconds
+    picture: Optional[Path] = None  # the timeline's PNG, beside the logs
 
 
 class Demo:
@@ -229,7 +274,18 @@ class Demo:
         self.dds = self.stack.dds
         self.step(f"autoscaler: {self.stack.autoscaler.kind} (--cloud-provider=externalgrpc, "
                   f"log {self.stack.autoscaler.log_path})")
-        self.watcher = ClusterWatcher(self.stack.control_plane.api_client(), self.timeline).start()
+        self.watcher = ClusterWatcher(self.stack.control_plane.api_client(), self.timeline,
+                                      pool_free=self.pool_free).start()
+
+    def pool_free(self) -> Optional[int]:
+        """Free GPUs in the pool as DDS reports them (dds_pool_devices{state="free"}); None when unread."""
+        dds = getattr(self, "dds", None)
+        try:
+            samples = dds.metrics(timeout=2.0) if dds is not None else {}
+        except OSError:  # DDS restarting or stopping: a gap in the line, not a zero
+            return None
+        free = [v for k, v in samples.items() if k.startswith("dds_pool_devices{") and 'state="free"' in k]
+        return int(sum(free)) if free else None
 
     def nodes(self) -> list[Any]:
         return self.stack.nodes()
@@ -288,20 +344,60 @@ class Demo:
         """What the run showed, once the watcher has printed the last Events."""
         time.sleep(1.5)
         after = self.dds.metrics()
-        return DemoResult(
+        spans = [self.span("GPU path", ["train-0"], gpu_path, "1 pod, a GPU attached to a worker, no node added"),
+                 self.span("node path", ["mem-0", "mem-1"], node_path,
+                           f"2 pods, {len(added)} node{'' if len(added) == 1 else 's'} added")]
+        result = DemoResult(
             timeline=list(self.timeline.entries), autoscaler=self.stack.autoscaler.kind, gpu_path_seconds=gpu_path,
             node_path_seconds=node_path, nodes_added=len(added),
             nodes_removed=len(added - {n.metadata.name for n in self.nodes()}),
             gpus_attached=int(_total(after, "dds_gpus_attached_total")),
             gpus_attached_at_boot=BOOT_GPUS * (len(workers) + len(added)),
             gpus_detached=int(_total(after, "dds_gpus_detached_total")),
-            metrics=after, decisions=self.dds.decisions(), workdir=self.options.workdir)
+            metrics=after, decisions=self.dds.decisions(), workdir=self.options.workdir,
+            samples=list(self.timeline.samples), spans=spans)
+        result.picture = self.draw(result, workers)
+        return result
+
+    def span(self, name: str, pods: list[str], seconds: float, detail: str) -> Span:
+        """A path as the timeline saw it: it ends when the last of `pods` was seen Running, `seconds` after they
+        were created."""
+        running = [first.at for pod_name in pods for first in self.timeline.find(
+            "pod", lambda e, n=pod_name: e.subject == n and e.text.startswith("Running"))[:1]]
+        end = max(running) if running else round(time.monotonic() - self.timeline.started, 1)
+        return Span(name, round(max(end - seconds, 0.0), 1), end, detail)
+
+    def draw(self, result: DemoResult, workers: set[str]) -> Path:
+        """The timeline's picture and its recording, beside the logs."""
+        options = self.options.stack
+        fabric = options.dds_settings.get("fabric", "simulated")
+        title = f"DDS demo with {result.autoscaler} \u2014 {fabric} fabric, {options.pool_size} x A30, kwok nodes"
+        recording = Recording(title, result.samples, result.spans, moments(result.timeline), sorted(workers))
+        write_recording(recording, self.options.workdir / Path(PICTURE).with_suffix(".json"))
+        return render(recording, self.options.workdir / PICTURE)
 
     def close(self) -> None:
         if self.watcher is not None:
             self.watcher.stop()
         if getattr(self, "stack", None) is not None:
             self.stack.close()
+
+
+def moments(timeline: list[Entry], merge_within: float = 1.5) -> list[Moment]:
+    """DDS's and CA's Events a reader should see on the picture (MOMENTS); those close together share one mark."""
+    marks: list[Moment] = []
+    for entry in timeline:
+        reason = entry.text.split(":", 1)[0]
+        label = next((text for (kind, known, prefix), text in MOMENTS.items()
+                      if entry.kind == kind and reason == known and entry.subject.startswith(prefix)), None)
+        if label is None:
+            continue
+        if marks and entry.at - marks[-1].at <= merge_within:
+            if label not in marks[-1].label:
+                marks[-1] = Moment(marks[-1].at, f"{marks[-1].label}, {label}")
+            continue
+        marks.append(Moment(entry.at, label))
+    return marks
 
 
 def _total(samples: dict[str, float], name: str) -> float:
@@ -328,6 +424,7 @@ def summary(result: DemoResult) -> str:
         f"GPUs detached by DDS:  {result.gpus_detached} (idle past the cooldown, or with a removed node)",
         f"nodes added/removed:   {result.nodes_added} / {result.nodes_removed}",
         f"logs and configs:      {result.workdir}",
+        *([f"timeline picture:      {result.picture}"] if result.picture else []),
     ])
 
 
@@ -372,7 +469,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     print(summary(result))
     if args.json:
-        print(json.dumps({k: v for k, v in result.__dict__.items() if k not in ("timeline", "metrics", "decisions")}, default=str))
+        print(json.dumps({k: v for k, v in result.__dict__.items()
+                          if k not in ("timeline", "metrics", "decisions", "samples", "spans")}, default=str))
     return 0
 
 

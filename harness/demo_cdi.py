@@ -59,4 +59,5 @@ class CdiDemo(DraDemo):
                   f"log {side.operator.log_path}")
         self.step(f"autoscaler: {self.stack.autoscaler.kind} (--cloud-provider=externalgrpc, "
                   f"log {self.stack.autoscaler.log_path})")
-        self.watcher = ClusterWatcher(self.stack.control_plane.api_client(), self.timeline).start()
+        self.watcher = ClusterWatcher(self.stack.control_plane.api_client(), self.timeline,
+                                      pool_free=self.pool_free).start()

@@ -21,7 +21,7 @@ from typing import Union
 
 import pytest
 
-from harness import rbac
+from harness import rbac, versions
 from harness.controlplane import ControlPlane, ensure_binaries, start_control_plane
 
 _FIXTURE = "control_plane"
@@ -32,14 +32,24 @@ def _needs_control_plane(items: list[pytest.Item]) -> bool:
     return any(_FIXTURE in getattr(item, "fixturenames", ()) for item in items)
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which Kubernetes profile this run's control planes and cluster-autoscaler come from (DDS_K8S_PROFILE)."""
+    try:
+        profile = versions.active_profile()
+    except versions.VersionsError as exc:
+        return f"dds: {exc}"
+    return (f"dds: Kubernetes profile {profile.name}: kube-apiserver {profile.kubernetes_version}, "
+            f"cluster-autoscaler {profile.autoscaler_version} (docs/versions.md)")
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly or not _needs_control_plane(session.items):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line("dds: binaries via hack/build-binaries.sh (etcd, kube-apiserver, kube-scheduler, "
-                             "kube-controller-manager, kwok, cluster-autoscaler; cached: under a second, cold: about "
-                             "8 min on 2 cores)")
+                             "kube-controller-manager, kwok, cluster-autoscaler; cached: under a second, cold: "
+                             "20-40 min on 2 cores for both Kubernetes minors, docs/versions.md)")
     try:
         session.config.stash[_binaries_key] = ensure_binaries()
     except Exception as exc:  # reported by every test that needs the control plane, not as an internal error

@@ -1,36 +1,54 @@
-"""A Redfish service that composes GPUs, for tests and demos: http.server on 127.0.0.1 in a thread.
+"""A Redfish composition service for tests and demos, whose world is one of DMTF's published mockups.
 
-No composition-capable Redfish emulator is published (sushy-tools has no CompositionService; DMTF's
-Redfish-Interface-Emulator composes only by POST/DELETE of Systems), so this one follows the DMTF schema for the part DDS
-uses:
+DMTF publishes its composability examples as mockups (`../shared/third_party/redfish-publications-2025.4-subset.tar.gz`,
+extracted and checksum-checked into `~/.cache/dds/redfish-publications/` on first use): a JSON tree, one
+`<uri>/index.json` per resource. The emulator loads one (default `public-composability`) as its starting state, adds
+what the test asks for in the same shapes, and changes it as DSP0268 describes:
 
-| URI                                                              | schema                                   |
-|------------------------------------------------------------------|------------------------------------------|
-| /redfish/v1/                                                     | ServiceRoot.v1_15_0                      |
-| /redfish/v1/SessionService/Sessions[/<id>]                       | SessionCollection / Session.v1_6_0       |
-| /redfish/v1/Systems[/<id>]                                       | ComputerSystem.v1_20_0 (Links.ResourceBlocks, AddResourceBlock / RemoveResourceBlock actions) |
-| /redfish/v1/CompositionService                                   | CompositionService.v1_2_0                |
-| /redfish/v1/CompositionService/ResourceBlocks/<id>               | ResourceBlock.v1_4_0 (CompositionStatus) |
-| /redfish/v1/CompositionService/ResourceBlocks/<id>/Processors/GPU0 | Processor.v1_18_0, ProcessorType GPU   |
-| /redfish/v1/CompositionService/ResourceZones/<id>                | Zone.v1_6_0 (ZoneOfResourceBlocks)       |
+- GPU resource blocks: copies of the mockup's GPU offload block (a `ResourceBlock` of type `Processor` whose Processor
+  has `ProcessorType: GPU`; `public-composability`'s `OffloadBlock9` when the mockup has none), `GPU-001`, ... in the
+  zones the config names (a zone the mockup lacks is a copy of its first `ZoneOfResourceBlocks`).
+- ComputerSystems for the config's systems: copies of the mockup's first system that advertises
+  `#ComputerSystem.AddResourceBlock`, with no resource blocks yet.
+- Composition: `#ComputerSystem.AddResourceBlock` / `RemoveResourceBlock` (where the system advertises them), a PATCH
+  of the system's `Links.ResourceBlocks` (with `If-Match`: 412 when the ETag is stale), and
+  `#CompositionService.Compose` (a `ComposeSystem` stanza naming an existing system by `@odata.id`: its desired
+  `Links.ResourceBlocks`) where the CompositionService advertises it (at the target it advertises). A block being added
+  is linked at once and `Composing` for `composition_latency_s`, then `Composed`; a block being removed stays linked
+  for `decomposition_latency_s`, then is `Unused`. A change slower than `task_after_s` is answered `202 Accepted` with
+  a task monitor (`Location`) and a `Task` in the TaskService; the monitor answers 202 while the task runs, then the
+  request's own outcome.
+- `$metadata` (the references of every schema namespace served, to DMTF's CSDL), `/redfish/v1/odata`, SessionService
+  (login, inactivity expiry after `SessionTimeout`, logout), `ETag` headers and `@odata.etag` on systems and blocks.
+- Refusals carry Base registry messages in `@Message.ExtendedInfo`.
 
-A GPU lives in a ResourceBlock of type Processor (ResourceBlockType has no GPU value). Composing a block into a system
-(PATCH of the system's Links.ResourceBlocks, or the AddResourceBlock action) links it at once and leaves it `Composing`
-for `composition_latency_s`, then `Composed`; removing it keeps it linked for `decomposition_latency_s`, then `Unused`.
-Faults: `faults.compose_http_errors` answers the next N compose requests with 500 (nothing changes);
-`faults.failing_blocks` ends those blocks' composition in `Failed`; `max_blocks_per_system` answers a compose beyond it
-with 400 Base ResourceExhaustion. Time comes from an injected clock; state advances lazily on every request.
+Faults for tests: `compose_http_errors` (the next N composition requests answer 500, nothing changes),
+`failing_blocks` (their composition ends `Failed`), `failing_tasks` (their composition task ends `Exception` and the
+service rolls the block back), `concurrent_writes` (the next N PATCHes find the system just changed by another client:
+412), `max_blocks_per_system` (400 ResourceExhaustion). Time comes from an injected clock; state advances lazily.
+
+Standalone: `python -m harness.redfish_emulator --mockup DIR --listen HOST:PORT` (user admin, password password).
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
+import copy
+import hashlib
 import json
+import os
+import re
 import secrets
+import shutil
+import tarfile
+import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 ROOT = "/redfish/v1"
@@ -38,11 +56,95 @@ SYSTEMS = f"{ROOT}/Systems"
 COMPOSITION = f"{ROOT}/CompositionService"
 BLOCKS = f"{COMPOSITION}/ResourceBlocks"
 ZONES = f"{COMPOSITION}/ResourceZones"
-SESSIONS = f"{ROOT}/SessionService/Sessions"
+SESSION_SERVICE = f"{ROOT}/SessionService"
+SESSIONS = f"{SESSION_SERVICE}/Sessions"
+TASK_SERVICE = f"{ROOT}/TaskService"
+TASKS = f"{TASK_SERVICE}/Tasks"
+TASK_MONITORS = f"{TASK_SERVICE}/TaskMonitors"
+METADATA = f"{ROOT}/$metadata"
+ODATA = f"{ROOT}/odata"
 ADD_ACTION = "ComputerSystem.AddResourceBlock"
 REMOVE_ACTION = "ComputerSystem.RemoveResourceBlock"
+COMPOSE_ACTION = "CompositionService.Compose"
+BASE = "Base.1.19"  # the Base message registry version the refusals name
+
+REPO = Path(__file__).resolve().parent.parent
+PUBLICATIONS_ARCHIVE = REPO.parent / "shared" / "third_party" / "redfish-publications-2025.4-subset.tar.gz"
+PUBLICATIONS_SHA256 = "be90b24d02d73dd0f2bc3ff6490d8a4aa7477203d149e8b7ec20e7952d8c0301"
+PUBLICATIONS_TOP = "redfish-publications-2025.4"
+DEFAULT_MOCKUP = "public-composability"
+STANDALONE_USER, STANDALONE_PASSWORD = "admin", "password"
+_PUBLIC = (ROOT, "/redfish", METADATA, ODATA)  # served without authentication (DSP0266)
 
 
+# --- DMTF's publications, extracted once per machine ---
+def publications(cache_dir: Optional[Path] = None) -> Path:
+    """The extracted archive's top folder (`csdl/`, `mockups/`), extracting it after checking its sha256."""
+    cache = cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dds" / "redfish-publications"
+    target = cache / PUBLICATIONS_SHA256[:16]
+    if (target / PUBLICATIONS_TOP / "csdl").is_dir():
+        return target / PUBLICATIONS_TOP
+    if not PUBLICATIONS_ARCHIVE.is_file():
+        raise FileNotFoundError(f"{PUBLICATIONS_ARCHIVE} is missing: DMTF's Redfish publications come from "
+                                f"../shared/third_party beside the checkout")
+    digest = hashlib.sha256(PUBLICATIONS_ARCHIVE.read_bytes()).hexdigest()
+    if digest != PUBLICATIONS_SHA256:
+        raise ValueError(f"{PUBLICATIONS_ARCHIVE}: sha256 {digest}, expected {PUBLICATIONS_SHA256} "
+                         f"(../shared/third_party/README.md)")
+    cache.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=cache, prefix="extract-"))
+    try:
+        with tarfile.open(PUBLICATIONS_ARCHIVE) as archive:
+            archive.extractall(scratch, filter="data")
+        try:
+            scratch.rename(target)  # atomic: a concurrent extraction either wins or finds the folder in place
+        except OSError:
+            if not (target / PUBLICATIONS_TOP / "csdl").is_dir():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target / PUBLICATIONS_TOP
+
+
+def mockup_path(name: str = DEFAULT_MOCKUP) -> Path:
+    return publications() / "mockups" / name
+
+
+def csdl_path() -> Path:
+    return publications() / "csdl"
+
+
+def load_mockup(directory: Path) -> dict[str, dict[str, Any]]:
+    """URI -> resource, from a mockup folder (`index.json` per URI; `$metadata` is generated, not read)."""
+    if not (directory / "index.json").is_file():
+        raise FileNotFoundError(f"{directory} is not a Redfish mockup: no index.json (the service root) in it")
+    docs: dict[str, dict[str, Any]] = {}
+    for index in sorted(directory.rglob("index.json")):
+        relative = index.parent.relative_to(directory).as_posix()
+        uri = ROOT if relative == "." else f"{ROOT}/{relative}"
+        docs[uri] = _as_served(uri, json.loads(index.read_text()))
+    return docs
+
+
+def _as_served(uri: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """A mockup resource as a live service serves it. DMTF's mockups are documentation: they carry the
+    `@Redfish.Copyright` annotation (allowed in mockups only) and a few slips DSP0266 forbids a service (an `@odata.id`
+    or `Id` that is not the resource's own URI or its last segment, an action target not at `<URI>/Actions/<action>`,
+    a Role without its mandatory `RoleId`), which DMTF's validator reports as failures."""
+    doc.pop("@Redfish.Copyright", None)
+    if "@odata.id" in doc and _normal(doc["@odata.id"]) != uri:
+        doc["@odata.id"] = uri  # a resource is where it is served (one mockup copy-pasted another's @odata.id)
+    if "Id" in doc and "@odata.id" in doc and doc["Id"] != _last(uri):
+        doc["Id"] = _last(uri)
+    for name, action in doc.get("Actions", {}).items():
+        if name.startswith("#") and isinstance(action, dict) and "target" in action:
+            action["target"] = f"{uri}/Actions/{name[1:]}"  # DSP0266's form; the mockups misspell a few
+    if _type_name(doc) == "Role" and "RoleId" not in doc:
+        doc["RoleId"] = doc.get("Id", _last(uri))
+    return doc
+
+
+# --- configuration ---
 @dataclass
 class EmulatedSystem:
     id: str
@@ -52,8 +154,10 @@ class EmulatedSystem:
 
 @dataclass
 class EmulatorFaults:
-    compose_http_errors: int = 0  # answer the next N compose requests with 500 Internal Server Error
+    compose_http_errors: int = 0  # answer the next N composition requests with 500 InternalError
     failing_blocks: set[str] = field(default_factory=set)  # these blocks end composition Failed
+    failing_tasks: set[str] = field(default_factory=set)  # composing these ends the task in Exception (rolled back)
+    concurrent_writes: int = 0  # the next N PATCHes of a system find it changed by another client (412)
 
 
 @dataclass
@@ -64,60 +168,228 @@ class EmulatorConfig:
     decomposition_latency_s: float = 0.1
     username: str = ""  # empty: no authentication
     password: str = ""
-    advertise_actions: bool = True  # False: clients must PATCH Links.ResourceBlocks
+    advertise_actions: bool = True  # False: no Add/RemoveResourceBlock, clients must PATCH Links.ResourceBlocks
     max_blocks_per_system: Optional[int] = None
     faults: EmulatorFaults = field(default_factory=EmulatorFaults)
-
-
-@dataclass
-class _Block:
-    id: str
-    model: str
-    zone: str
-    state: str = "Unused"
-    system: Optional[str] = None
-    settles_at: Optional[float] = None
-    removing: bool = False
-    generation: int = 0
-
-    @property
-    def uri(self) -> str:
-        return f"{BLOCKS}/{self.id}"
+    mockup: Optional[Path] = None  # default: DMTF's public-composability
+    compose_action: Optional[bool] = None  # None: as the mockup advertises; True adds it, False removes it
+    task_after_s: Optional[float] = 1.0  # changes slower than this answer 202 + task monitor; None: never
+    session_timeout_s: Optional[int] = None  # None: the mockup's SessionService.SessionTimeout
 
 
 class RedfishError(Exception):
-    def __init__(self, status: int, message_id: str, message: str):
+    """A refusal: HTTP status and a Base registry message."""
+
+    def __init__(self, status: int, message_key: str, message: str, args: tuple[str, ...] = ()):
         super().__init__(message)
         self.status = status
-        self.message_id = message_id
+        self.message_id = f"{BASE}.{message_key}"
         self.message = message
+        self.args_ = args
+
+
+# --- the emulator's model of what composition changes ---
+@dataclass
+class _Block:
+    id: str  # the last URI segment (the mockup's Id may differ)
+    uri: str
+    state: str = "Unused"
+    systems: list[str] = field(default_factory=list)  # system uris
+    settles_at: Optional[float] = None
+    removing: bool = False
+    generation: int = 0
+    task: Optional[str] = None
+
+
+@dataclass
+class _System:
+    id: str
+    uri: str
+    blocks: list[str] = field(default_factory=list)  # block uris, in Links.ResourceBlocks
+    composable: bool = True  # carries Links.ResourceBlocks
+    generation: int = 0
+
+
+@dataclass
+class _Session:
+    id: str
+    token: str
+    user: str
+    last_used: float
+
+
+@dataclass
+class _Task:
+    id: str
+    started: float
+    blocks: list[str]  # block uris this task waits for
+    state: str = "Running"
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    ended: Optional[float] = None
 
 
 class RedfishEmulator:
     """Start with `start()` (or as a context manager); `url` is the service's base URL."""
 
-    def __init__(self, config: EmulatorConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: EmulatorConfig, clock: Callable[[], float] = time.monotonic,
+                 host: str = "127.0.0.1", port: int = 0) -> None:
         self.config = config
         self._clock = clock
+        self._listen = (host, port)
         self._lock = threading.RLock()
-        self._systems = {s.id: s for s in config.systems}
-        self._system_links: dict[str, list[str]] = {s.id: [] for s in config.systems}
-        self._system_generation: dict[str, int] = {s.id: 0 for s in config.systems}
-        self._blocks: dict[str, _Block] = {}
-        for zone, models in sorted(config.gpus.items()):
-            for model, count in sorted(models.items()):
-                for _ in range(count):
-                    block_id = f"GPU-{len(self._blocks) + 1:03d}"
-                    self._blocks[block_id] = _Block(block_id, model, zone)
-        self._sessions: dict[str, str] = {}  # token -> session id
+        self._docs = load_mockup(config.mockup or mockup_path())
+        if COMPOSITION not in self._docs or BLOCKS not in self._docs:
+            # DMTF's CXL mockups attach their GPUs through Fabrics (endpoints, zones, connections), not through a
+            # CompositionService's resource blocks: a world DDS's Redfish backend does not compose in.
+            raise ValueError(f"{config.mockup}: no CompositionService with ResourceBlocks; DDS composes GPUs "
+                             f"through a CompositionService (DSP0268 resource blocks), so this emulator serves only "
+                             f"mockups that have one (public-composability, public-compose-action, "
+                             f"public-constrained-composition)")
+        self._blocks: dict[str, _Block] = {}  # by uri
+        self._systems: dict[str, _System] = {}  # by uri
+        self._sessions: dict[str, _Session] = {}  # by token
+        self._tasks: dict[str, _Task] = {}
+        self._session_seq = 0
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, for tests
         self._server: Optional[ThreadingHTTPServer] = None
         self._thread: Optional[threading.Thread] = None
+        self._read_world()
+        self._add_services()
+        self._add_gpus(config.gpus)
+        for system in config.systems:
+            self.add_system(system)
+
+    # --- building the world ---
+    def _read_world(self) -> None:
+        for uri, doc in self._docs.items():
+            kind = _type_name(doc)
+            if kind == "ResourceBlock":
+                state = doc.get("CompositionStatus", {}).get("CompositionState", "Unused")
+                linked = [link["@odata.id"] for link in doc.get("Links", {}).get("ComputerSystems", [])]
+                self._blocks[uri] = _Block(_last(uri), uri, state, linked)
+        for uri, doc in self._docs.items():
+            if _type_name(doc) != "ComputerSystem":
+                continue
+            links = doc.get("Links", {}).get("ResourceBlocks")
+            system = _System(_last(uri), uri, [link["@odata.id"] for link in links or []], links is not None)
+            self._systems[uri] = system
+            for block_uri in system.blocks:  # the mockup names some links on one side only
+                block = self._blocks.get(block_uri)
+                if block is not None and uri not in block.systems:
+                    block.systems.append(uri)
+        for block in self._blocks.values():
+            for system_uri in block.systems:
+                system = self._systems.get(system_uri)
+                if system is not None and system.composable and block.uri not in system.blocks:
+                    system.blocks.append(block.uri)
+        if not self.config.advertise_actions:
+            for uri in self._systems:
+                actions = self._docs[uri].get("Actions", {})
+                for name in (f"#{ADD_ACTION}", f"#{REMOVE_ACTION}"):
+                    actions.pop(name, None)
+        composition = self._docs.get(COMPOSITION)
+        if composition is not None and self.config.compose_action is not None:
+            actions = composition.setdefault("Actions", {})
+            if not self.config.compose_action:
+                actions.pop(f"#{COMPOSE_ACTION}", None)
+            elif f"#{COMPOSE_ACTION}" not in actions:
+                actions[f"#{COMPOSE_ACTION}"] = {"target": f"{COMPOSITION}/Actions/{COMPOSE_ACTION}"}
+            if not actions:
+                del composition["Actions"]
+
+    def _add_services(self) -> None:
+        """SessionService and TaskService where the mockup lacks them, linked from the service root and `odata`."""
+        root = self._docs[ROOT]
+        if SESSION_SERVICE not in self._docs:
+            self._docs[SESSION_SERVICE] = {
+                "@odata.id": SESSION_SERVICE, "@odata.type": "#SessionService.v1_2_0.SessionService",
+                "Id": "SessionService", "Name": "Session Service", "ServiceEnabled": True, "SessionTimeout": 1800,
+                "Status": {"State": "Enabled", "Health": "OK"}, "Sessions": {"@odata.id": SESSIONS}}
+        if self.config.session_timeout_s is not None:
+            self._docs[SESSION_SERVICE]["SessionTimeout"] = self.config.session_timeout_s
+        root["SessionService"] = {"@odata.id": SESSION_SERVICE}
+        root.setdefault("Links", {})["Sessions"] = {"@odata.id": SESSIONS}
+        self._docs.pop(SESSIONS, None)  # the collection is the live sessions
+        for uri in [u for u in self._docs if u.startswith(SESSIONS + "/")]:
+            del self._docs[uri]
+        self._docs[TASK_SERVICE] = {
+            "@odata.id": TASK_SERVICE, "@odata.type": "#TaskService.v1_3_0.TaskService", "Id": "TaskService",
+            "Name": "Task Service", "ServiceEnabled": True, "CompletedTaskOverWritePolicy": "Oldest",
+            "LifeCycleEventOnTaskStateChange": False, "Status": {"State": "Enabled", "Health": "OK"},
+            "Tasks": {"@odata.id": TASKS}}
+        root["Tasks"] = {"@odata.id": TASK_SERVICE}
+        odata = self._docs.setdefault(ODATA, {"@odata.context": METADATA, "value": []})
+        odata.pop("@Redfish.Copyright", None)
+        listed = {entry.get("url", "").rstrip("/") for entry in odata["value"]}
+        for name, value in root.items():
+            if isinstance(value, dict) and "@odata.id" in value and value["@odata.id"].rstrip("/") not in listed:
+                odata["value"].append({"name": name, "kind": "Singleton", "url": value["@odata.id"]})
+
+    def _add_gpus(self, gpus: dict[str, dict[str, int]]) -> None:
+        if not gpus:
+            return
+        block_template, processor_template = self._gpu_templates()
+        for zone, models in sorted(gpus.items()):
+            zone_doc = self._zone(zone)
+            for model, count in sorted(models.items()):
+                for _ in range(count):
+                    block_id = f"GPU-{sum(1 for b in self._blocks if _last(b).startswith('GPU-')) + 1:03d}"
+                    uri = f"{BLOCKS}/{block_id}"
+                    processor_uri = f"{uri}/Processors/GPU0"
+                    block = copy.deepcopy(block_template)
+                    block.update({"@odata.id": uri, "Id": block_id, "Name": f"{model} {block_id}",
+                                  "Processors": [{"@odata.id": processor_uri}]})
+                    block["Links"] = {"ComputerSystems": [], "Zones": [{"@odata.id": zone_doc["@odata.id"]}]}
+                    processor = copy.deepcopy(processor_template)
+                    processor.update({"@odata.id": processor_uri, "Id": "GPU0", "Name": f"{model} GPU",
+                                      "Model": model})
+                    processor.pop("Links", None)  # the template's chassis is not this block's
+                    self._docs[uri] = block
+                    self._docs[processor_uri] = processor
+                    self._blocks[uri] = _Block(block_id, uri)
+                    self._docs[BLOCKS]["Members"].append({"@odata.id": uri})
+                    zone_doc.setdefault("Links", {}).setdefault("ResourceBlocks", []).append({"@odata.id": uri})
+
+    def _gpu_templates(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The mockup's GPU offload block and its processor, or public-composability's when it has none."""
+        for docs in (self._docs, load_mockup(mockup_path(DEFAULT_MOCKUP))):
+            for uri, doc in docs.items():
+                if _type_name(doc) != "ResourceBlock":
+                    continue
+                for link in doc.get("Processors", []):
+                    processor = docs.get(link["@odata.id"].rstrip("/"))
+                    if processor and processor.get("ProcessorType") == "GPU":
+                        block = copy.deepcopy(doc)
+                        block["CompositionStatus"] = {**block.get("CompositionStatus", {}),
+                                                      "CompositionState": "Unused", "Reserved": False}
+                        if "NumberOfCompositions" in block["CompositionStatus"]:
+                            block["CompositionStatus"]["NumberOfCompositions"] = 0
+                        if "Pool" in block:
+                            block["Pool"] = "Free"
+                        return block, copy.deepcopy(processor)
+        raise ValueError("no GPU resource block in the mockup nor in public-composability")
+
+    def _zone(self, zone: str) -> dict[str, Any]:
+        uri = f"{ZONES}/{zone}"
+        if uri in self._docs:
+            return self._docs[uri]
+        templates = [d for u, d in self._docs.items() if u.startswith(ZONES + "/") and _type_name(d) == "Zone"]
+        doc = copy.deepcopy(templates[0]) if templates else {
+            "@odata.type": "#Zone.v1_6_3.Zone", "ZoneType": "ZoneOfResourceBlocks",
+            "Status": {"State": "Enabled", "Health": "OK"}}
+        doc.update({"@odata.id": uri, "Id": zone, "Name": f"Resource Zone {zone}"})
+        doc["Links"] = {"ResourceBlocks": []}
+        doc.pop("@Redfish.CollectionCapabilities", None)
+        self._docs[uri] = doc
+        self._docs.setdefault(ZONES, {"@odata.id": ZONES, "@odata.type": "#ZoneCollection.ZoneCollection",
+                                      "Name": "Resource Zones", "Members": []})["Members"].append({"@odata.id": uri})
+        self._docs[COMPOSITION].setdefault("ResourceZones", {"@odata.id": ZONES})
+        return doc
 
     # --- lifecycle ---
     def start(self) -> str:
         handler = type("Handler", (_Handler,), {"emulator": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = ThreadingHTTPServer(self._listen, handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="redfish-emulator", daemon=True)
         self._thread.start()
         return self.url
@@ -126,7 +398,8 @@ class RedfishEmulator:
     def url(self) -> str:
         if self._server is None:
             raise RuntimeError("the emulator is not started")
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
 
     def stop(self) -> None:
         if self._server is not None:
@@ -145,43 +418,81 @@ class RedfishEmulator:
     def add_system(self, system: EmulatedSystem) -> bool:
         """Register one more ComputerSystem (a server racked while the service runs). False when its id exists."""
         with self._lock:
-            if system.id in self._systems:
+            uri = f"{SYSTEMS}/{system.id}"
+            if uri in self._systems:
                 return False
-            self._systems[system.id] = system
-            self._system_links[system.id] = []
-            self._system_generation[system.id] = 0
+            doc = self._system_template()
+            old = doc["@odata.id"]
+            for action in doc.get("Actions", {}).values():
+                action["target"] = action["target"].replace(old, uri)
+            doc.update({"@odata.id": uri, "Id": system.id, "Name": system.name, "HostName": system.host_name,
+                        "UUID": str(uuid.uuid5(uuid.NAMESPACE_URL, uri)), "SystemType": "Composed"})
+            doc["Links"] = {"ResourceBlocks": []}
+            for link in [k for k, v in doc.items() if isinstance(v, dict) and "@odata.id" in v]:
+                del doc[link]  # the template's processors, memory, storage are not this server's
+            self._docs[uri] = doc
+            self._docs[SYSTEMS]["Members"].append({"@odata.id": uri})
+            self._systems[uri] = _System(system.id, uri)
             return True
+
+    def _system_template(self) -> dict[str, Any]:
+        systems = [self._docs[u] for u in self._systems]
+        capable = [d for d in systems if f"#{ADD_ACTION}" in d.get("Actions", {})]
+        template = copy.deepcopy((capable or systems or [{"@odata.id": SYSTEMS + "/template",
+                                                          "@odata.type": "#ComputerSystem.v1_27_0.ComputerSystem",
+                                                          "PowerState": "On",
+                                                          "Status": {"State": "Enabled", "Health": "OK"}}])[0])
+        for key in ("Description", "Composition", "Boot", "@Redfish.Copyright"):
+            template.pop(key, None)
+        if self.config.advertise_actions and f"#{ADD_ACTION}" not in template.get("Actions", {}):
+            base = template["@odata.id"]
+            template.setdefault("Actions", {}).update({
+                f"#{ADD_ACTION}": {"target": f"{base}/Actions/{ADD_ACTION}"},
+                f"#{REMOVE_ACTION}": {"target": f"{base}/Actions/{REMOVE_ACTION}"}})
+        return template
 
     def system_ids(self) -> set[str]:
         with self._lock:
-            return set(self._systems)
+            return {s.id for s in self._systems.values()}
 
     def block_states(self) -> dict[str, tuple[str, Optional[str]]]:
-        """Block id -> (CompositionState, system id)."""
+        """Block id -> (CompositionState, system id or None), for every resource block of the service."""
         with self._lock:
             self._advance()
-            return {b.id: (b.state, b.system) for b in self._blocks.values()}
+            return {b.id: (b.state, _last(b.systems[0]) if b.systems else None) for b in self._blocks.values()}
+
+    def expire_sessions(self) -> None:
+        """End every session, as the service does when they time out or the BMC restarts."""
+        with self._lock:
+            self._sessions.clear()
+
+    def get(self, uri: str) -> dict[str, Any]:
+        """A resource as the service serves it (for tests and the validator's report)."""
+        with self._lock:
+            self._advance()
+            return self._get(_normal(uri))
 
     # --- request handling (called by the handler thread) ---
     def handle(self, method: str, path: str, headers: dict[str, str], body: Any) -> tuple[int, Any, dict[str, str]]:
-        path = path.split("?", 1)[0].rstrip("/") or "/"
+        path = _normal(path)
         with self._lock:
             self.requests.append((method, path))
             self._advance()
             if method == "POST" and path == SESSIONS:
                 return self._login(body)
-            if path not in ("/redfish", ROOT) and not self._authorized(headers):
-                raise RedfishError(401, "Base.1.8.NoValidSession", "authentication required")
-            if method == "GET":
-                return 200, self._get(path), {}
-            if method == "PATCH" and path.startswith(SYSTEMS + "/"):
-                return self._patch_system(path.rsplit("/", 1)[1], body)
-            if method == "POST" and path.startswith(SYSTEMS + "/") and "/Actions/" in path:
+            if path not in _PUBLIC:
+                self._authorize(headers)
+            if method in ("GET", "HEAD"):
+                return self._read(path)
+            if method == "PATCH":
+                return self._patch(path, headers, body)
+            if method == "POST" and "/Actions/" in path:
                 return self._action(path, body)
             if method == "DELETE" and path.startswith(SESSIONS + "/"):
-                self._sessions = {t: s for t, s in self._sessions.items() if s != path.rsplit("/", 1)[1]}
-                return 204, None, {}
-        raise RedfishError(405, "Base.1.8.OperationNotAllowed", f"{method} {path} is not supported")
+                return self._logout(path)
+        if path in self._docs or path in self._systems:
+            raise RedfishError(405, "OperationNotAllowed", f"{method} is not allowed on {path}", (method, path))
+        raise RedfishError(404, "ResourceMissingAtURI", f"The resource at the URI '{path}' was not found.", (path,))
 
     def _advance(self) -> None:
         now = self._clock()
@@ -190,181 +501,330 @@ class RedfishEmulator:
                 continue
             block.settles_at = None
             block.generation += 1
+            task = self._tasks.get(block.task or "")
+            block.task = None
             if block.removing:
                 self._unlink(block)
+            elif task is not None and block.id in self.config.faults.failing_tasks:
+                self._unlink(block)  # the service rolls the composition back
+                task.messages.append(_message("InternalError", f"The composition of resource block {block.id} "
+                                                               f"failed and was rolled back."))
             elif block.id in self.config.faults.failing_blocks:
                 block.state = "Failed"
             else:
                 block.state = "Composed"
+        for task in self._tasks.values():
+            if task.state == "Running" and all(self._blocks[b].task != task.id for b in task.blocks):
+                task.state = "Exception" if task.messages else "Completed"
+                task.ended = now
 
     def _unlink(self, block: _Block) -> None:
-        if block.system is not None:
-            self._system_links[block.system].remove(block.id)
-            self._system_generation[block.system] += 1
-        block.system, block.state, block.removing = None, "Unused", False
+        for system_uri in block.systems:
+            system = self._systems.get(system_uri)
+            if system is not None and block.uri in system.blocks:
+                system.blocks.remove(block.uri)
+                system.generation += 1
+        block.systems, block.state, block.removing = [], "Unused", False
 
     # --- authentication ---
     def _login(self, body: Any) -> tuple[int, Any, dict[str, str]]:
-        if not isinstance(body, dict) or body.get("UserName") != self.config.username or \
-                body.get("Password") != self.config.password:
-            raise RedfishError(401, "Base.1.8.InsufficientPrivilege", "wrong user name or password")
-        session_id, token = str(len(self._sessions) + 1), secrets.token_hex(16)
-        self._sessions[token] = session_id
-        uri = f"{SESSIONS}/{session_id}"
-        return 201, {"@odata.id": uri, "@odata.type": "#Session.v1_6_0.Session", "Id": session_id,
-                     "Name": "DDS session", "UserName": self.config.username}, {"X-Auth-Token": token,
-                                                                                 "Location": uri}
+        if not isinstance(body, dict) or "UserName" not in body or "Password" not in body:
+            raise RedfishError(400, "PropertyMissing", "The property UserName or Password is a required property "
+                                                       "and must be included in the request.", ("UserName",))
+        if body["UserName"] != self.config.username or body["Password"] != self.config.password:
+            raise RedfishError(401, "ResourceAtUriUnauthorized", f"While accessing the resource at '{SESSIONS}', the "
+                                                                 f"service received an authorization error: wrong "
+                                                                 f"user name or password.", (SESSIONS, "Unauthorized"))
+        self._session_seq += 1
+        session = _Session(f"{self._session_seq}{secrets.token_hex(4)}", secrets.token_hex(16), body["UserName"],
+                           self._clock())
+        self._sessions[session.token] = session
+        uri = f"{SESSIONS}/{session.id}"
+        return 201, self._session_doc(session), {"X-Auth-Token": session.token, "Location": uri}
 
-    def _authorized(self, headers: dict[str, str]) -> bool:
+    def _authorize(self, headers: dict[str, str]) -> None:
         if not self.config.username:
-            return True
-        if headers.get("x-auth-token") in self._sessions:
-            return True
+            return
+        now = self._clock()
+        timeout = float(self._docs[SESSION_SERVICE].get("SessionTimeout", 1800))
+        for token in [t for t, s in self._sessions.items() if now - s.last_used > timeout]:
+            del self._sessions[token]
+        session = self._sessions.get(headers.get("x-auth-token", ""))
+        if session is not None:
+            session.last_used = now
+            return
         expected = base64.b64encode(f"{self.config.username}:{self.config.password}".encode()).decode()
-        return headers.get("authorization") == f"Basic {expected}"
+        if headers.get("authorization") != f"Basic {expected}":
+            raise RedfishError(401, "NoValidSession", "There is no valid session established with the "
+                                                      "implementation.")
 
-    # --- GET ---
-    def _get(self, path: str) -> dict[str, Any]:
-        parts = path[len(ROOT):].strip("/").split("/") if path.startswith(ROOT) else []
-        if path in ("/redfish", ROOT):
-            return self._service_root() if path == ROOT else {"v1": ROOT + "/"}
-        if path == SYSTEMS:
-            return _collection(SYSTEMS, "#ComputerSystemCollection.ComputerSystemCollection", "Systems",
-                               [f"{SYSTEMS}/{s}" for s in self._systems])
-        if path.startswith(SYSTEMS + "/") and len(parts) == 2 and parts[1] in self._systems:
-            return self._system(parts[1])
-        if path == COMPOSITION:
-            return {"@odata.id": COMPOSITION, "@odata.type": "#CompositionService.v1_2_0.CompositionService",
-                    "Id": "CompositionService", "Name": "Composition Service", "ServiceEnabled": True,
-                    "AllowOverprovisioning": False, "AllowZoneAffinity": True,
-                    "Status": {"State": "Enabled", "Health": "OK"},
-                    "ResourceBlocks": {"@odata.id": BLOCKS}, "ResourceZones": {"@odata.id": ZONES}}
-        if path == BLOCKS:
-            return _collection(BLOCKS, "#ResourceBlockCollection.ResourceBlockCollection", "Resource Blocks",
-                               [b.uri for b in self._blocks.values()])
-        if path == ZONES:
-            return _collection(ZONES, "#ZoneCollection.ZoneCollection", "Resource Zones",
-                               [f"{ZONES}/{z}" for z in sorted({b.zone for b in self._blocks.values()})])
-        if path.startswith(ZONES + "/") and len(parts) == 3:
-            return self._zone(parts[2])
-        if path.startswith(BLOCKS + "/") and parts[2] in self._blocks:
-            block = self._blocks[parts[2]]
-            if len(parts) == 3:
-                return self._block(block)
-            if parts[3:] == ["Processors"]:
-                return _collection(f"{block.uri}/Processors", "#ProcessorCollection.ProcessorCollection",
-                                   "Processors", [f"{block.uri}/Processors/GPU0"])
-            if parts[3:] == ["Processors", "GPU0"]:
-                return self._processor(block)
-        raise RedfishError(404, "Base.1.8.ResourceMissingAtURI", f"{path} does not exist")
-
-    def _service_root(self) -> dict[str, Any]:
-        return {"@odata.id": ROOT + "/", "@odata.type": "#ServiceRoot.v1_15_0.ServiceRoot", "Id": "RootService",
-                "Name": "DDS Redfish emulator", "RedfishVersion": "1.18.0",
-                "Systems": {"@odata.id": SYSTEMS}, "CompositionService": {"@odata.id": COMPOSITION},
-                "SessionService": {"@odata.id": f"{ROOT}/SessionService"},
-                "Links": {"Sessions": {"@odata.id": SESSIONS}}}
-
-    def _system(self, system_id: str) -> dict[str, Any]:
-        system = self._systems[system_id]
-        uri = f"{SYSTEMS}/{system_id}"
-        body: dict[str, Any] = {
-            "@odata.id": uri, "@odata.type": "#ComputerSystem.v1_20_0.ComputerSystem",
-            "@odata.etag": f'W/"{self._system_generation[system_id]}"', "Id": system_id, "Name": system.name,
-            "HostName": system.host_name, "SystemType": "Composed", "PowerState": "On",
-            "Status": {"State": "Enabled", "Health": "OK"},
-            "Links": {"ResourceBlocks": [{"@odata.id": f"{BLOCKS}/{b}"} for b in self._system_links[system_id]]}}
-        if self.config.advertise_actions:
-            body["Actions"] = {f"#{ADD_ACTION}": {"target": f"{uri}/Actions/{ADD_ACTION}"},
-                               f"#{REMOVE_ACTION}": {"target": f"{uri}/Actions/{REMOVE_ACTION}"}}
-        return body
-
-    def _block(self, block: _Block) -> dict[str, Any]:
-        systems = [{"@odata.id": f"{SYSTEMS}/{block.system}"}] if block.system else []
-        return {"@odata.id": block.uri, "@odata.type": "#ResourceBlock.v1_4_0.ResourceBlock",
-                "@odata.etag": f'W/"{block.generation}"', "Id": block.id, "Name": f"{block.model} {block.id}",
-                "ResourceBlockType": ["Processor"],
-                "Status": {"State": "Enabled", "Health": "Critical" if block.state == "Failed" else "OK"},
-                "CompositionStatus": {"CompositionState": block.state, "Reserved": False, "SharingCapable": False,
-                                      "MaxCompositions": 1, "NumberOfCompositions": 1 if block.system else 0},
-                "Processors": [{"@odata.id": f"{block.uri}/Processors/GPU0"}],
-                "Links": {"ComputerSystems": systems, "Zones": [{"@odata.id": f"{ZONES}/{block.zone}"}]}}
-
-    def _processor(self, block: _Block) -> dict[str, Any]:
-        return {"@odata.id": f"{block.uri}/Processors/GPU0", "@odata.type": "#Processor.v1_18_0.Processor",
-                "Id": "GPU0", "Name": f"{block.model} GPU", "ProcessorType": "GPU", "Manufacturer": "NVIDIA",
-                "Model": block.model, "Status": {"State": "Enabled", "Health": "OK"}}
-
-    def _zone(self, zone: str) -> dict[str, Any]:
-        members = [b for b in self._blocks.values() if b.zone == zone]
-        if not members:
-            raise RedfishError(404, "Base.1.8.ResourceMissingAtURI", f"zone {zone} does not exist")
-        return {"@odata.id": f"{ZONES}/{zone}", "@odata.type": "#Zone.v1_6_0.Zone", "Id": zone, "Name": zone,
-                "ZoneType": "ZoneOfResourceBlocks", "Status": {"State": "Enabled", "Health": "OK"},
-                "Links": {"ResourceBlocks": [{"@odata.id": b.uri} for b in members]}}
-
-    # --- composition ---
-    def _patch_system(self, system_id: str, body: Any) -> tuple[int, Any, dict[str, str]]:
-        if system_id not in self._systems:
-            raise RedfishError(404, "Base.1.8.ResourceMissingAtURI", f"system {system_id} does not exist")
-        try:
-            wanted = [_block_id(link["@odata.id"]) for link in body["Links"]["ResourceBlocks"]]
-        except (KeyError, TypeError) as exc:
-            raise RedfishError(400, "Base.1.8.PropertyValueFormatError",
-                               f"body must carry Links.ResourceBlocks as a list of links: {exc}") from exc
-        current = self._system_links[system_id]
-        for block_id in [b for b in current if b not in wanted]:
-            self._remove(system_id, block_id)
-        for block_id in [b for b in wanted if b not in current]:
-            self._add(system_id, block_id)
-        return 200, self._system(system_id), {}
-
-    def _action(self, path: str, body: Any) -> tuple[int, Any, dict[str, str]]:
-        parts = path[len(SYSTEMS) + 1:].split("/")
-        if len(parts) != 3 or parts[0] not in self._systems or not self.config.advertise_actions:
-            raise RedfishError(404, "Base.1.8.ResourceMissingAtURI", f"{path} does not exist")
-        try:
-            block_id = _block_id(body["ResourceBlock"]["@odata.id"])
-        except (KeyError, TypeError) as exc:
-            raise RedfishError(400, "Base.1.8.ActionParameterMissing",
-                               f"{parts[2]} needs the parameter ResourceBlock: {exc}") from exc
-        if parts[2] == ADD_ACTION:
-            self._add(parts[0], block_id)
-        elif parts[2] == REMOVE_ACTION:
-            self._remove(parts[0], block_id)
-        else:
-            raise RedfishError(404, "Base.1.8.ActionNotSupported", f"action {parts[2]} is not supported")
+    def _logout(self, path: str) -> tuple[int, Any, dict[str, str]]:
+        session_id = _last(path)
+        tokens = [t for t, s in self._sessions.items() if s.id == session_id]
+        if not tokens:
+            raise RedfishError(404, "ResourceNotFound", f"The requested resource of type Session named "
+                                                        f"'{session_id}' was not found.", ("Session", session_id))
+        del self._sessions[tokens[0]]
         return 204, None, {}
 
-    def _add(self, system_id: str, block_id: str) -> None:
-        block = self._blocks.get(block_id)
-        if block is None:
-            raise RedfishError(400, "Base.1.8.ResourceMissingAtURI", f"resource block {block_id} does not exist")
+    def _session_doc(self, session: _Session) -> dict[str, Any]:
+        return {"@odata.id": f"{SESSIONS}/{session.id}", "@odata.type": "#Session.v1_8_0.Session",
+                "Id": session.id, "Name": "User Session", "UserName": session.user}
+
+    # --- GET ---
+    def _read(self, path: str) -> tuple[int, Any, dict[str, str]]:
+        if path.startswith(TASK_MONITORS + "/"):
+            return self._monitor(_last(path))
+        if path == METADATA:
+            return 200, self._metadata(), {"Content-Type": "application/xml"}
+        body = self._get(path)
+        headers = {"ETag": body["@odata.etag"]} if "@odata.etag" in body else {}
+        return 200, body, headers
+
+    def _get(self, path: str) -> dict[str, Any]:
+        if path == "/redfish":
+            return {"v1": ROOT + "/"}
+        if path in self._blocks:
+            return self._block_doc(self._blocks[path])
+        if path in self._systems:
+            return self._system_doc(self._systems[path])
+        if path == SESSIONS:
+            return _collection(SESSIONS, "#SessionCollection.SessionCollection", "Session Collection",
+                               [f"{SESSIONS}/{s.id}" for s in self._sessions.values()])
+        if path.startswith(SESSIONS + "/"):
+            for session in self._sessions.values():
+                if session.id == _last(path):
+                    return self._session_doc(session)
+        if path == TASKS:
+            return _collection(TASKS, "#TaskCollection.TaskCollection", "Task Collection",
+                               [f"{TASKS}/{t}" for t in self._tasks])
+        if path.startswith(TASKS + "/") and _last(path) in self._tasks:
+            return self._task_doc(self._tasks[_last(path)])
+        if path in self._docs:
+            body = copy.deepcopy(self._docs[path])
+            if path.endswith(("/ActivePool", "/FreePool")) and "Members" in body:
+                active = path.endswith("/ActivePool")
+                body["Members"] = [{"@odata.id": b.uri} for b in self._blocks.values() if bool(b.systems) == active]
+            if "Members" in body:
+                body["Members@odata.count"] = len(body["Members"])
+            return body
+        raise RedfishError(404, "ResourceMissingAtURI", f"The resource at the URI '{path}' was not found.", (path,))
+
+    def _block_doc(self, block: _Block) -> dict[str, Any]:
+        body = copy.deepcopy(self._docs[block.uri])
+        status = body.setdefault("CompositionStatus", {})
+        status["CompositionState"] = block.state
+        if "NumberOfCompositions" in status:
+            status["NumberOfCompositions"] = len(block.systems)
+        if "Pool" in body:
+            body["Pool"] = "Active" if block.systems else "Free"
+        body.setdefault("Links", {})["ComputerSystems"] = [{"@odata.id": s} for s in block.systems]
+        if block.state == "Failed":
+            body["Status"] = {**body.get("Status", {}), "Health": "Critical"}
+        body["@odata.etag"] = f'W/"{block.generation}"'
+        return body
+
+    def _system_doc(self, system: _System) -> dict[str, Any]:
+        body = copy.deepcopy(self._docs[system.uri])
+        if system.composable:
+            body.setdefault("Links", {})["ResourceBlocks"] = [{"@odata.id": b} for b in system.blocks]
+        body["@odata.etag"] = f'W/"{system.generation}"'
+        return body
+
+    def _task_doc(self, task: _Task) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "@odata.id": f"{TASKS}/{task.id}", "@odata.type": "#Task.v1_7_4.Task", "Id": task.id,
+            "Name": f"Composition task {task.id}", "TaskState": task.state, "StartTime": _iso(task.started),
+            "TaskStatus": {"Running": "OK", "Completed": "OK"}.get(task.state, "Critical"),
+            "TaskMonitor": f"{TASK_MONITORS}/{task.id}", "Messages": task.messages,
+            "PercentComplete": 100 if task.ended is not None else 50}
+        if task.ended is not None:
+            body["EndTime"] = _iso(task.ended)
+        return body
+
+    def _monitor(self, task_id: str) -> tuple[int, Any, dict[str, str]]:
+        task = self._tasks.get(task_id)
+        if task is None:
+            raise RedfishError(404, "ResourceMissingAtURI", f"The resource at the URI "
+                                                            f"'{TASK_MONITORS}/{task_id}' was not found.")
+        if task.state == "Running":
+            return 202, self._task_doc(task), {"Location": f"{TASK_MONITORS}/{task_id}", "Retry-After": "1"}
+        if task.state == "Completed":
+            return 204, None, {}
+        message = task.messages[-1]
+        raise RedfishError(500, _last(message["MessageId"]), message["Message"])
+
+    def _metadata(self) -> str:
+        """References to DMTF's CSDL for every namespace a served resource uses (DSP0266 $metadata)."""
+        namespaces: set[str] = {"RedfishExtensions.v1_0_0"}
+        served = [self._get(u) for u in list(self._docs)] + [self._task_doc(t) for t in self._tasks.values()]
+        served += [self._session_doc(s) for s in self._sessions.values()]
+        extra = ["#SessionCollection.SessionCollection", "#Session.v1_8_0.Session", "#TaskCollection.TaskCollection",
+                 "#Task.v1_7_4.Task", "#Message.v1_3_0.Message"]
+        for odata_type in _odata_types(served) + extra:
+            namespace = odata_type.lstrip("#").rsplit(".", 1)[0]
+            namespaces.add(namespace)
+            namespaces.add(namespace.split(".", 1)[0])
+        files: dict[str, list[str]] = {}
+        for namespace in sorted(namespaces):
+            files.setdefault(namespace.split(".", 1)[0], []).append(namespace)
+        root_version = self._docs[ROOT]["@odata.type"].lstrip("#").rsplit(".", 1)[0]
+        lines = ['<?xml version="1.0" encoding="UTF-8"?>',
+                 '<edmx:Edmx xmlns:edmx="http://docs.oasis-open.org/odata/ns/edmx" Version="4.0">']
+        for schema, included in sorted(files.items()):
+            lines.append(f'  <edmx:Reference Uri="http://redfish.dmtf.org/schemas/v1/{schema}_v1.xml">')
+            for namespace in included:
+                alias = ' Alias="Redfish"' if namespace.startswith("RedfishExtensions.") else ""
+                lines.append(f'    <edmx:Include Namespace="{namespace}"{alias}/>')
+            lines.append("  </edmx:Reference>")
+        lines += ["  <edmx:DataServices>",
+                  '    <Schema xmlns="http://docs.oasis-open.org/odata/ns/edm" Namespace="Service">',
+                  f'      <EntityContainer Name="Service" Extends="{root_version}.ServiceContainer"/>',
+                  "    </Schema>", "  </edmx:DataServices>", "</edmx:Edmx>", ""]
+        return "\n".join(lines)
+
+    # --- composition ---
+    def _patch(self, path: str, headers: dict[str, str], body: Any) -> tuple[int, Any, dict[str, str]]:
+        system = self._systems.get(path)
+        if system is None or not system.composable:
+            raise RedfishError(405, "OperationNotAllowed", f"PATCH is not allowed on {path}", ("PATCH", path))
+        if self.config.faults.concurrent_writes > 0:
+            self.config.faults.concurrent_writes -= 1
+            self._docs[path]["AssetTag"] = f"changed-by-another-client-{system.generation + 1}"
+            system.generation += 1
+        etag = f'W/"{system.generation}"'
+        if_match = headers.get("if-match")
+        if if_match is not None and if_match not in ("*", etag):
+            raise RedfishError(412, "PreconditionFailed", f"The ETag supplied did not match the ETag required to "
+                                                          f"change this resource ({if_match}, now {etag}).")
+        try:
+            wanted = [link["@odata.id"].rstrip("/") for link in body["Links"]["ResourceBlocks"]]
+            extra = set(body) - {"Links"} or set(body["Links"]) - {"ResourceBlocks"}
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise RedfishError(400, "PropertyValueFormatError", f"The value for the property Links.ResourceBlocks "
+                                                                f"is not a list of links ({exc}).") from exc
+        if extra:
+            raise RedfishError(400, "PropertyNotWritable", f"The property {sorted(extra)[0]} is a read-only "
+                                                           f"property and cannot be assigned a value.")
+        return self._change(system, wanted)
+
+    def _action(self, path: str, body: Any) -> tuple[int, Any, dict[str, str]]:
+        compose = self._docs.get(COMPOSITION, {}).get("Actions", {}).get(f"#{COMPOSE_ACTION}")
+        if compose is not None and path == _normal(compose["target"]):
+            return self._compose(body)
+        for system in self._systems.values():
+            actions = self._docs[system.uri].get("Actions", {})
+            for name in (ADD_ACTION, REMOVE_ACTION):
+                spec = actions.get(f"#{name}")
+                if spec is not None and path == _normal(spec["target"]):
+                    return self._block_action(system, name, body)
+        raise RedfishError(404, "ActionNotSupported", f"The action {_last(path)} is not supported by the "
+                                                      f"resource.", (_last(path),))
+
+    def _block_action(self, system: _System, name: str, body: Any) -> tuple[int, Any, dict[str, str]]:
+        try:
+            block_uri = body["ResourceBlock"]["@odata.id"].rstrip("/")
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise RedfishError(400, "ActionParameterMissing", f"The action {name} requires the parameter "
+                                                              f"ResourceBlock to be present in the request "
+                                                              f"body.", (name, "ResourceBlock")) from exc
+        block = self._blocks.get(block_uri)
+        if block is not None and body.get("ResourceBlockETag") not in (None, f'W/"{block.generation}"'):
+            raise RedfishError(428, "PreconditionRequired", "A precondition header or annotation is required to "
+                                                            "change this resource: ResourceBlockETag is stale.")
+        if body.get("ComputerSystemETag") not in (None, f'W/"{system.generation}"'):
+            raise RedfishError(428, "PreconditionRequired", "A precondition header or annotation is required to "
+                                                            "change this resource: ComputerSystemETag is stale.")
+        wanted = [b for b in system.blocks if b != block_uri]
+        if name == ADD_ACTION:
+            wanted.append(block_uri)
+        elif block_uri not in system.blocks:
+            raise RedfishError(400, "ResourceNotFound", f"The requested resource of type ResourceBlock named "
+                                                        f"'{_last(block_uri)}' was not found in {system.uri}.")
+        status, _, headers = self._change(system, wanted)
+        return (status, None, headers) if status == 202 else (204, None, {})
+
+    def _compose(self, body: Any) -> tuple[int, Any, dict[str, str]]:
+        if not isinstance(body, dict) or body.get("RequestType") not in ("Apply", "Preview", "PreviewReserve"):
+            raise RedfishError(400, "ActionParameterMissing", "The action Compose requires the parameter "
+                                                              "RequestType to be present in the request body.")
+        if body.get("RequestFormat", "Manifest") != "Manifest" or not isinstance(body.get("Manifest"), dict):
+            raise RedfishError(400, "ActionParameterMissing", "The action Compose requires the parameter Manifest "
+                                                              "to be present in the request body.")
+        stanzas = body["Manifest"].get("Stanzas") or []
+        plans: list[tuple[_System, list[str]]] = []
+        for stanza in stanzas:
+            request = stanza.get("Request") or {}
+            system = self._systems.get(str(request.get("@odata.id", "")).rstrip("/"))
+            if stanza.get("StanzaType") != "ComposeSystem" or system is None:
+                raise RedfishError(400, "ActionParameterValueNotInList",
+                                   f"The value {stanza.get('StanzaType')!r} for the parameter StanzaType is not "
+                                   f"supported here: this service recomposes existing systems (ComposeSystem with "
+                                   f"the system's @odata.id).")
+            wanted = [link["@odata.id"].rstrip("/") for link in request.get("Links", {}).get("ResourceBlocks", [])]
+            self._check(system, wanted)  # all or nothing: the whole manifest is checked before any change
+            plans.append((system, wanted))
+        if body["RequestType"] != "Apply":
+            return 200, body, {}
+        status, headers = 200, {}
+        for system, wanted in plans:
+            status, _, headers = self._change(system, wanted)
+        response = copy.deepcopy(body)
+        for stanza, (system, _) in zip(response["Manifest"]["Stanzas"], plans):
+            stanza["Response"] = self._system_doc(system)
+        return (status, None, headers) if status == 202 else (200, response, {})
+
+    def _check(self, system: _System, wanted: list[str]) -> None:
+        """Refuse (Base messages) a change of `system`'s resource blocks to `wanted` before any part of it is done."""
+        limit = self.config.max_blocks_per_system
+        for block_uri in [b for b in wanted if b not in system.blocks]:
+            block = self._blocks.get(block_uri)
+            if block is None:
+                raise RedfishError(400, "ResourceNotFound", f"The requested resource of type ResourceBlock named "
+                                                            f"'{_last(block_uri)}' was not found.",
+                                   ("ResourceBlock", _last(block_uri)))
+            if block.systems or block.state != "Unused":
+                raise RedfishError(409, "ResourceInUse", f"The change to the requested resource failed because the "
+                                                         f"resource block {block.id} is in use ({block.state}).")
+        if limit is not None and len(wanted) > limit and len(wanted) > len(system.blocks):
+            raise RedfishError(400, "ResourceExhaustion", f"The resource '{system.uri}' was unable to satisfy the "
+                                                          f"request due to unavailability of resources: it takes "
+                                                          f"{limit} resource blocks.", (system.uri,))
+
+    def _change(self, system: _System, wanted: list[str]) -> tuple[int, Any, dict[str, str]]:
+        """Move `system`'s resource blocks to `wanted`; 202 and a task when slower than task_after_s."""
+        self._check(system, wanted)
         if self.config.faults.compose_http_errors > 0:
             self.config.faults.compose_http_errors -= 1
-            raise RedfishError(500, "Base.1.8.InternalError", "injected fault: the composition engine failed")
-        if block.system is not None or block.state != "Unused":
-            raise RedfishError(400, "Base.1.8.ResourceInUse", f"resource block {block_id} is {block.state}")
-        limit = self.config.max_blocks_per_system
-        if limit is not None and len(self._system_links[system_id]) >= limit:
-            raise RedfishError(400, "Base.1.8.ResourceExhaustion",
-                               f"system {system_id} has no free slot ({limit} resource blocks)")
-        block.system, block.state, block.removing = system_id, "Composing", False
-        block.settles_at = self._clock() + self.config.composition_latency_s
-        block.generation += 1
-        self._system_links[system_id].append(block_id)
-        self._system_generation[system_id] += 1
-
-    def _remove(self, system_id: str, block_id: str) -> None:
-        block = self._blocks.get(block_id)
-        if block is None or block.system != system_id:
-            raise RedfishError(400, "Base.1.8.ResourceMissingAtURI",
-                               f"resource block {block_id} is not part of system {system_id}")
-        if block.removing:
-            return
-        block.removing = True
-        block.settles_at = self._clock() + self.config.decomposition_latency_s
-        block.generation += 1
+            raise RedfishError(500, "InternalError", "The request failed due to an internal service error: "
+                                                     "injected fault, the composition engine failed.")
+        now = self._clock()
+        changed: list[_Block] = []
+        for block_uri in [b for b in system.blocks if b not in wanted]:
+            block = self._blocks.get(block_uri)
+            if block is not None and not block.removing:
+                block.removing, block.settles_at = True, now + self.config.decomposition_latency_s
+                block.generation += 1
+                changed.append(block)
+        for block_uri in [b for b in wanted if b not in system.blocks]:
+            block = self._blocks[block_uri]
+            block.systems, block.state, block.removing = [system.uri], "Composing", False
+            block.settles_at = now + self.config.composition_latency_s
+            block.generation += 1
+            system.blocks.append(block_uri)
+            changed.append(block)
+        if changed:
+            system.generation += 1
+        slowest = max((b.settles_at - now for b in changed if b.settles_at is not None), default=0.0)
+        threshold = self.config.task_after_s
+        if threshold is None or slowest <= threshold:
+            return 200, self._system_doc(system), {}
+        task = _Task(str(len(self._tasks) + 1), now, [b.uri for b in changed])
+        self._tasks[task.id] = task
+        for block in changed:
+            block.task = task.id
+        monitor = f"{TASK_MONITORS}/{task.id}"
+        return 202, self._task_doc(task), {"Location": monitor, "Retry-After": str(max(1, round(slowest)))}
 
 
 def _collection(uri: str, odata_type: str, name: str, members: list[str]) -> dict[str, Any]:
@@ -372,10 +832,47 @@ def _collection(uri: str, odata_type: str, name: str, members: list[str]) -> dic
             "Members": [{"@odata.id": m} for m in members]}
 
 
-def _block_id(uri: str) -> str:
-    if not isinstance(uri, str) or not uri.startswith(BLOCKS + "/"):
-        raise RedfishError(400, "Base.1.8.PropertyValueNotInList", f"{uri!r} is not a resource block")
-    return uri.rstrip("/").rsplit("/", 1)[1]
+def _normal(path: str) -> str:
+    path = path.split("?", 1)[0].split("#", 1)[0]
+    return path.rstrip("/") or "/"
+
+
+def _last(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _type_name(doc: dict[str, Any]) -> str:
+    """`ResourceBlock` for `#ResourceBlock.v1_4_3.ResourceBlock`."""
+    return str(doc.get("@odata.type", "")).rsplit(".", 1)[-1]
+
+
+def _odata_types(docs: list[Any]) -> list[str]:
+    found: list[str] = []
+    for doc in docs:
+        if isinstance(doc, dict):
+            if isinstance(doc.get("@odata.type"), str):
+                found.append(doc["@odata.type"])
+            found += _odata_types(list(doc.values()))
+        elif isinstance(doc, list):
+            found += _odata_types(doc)
+    return found
+
+
+def _iso(seconds: float) -> str:
+    """A clock reading as an ISO 8601 time (the clock may be monotonic: anchored at the wall clock's now)."""
+    wall = time.time() - (time.monotonic() - seconds) if seconds < 1e9 else seconds
+    return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(wall))
+
+
+def _message(key: str, message: str, args: tuple[str, ...] = ()) -> dict[str, Any]:
+    severity = "Critical" if key in ("InternalError", "GeneralError") else "Warning"
+    return {"@odata.type": "#Message.v1_3_0.Message", "MessageId": f"{BASE}.{key}", "Message": message,
+            "MessageArgs": list(args), "MessageSeverity": severity, "Resolution": "See the message."}
+
+
+def _error(error: RedfishError) -> dict[str, Any]:
+    info = _message(error.message_id.rsplit(".", 1)[-1], error.message, error.args_)
+    return {"error": {"code": error.message_id, "message": error.message, "@Message.ExtendedInfo": [info]}}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -394,22 +891,32 @@ class _Handler(BaseHTTPRequestHandler):
             status, payload, headers = self.emulator.handle(
                 method, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
         except json.JSONDecodeError as exc:
-            status, payload, headers = 400, _error("Base.1.8.MalformedJSON", str(exc)), {}
+            status, payload, headers = 400, _error(RedfishError(400, "MalformedJSON", f"The request body submitted "
+                                                                                      f"was malformed JSON: {exc}")), {}
         except RedfishError as exc:
-            status, payload, headers = exc.status, _error(exc.message_id, exc.message), {}
-        data = json.dumps(payload).encode() if payload is not None else b""
+            status, payload, headers = exc.status, _error(exc), {}
+        if isinstance(payload, str):
+            data = payload.encode()
+        else:
+            data = json.dumps(payload).encode() if payload is not None else b""
+            if data:
+                headers.setdefault("Content-Type", "application/json;charset=utf-8")
         self.send_response(status)
         for name, value in headers.items():
             self.send_header(name, value)
         self.send_header("OData-Version", "4.0")
-        if data:
-            self.send_header("Content-Type", "application/json")
+        if status == 401:
+            self.send_header("WWW-Authenticate", 'Basic realm="redfish"')
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        if method != "HEAD":
+            self.wfile.write(data)
 
     def do_GET(self) -> None:
         self._serve("GET")
+
+    def do_HEAD(self) -> None:
+        self._serve("HEAD")
 
     def do_POST(self) -> None:
         self._serve("POST")
@@ -417,11 +924,53 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PATCH(self) -> None:
         self._serve("PATCH")
 
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
     def do_DELETE(self) -> None:
         self._serve("DELETE")
 
 
-def _error(message_id: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": message_id, "message": message,
-                      "@Message.ExtendedInfo": [{"@odata.type": "#Message.v1_1_1.Message", "MessageId": message_id,
-                                                 "Message": message, "Severity": "Warning"}]}}
+def _parse_gpus(values: list[str]) -> dict[str, dict[str, int]]:
+    gpus: dict[str, dict[str, int]] = {}
+    for value in values:
+        match = re.fullmatch(r"([^:]+):([^:]+):(\d+)", value)
+        if not match:
+            raise argparse.ArgumentTypeError(f"--gpus {value!r}: expected ZONE:MODEL:COUNT, e.g. 2:A30:8")
+        gpus.setdefault(match[1], {})[match[2]] = int(match[3])
+    return gpus
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.redfish_emulator", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mockup", type=Path, help=f"a DMTF mockup folder (default: the archive's {DEFAULT_MOCKUP})")
+    parser.add_argument("--listen", default="127.0.0.1:8000", metavar="HOST:PORT")
+    parser.add_argument("--gpus", action="append", default=[], metavar="ZONE:MODEL:COUNT",
+                        help="GPU resource blocks to add (repeatable); default 2:A30:4")
+    parser.add_argument("--system", action="append", default=[], metavar="NAME",
+                        help="a ComputerSystem whose HostName is NAME (a Kubernetes node name; repeatable)")
+    parser.add_argument("--composition-latency", type=float, default=5.0, metavar="SECONDS")
+    args = parser.parse_args(argv)
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        parser.error(f"--listen {args.listen!r}: expected HOST:PORT")
+    config = EmulatorConfig(systems=[EmulatedSystem(n, n, host_name=n) for n in args.system],
+                            gpus=_parse_gpus(args.gpus) if args.gpus else {"2": {"A30": 4}},
+                            composition_latency_s=args.composition_latency,
+                            decomposition_latency_s=args.composition_latency / 2,
+                            username=STANDALONE_USER, password=STANDALONE_PASSWORD, mockup=args.mockup)
+    emulator = RedfishEmulator(config, host=host, port=int(port))
+    print(f"Redfish service on {emulator.start()}{ROOT}/ (user {STANDALONE_USER}, password {STANDALONE_PASSWORD})",
+          flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        emulator.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

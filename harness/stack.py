@@ -67,6 +67,9 @@ class StackOptions:
     runtime_config: tuple[str, ...] = ()
     # kube-controller-manager's resourceclaim controller (DRA claim templates, claims released when pods end).
     controller_manager: bool = False
+    # kube-scheduler's DynamicResources bindingTimeout (None: its default); DDS is told the same
+    # (dra_binding_timeout_seconds) by the test that sets it.
+    dra_binding_timeout_seconds: Optional[float] = None
     # The providerIDs the Cluster API part gives Machines and their Nodes (kwok://<name> by default).
     provider_ids: ProviderIds = KWOK_PROVIDER_IDS
     # The hardware's side of a real fabric backend, entered once the control plane runs and before the MachineSet and
@@ -242,7 +245,8 @@ class Stack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.control_plane = self._exit.enter_context(start_control_plane(
             self.workdir / "control-plane", feature_gates=self.options.feature_gates,
-            runtime_config=self.options.runtime_config, controller_manager=self.options.controller_manager))
+            runtime_config=self.options.runtime_config, controller_manager=self.options.controller_manager,
+            dra_binding_timeout_seconds=self.options.dra_binding_timeout_seconds))
         self.api = self.control_plane.api_client()
         self.core = client.CoreV1Api(self.api)
         for namespace in (DDS_NAMESPACE, WORKLOAD_NAMESPACE):
@@ -302,7 +306,8 @@ class Stack:
                    **self.options.autoscaler_timings}
         handle = start_autoscaler(self.autoscaler_kubeconfig, self.tls_dir / certs.CLOUD_CONFIG,
                                   self.workdir / "autoscaler", binary=self.options.autoscaler_binary,
-                                  bin_dir=self.control_plane.bin_dir, **timings)
+                                  bin_dir=self.control_plane.bin_dir,
+                                  control_plane_version=self.control_plane.server_version(), **timings)
         self.autoscaler = handle
         self._exit.callback(handle.stop)
         return handle

@@ -31,6 +31,7 @@ from dds.model.groups import NodeGroupSpec, TemplateMode
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
 from dds.planner.plan import Attach, Case, NewNodes, PlannerConfig, ScaleDownPlan, ScaleUpPlan
 from dds.planner.equip import Unequipped, equip_new_nodes, pool_free
+from dds.planner.gangs import AfterCut, whole_gangs_after_cut
 from dds.planner.refusals import POOL_EMPTY
 from dds.planner.snapshot import PodInfo, Snapshot
 # The servicer's own: it answers RESOURCE_EXHAUSTED (CA backs the group off). A class of our own here was answered
@@ -105,9 +106,17 @@ class PlannerScaleUp:
             metrics.DECISIONS.labels(Case.SCALE_UP.value, "none").inc()
             self.controller.journal.record(Case.SCALE_UP.value, trigger, "none", rendered)
             raise ScaleUpRefused(_refusal(plan, group))
-        plan, unequipped = equip_new_nodes(observation.snapshot, plan, group, config)
+        after = self._equip_whole_gangs(group, decision)
+        plan, unequipped = after.plan, after.taken
         if unequipped is not None:
             rendered += f"\n  not added: {unequipped.message}"
+        rendered += "".join(f"\n  left out: {why}" for why in after.dropped.values())
+        if after.gangs_dropped and plan.is_empty and unequipped is None:
+            # Every gang the pool could not equip was dropped and nothing else is left: refused (RESOURCE_EXHAUSTED),
+            # so CA backs the group off instead of asking again for nodes that would serve part of a gang.
+            metrics.DECISIONS.labels(Case.SCALE_UP.value, "none").inc()
+            self.controller.journal.record(Case.SCALE_UP.value, trigger, "none", rendered)
+            raise ScaleUpRefused(f"DDS cannot add capacity to {group.id}: " + "; ".join(after.dropped.values()))
         self.controller.journal.record(Case.SCALE_UP.value, trigger,
                                        "error" if unequipped and plan.is_empty else _outcome(plan, group), rendered)
         if unequipped is None:
@@ -122,6 +131,19 @@ class PlannerScaleUp:
         elif plan.attaches:
             self._attach_without_instance(observation.snapshot, plan.attaches, key_prefix=records[0].id)
         return records
+
+    def _equip_whole_gangs(self, group: NodeGroupSpec, decision: "_ScaleUpDecision") -> AfterCut[Unequipped]:
+        """The plan without the new nodes the pool cannot equip (equip_new_nodes), and without every gang that cut
+        leaves short: all or nothing holds after the cut too (whole_gangs_after_cut). The gangs' members are told."""
+        snapshot, config = decision.observation.snapshot, decision.config
+        after = whole_gangs_after_cut(decision.plan, lambda plan: equip_new_nodes(snapshot, plan, group, config),
+                                      lambda pods: plan_scale_up(snapshot, config, pods), snapshot, decision.pods,
+                                      describe=_lacking)
+        if after.gangs_dropped:
+            for why in after.dropped.values():
+                log.info("case 1: %s", why)
+            self.controller.refusals.report_plan(after.plan)
+        return after
 
     def _out_of_resources(self, group: NodeGroupSpec, count: int, unequipped: Unequipped,
                           request_key: str) -> list[InstanceRecord]:
@@ -407,6 +429,10 @@ def _missing(work: _GpuInstanceWork) -> list[Attach]:
 def _outcome(plan: ScaleUpPlan, group: NodeGroupSpec) -> str:
     nodes = any(n.group == group.id for n in plan.new_nodes)
     return "mixed" if plan.attaches and nodes else "node" if nodes else "gpu"
+
+
+def _lacking(unequipped: Unequipped) -> str:
+    return f"the new nodes it needs cannot be equipped ({unequipped.message})"
 
 
 def _refusal(plan: ScaleUpPlan, group: NodeGroupSpec) -> str:

@@ -6,6 +6,11 @@ the binding condition the scheduler waits for in PreBind (or the failure conditi
     allocated slot ──► attach 1 x model to the node (key: claim, allocation, slot: idempotent across passes/restarts)
                    ──► attach succeeded: claim annotated with the fabric devices, condition dds.cdi.dev/attached True
                    ──► attach failed:    condition dds.cdi.dev/attach-failed True (the scheduler retries)
+                   ──► attach still running close to kube-scheduler's binding timeout (dra_binding_timeout_seconds):
+                       condition dds.cdi.dev/attach-failed True, so the scheduler retries at once instead of timing out
+    an attach whose allocation is gone (the scheduler gave up on it: binding timeout or failure; or its pod ended and
+    the claim was released) ──► its GPUs detached back to the pool once it ends: no claim can use a GPU on a pool-mode
+    node outside a slot, so nothing stays attached for nobody (`abandoned_attaches`)
 """
 
 from __future__ import annotations
@@ -13,18 +18,47 @@ from __future__ import annotations
 import logging
 from typing import Optional, Sequence
 
+import time
+from typing import Callable, Iterable
+
 from dds.controller.apply import Actions
-from dds.fabric.base import Fabric, FabricError, OperationState
+from dds.fabric.base import Fabric, FabricError, Operation, OperationKind, OperationState
 from dds.groups.labels import node_group_label_value
 from dds.kube import ApiClient
+from dds.kube.decode import timestamp
 from dds.kube.dra import ClaimBindingWriter
 from dds.kube.resourceslices import publish_pool_slots
 from dds.model.groups import GpuApi, NodeGroupSpec
-from dds.planner.dra import ATTACH_FAILED, ATTACHED, DRIVER, PoolBinding, dra_pool_name, pool_bindings, pool_slots
-from dds.planner.plan import Attach, Case
+from dds.planner.dra import (ATTACH_FAILED, ATTACHED, BINDING_KEY_PREFIX, DRIVER, PoolBinding, binding_key,
+                             dra_pool_name, pool_bindings, pool_slots)
+from dds.planner.dra_records import DraState
+from dds.planner.plan import Attach, Case, Detach
 from dds.planner.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
+
+
+# kube-scheduler looks at a waiting claim every 5 s (dynamicresources PreBind): a failure condition set this long before
+# its binding timeout is seen before the timeout, so the scheduler retries on DDS's word, with the reason DDS gives.
+GIVE_UP_MARGIN_SECONDS = 10.0
+RELEASE_KEY_PREFIX = "dra-release/"
+
+
+def abandoned_attaches(operations: Iterable[Operation], state: DraState,
+                       attached: Callable[[str], Iterable[str]]) -> list[tuple[Operation, tuple[str, ...]]]:
+    """Pool-mode attaches that ended with devices for an allocation no claim holds any more, each with its devices
+    still attached to the node and held by no claim (`attached(node)`: such device ids)."""
+    live = {binding_key(c, r.device) for c in state.claims if c.allocated for r in c.allocated}
+    out = []
+    for op in operations:
+        if (op.kind != OperationKind.ATTACH or not op.key.startswith(BINDING_KEY_PREFIX) or not op.state.done
+                or not op.devices or op.key in live):
+            continue
+        still = set(attached(op.node))
+        devices = tuple(d for d in op.devices if d in still)
+        if devices:
+            out.append((op, devices))
+    return out
 
 
 def pool_mode_groups(groups: Sequence[NodeGroupSpec], fabric_pool: str) -> tuple[str, ...]:
@@ -35,11 +69,16 @@ def pool_mode_groups(groups: Sequence[NodeGroupSpec], fabric_pool: str) -> tuple
 
 class PoolModeBinder:
     def __init__(self, api: ApiClient, fabric: Fabric, actions: Actions,
-                 writer: Optional[ClaimBindingWriter] = None) -> None:
+                 writer: Optional[ClaimBindingWriter] = None, binding_timeout_seconds: float = 600.0,
+                 clock: Callable[[], float] = time.time) -> None:
         self._api = api
         self._fabric = fabric
         self._actions = actions
         self._writer = writer or ClaimBindingWriter(api)
+        # When an attach still running is given up: kube-scheduler's binding timeout less the margin (at least half).
+        self._give_up_after = max(binding_timeout_seconds / 2, binding_timeout_seconds - GIVE_UP_MARGIN_SECONDS)
+        self._binding_timeout = binding_timeout_seconds
+        self._clock = clock
         self._placed: dict[str, tuple[str, ...]] = {}  # fabric pool -> the groups its slice was last placed on
 
     def reconcile(self, snapshot: Snapshot) -> None:
@@ -59,6 +98,18 @@ class PoolModeBinder:
                 self._placed[pool.name] = groups
         for binding in pool_bindings(snapshot.dra, {p.name: tuple(p.total) for p in pools}):
             self._bind(binding)
+        if any(g.gpu_api is GpuApi.DRA_POOL for g in snapshot.groups):
+            self._release_abandoned(snapshot)
+
+    def _release_abandoned(self, snapshot: Snapshot) -> None:
+        free = {n.name: {d.id for d in n.devices if not d.in_claim} for n in snapshot.nodes}
+        for op, devices in abandoned_attaches(self._fabric.operations(), snapshot.dra,
+                                              lambda node: free.get(node, ())):
+            step = Detach(node=op.node, device_ids=devices,
+                          reason=f"attached for a pool slot allocation kube-scheduler no longer holds ({op.key}): "
+                                 f"no claim can use them on a pool-mode node, so they go back to pool {op.pool}")
+            log.info("pool mode: releasing %s from %s: %s", ", ".join(devices), op.node, step.reason)
+            self._actions.detach(step, f"{RELEASE_KEY_PREFIX}{op.key}", Case.ORPHAN_RECLAIM)
 
     def _bind(self, binding: PoolBinding) -> None:
         claim = binding.claim
@@ -74,6 +125,12 @@ class PoolModeBinder:
                 self._fail(binding, exc.message)
             return
         if not operation.state.done:
+            waited = self._clock() - (timestamp(claim.allocated_at) or operation.started_at)
+            if waited >= self._give_up_after:
+                self._fail(binding, f"attaching {binding.model} to {binding.node} has taken {waited:.0f}s, close to "
+                                    f"kube-scheduler's binding timeout ({self._binding_timeout:.0f}s, "
+                                    f"dra_binding_timeout_seconds): the scheduler allocates again, and the GPU goes "
+                                    f"back to the pool when the attach ends")
             return
         if operation.state == OperationState.SUCCEEDED and operation.devices:
             self._writer.record_devices(claim.namespace, claim.name, operation.devices)

@@ -34,11 +34,12 @@ from dds.controller.apply import Actions
 from dds.controller.calls_first import CallsFirst
 from dds.controller.executor import Executor, OperationWatcher, node_ref
 from dds.controller.gang_attaches import GangAttaches
+from dds.controller.gpu_gauges import GpuGauges
 from dds.controller.gpu_label import GpuLabelKeeper
 from dds.controller.journal import DecisionJournal
 from dds.controller.observe import ClusterObserver, Observation
-from dds.controller.orphans import OrphanFinder
-from dds.controller.pod_groups import PodGroupObserver
+from dds.controller.orphans import NodeHoldingFabric, OrphanFinder
+from dds.controller.pod_groups import PodGroupObserver, watched_gangs
 from dds.controller.refusals import RefusalReporter
 from dds.controller.reservations import Reservations
 from dds.crashpoints import crashpoint
@@ -59,6 +60,7 @@ from dds.planner.reservations import ReservationConfig, keep_reserved
 from dds.controller.dra_binding import PoolModeBinder
 from dds.planner.dra import pods_needing_nodes
 from dds.planner.equip import equip_new_nodes
+from dds.planner.gangs import GANG_INCOMPLETE, GANG_LARGER_THAN_CLUSTER, equip_every_group, whole_gangs_after_cut
 from dds.planner.refusals import POOL_EMPTY
 from dds.planner.requests import is_work
 from dds.planner.snapshot import Snapshot
@@ -109,6 +111,7 @@ class LoopConfig:
     interval_seconds: float = 5.0
     pending_debounce_seconds: float = 2.0
     gang_start_timeout_seconds: float = 300.0  # see dds/controller/gang_attaches.py
+    dra_binding_timeout_seconds: float = 600.0  # kube-scheduler's; see dds/controller/dra_binding.py
     planner: PlannerConfig = PlannerConfig()
     orphan_timeout_seconds: float = 600.0  # settings.orphan_attach_timeout_seconds; see dds/controller/orphans.py
     reservations: ReservationConfig = ReservationConfig(enabled=False)  # see dds/controller/reservations.py
@@ -121,7 +124,7 @@ class Controller:
                  clock: Callable[[], float], is_leader: Callable[[], bool] = lambda: True,
                  journal: Optional[DecisionJournal] = None) -> None:
         # Gangs (coscheduling PodGroups, Workloads) are filled into every snapshot, the loop's and CA's RPCs' alike.
-        self.observer = PodGroupObserver(observer, PodGroupReader(api))
+        self.observer = PodGroupObserver(observer, PodGroupReader(api, cached=watched_gangs(observer)))
         self.executor = executor
         self.watcher = watcher
         self.fabric = fabric
@@ -148,7 +151,9 @@ class Controller:
         self.gangs = GangAttaches(self.actions, fabric, events, config.gang_start_timeout_seconds, clock)
         self.reservations = Reservations(ReservationWrites(api), self.actions, events, self.journal, config.reservations)
         # DRA pool mode, for the groups annotated dds.cdi.dev/gpu-api: dra-pool (none: it writes nothing).
-        self.pool_binder = PoolModeBinder(api, fabric, self.actions)
+        self.gpu_gauges = GpuGauges()  # GPUs per node, idle GPUs past the cooldown: set from each pass's decisions
+        self.pool_binder = PoolModeBinder(api, fabric, self.actions,
+                                          binding_timeout_seconds=config.dra_binding_timeout_seconds, clock=clock)
 
     @property
     def lock(self) -> threading.RLock:
@@ -236,6 +241,8 @@ class Controller:
             if self.executor.generation != generation:  # something started since the snapshot: decide on it
                 observation = self.observer.observe()
                 decisions = self._decide(observation)
+            # Before acting: a pass that fails while acting still shows the idle GPUs it meant to release.
+            self.gpu_gauges.record(observation.snapshot, decisions.scale_down)
             self._act(observation, decisions)
             self.pool_binder.reconcile(observation.snapshot)
             self._reclaim_orphans(observation)
@@ -311,7 +318,13 @@ class Controller:
         nodes. Planned with every pod waiting, so nodes already on their way are counted, and only for the claims'
         pods."""
         pods = pods_needing_nodes(fast_path, waiting) if fast_path is not None else ()
-        return plan_scale_up(snapshot, self.config.planner, pods) if pods else None
+        if not pods:
+            return None
+        config = self.config.planner
+        # All or nothing after the cut to what the pools can equip, too: a gang gets all its new nodes or none.
+        return whole_gangs_after_cut(plan_scale_up(snapshot, config, pods),
+                                     lambda plan: equip_every_group(snapshot, plan),
+                                     lambda chosen: plan_scale_up(snapshot, config, chosen), snapshot, pods).plan
 
     def _act(self, observation: Observation, decisions: "PassDecisions") -> None:
         if not self._serve_pending_by_attach(observation, decisions):
@@ -330,6 +343,9 @@ class Controller:
 
     # --- new nodes for DRA pods (CA cannot see what a DRA group's new node would offer) ---
     def _add_nodes_for_claims(self, observation: Observation, plan: Optional[ScaleUpPlan]) -> None:
+        for decision in plan.decisions if plan is not None else ():
+            if decision.refusal in (GANG_INCOMPLETE, GANG_LARGER_THAN_CLUSTER):  # gangs left out: say why
+                self.refusals.tell(decision.pod, decision.refusal, decision.reason)
         if plan is None or not plan.new_nodes:
             return
         snapshot = observation.snapshot
@@ -549,8 +565,13 @@ class Controller:
     # --- orphaned devices: on nodes that are gone, or held by attaches that never end ---
     def _reclaim_orphans(self, observation: Observation) -> None:
         live = {n.name for n in observation.snapshot.nodes}
+        deleted: set[str] = set()
+        if isinstance(self.fabric, NodeHoldingFabric):
+            deleted = self.fabric.deleted_nodes_to_reclaim([n.name for n in observation.snapshot.nodes
+                                                            if n.being_deleted])
         busy = {op.node for op in self.watcher.in_flight() if op.kind == OperationKind.DETACH}
-        reclaims = self.orphans.find(self.fabric.devices(), self.fabric.operations(), live, observation.snapshot.now)
+        reclaims = self.orphans.find(self.fabric.devices(), self.fabric.operations(), live - deleted,
+                                     observation.snapshot.now, deleted=deleted)
         for reclaim in reclaims:
             if reclaim.node in busy:
                 continue  # a detach already runs there; judged again when it ends

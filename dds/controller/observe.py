@@ -248,6 +248,8 @@ class ClusterObserver:
         # ResourceClaims become the GPU requests they amount to before anything counts GPU use (docs/dra.md).
         dra = self._dra.read()
         claims = any(entry.claims for entry in on_nodes.values()) or any(r.info.resource_claims for r in waiting)
+        # A pending pod asking for an extended resource a DeviceClass serves is a claim too (KEP-5004, docs/dra.md).
+        claims = claims or bool(dra.classes and waiting)
         fabric_devices = self._fabric.devices()
         # A vendor DRA driver names a GPU by its UUID; the fabric may call it otherwise (a ComposableResource's name).
         fabric_models = {d.serial: d.model for d in fabric_devices if d.serial}

@@ -3,6 +3,7 @@
 | orphan                                                     | reclaimed when                              | how                   |
 |------------------------------------------------------------|---------------------------------------------|-----------------------|
 | devices (online or failed) on a node missing from the cluster | the node has been missing `timeout` seconds | force detach          |
+| devices on a node being deleted that a NodeHoldingFabric holds | at once                                     | force detach          |
 | an attach in flight for `timeout` seconds (a hung composition) | at once                                   | force detach of the   |
 |                                                            |                                             | node's attaching devices, which cancels it |
 
@@ -19,11 +20,22 @@ are judged on the operation's own start time, which the fabric keeps across rest
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Collection, Iterable
+from typing import Collection, Iterable, Protocol, runtime_checkable
 
 from dds.fabric.base import DeviceState, FabricDevice, Operation, OperationKind
 
 _SETTLED = (DeviceState.ONLINE, DeviceState.FAILED)  # attached, nothing in flight: only a detach moves them
+
+
+@runtime_checkable
+class NodeHoldingFabric(Protocol):
+    """A fabric that can only detach from a node that still exists, and so holds a node's deletion (a finalizer)
+    until DDS has reclaimed its devices (the ComposabilityRequest backend)."""
+
+    def deleted_nodes_to_reclaim(self, candidates: Collection[str]) -> set[str]:
+        """Of `candidates` (nodes marked for deletion), those being deleted that still hold devices; the others it
+        holds are let go."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -41,9 +53,12 @@ class OrphanFinder:
     _missing_since: dict[str, float] = field(default_factory=dict)
 
     def find(self, devices: Iterable[FabricDevice], operations: Iterable[Operation], live_nodes: Collection[str],
-             now: float) -> list[Reclaim]:
+             now: float, deleted: Collection[str] = ()) -> list[Reclaim]:
+        """`deleted`: nodes being deleted that wait for DDS to reclaim their devices (a fabric that holds deleted nodes,
+        `NodeHoldingFabric`): not live, and reclaimed at once (a deletion is no apiserver blip)."""
         devices = list(devices)
-        settled_on_missing: dict[str, list[str]] = {}
+        # By node and model: a backend may detach one model per call (a ComposabilityRequest holds one model).
+        settled_on_missing: dict[tuple[str, str], list[str]] = {}
         attaching: dict[str, list[str]] = {}
         for device in devices:
             if device.node is None:
@@ -51,14 +66,20 @@ class OrphanFinder:
             if device.state == DeviceState.ATTACHING:
                 attaching.setdefault(device.node, []).append(device.id)
             elif device.node not in live_nodes and device.state in _SETTLED:
-                settled_on_missing.setdefault(device.node, []).append(device.id)
+                settled_on_missing.setdefault((device.node, device.model), []).append(device.id)
         self._note_missing({d.node for d in devices if d.node and d.node not in live_nodes}, now)
 
         reclaims = []
-        for node in sorted(settled_on_missing):
+        for node, model in sorted(settled_on_missing):
+            ids = tuple(sorted(settled_on_missing[node, model]))
+            if node in deleted:
+                reclaims.append(Reclaim(node, ids, (
+                    f"node {node} is being deleted with {len(ids)} {model} device(s) attached: returning them to "
+                    f"the pool before it goes (the node waits for DDS's finalizer)")))
+                continue
             gone_for = now - self._missing_since[node]
             if gone_for >= self.timeout_seconds:
-                reclaims.append(Reclaim(node, tuple(sorted(settled_on_missing[node])), (
+                reclaims.append(Reclaim(node, ids, (
                     f"node {node} has been gone for {gone_for:.0f}s (orphan timeout {self.timeout_seconds:.0f}s): "
                     f"returning its devices to the pool")))
         reclaims += self._hung_attaches(operations, attaching, now)

@@ -8,9 +8,12 @@ ONE `samenode` request per (node, type, model), named `<prefix><node>-<type>-<mo
 - detach ids = annotate those ComposableResources `cohdi.io/delete-device: "true"`, then lower `size` by len(ids).
   The operator removes not-yet-attached resources first, then the annotated ones, then the least recently used, so
   the devices DDS chose are the ones that go — unless an attach is still in flight on the same request, which is why
-  a detach is refused (retryably) until the request's resources are all Online. `force` cannot be expressed per
-  detach (changing `force_detach` on a live request makes the operator replace *all* its devices), so a forced detach
-  is sent as a normal one and the operator's in-use check applies.
+  a detach is refused (retryably) until the request's resources are all Online. `force` is honoured when the
+  detach empties the request (the chosen resources get `spec.force_detach`, and the operator skips its in-use check);
+  otherwise it is sent as a normal detach (a resource whose `force_detach` differs from its request's is replaced by
+  the operator while the request keeps devices, so forcing a few would replace the others).
+- a node is held with DDS's finalizer `dds.cdi.dev/fabric-devices` from its first attach: the operator detaches only
+  from a node that still exists, so a deleted node waits while DDS reclaims its devices (`deleted_nodes_to_reclaim`).
 
 What the operator does (CoHDI composable-resource-operator, read in its source and checked against the running
 operator in tests/integration/fabric and tests/e2e), and what this backend makes of it:
@@ -51,11 +54,12 @@ from types import MappingProxyType
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 from dds.config import ComposabilitySettings, PoolSpec
+from dds.crashpoints import crashpoint
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, FabricDevice, FabricError, Operation,
                              OperationKind, OperationState, PoolState)
 from dds.kube import ApiClient
-from dds.kube.composability import (FIELD_MANAGER, GROUP, REQUESTS, RESOURCES, VERSION, ComposabilityObjects,
-                                    ObjectCache)
+from dds.kube.composability import (FIELD_MANAGER, GROUP, NODE_FINALIZER, REQUESTS, RESOURCES, VERSION,
+                                    ComposabilityObjects, ObjectCache)
 from dds.kube.errors import ApiError
 
 __all__ = ["GROUP", "VERSION", "REQUESTS", "RESOURCES", "ComposabilityRequestFabric", "request_name"]
@@ -160,9 +164,11 @@ class ComposabilityRequestFabric:
                 if refusal is not None:
                     self._refused[request.key] = refusal
                     return refusal
+                self._hold_node(request.key, request.node)
                 record = self._new_record(request.key, OperationKind.ATTACH, request.node, request.model,
                                           request.pool, request.count, existing)
                 if self._write_size(name, existing, request.node, request.model, record, +request.count):
+                    crashpoint("fabric.attach.accepted")  # the request's size and record written; not followed yet
                     return self._operation_from(record, self._get_request(name))
             raise FabricError(ErrorCode.BACKEND, f"ComposabilityRequest {name} kept changing; attach {request.key} "
                                                  f"not applied")
@@ -174,9 +180,6 @@ class ComposabilityRequestFabric:
         with self._lock:
             model = self._model_of_devices(request)
             name = request_name(self._settings.request_name_prefix, request.node, self._type, model)
-            if request.force:
-                log.info("detach %s: force cannot be set per detach on a ComposabilityRequest; the operator's "
-                         "in-use check applies", request.key)
             for _ in range(_CONFLICT_ATTEMPTS):
                 existing = self._get_request(name)
                 if existing is None:
@@ -194,11 +197,16 @@ class ComposabilityRequestFabric:
                 if existing is None:
                     continue
                 self._check_nothing_attaching(request.key, name, existing)
-                self._mark_for_removal(request.key, request.device_ids)
+                force = request.force and len(request.device_ids) == size
+                if request.force and not force:
+                    log.info("detach %s: forced, but the request keeps devices, so the operator's in-use check "
+                             "applies (see _mark_for_removal)", request.key)
+                self._mark_for_removal(request.key, request.device_ids, force)
                 record = self._new_record(request.key, OperationKind.DETACH, request.node, model,
                                           self._pool_of_model.get(model, ""), len(request.device_ids), existing)
                 record["asked"] = list(request.device_ids)
                 if self._write_size(name, existing, request.node, model, record, -len(request.device_ids)):
+                    crashpoint("fabric.detach.accepted")
                     return self._operation_from(record, self._get_request(name))
             raise FabricError(ErrorCode.BACKEND, f"ComposabilityRequest {name} kept changing; detach {request.key} "
                                                  f"not applied")
@@ -222,6 +230,44 @@ class ComposabilityRequestFabric:
 
     def close(self) -> None:
         """Nothing to release: the requests are the state."""
+
+    def deleted_nodes_to_reclaim(self, candidates: Collection[str]) -> set[str]:
+        """Of `candidates` (nodes the cluster shows marked for deletion), those being deleted that still hold devices
+        DDS asked for: DDS must detach those now. A node being deleted that holds none is let go here (DDS's
+        finalizer removed), so its deletion completes.
+
+        Why the finalizer: when a Node is gone the operator deletes its ComposableResources *without* calling the
+        fabric (it finds the node's fabric machine through the Node), so the devices would stay attached in the fabric
+        with nothing left in the cluster to show them. DDS adds NODE_FINALIZER to a node before its first attach
+        there; a deleted node then waits, still a Node, while DDS detaches its devices through the operator as any
+        detach (the orphan reclaim), and goes once none is left."""
+        if not candidates:
+            return set()
+        view = self._view()
+        ours = {name for name, request in view.requests.items() if _labels(request).get(LABEL_MANAGED_BY) == MANAGER}
+        holding: set[str] = set()
+        for resource in view.resources.values():  # DDS's devices, to the last one gone (detaching ones too)
+            if _labels(resource).get(LABEL_MANAGED_BY) in ours:
+                holding.add((resource.get("spec") or {}).get("target_node") or "")
+        for name in ours:  # and what DDS asked for that the operator has not created yet
+            node, _ = _targets(view.requests[name])
+            if node and int(view.requests[name]["spec"]["resource"].get("size", 0)) > 0:
+                holding.add(node)
+        to_reclaim = set()
+        for node in sorted(set(candidates)):
+            try:
+                hold = self._objects.node_hold(node)
+                if hold is None or not hold.held or not hold.deleting:
+                    continue
+                if node in holding:
+                    to_reclaim.add(node)
+                    continue
+                self._objects.release_node(node)
+            except ApiError as exc:
+                raise _api_error(f"release node {node} (finalizer {NODE_FINALIZER})", exc) from exc
+            log.info("node %s is being deleted and holds no device of DDS's any more: finalizer %s removed", node,
+                     NODE_FINALIZER)
+        return to_reclaim
 
     # --- deciding ---
     def _check_sole_writer(self, key: str, name: str, node: str, model: str, existing: Optional[dict[str, Any]]) -> None:
@@ -260,14 +306,31 @@ class ComposabilityRequestFabric:
                                                  f"their way ({waiting}); the operator would cancel those instead "
                                                  f"of the ones asked for, so the detach waits for them")
 
-    def _mark_for_removal(self, key: str, device_ids: Sequence[str]) -> None:
+    def _mark_for_removal(self, key: str, device_ids: Sequence[str], force: bool) -> None:
+        """Annotate the chosen devices so the operator removes them first; `force`: every device of the request goes,
+        and the operator is to skip its in-use check for them (spec.force_detach). A force is only honoured when the
+        whole request is emptied: while the size stays above 0 the operator replaces any resource whose force_detach
+        differs from the request's, so forcing a few would also replace others (then it is sent as a normal detach)."""
         for device_id in device_ids:
             try:
                 found = self._objects.annotate_resource(device_id, {ANN_DELETE_DEVICE: "true"})
+                if found and force:
+                    found = self._objects.force_detach_resource(device_id)
             except ApiError as exc:
                 raise _api_error(f"detach {key}: mark ComposableResource {device_id} for removal", exc) from exc
             if not found:
                 raise FabricError(ErrorCode.NOT_FOUND, f"detach {key}: ComposableResource {device_id} is gone")
+
+    def _hold_node(self, key: str, node: str) -> None:
+        """DDS's finalizer on the node before any device is asked for it: see `deleted_nodes_to_reclaim`."""
+        try:
+            hold = self._objects.hold_node(node)
+        except ApiError as exc:
+            raise _api_error(f"attach {key}: add finalizer {NODE_FINALIZER} to node {node}", exc) from exc
+        if hold is None:
+            raise FabricError(ErrorCode.NOT_FOUND, f"attach {key}: node {node} does not exist")
+        if hold.deleting:
+            raise FabricError(ErrorCode.INVALID, f"attach {key}: node {node} is being deleted")
 
     def _validate_attach(self, request: AttachRequest) -> None:
         if not request.key or not request.node or request.count <= 0:

@@ -11,11 +11,23 @@ Discovery (every query reads the service; what never changes — a block's model
 - Device state from the block's `CompositionStatus.CompositionState`: Composing -> attaching, Composed /
   ComposedAndAvailable -> online, Failed -> failed; Unused and linked to no system -> free in the pool.
 
-Changes: the `#ComputerSystem.AddResourceBlock` / `#ComputerSystem.RemoveResourceBlock` actions when the system
-advertises them (ComputerSystem v1_6_0+), else a PATCH of the system's whole `Links.ResourceBlocks`. Redfish has no
-per-node slot count: the configured pools' `max_slots_per_node` is enforced here, and a service's own refusal
-(Base ResourceExhaustion) also reads as SlotsFull. Redfish has no notion of a device being in use either, so `force` on
-detach has nothing to override.
+Changes, by what the service advertises (DSP0268): the CompositionService's `#CompositionService.Compose` action (a
+`ComposeSystem` stanza naming the system by `@odata.id` with its desired `Links.ResourceBlocks`), else the system's
+`#ComputerSystem.AddResourceBlock` / `#ComputerSystem.RemoveResourceBlock` actions (ComputerSystem v1_6_0+), else a
+PATCH of the system's whole `Links.ResourceBlocks` with `If-Match` set to the system's ETag, read again and retried on
+412 (another writer changed the system in between; `MAX_PRECONDITION_RETRIES`). A change the service answers `202
+Accepted` is followed through its task monitor (`Location`): its URI is stored with the block, polled once per call
+(never blocking the caller), and the block is done when the monitor answers the request's outcome — an error there
+fails the block with the service's message. Sessions: login through `Links.Sessions` (basic authentication when the
+service has no session service); a 401 later (the session expired, the BMC restarted) logs in again and retries the
+request once, with exponential backoff between failed logins (`LOGIN_BACKOFF_*`). Redfish has no per-node slot count:
+the configured pools' `max_slots_per_node` is enforced here, and a service's own refusal (Base ResourceExhaustion) also
+reads as SlotsFull. A refusal's Base registry message (`@Message.ExtendedInfo`) is the operation's error message, which
+the controller puts in the node's AttachFailed/DetachFailed Event. Redfish has no notion of a device being in use
+either, so `force` on detach has nothing to override.
+
+Read-only (`read_only=True`, what `dds plan` builds): queries read the service and the operation log and never drive
+an operation; attach and detach are refused. Nothing but GETs (and the session's login/logout) reaches the service.
 
 Crash safety: an operation is written to the `FabricStateStore` with the blocks it will touch (each `planned`) *before*
 any request to the service and before `attach`/`detach` return; each block moves to `requested` once the service
@@ -51,6 +63,10 @@ FINISHED_RETENTION_SECONDS = 3600.0
 DEFAULT_POOL = "default"
 ADD_ACTION = "#ComputerSystem.AddResourceBlock"
 REMOVE_ACTION = "#ComputerSystem.RemoveResourceBlock"
+COMPOSE_ACTION = "#CompositionService.Compose"
+MAX_PRECONDITION_RETRIES = 3  # PATCHes refused 412 (a concurrent writer) before the block fails
+LOGIN_BACKOFF_BASE_SECONDS = 1.0  # after a failed re-login, the next waits 1, 2, 4, ... s
+LOGIN_BACKOFF_MAX_SECONDS = 60.0
 _ONLINE_STATES = {"Composed", "ComposedAndAvailable"}
 
 # Per-block progress inside an operation.
@@ -88,6 +104,7 @@ class _System:
 class _Inventory:
     blocks: dict[str, _Block]  # by uri, GPU blocks only
     systems: dict[str, _System]  # by uri
+    compose_target: Optional[str] = None  # the CompositionService's Compose action, when it advertises one
 
     def system_for(self, node: str) -> Optional[_System]:
         by_host = [s for s in self.systems.values() if s.names[0] == node]
@@ -110,7 +127,7 @@ class RedfishFabric:
 
     def __init__(self, settings: RedfishSettings, *, clock: Clock, store: FabricStateStore,
                  password: Optional[str] = None, pools: Sequence[PoolSpec] = (),
-                 session: Optional[requests.Session] = None, name: str = "redfish") -> None:
+                 session: Optional[requests.Session] = None, name: str = "redfish", read_only: bool = False) -> None:
         self.name = name
         self._settings = settings
         self._clock = clock
@@ -122,6 +139,10 @@ class RedfishFabric:
         self._http.headers.update({"Accept": "application/json", "OData-Version": "4.0"})
         self._password = read_password(settings) if password is None else password
         self._session_uri: Optional[str] = None
+        self._session_auth = False  # the service has a session service: a 401 means log in again
+        self._login_failures = 0
+        self._next_login_at = 0.0
+        self._read_only = read_only
         self._lock = threading.RLock()
         self._static: dict[str, tuple[Optional[str], str]] = {}  # block uri -> (GPU model or None, pool)
         self._log, self._version = self._load_log()
@@ -158,6 +179,7 @@ class RedfishFabric:
         return tuple(out)
 
     def attach(self, request: AttachRequest) -> Operation:
+        self._refuse_if_read_only(request.key)
         if not request.key or not request.node or request.count <= 0:
             raise FabricError(ErrorCode.INVALID, f"attach {request.key or '<no key>'}: key, node and a positive "
                                                  f"count are required (count {request.count})")
@@ -170,6 +192,7 @@ class RedfishFabric:
             return self._public(request.key)
 
     def detach(self, request: DetachRequest) -> Operation:
+        self._refuse_if_read_only(request.key)
         if not request.key or not request.node or not request.device_ids:
             raise FabricError(ErrorCode.INVALID, f"detach {request.key or '<no key>'}: key, node and device_ids "
                                                  f"are required")
@@ -205,6 +228,11 @@ class RedfishFabric:
                 log.info("could not end the Redfish session %s: %s", self._session_uri, exc)
             self._session_uri = None
         self._http.close()
+
+    def _refuse_if_read_only(self, key: str) -> None:
+        if self._read_only:
+            raise FabricError(ErrorCode.INVALID, f"{key}: this Redfish fabric is read-only (dds plan): it changes "
+                                                 f"nothing on the service")
 
     # --- planning (nothing sent to the service yet) ---
     def _plan_attach(self, request: AttachRequest, inventory: _Inventory, system: _System) -> dict[str, Any]:
@@ -243,6 +271,8 @@ class RedfishFabric:
 
     # --- driving operations forward ---
     def _drive(self, only: Optional[str] = None) -> None:
+        if self._read_only:
+            return  # dds plan: what the log and the service say now, nothing sent
         running = [k for k, op in self._log.items() if op["state"] == OperationState.RUNNING.value
                    and (only is None or k == only)]
         if not running:
@@ -257,6 +287,9 @@ class RedfishFabric:
                     self._request_block(op, uri, progress, inventory)
                     if progress["step"] == REQUESTED:
                         inventory = self._inventory()  # the service changed: see it before the next block
+                elif progress["step"] == REQUESTED and progress.get("monitor"):
+                    if self._follow_task(uri, progress):
+                        inventory = self._inventory()  # the task ended: see the blocks as it left them
             self._settle(op, inventory)
             if repr(op) != before:
                 self._record(key, op)
@@ -279,28 +312,81 @@ class RedfishFabric:
         progress["attempts"] += 1
         self._record(op["key"], op)
         try:
-            self._compose(system, block, add=attach)
+            monitor = self._compose(system, block, inventory, add=attach)
         except RedfishHTTPError as exc:
             if exc.status >= 500 and progress["attempts"] < MAX_ATTEMPTS:
                 log.warning("Redfish %s of %s: %s; will retry", op["kind"], block.id, exc)
                 return
             progress.update(step=REJECTED, error=exc.message, message_id=exc.message_id)
             return
-        except requests.RequestException as exc:
+        except (requests.RequestException, FabricError) as exc:  # unreachable, or the system could not be read
             if progress["attempts"] < MAX_ATTEMPTS:
                 log.warning("Redfish %s of %s: %s; will retry", op["kind"], block.id, exc)
                 return
             progress.update(step=REJECTED, error=str(exc))
             return
         progress["step"] = REQUESTED
+        if monitor:
+            progress["monitor"] = monitor  # stored with the block: whichever process drives it next follows it
 
-    def _compose(self, system: _System, block: _Block, *, add: bool) -> None:
+    def _compose(self, system: _System, block: _Block, inventory: _Inventory, *, add: bool) -> Optional[str]:
+        """Ask the service to add or remove `block`; the task monitor's URI when it answered 202 Accepted."""
+        if inventory.compose_target:
+            # The Compose action states the system's desired end state and has no precondition: build it on the latest
+            # links, less the blocks DDS is removing (a removal that ends between this read and the POST would
+            # otherwise be undone by the very list that still names the block).
+            current, _ = self._get_resource(system.uri)
+            links = _desired_links([uri for uri in _linked_blocks(current) if uri not in self._removing()], block.uri,
+                                   add)
+            manifest = {"Description": f"DDS: {'add' if add else 'remove'} {block.id}",
+                        "Stanzas": [{"StanzaType": "ComposeSystem", "StanzaId": block.id,
+                                     "Request": {"@odata.id": system.uri, "Links": {"ResourceBlocks": links}}}]}
+            return self._send("POST", inventory.compose_target, {"RequestFormat": "Manifest",
+                                                                  "RequestType": "Apply", "Manifest": manifest})
         action = system.actions.get(ADD_ACTION if add else REMOVE_ACTION)
         if action:
-            self._send("POST", action, {"ResourceBlock": {"@odata.id": block.uri}})
-            return
-        links = [uri for uri in system.blocks if uri != block.uri] + ([block.uri] if add else [])
-        self._send("PATCH", system.uri, {"Links": {"ResourceBlocks": [{"@odata.id": uri} for uri in links]}})
+            return self._send("POST", action, {"ResourceBlock": {"@odata.id": block.uri}})
+        return self._patch_links(system.uri, block.uri, add)
+
+    def _removing(self) -> set[str]:
+        """Blocks whose removal DDS has requested and not yet seen end."""
+        return {uri for op in self._log.values() if op["kind"] == OperationKind.DETACH.value
+                and op["state"] == OperationState.RUNNING.value
+                for uri, progress in op["blocks"].items() if progress["step"] == REQUESTED}
+
+    def _patch_links(self, system_uri: str, block_uri: str, add: bool) -> Optional[str]:
+        """Read-modify-write of the system's Links.ResourceBlocks under If-Match: a 412 means another writer changed
+        the system since it was read, so read it again and redo the change on what that writer left."""
+        for attempt in range(1, MAX_PRECONDITION_RETRIES + 1):
+            current, etag = self._get_resource(system_uri)
+            links = _desired_links(_linked_blocks(current), block_uri, add)
+            try:
+                return self._send("PATCH", system_uri, {"Links": {"ResourceBlocks": links}},
+                                  headers={"If-Match": etag} if etag else None)
+            except RedfishHTTPError as exc:
+                if exc.status != 412 or attempt == MAX_PRECONDITION_RETRIES:
+                    raise
+                log.info("Redfish PATCH of %s: ETag %s is stale (%s); reading it again", system_uri, etag, exc)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _follow_task(self, uri: str, progress: dict[str, Any]) -> bool:
+        """Poll a block's task monitor once; True when the task has ended (the block's progress is updated)."""
+        monitor = progress["monitor"]
+        try:
+            response = self._request("GET", monitor)
+        except requests.RequestException as exc:
+            log.warning("Redfish task monitor %s of %s: %s; will poll again", monitor, uri, exc)
+            return False
+        if response.status_code == 202:
+            return False
+        del progress["monitor"]
+        if response.status_code == 404:
+            log.info("Redfish task monitor %s of %s is gone; the block's state tells the outcome", monitor, uri)
+            return True
+        failure = _task_failure(response)
+        if failure is not None:
+            progress.update(step=REJECTED, error=failure.message, message_id=failure.message_id)
+        return True
 
     def _settle(self, op: dict[str, Any], inventory: _Inventory) -> None:
         """Finish the operation when every block has reached an end state."""
@@ -311,8 +397,8 @@ class RedfishFabric:
             if progress["step"] == REJECTED:
                 failed.append(uri)
                 errors.append(progress)
-            elif progress["step"] == PLANNED or block is None:
-                return
+            elif progress["step"] == PLANNED or block is None or progress.get("monitor"):
+                return  # not requested yet, or its task still runs
             elif attach:
                 if block.system_uri == op["system"] and block.state in _ONLINE_STATES:
                     done.append(block.id)
@@ -400,7 +486,9 @@ class RedfishFabric:
         for member in self._get(_link(root, "Systems", "ServiceRoot")).get("Members", []):
             system = _system_from(self._get(member["@odata.id"]))
             systems[system.uri] = system
-        return _Inventory(blocks, systems)
+        compose = composition.get("Actions", {}).get(COMPOSE_ACTION)
+        target = str(compose["target"]) if isinstance(compose, dict) and compose.get("target") else None
+        return _Inventory(blocks, systems, target)
 
     def _read_block(self, uri: str) -> Optional[_Block]:
         body = self._get(uri)
@@ -436,29 +524,73 @@ class RedfishFabric:
         return path if path.startswith("http") else f"{self._base}{path}"
 
     def _login(self) -> None:
-        if not self._settings.username:
+        """Log in through the service's session service; basic authentication when it has none."""
+        if not self._settings.username or self._login_session():
             return
-        try:
-            root = self._get("/redfish/v1/")
-            sessions = root.get("Links", {}).get("Sessions", {}).get("@odata.id")
-            if sessions:
-                response = self._http.post(self._url(sessions), json={"UserName": self._settings.username,
-                                                                      "Password": self._password},
-                                           timeout=self._settings.timeout_seconds)
-                if response.status_code in (200, 201) and response.headers.get("X-Auth-Token"):
-                    self._http.headers["X-Auth-Token"] = response.headers["X-Auth-Token"]
-                    self._session_uri = response.headers.get("Location")
-                    return
-                log.info("Redfish session login answered %s; using basic authentication", response.status_code)
-        except (requests.RequestException, RedfishHTTPError) as exc:
-            log.info("Redfish session login failed (%s); using basic authentication", exc)
+        if self._session_auth:  # it has sessions but refused this login: later calls try again, with backoff
+            self._login_failures = 1
+            self._next_login_at = self._clock() + LOGIN_BACKOFF_BASE_SECONDS
+            return
         self._http.auth = (self._settings.username, self._password)
+
+    def _login_session(self) -> bool:
+        self._http.headers.pop("X-Auth-Token", None)
+        try:
+            response = self._http.get(self._url("/redfish/v1/"), timeout=self._settings.timeout_seconds)
+            sessions = response.json().get("Links", {}).get("Sessions", {}).get("@odata.id") if response.ok else None
+            if not sessions:
+                log.info("Redfish service root answered %s with no Links.Sessions: using basic authentication",
+                         response.status_code)
+                return False
+            self._session_auth = True
+            response = self._http.post(self._url(sessions), json={"UserName": self._settings.username,
+                                                                  "Password": self._password},
+                                       timeout=self._settings.timeout_seconds)
+        except (requests.RequestException, ValueError, AttributeError) as exc:
+            log.info("Redfish session login failed: %s", exc)
+            return False
+        token = response.headers.get("X-Auth-Token")
+        if response.status_code in (200, 201) and token:
+            self._http.headers["X-Auth-Token"] = token
+            self._session_uri = response.headers.get("Location")
+            return True
+        log.warning("Redfish session login refused: %s", _http_error(response))
+        return False
+
+    def _relogin(self) -> bool:
+        """After a 401 on a session: log in again, unless a failed login asked to wait (exponential backoff)."""
+        now = self._clock()
+        if now < self._next_login_at:
+            return False
+        if self._login_session():
+            log.info("Redfish session expired; logged in again")
+            self._login_failures = 0
+            return True
+        self._login_failures += 1
+        wait = min(LOGIN_BACKOFF_MAX_SECONDS, LOGIN_BACKOFF_BASE_SECONDS * 2 ** (self._login_failures - 1))
+        self._next_login_at = now + wait
+        log.warning("Redfish login failed %d time(s); next try in %.0f s", self._login_failures, wait)
+        return False
+
+    def _request(self, method: str, path: str, body: Optional[dict[str, Any]] = None,
+                 headers: Optional[dict[str, str]] = None) -> requests.Response:
+        """One request; a 401 on a session (expired, or the service restarted) logs in again and retries once."""
+        response = self._http.request(method, self._url(path), json=body, headers=headers,
+                                      timeout=self._settings.timeout_seconds)
+        if response.status_code == 401 and self._session_auth and self._relogin():
+            response = self._http.request(method, self._url(path), json=body, headers=headers,
+                                          timeout=self._settings.timeout_seconds)
+        return response
+
+    def _get(self, path: str) -> dict[str, Any]:
+        return self._get_resource(path)[0]
 
     @retry(retry=retry_if_exception_type(requests.ConnectionError), stop=stop_after_attempt(3),
            wait=wait_exponential(multiplier=0.2, max=2.0), reraise=True)
-    def _get(self, path: str) -> dict[str, Any]:
+    def _get_resource(self, path: str) -> tuple[dict[str, Any], Optional[str]]:
+        """The resource and its ETag (the header, else `@odata.etag`)."""
         try:
-            response = self._http.get(self._url(path), timeout=self._settings.timeout_seconds)
+            response = self._request("GET", path)
         except requests.Timeout as exc:
             raise FabricError(ErrorCode.TIMEOUT, f"GET {path}: {exc}") from exc
         except requests.ConnectionError:
@@ -469,12 +601,18 @@ class RedfishFabric:
             error = _http_error(response)
             raise FabricError(ErrorCode.NOT_FOUND if response.status_code == 404 else ErrorCode.BACKEND,
                               f"GET {path}: {error}")
-        return response.json()
+        body = response.json()
+        return body, response.headers.get("ETag") or body.get("@odata.etag")
 
-    def _send(self, method: str, path: str, body: dict[str, Any]) -> None:
-        response = self._http.request(method, self._url(path), json=body, timeout=self._settings.timeout_seconds)
+    def _send(self, method: str, path: str, body: dict[str, Any],
+              headers: Optional[dict[str, str]] = None) -> Optional[str]:
+        """A change; the task monitor's URI when the service accepted it for later (202 with a Location)."""
+        response = self._request(method, path, body, headers)
         if response.status_code >= 300:
             raise _http_error(response)
+        if response.status_code == 202:
+            return response.headers.get("Location")
+        return None
 
 
 def _new_op(key: str, kind: OperationKind, node: str, system: str, pool: str, model: str, count: int,
@@ -517,6 +655,31 @@ def _system_from(body: dict[str, Any]) -> _System:
                if action in (ADD_ACTION, REMOVE_ACTION) and isinstance(spec, dict) and "target" in spec}
     blocks = tuple(link["@odata.id"] for link in body.get("Links", {}).get("ResourceBlocks", []))
     return _System(str(body["@odata.id"]), host or name, (host, name), blocks, actions)
+
+
+def _linked_blocks(system: dict[str, Any]) -> list[str]:
+    return [link["@odata.id"] for link in system.get("Links", {}).get("ResourceBlocks", [])]
+
+
+def _desired_links(current: list[str], block_uri: str, add: bool) -> list[dict[str, str]]:
+    links = [uri for uri in current if uri != block_uri] + ([block_uri] if add else [])
+    return [{"@odata.id": uri} for uri in links]
+
+
+def _task_failure(response: requests.Response) -> Optional[RedfishHTTPError]:
+    """The error a task monitor's final answer reports, or None when the request succeeded. Services answer the
+    request's own outcome (an error status with a Base message), or 200 with the Task itself (TaskState)."""
+    if response.status_code >= 300:
+        return _http_error(response)
+    try:
+        task = response.json() if response.content else {}
+    except ValueError:
+        return None
+    if isinstance(task, dict) and task.get("TaskState") in ("Exception", "Killed", "Cancelled"):
+        messages = task.get("Messages") or [{}]
+        return RedfishHTTPError(response.status_code, str(messages[-1].get("MessageId", "")),
+                                str(messages[-1].get("Message") or f"the task ended {task['TaskState']}"))
+    return None
 
 
 def _http_error(response: requests.Response) -> RedfishHTTPError:

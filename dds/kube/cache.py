@@ -436,13 +436,15 @@ class ClusterCache:
     dra: Optional[dict[str, Collection[Any]]] = None
     # The CDI operator's ComposabilityRequests and ComposableResources by plural, when that fabric backend is in use.
     composability: Optional[dict[str, Collection[Obj]]] = None
+    # Gang objects (dds/kube/podgroups.py: Workloads, PodGroups) by kind, for the kinds served when the cache started.
+    gangs: Optional[dict[Any, Collection[Obj]]] = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
     @classmethod
     def for_cluster(cls, api: client.ApiClient, *, capi_version: Optional[str], machineset_namespaces: Sequence[str] = (),
                     dra: bool = False, composability: Sequence[tuple[str, str, str]] = (),
-                    **options: Any) -> "ClusterCache":
+                    gangs: Sequence[Any] = (), **options: Any) -> "ClusterCache":
         """`composability`: (group, version, plural) of cluster-scoped fabric objects to watch."""
         """`capi_version`: the served cluster.x-k8s.io version, or None when Cluster API is not installed."""
         from dds.kube.machinesets import CAPI_GROUP
@@ -457,8 +459,11 @@ class ClusterCache:
         dra_collections = {name: collection([r]) for name, r in dra_resources().items()} if dra else None
         fabric = {plural: collection(custom_objects(group, version, plural))
                   for group, version, plural in composability} or None
+        # `gangs`: podgroups.GangApi, watched in every namespace, named in full (two kinds are "podgroups").
+        gang_collections = {kind: collection([Resource(kind.name, f"/apis/{kind.group}/{kind.version}/{kind.plural}",
+                                                       decode.lean_object)]) for kind in gangs} or None
         return cls(pods=collection([pods()]), nodes=collection([nodes()]), machines=machines, machinesets=machinesets,
-                   dra=dra_collections, composability=fabric)
+                   dra=dra_collections, composability=fabric, gangs=gang_collections)
 
     def assume(self, obj: Mapping[str, Any]) -> None:
         """A Machine or MachineSet a write of DDS's answered, read back at once (`Reflector.assume`)."""
@@ -469,6 +474,7 @@ class ClusterCache:
     def collections(self) -> tuple[Collection[Any], ...]:
         extra = tuple(self.dra.values()) if self.dra else ()
         extra += tuple(self.composability.values()) if self.composability else ()
+        extra += tuple(self.gangs.values()) if self.gangs else ()
         return tuple(c for c in (self.pods, self.nodes, self.machines, self.machinesets) if c is not None) + extra
 
     def reflectors(self) -> tuple[Reflector[Any], ...]:
@@ -521,8 +527,11 @@ def cluster_cache(api: client.ApiClient, machineset_namespaces: Sequence[str] = 
         log.warning("cannot tell which Cluster API version is served (%s): Machines and MachineSets are listed per "
                     "decision instead of watched", exc)
         version = None
+    from dds.kube.podgroups import served_gang_apis
+
     return ClusterCache.for_cluster(api, capi_version=version, machineset_namespaces=machineset_namespaces,
-                                    dra=dra_served(api), composability=composability, **options)
+                                    dra=dra_served(api), composability=composability, gangs=served_gang_apis(api),
+                                    **options)
 
 
 def dra_served(api: client.ApiClient) -> bool:

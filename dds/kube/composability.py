@@ -8,6 +8,7 @@ error is raised as `dds.kube.errors.ApiError`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from kubernetes import client
@@ -25,10 +26,29 @@ FIELD_MANAGER = "dds"
 Obj = dict[str, Any]
 ObjectCache = Mapping[str, Collection[Obj]]  # watched collections by plural: ClusterCache.composability
 WATCHED = ((GROUP, VERSION, REQUESTS), (GROUP, VERSION, RESOURCES))  # what ClusterCache watches for this backend
+# Held on every Node DDS attaches to, from its first attach: the operator can only detach from a node that still
+# exists (it finds the node's fabric machine through the Node), so a deleted node waits until DDS has detached its
+# devices; DDS removes it then (dds/fabric/composability.py deleted_nodes_to_reclaim).
+NODE_FINALIZER = "dds.cdi.dev/fabric-devices"
 
+
+@dataclass(frozen=True)
+class NodeHold:
+    """A Node as the finalizer sees it."""
+
+    name: str
+    held: bool  # carries NODE_FINALIZER
+    deleting: bool  # has a deletionTimestamp: it goes once its finalizers are removed
 
 
 _with_retries = retrying(4)
+_NODE_ATTEMPTS = 5
+
+
+def _hold_of(node: Obj) -> NodeHold:
+    meta = node.get("metadata") or {}
+    return NodeHold(meta["name"], held=NODE_FINALIZER in (meta.get("finalizers") or ()),
+                    deleting=bool(meta.get("deletionTimestamp")))
 
 
 class ComposabilityObjects:
@@ -39,6 +59,7 @@ class ComposabilityObjects:
         (no LIST per fabric query: the observer asks for devices, operations and pools on every decision), and every
         write is assumed into it, so the fabric reads its own writes at once."""
         self._objects = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
         self._cache = cache or {}
 
     # --- ComposabilityRequests ---
@@ -84,6 +105,71 @@ class ComposabilityObjects:
         with api_errors():
             listed = _with_retries(self._objects.list_cluster_custom_object)(GROUP, VERSION, RESOURCES)
         return list(listed.get("items", []))
+
+    def force_detach_resource(self, name: str) -> bool:
+        """Set `spec.force_detach` on a ComposableResource (the operator then skips its in-use check when it detaches
+        it); False when it no longer exists."""
+        body = {"spec": {"force_detach": True}}
+        return self._write(RESOURCES, lambda: _with_retries(self._objects.patch_cluster_custom_object)(
+            GROUP, VERSION, RESOURCES, name, body, field_manager=FIELD_MANAGER), refused=404)
+
+    # --- the Node finalizer ---
+    def node_hold(self, name: str) -> Optional[NodeHold]:
+        """The Node's finalizer and deletion, or None when the Node does not exist."""
+        node = self._read_node(name)
+        return None if node is None else _hold_of(node)
+
+    def hold_node(self, name: str) -> Optional[NodeHold]:
+        """Add NODE_FINALIZER to the Node (a no-op when it is there). Not added to a Node already being deleted (the
+        apiserver refuses new finalizers then): the answer says so. None when the Node does not exist."""
+        for _ in range(_NODE_ATTEMPTS):
+            node = self._read_node(name)
+            if node is None:
+                return None
+            hold = _hold_of(node)
+            if hold.held or hold.deleting:
+                return hold
+            meta = node["metadata"]
+            patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]}]
+            patch += ([{"op": "add", "path": "/metadata/finalizers/-", "value": NODE_FINALIZER}] if meta.get(
+                "finalizers") else [{"op": "add", "path": "/metadata/finalizers", "value": [NODE_FINALIZER]}])
+            if self._patch_node(name, patch):
+                return NodeHold(name, held=True, deleting=False)
+        raise ApiError(409, f"Node {name} kept changing while DDS added its finalizer {NODE_FINALIZER}")
+
+    def release_node(self, name: str) -> None:
+        """Remove NODE_FINALIZER from the Node (nothing when it is absent or the Node is gone)."""
+        for _ in range(_NODE_ATTEMPTS):
+            node = self._read_node(name)
+            finalizers = list((node or {}).get("metadata", {}).get("finalizers") or [])
+            if NODE_FINALIZER not in finalizers:
+                return
+            index = finalizers.index(NODE_FINALIZER)
+            # The test pins the entry removed: another controller's finalizer may have moved meanwhile.
+            patch = [{"op": "test", "path": f"/metadata/finalizers/{index}", "value": NODE_FINALIZER},
+                     {"op": "remove", "path": f"/metadata/finalizers/{index}"}]
+            if self._patch_node(name, patch):
+                return
+        raise ApiError(409, f"Node {name} kept changing while DDS removed its finalizer {NODE_FINALIZER}")
+
+    def _read_node(self, name: str) -> Optional[Obj]:
+        try:
+            node = _with_retries(self._core.read_node)(name)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise ApiError.of(exc) from exc
+        return self._core.api_client.sanitize_for_serialization(node)
+
+    def _patch_node(self, name: str, patch: list[Obj]) -> bool:
+        """A JSON patch; False when its test failed (422/409: the Node changed meanwhile) or the Node is gone."""
+        try:
+            _with_retries(self._core.patch_node)(name, patch)
+        except client.ApiException as exc:
+            if exc.status in (404, 409, 422):
+                return False
+            raise ApiError.of(exc) from exc
+        return True
 
     def _cached(self, plural: str, label_selector: Optional[str]) -> Optional[list[Obj]]:
         """The watched objects (equality selectors applied here), or None when not watched or not synced now."""

@@ -105,9 +105,15 @@ def pod_claims(pod: Any) -> tuple[PodClaimRef, ...]:
     """spec.resourceClaims, each with the claim generated for its template (status.resourceClaimStatuses)."""
     statuses = getattr(pod.status, "resource_claim_statuses", None) if pod.status else None
     generated = {s.name: s.resource_claim_name for s in statuses or ()}
-    return tuple(PodClaimRef(c.name or "", getattr(c, "resource_claim_name", None) or None,
+    refs = tuple(PodClaimRef(c.name or "", getattr(c, "resource_claim_name", None) or None,
                              getattr(c, "resource_claim_template_name", None) or None, generated.get(c.name) or None)
                  for c in getattr(pod.spec, "resource_claims", None) or ())
+    # Extended resources served by DRA (KEP-5004), as dds/kube/decode.py pod_claims reads them.
+    extended = getattr(pod.status, "extended_resource_claim_status", None) if pod.status else None
+    if extended is not None and extended.resource_claim_name:
+        resources = tuple(sorted({m.resource_name or "" for m in extended.request_mappings or ()}))
+        refs += (PodClaimRef("", generated_name=extended.resource_claim_name, extended_resources=resources),)
+    return refs
 
 
 def _workload_ref(spec: Any) -> Optional[WorkloadRef]:
@@ -164,6 +170,7 @@ def pod_info(pod: Any) -> PodInfo:
         unsupported=tuple(unsupported),
         not_movable_reason=_not_movable_reason(pod, owner_kind),
         workload_ref=_workload_ref(spec),
+        scheduling_group=getattr(getattr(spec, "scheduling_group", None), "pod_group_name", None) or None,
         resource_claims=pod_claims(pod),
     )
 

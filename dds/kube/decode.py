@@ -18,8 +18,9 @@ from dds.kube.convert import ANN_MIRROR, ANN_SAFE_TO_EVICT, HOSTNAME_TOPOLOGY, T
 from dds.model.groups import Taint
 from dds.model.resources import Resources
 from dds.model.quantity import to_int
-from dds.planner.dra_records import (EXACT_COUNT, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraDevice,
-                                     PodClaimRef, ResourceClaimInfo, ResourceClaimTemplateInfo, ResourceSliceInfo)
+from dds.planner.dra_records import (EXACT_COUNT, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo,
+                                     DeviceTaintInfo, DraDevice, PodClaimRef, ResourceClaimInfo,
+                                     ResourceClaimTemplateInfo, ResourceSliceInfo)
 from dds.planner.snapshot import (ContainerRequests, HostPort, LabelSelector, NodeSelectorTerm, PodAffinityTerm,
                                   PodInfo, SelectorRequirement, Toleration, WorkloadRef)
 
@@ -178,11 +179,17 @@ def _unsupported(spec: Obj) -> list[str]:
 
 def pod_claims(pod: Obj) -> tuple[PodClaimRef, ...]:
     """spec.resourceClaims, each with the claim generated for its template (status.resourceClaimStatuses)."""
-    generated = {s.get("name"): s.get("resourceClaimName")
-                 for s in (pod.get("status") or _EMPTY).get("resourceClaimStatuses") or ()}
-    return tuple(PodClaimRef(c.get("name") or "", c.get("resourceClaimName") or None,
+    status = pod.get("status") or _EMPTY
+    generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or ()}
+    refs = tuple(PodClaimRef(c.get("name") or "", c.get("resourceClaimName") or None,
                              c.get("resourceClaimTemplateName") or None, generated.get(c.get("name")) or None)
                  for c in (pod.get("spec") or _EMPTY).get("resourceClaims") or ())
+    # Extended resources served by DRA (KEP-5004): kube-scheduler made a claim for them and names it here.
+    extended = status.get("extendedResourceClaimStatus") or _EMPTY
+    if extended.get("resourceClaimName"):
+        resources = tuple(sorted({m.get("resourceName") or "" for m in extended.get("requestMappings") or ()}))
+        refs += (PodClaimRef("", generated_name=extended["resourceClaimName"], extended_resources=resources),)
+    return refs
 
 
 def _workload_ref(spec: Obj) -> Optional[WorkloadRef]:
@@ -190,6 +197,11 @@ def _workload_ref(spec: Obj) -> Optional[WorkloadRef]:
     if not ref or not ref.get("name"):
         return None
     return WorkloadRef(ref["name"], ref.get("podGroup") or "", ref.get("podGroupReplicaKey") or "")
+
+
+def _scheduling_group(spec: Obj) -> Optional[str]:
+    """`spec.schedulingGroup.podGroupName` (Kubernetes 1.36): the PodGroup the pod belongs to."""
+    return (spec.get("schedulingGroup") or _EMPTY).get("podGroupName") or None
 
 
 def pod_info(pod: Obj) -> PodInfo:
@@ -230,6 +242,7 @@ def pod_info(pod: Obj) -> PodInfo:
         unsupported=tuple(unsupported),
         not_movable_reason=_not_movable_reason(meta, spec, owner_kind),
         workload_ref=_workload_ref(spec),
+        scheduling_group=_scheduling_group(spec),
         resource_claims=pod_claims(pod),
     )
 
@@ -297,6 +310,11 @@ def _attribute(value: Obj) -> Any:
     return None
 
 
+def _taints(items: Optional[Iterable[Obj]]) -> tuple[DeviceTaintInfo, ...]:
+    return tuple(DeviceTaintInfo(t.get("key") or "", t.get("value") or "", t.get("effect") or "",
+                                 t.get("operator") or "") for t in items or ())
+
+
 def dra_device(device: Obj, driver: str, pool: str) -> DraDevice:
     attributes = {_qualified(k, driver): _attribute(v or _EMPTY) for k, v in (device.get("attributes") or {}).items()}
     capacity = {_qualified(k, driver): to_int((v or _EMPTY).get("value") or 0)
@@ -305,7 +323,10 @@ def dra_device(device: Obj, driver: str, pool: str) -> DraDevice:
                      attributes=MappingProxyType({k: v for k, v in attributes.items() if v is not None}),
                      capacity=MappingProxyType(capacity), binds_to_node=bool(device.get("bindsToNode")),
                      binding_conditions=tuple(device.get("bindingConditions") or ()),
-                     binding_failure_conditions=tuple(device.get("bindingFailureConditions") or ()))
+                     binding_failure_conditions=tuple(device.get("bindingFailureConditions") or ()),
+                     allow_multiple_allocations=bool(device.get("allowMultipleAllocations")),
+                     consumes_counters=tuple(c.get("counterSet") or "" for c in device.get("consumesCounters") or ()),
+                     taints=_taints(device.get("taints")))
 
 
 def resource_slice(obj: Obj) -> ResourceSliceInfo:
@@ -314,7 +335,8 @@ def resource_slice(obj: Obj) -> ResourceSliceInfo:
     pool_name = pool.get("name") or ""
     return ResourceSliceInfo(name=_meta(obj).get("name") or "", driver=driver, pool=pool_name,
                              pool_generation=int(pool.get("generation") or 0), node_name=spec.get("nodeName") or None,
-                             devices=tuple(dra_device(d, driver, pool_name) for d in spec.get("devices") or ()))
+                             devices=tuple(dra_device(d, driver, pool_name) for d in spec.get("devices") or ()),
+                             shared_counters=tuple(c.get("name") or "" for c in spec.get("sharedCounters") or ()))
 
 
 def _selectors(items: Optional[Iterable[Obj]]) -> tuple[str, ...]:
@@ -322,7 +344,10 @@ def _selectors(items: Optional[Iterable[Obj]]) -> tuple[str, ...]:
 
 
 def device_class(obj: Obj) -> DeviceClassInfo:
-    return DeviceClassInfo(_meta(obj).get("name") or "", _selectors((obj.get("spec") or _EMPTY).get("selectors")))
+    spec = obj.get("spec") or _EMPTY
+    return DeviceClassInfo(_meta(obj).get("name") or "", _selectors(spec.get("selectors")),
+                           extended_resource_name=spec.get("extendedResourceName") or None,
+                           created_at=timestamp(_meta(obj).get("creationTimestamp")))
 
 
 def device_requests(spec: Obj) -> tuple[DeviceRequestInfo, ...]:
@@ -332,9 +357,14 @@ def device_requests(spec: Obj) -> tuple[DeviceRequestInfo, ...]:
         if exactly is None:
             out.append(DeviceRequestInfo(request.get("name") or "", first_available=bool(request.get("firstAvailable"))))
             continue
+        # Every field of `exactly` is read: one the planner cannot honour is refused there (dds/planner/dra.py),
+        # never dropped here and planned as a plain request for whole GPUs.
+        capacity = ((exactly.get("capacity") or _EMPTY).get("requests") or _EMPTY).items()
         out.append(DeviceRequestInfo(request.get("name") or "", exactly.get("deviceClassName") or "",
                                      _selectors(exactly.get("selectors")), exactly.get("allocationMode") or EXACT_COUNT,
-                                     int(exactly.get("count") or 1)))
+                                     int(exactly.get("count") or 1), admin_access=bool(exactly.get("adminAccess")),
+                                     tolerations=_taints(exactly.get("tolerations")),
+                                     capacity=MappingProxyType({k: to_int(v) for k, v in capacity})))
     return tuple(out)
 
 

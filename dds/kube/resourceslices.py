@@ -11,22 +11,30 @@ dds.cdi.dev/gpu-api: dra-node-local, while with a real fabric the vendor's DRA d
 
 A node with no GPU left has no slice. Writes carry the slice's resourceVersion, so a concurrent change fails and the
 fabric's next tick publishes again (errors propagate to it, as the GPU capacity publisher's do).
+
+A GPU about to be detached is tainted first (`taint_for_detach`, called before the detach reaches the fabric): its
+device gets the taint dds.cdi.dev/detaching, effect NoSchedule (KEP-5055, beta and on in Kubernetes 1.36), so
+kube-scheduler allocates it to no new claim in the moment between DDS's decision and the fabric taking the device off
+the node's online GPUs, after which it leaves the slice. Kubernetes 1.35 (DRADeviceTaints alpha, off) drops the field.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Sequence
 
 from kubernetes import client
 
 from dds.model.groups import LABEL_NODE_GROUP
 from dds.planner.dra import DRIVER, dra_pool_name, gpu_device
-from dds.planner.dra_records import DraDevice
+from dds.planner.dra_records import DeviceTaintInfo, DraDevice
 
 log = logging.getLogger(__name__)
 
 OnlineDevices = Callable[[str], Iterable[tuple[str, str]]]  # node -> (fabric device id, model) of its online GPUs
+# On a device DDS is about to detach: kube-scheduler allocates a tainted device only to a request tolerating the taint.
+DETACHING_TAINT = DeviceTaintInfo(key="dds.cdi.dev/detaching", effect="NoSchedule")
 
 
 def slice_name(node: str, driver: str = DRIVER) -> str:
@@ -45,6 +53,9 @@ def device_object(device: DraDevice) -> dict[str, Any]:
     out: dict[str, Any] = {"name": device.name, "attributes": attributes}
     if device.capacity:
         out["capacity"] = {short(k): {"value": _quantity(v)} for k, v in sorted(device.capacity.items())}
+    if device.taints:
+        out["taints"] = [{k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect)) if v}
+                         for t in device.taints]
     if device.binds_to_node:
         out["bindsToNode"] = True
         out["bindingConditions"] = list(device.binding_conditions)
@@ -60,8 +71,12 @@ def _quantity(value: int) -> str:
     return str(value)
 
 
-def slice_devices(node: str, online: Iterable[tuple[str, str]], driver: str = DRIVER) -> list[dict[str, Any]]:
-    return [device_object(gpu_device(model, fabric_id, node, driver)) for fabric_id, model in sorted(online)]
+def slice_devices(node: str, online: Iterable[tuple[str, str]], driver: str = DRIVER,
+                  leaving: Collection[str] = ()) -> list[dict[str, Any]]:
+    """The node's online GPUs as devices; those in `leaving` (fabric ids about to be detached) tainted."""
+    devices = [gpu_device(model, fabric_id, node, driver) for fabric_id, model in sorted(online)]
+    return [device_object(replace(d, taints=(DETACHING_TAINT,)) if d.attributes.get(f"{driver}/deviceID") in leaving
+                          else d) for d in devices]
 
 
 class ResourceSlicePublisher:
@@ -80,12 +95,34 @@ class ResourceSlicePublisher:
         self._timeout = request_timeout_seconds
         self._lists = lists
         self._listed: set[str] = set()  # nodes this process wrote a slice for
+        self._leaving: dict[str, set[str]] = {}  # node -> fabric ids tainted before their detach, while still online
+
+    def taint_for_detach(self, node: str, device_ids: Iterable[str]) -> None:
+        """Taint the devices of GPUs about to be detached (before the detach reaches the fabric). A failed write is
+        logged, not raised: the detach goes on, and the device leaves the slice once the fabric takes it."""
+        if node not in self._listed:
+            return  # DDS lists no device of the node: nothing the scheduler could allocate through DDS's slice
+        self._leaving.setdefault(node, set()).update(device_ids)
+        try:
+            self.publish(node)
+            log.info("ResourceSlice %s: %s tainted %s before the detach", slice_name(node, self._driver),
+                     ", ".join(device_ids), DETACHING_TAINT.key)
+        except client.ApiException as exc:
+            log.warning("could not taint %s on ResourceSlice %s before their detach: %s", ", ".join(device_ids),
+                        slice_name(node, self._driver), exc.reason)
 
     def publish(self, node: str) -> None:
         listed = self._lists(node)
         if not listed and node not in self._listed:
             return
-        devices = slice_devices(node, self._online(node), self._driver) if listed else []
+        online = list(self._online(node)) if listed else []
+        # A device stays tainted while it is still online; once the fabric took it, it is off the slice anyway.
+        leaving = self._leaving.get(node, set()) & {fabric_id for fabric_id, _ in online}
+        if leaving:
+            self._leaving[node] = leaving
+        else:
+            self._leaving.pop(node, None)
+        devices = slice_devices(node, online, self._driver, leaving) if listed else []
         write_slice(self._client, slice_name(node, self._driver), self._driver, node, {"nodeName": node}, devices,
                     self._timeout)
         if listed:

@@ -22,6 +22,10 @@ kept, so a slow machine never gets a different MILP plan, only greedy's.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
@@ -99,6 +103,45 @@ def improve_with_batch(snapshot: Snapshot, config: PlannerConfig, reqs: Sequence
     if plan is None or not at_least_as_good(plan, greedy):
         return greedy
     return plan
+
+
+# HiGHS prints its version and copyright banner on the process's stdout when the first instance is built, before any
+# option can be set (output_flag quiets only what comes after): it landed in DDS's log on its first batch plan.
+_FIRST_HIGHS = threading.Lock()
+_banner_swallowed = False
+
+
+def _silent_highs() -> highspy.Highs:
+    """A HiGHS instance that writes nothing; the process's first one is built with file descriptor 1 on /dev/null."""
+    global _banner_swallowed
+    with _FIRST_HIGHS:
+        if _banner_swallowed:
+            h = highspy.Highs()
+        else:
+            h = _built_with_stdout_muted()
+            _banner_swallowed = True
+    h.silent()
+    return h
+
+
+def _built_with_stdout_muted() -> highspy.Highs:
+    # The banner is C stdio output, so it is flushed to /dev/null before stdout comes back. DDS logs to stderr; for the
+    # instant fd 1 is muted, nothing else of DDS's writes there.
+    libc = ctypes.CDLL(None)
+    for stream in (sys.stdout, sys.stderr):  # what was written before belongs on the real stdout
+        if stream is not None:
+            stream.flush()
+    libc.fflush(None)
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        return highspy.Highs()
+    finally:
+        libc.fflush(None)
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 @dataclass
@@ -307,8 +350,7 @@ class _Program:
 
     # --- solving ------------------------------------------------------------------------------------------------
     def solve(self, budget_seconds: float) -> Optional[np.ndarray]:
-        h = highspy.Highs()
-        h.silent()
+        h = _silent_highs()
         for option, value in (("threads", 1), ("random_seed", 0), ("mip_rel_gap", 0.0), ("mip_abs_gap", 0.5),
                               ("mip_max_nodes", NODE_LIMIT), ("time_limit", float(budget_seconds)),
                               ("presolve", "on")):

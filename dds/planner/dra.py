@@ -42,6 +42,8 @@ from dds.model.resources import Resources
 from dds.planner.dra_records import (ALL, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraDevice,
                                      DraState, PodClaimRef, ResourceClaimInfo, ResourceSliceInfo)
 from dds.planner.plan import ScaleUpPlan, Verdict
+from dds.planner.refusals import CLAIM_NOT_PLANNED, NO_MATCHING_DEVICE
+from dds.planner.requests import effective_requests
 from dds.planner.snapshot import (ContainerRequests, NodeInfo, NodeSelectorTerm, PodInfo, SelectorRequirement,
                                   Snapshot)
 
@@ -134,10 +136,11 @@ class Mismatch:
     selector: str
     source: str  # "DeviceClass <name>" | "request"
     error: str = ""  # set when the selector failed with an error instead of evaluating to false
+    kind: str = "selector"  # or "capacity request" (exactly.capacity.requests)
 
     def text(self) -> str:
         outcome = f"fails with {self.error}" if self.error else "is false"
-        return f"{self.source} selector `{self.selector}` {outcome} for {self.device}"
+        return f"{self.source} {self.kind} `{self.selector}` {outcome} for {self.device}"
 
 
 def evaluate(expression: str, device: DraDevice) -> tuple[bool, str]:
@@ -166,6 +169,27 @@ def request_mismatch(request: DeviceRequestInfo, classes: Mapping[str, DeviceCla
             ok, error = evaluate(expression, device)
             if not ok:
                 return Mismatch(request.name, label, expression, source, error)
+    return capacity_mismatch(request, device, label)
+
+
+def _quantity_text(amount: int) -> str:
+    for suffix, unit in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20)):
+        if amount and amount % unit == 0:
+            return f"{amount // unit}{suffix}"
+    return str(amount)
+
+
+def capacity_mismatch(request: DeviceRequestInfo, device: DraDevice, label: str) -> Optional[Mismatch]:
+    """A capacity request (consumable capacity, `exactly.capacity.requests`) is a filter on the device's capacity,
+    as `device.capacity[domain].name.compareTo(quantity(amount)) >= 0` would be (resource.k8s.io/v1
+    CapacityRequirements). A device that takes one allocation at a time is then allocated whole, so a GPU with
+    enough of every requested capacity serves the request exactly as without it. A name without a domain belongs to
+    the device's driver."""
+    for name, amount in sorted(request.capacity.items()):
+        have = device.capacity.get(_qualified(name, device.driver))
+        if have is None or have < amount:
+            return Mismatch(request.name, label, f"{name} >= {_quantity_text(amount)}", "request",
+                            "" if have is not None else f"no capacity {name} on the device", kind="capacity request")
     return None
 
 
@@ -278,6 +302,15 @@ def dra_drivers(groups: Iterable[NodeGroupSpec]) -> tuple[DraDriverConfig, ...]:
     return tuple(configs) or (OWN_DRIVER,)
 
 
+def partitions_of(slices: Iterable[ResourceSliceInfo], configs: Sequence[DraDriverConfig]) -> tuple[DraDevice, ...]:
+    """The devices of the drivers' slices that draw on shared counters (partitionable devices, KEP-4815) and are
+    not a whole GPU of the driver (e.g. NVIDIA's MIG devices): what an attach brings too, but as part of a GPU."""
+    by_driver = {c.driver: c for c in configs}
+    return tuple(d for s in sorted(slices, key=lambda s: s.name) if s.driver in by_driver
+                 for d in sorted(s.devices, key=lambda d: d.name)
+                 if d.consumes_counters and not _is_gpu(d, by_driver[s.driver]))
+
+
 # --- a pod's demand -------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +325,9 @@ class Demand:
     refusal: Optional[str] = None
     claims: tuple[str, ...] = ()
     held: tuple[tuple[str, int], ...] = ()
+    # The Event reason of `refusal`: NoMatchingDevice (no GPU DDS can attach satisfies it) or ClaimNotPlanned (the
+    # claim asks for something DDS does not plan, dds/planner/refusals.py).
+    refusal_reason: str = NO_MATCHING_DEVICE
 
     @property
     def models(self) -> Optional[frozenset[str]]:
@@ -340,29 +376,74 @@ def _request_count(request: DeviceRequestInfo) -> int:
     return 1 if request.allocation_mode == ALL else max(1, request.count)
 
 
+def _not_planned(claim: ResourceClaimInfo, what: str) -> Demand:
+    return Demand(refusal=f"ResourceClaim {claim.key} {what}", refusal_reason=CLAIM_NOT_PLANNED)
+
+
+def _unplanned_field(claim: ResourceClaimInfo, request: DeviceRequestInfo) -> Optional[Demand]:
+    """The refusal for a request field DDS cannot honour by attaching whole GPUs, if the request has one."""
+    if request.first_available:
+        return _not_planned(claim, f"request {request.name!r} uses firstAvailable, which DDS does not plan")
+    if request.admin_access:
+        # Admin access reaches devices already on a node (monitoring, management) without allocating them: a GPU
+        # attached for it would be nobody's, and the pod needs none to run.
+        return _not_planned(claim, f"request {request.name!r} asks for adminAccess (access to devices already in "
+                                   f"use, for monitoring), which no attach serves; DDS does not plan it")
+    return None
+
+
+def _shared_devices(request: DeviceRequestInfo, accepted: Mapping[str, frozenset[str]],
+                    offers: Sequence[Offer | DraDevice]) -> tuple[str, ...]:
+    """The accepted models whose device several allocations share (allowMultipleAllocations)."""
+    return tuple(sorted({o.model for o in map(_as_offer, offers) if o.device is not None
+                         and o.device.allow_multiple_allocations and o.model in accepted.get(o.driver, ())}))
+
+
+def _partition_match(request: DeviceRequestInfo, classes: Mapping[str, DeviceClassInfo],
+                     partitions: Sequence[DraDevice]) -> Optional[DraDevice]:
+    """A published partition (a device drawing on a GPU's shared counters, not a whole GPU) serving `request`."""
+    return next((d for d in partitions if request_mismatch(request, classes, d) is None), None)
+
+
 def claim_demand(claim: ResourceClaimInfo, classes: Mapping[str, DeviceClassInfo],
-                 offers: Sequence[Offer | DraDevice], group_classes: Sequence[str] = ()) -> Demand:
+                 offers: Sequence[Offer | DraDevice], group_classes: Sequence[str] = (),
+                 partitions: Sequence[DraDevice] = ()) -> Demand:
     """An unallocated claim: the devices it needs and the models (per driver) that give them, or why none can.
-    `group_classes`: the DeviceClasses the DRA groups' GPUs come under, named in a refusal for a request of another."""
+    `group_classes`: the DeviceClasses the DRA groups' GPUs come under, named in a refusal for a request of another.
+    `partitions`: the published devices that are partitions of a GPU (they consume its shared counters): a request
+    only they serve is refused as such, not as one for no device at all."""
     choices: Optional[dict[str, frozenset[str]]] = None
     gpus = 0
     for request in claim.requests:
-        if request.first_available:
-            return Demand(refusal=f"ResourceClaim {claim.key} request {request.name!r} uses firstAvailable, which "
-                                  f"DDS does not plan")
+        unplanned = _unplanned_field(claim, request)
+        if unplanned is not None:
+            return unplanned
         accepted, why = accepted_by(request, classes, offers)
         if not accepted:
+            partition = _partition_match(request, classes, partitions)
+            if partition is not None:
+                return _not_planned(claim, f"request {request.name!r} is served by partitions of a GPU (device "
+                                           f"{partition.name} of {partition.driver} pool {partition.pool} draws on "
+                                           f"counter set {', '.join(partition.consumes_counters)}), not by a whole "
+                                           f"GPU; DDS attaches whole GPUs and does not plan partitions")
             hint = (f"; DDS node groups take GPUs through DeviceClass {', '.join(group_classes)}, not "
                     f"{request.device_class}" if group_classes and request.device_class not in group_classes else "")
             return Demand(refusal=f"ResourceClaim {claim.key} request {request.name!r}: no GPU DDS can attach "
                                   f"satisfies it ({'; '.join(why) or 'DDS attaches no GPU model at all'}){hint}")
+        shared = _shared_devices(request, accepted, offers) if request.capacity else ()
+        if shared:
+            asked = ", ".join(f"{k}: {_quantity_text(v)}" for k, v in sorted(request.capacity.items()))
+            return _not_planned(claim, f"request {request.name!r} asks for part of a device's capacity ({asked}) "
+                                       f"and the {', '.join(shared)} devices are shared by several allocations "
+                                       f"(allowMultipleAllocations); DDS attaches whole GPUs and does not plan shares "
+                                       f"of one")
         choices = accepted if choices is None else _common(choices, accepted)
         if not choices:
             return Demand(refusal=f"ResourceClaim {claim.key}: its requests accept no common GPU model, and a node "
                                   f"holds one model at a time")
         gpus += _request_count(request)
     if claim.constraints:
-        return Demand(refusal=f"ResourceClaim {claim.key} has spec.devices.constraints, which DDS does not plan")
+        return _not_planned(claim, "has spec.devices.constraints, which DDS does not plan")
     return Demand(gpus=gpus, choices=choices, claims=(claim.key,))
 
 
@@ -389,6 +470,7 @@ class _World:
     offers: tuple[Offer, ...]
     drivers: frozenset[str]
     group_classes: tuple[str, ...] = ()  # the DeviceClasses of the DRA groups (none: no DRA group to name)
+    partitions: tuple[DraDevice, ...] = ()  # published GPU partitions of the groups' drivers (shared counters)
 
     @classmethod
     def build(cls, state: DraState, models: Iterable[str], configs: Sequence[DraDriverConfig],
@@ -401,7 +483,8 @@ class _World:
         offers = tuple(o for c in configs for o in offers_for(c, models, state.slices, fabric_models))
         return cls(claims={c.key: c for c in state.claims}, templates=templates,
                    classes={c.name: c for c in state.classes}, offers=offers,
-                   drivers=frozenset(c.driver for c in configs), group_classes=group_classes)
+                   drivers=frozenset(c.driver for c in configs), group_classes=group_classes,
+                   partitions=partitions_of(state.slices, configs))
 
     def all_models(self) -> dict[str, frozenset[str]]:
         """Per driver, every model an attach may bring (described or not): a claim accepting fewer is restricted."""
@@ -452,7 +535,7 @@ def pod_demand(pod: PodInfo, world: _World, charged: set[str]) -> Demand:
             part = Demand(claims=(claim.key,))  # another pending pod of the same claim asks for its devices
         else:
             charged.add(claim.key)
-            part = claim_demand(claim, world.classes, world.offers, world.group_classes)
+            part = claim_demand(claim, world.classes, world.offers, world.group_classes, world.partitions)
         total = _merge(total, part)
     return total
 
@@ -467,7 +550,8 @@ def _with_demand(pod: PodInfo, demand: Demand, model_label: str, all_models: Map
     if demand.refusal:
         # Never promised a fit (the simulation cannot satisfy what it cannot read); the refusal says why.
         unsupported = pod.unsupported + ((demand.refusal,) if pod.node_name is None else ())
-        return replace(pod, dra_refusal=demand.refusal, unsupported=unsupported, claims_lowered=True)
+        return replace(pod, dra_refusal=demand.refusal, dra_refusal_reason=demand.refusal_reason,
+                       unsupported=unsupported, claims_lowered=True)
     scalar: dict[str, int] = {}
     for driver, count in demand.held:
         scalar[dra_gpu_resource(driver)] = scalar.get(dra_gpu_resource(driver), 0) + count
@@ -492,6 +576,80 @@ def _with_demand(pod: PodInfo, demand: Demand, model_label: str, all_models: Map
     return replace(pod, containers=containers, required_node_affinity=affinity, claims_lowered=True)
 
 
+# --- extended resources served by DRA (KEP-5004, beta and on in Kubernetes 1.36) -------------------------------------
+#
+# A DeviceClass with `extendedResourceName: nvidia.com/gpu` (and every class, as deviceclass.resource.kubernetes.io/
+# <class>) serves pods asking for that extended resource on nodes whose allocatable does not have it: kube-scheduler
+# (noderesources fit.go shouldDelegateResourceToDRA) leaves the resource to the dynamicresources plugin, which
+# allocates the class's devices and records them in a claim it makes for the pod (status.extendedResourceClaimStatus).
+# DDS plans such a pod as if it named that claim: one request of the class per resource, for the count the pod asks.
+
+IMPLICIT_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"  # resource.k8s.io/v1 ResourceDeviceClassPrefix
+
+
+def extended_resource_classes(classes: Iterable[DeviceClassInfo],
+                              served_as_capacity: Iterable[str] = ()) -> dict[str, str]:
+    """Extended resource name -> the DeviceClass serving it through DRA. Of two classes naming the same resource the
+    later created wins, then the first by name (as kube-scheduler's extended resource cache). `served_as_capacity`:
+    resources DDS's extended-resource groups show as node capacity: a pod asking for one is theirs (the scheduler uses
+    a node's capacity where it has some), so it is not lowered to a claim."""
+    out: dict[str, str] = {}
+    chosen: dict[str, DeviceClassInfo] = {}
+    for cls in sorted(classes, key=lambda c: c.name):
+        out[IMPLICIT_CLASS_PREFIX + cls.name] = cls.name
+        name = cls.extended_resource_name
+        if name and (name not in chosen or cls.created_at > chosen[name].created_at):
+            chosen[name] = cls
+    out.update({name: cls.name for name, cls in chosen.items()})
+    for name in served_as_capacity:
+        out.pop(name, None)
+    return out
+
+
+def _without(containers: tuple[ContainerRequests, ...], names: frozenset[str]) -> tuple[ContainerRequests, ...]:
+    return tuple(replace(c, requests=replace(c.requests, scalar={k: v for k, v in c.requests.scalar.items()
+                                                                 if k not in names}))
+                 if names & set(c.requests.scalar) else c for c in containers)
+
+
+def _served_by_dra(pod: PodInfo, mapped: Mapping[str, str]) -> dict[str, int]:
+    asked = effective_requests(pod).scalar
+    return {name: asked[name] for name in sorted(asked) if name in mapped and asked[name] > 0}
+
+
+def extended_resource_claims(pods: Sequence[PodInfo], state: DraState, groups: Sequence[NodeGroupSpec] = ()
+                             ) -> tuple[tuple[PodInfo, ...], DraState]:
+    """Pods asking for extended resources a DeviceClass serves, rewritten to name a claim for them (as kube-scheduler
+    makes one: `<pod>-extended-resources`, one request of the class per resource) without those resources in their
+    containers; pods whose scheduler-made claim exists already lose the resources it covers (its allocation is then
+    counted like any claim's). The state gains the claims made here. Without such pods: the same objects."""
+    if not state.classes:
+        return tuple(pods), state
+    mapped = extended_resource_classes(state.classes, {g.gpu_resource for g in groups if not g.gpu_api.dra})
+    made: list[ResourceClaimInfo] = []
+    out: list[PodInfo] = []
+    for pod in pods:
+        covered = frozenset(r for ref in pod.resource_claims for r in ref.extended_resources)
+        if covered:
+            out.append(replace(pod, containers=_without(pod.containers, covered),
+                               init_containers=_without(pod.init_containers, covered)))
+            continue
+        wanted = _served_by_dra(pod, mapped) if pod.node_name is None and not pod.claims_lowered else {}
+        if not wanted:
+            out.append(pod)
+            continue
+        name = f"{pod.name}-extended-resources"
+        made.append(ResourceClaimInfo(pod.namespace, name, tuple(
+            DeviceRequestInfo(resource, mapped[resource], count=count) for resource, count in wanted.items())))
+        names = frozenset(wanted)
+        out.append(replace(pod, containers=_without(pod.containers, names),
+                           init_containers=_without(pod.init_containers, names),
+                           resource_claims=pod.resource_claims + (PodClaimRef("extended-resources", name),)))
+    if not made and all(a is b for a, b in zip(out, pods)):
+        return tuple(pods), state
+    return tuple(out), replace(state, claims=state.claims + tuple(made))
+
+
 def lower_pods(pods: Sequence[PodInfo], state: DraState, models: Iterable[str], model_label: str,
                groups: Sequence[NodeGroupSpec] = (), fabric_models: Optional[Mapping[str, str]] = None
                ) -> tuple[PodInfo, ...]:
@@ -499,7 +657,8 @@ def lower_pods(pods: Sequence[PodInfo], state: DraState, models: Iterable[str], 
     pods are returned as they are (the same objects). Bound pods are charged first, so a claim shared by a running
     and a pending pod is never asked for twice. `groups` give the DRA drivers to judge claims against (none: DDS's
     own); `fabric_models` (GPU UUID -> model of the fabric's devices) lets a vendor's published devices teach their
-    model's shape."""
+    model's shape. Extended resources a DeviceClass serves are claims too (`extended_resource_claims`)."""
+    pods, state = extended_resource_claims(pods, state, groups)
     if not any(p.resource_claims and not p.claims_lowered for p in pods):
         return tuple(pods)
     world = _World.build(state, models, dra_drivers(groups), fabric_models,
@@ -596,11 +755,14 @@ def lower_claims(snapshot: Snapshot, driver: str = DRIVER, fabric_ids: Optional[
     """The snapshot as the planner plans it: claims lowered to GPU requests against the DRA groups' drivers,
     claimed devices marked, vendor-published GPUs counted. The models are those the pools hold. `fabric_ids`: GPU
     UUID -> fabric device id, where they differ."""
-    if snapshot.dra.claims or any(p.resource_claims and not p.claims_lowered for p in snapshot.pods):
+    # Device classes alone matter too: a pod asking for an extended resource a class serves is a claim (KEP-5004).
+    if snapshot.dra.claims or snapshot.dra.classes or any(p.resource_claims and not p.claims_lowered
+                                                          for p in snapshot.pods):
         models = {m for p in snapshot.pools for m in p.free} | {d.model for n in snapshot.nodes for d in n.devices}
         pods = lower_pods(snapshot.pods, snapshot.dra, models, snapshot.gpu_model_label, snapshot.groups,
                           fabric_models_of(snapshot.nodes, fabric_ids))
-        snapshot = replace(snapshot, pods=pods)
+        if any(a is not b for a, b in zip(pods, snapshot.pods)):
+            snapshot = replace(snapshot, pods=pods)
     return mark_claimed(snapshot, driver, fabric_ids)
 
 
@@ -673,7 +835,15 @@ class PoolBinding:
     def key(self) -> str:
         """The attach's idempotency key: one attach per (claim, allocation, slot), whichever DDS process starts it;
         a new allocation after a failed one gets a new attach."""
-        return f"dra-bind/{self.claim.uid or self.claim.key}/{self.claim.allocated_at}/{self.device}"
+        return binding_key(self.claim, self.device)
+
+
+BINDING_KEY_PREFIX = "dra-bind/"
+
+
+def binding_key(claim: ResourceClaimInfo, device: str) -> str:
+    """The key of the attach for `device` of the claim's current allocation (PoolBinding.key)."""
+    return f"{BINDING_KEY_PREFIX}{claim.uid or claim.key}/{claim.allocated_at}/{device}"
 
 
 def _slot_model(device: str, fabric_pool: str, models: Iterable[str]) -> Optional[str]:

@@ -24,6 +24,16 @@ def _empty() -> Mapping[str, AttributeValue]:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceTaintInfo:
+    """One `devices[].taints[]` entry (or `tolerations[]` of a request, where `operator` applies)."""
+
+    key: str
+    value: str = ""
+    effect: str = ""
+    operator: str = ""  # tolerations only: Equal (default) | Exists
+
+
+@dataclass(frozen=True, slots=True)
 class DraDevice:
     """One device of a ResourceSlice. `capacity` is in base units (bytes for memory), parsed from the Quantity."""
 
@@ -35,6 +45,12 @@ class DraDevice:
     binds_to_node: bool = False
     binding_conditions: tuple[str, ...] = ()
     binding_failure_conditions: tuple[str, ...] = ()
+    # Consumable capacity (KEP-5075): the device may be shared by several allocations, each taking part of a capacity.
+    allow_multiple_allocations: bool = False
+    # Partitionable devices (KEP-4815): the counter sets (spec.sharedCounters of the slice) this device draws from.
+    consumes_counters: tuple[str, ...] = ()
+    # Device taints (KEP-5055): the taints the driver published on the device.
+    taints: tuple[DeviceTaintInfo, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +61,17 @@ class ResourceSliceInfo:
     pool_generation: int = 0
     node_name: Optional[str] = None
     devices: tuple[DraDevice, ...] = ()
+    shared_counters: tuple[str, ...] = ()  # names of spec.sharedCounters[] (partitionable devices)
 
 
 @dataclass(frozen=True, slots=True)
 class DeviceClassInfo:
     name: str
     selectors: tuple[str, ...] = ()  # CEL expressions
+    # spec.extendedResourceName (KEP-5004): pods asking for this extended resource are served by the class's devices
+    # on nodes that do not have the resource in their allocatable.
+    extended_resource_name: Optional[str] = None
+    created_at: float = 0.0  # of two classes naming one extended resource, kube-scheduler takes the later
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +84,11 @@ class DeviceRequestInfo:
     allocation_mode: str = EXACT_COUNT
     count: int = 1
     first_available: bool = False  # a prioritized list (spec.devices.requests[].firstAvailable): not planned
+    admin_access: bool = False  # exactly.adminAccess: access to devices already in use (monitoring): not planned
+    tolerations: tuple[DeviceTaintInfo, ...] = ()  # exactly.tolerations: which device taints the request accepts
+    # exactly.capacity.requests: capacity name (as written: unqualified names belong to the device's driver) -> the
+    # amount in base units; a device serves the request only with at least that much of each.
+    capacity: Mapping[str, int] = field(default_factory=_empty)  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +140,9 @@ class PodClaimRef:
     claim_name: Optional[str] = None  # spec: resourceClaimName
     template_name: Optional[str] = None  # spec: resourceClaimTemplateName
     generated_name: Optional[str] = None  # status: the claim made from the template
+    # The claim kube-scheduler made for the pod's extended resources served by DRA (KEP-5004;
+    # status.extendedResourceClaimStatus): the resources it covers, which the pod's containers still list.
+    extended_resources: tuple[str, ...] = ()
 
     @property
     def resolved_name(self) -> Optional[str]:

@@ -19,12 +19,17 @@ pods in the same pass. A gang may have fallen short only because another short g
 than the pool, ahead of it in the queue, would otherwise block every gang after it for ever), so each dropped gang
 is then offered again on its own, in scheduling order, and kept when it fits whole. Without gangs it is one call, as
 before; with k gangs left out, k + 2 calls at most.
+
+A plan can still lose capacity after it was made: the edge cuts it to what it can carry out (new nodes the pool cannot
+equip: dds/planner/equip.py). `whole_gangs_after_cut(plan, cut, replan, snapshot, pods)` re-checks the gangs the plan
+served whole after such a cut: every gang the cut left short is dropped — planned again without it, then cut again, so
+none of its attaches or new nodes survive — and its members are told what it lacks (the cut's own words).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Generic, Mapping, Optional, Protocol, Sequence, TypeVar
 
 from dds.planner.plan import PlannerConfig, PodDecision, ScaleUpPlan, Verdict
 from dds.planner.requests import RequestCache, scheduling_order
@@ -92,9 +97,11 @@ def placed_pods(plan: ScaleUpPlan) -> set[str]:
     return {d.pod for d in plan.decisions if d.verdict in _PLACED or d.pod in on_new_nodes}
 
 
-def short_gangs(gangs: Mapping[str, Gang], plan: ScaleUpPlan) -> list[tuple[Gang, int]]:
-    """The gangs the plan leaves below their minimum, with how many of their members it placed."""
-    placed = placed_pods(plan)
+def short_gangs(gangs: Mapping[str, Gang], plan: ScaleUpPlan,
+                unplaced: frozenset[str] = frozenset()) -> list[tuple[Gang, int]]:
+    """The gangs the plan leaves below their minimum, with how many of their members it placed (`unplaced`: pods
+    the plan still names but that a cut may have left without capacity)."""
+    placed = placed_pods(plan) - unplaced
     out = []
     for gang in gangs.values():
         count = sum(1 for p in gang.pending if p in placed)
@@ -187,3 +194,99 @@ def gangs_ready(snapshot: Snapshot, plan: ScaleUpPlan) -> dict[str, bool]:
     gangs = find_gangs(snapshot, snapshot.pending_pods())
     short = {g.key for g, _ in short_gangs(gangs, plan)}
     return {key: key not in short for key in gangs}
+
+
+class CutTaken(Protocol):
+    """What a cut took from a plan (dds/planner/equip.py's Unequipped)."""
+
+    @property
+    def pods(self) -> tuple[str, ...]:
+        """The pods that may have lost their capacity: a plan names a group's new nodes' pods together, not per node,
+        so a pod the cut names counts as unplaced even if its own node was kept (a gang is never served in part)."""
+
+    @property
+    def message(self) -> str:
+        """What was taken and why, for people."""
+
+
+Taken = TypeVar("Taken", bound=CutTaken)
+
+
+@dataclass(frozen=True)
+class AfterCut(Generic[Taken]):
+    """A plan after a cut, with every gang served whole or not at all."""
+
+    plan: ScaleUpPlan  # cut, without the gangs the cut left short; their members' decisions say why
+    taken: Optional[Taken]  # what the last cut took from the plan it was given (None: nothing)
+    dropped: Mapping[str, str]  # gang -> why it gets nothing, for the gangs this check left out
+
+    @property
+    def gangs_dropped(self) -> bool:
+        return bool(self.dropped)
+
+
+def whole_gangs_after_cut(plan: ScaleUpPlan, cut: Callable[[ScaleUpPlan], tuple[ScaleUpPlan, Optional[Taken]]],
+                          replan: Callable[[Sequence[PodInfo]], ScaleUpPlan], snapshot: Snapshot,
+                          pods: Sequence[PodInfo], describe: Callable[[Taken], str] = lambda t: t.message
+                          ) -> AfterCut[Taken]:
+    """`cut(plan)` with the all-or-nothing rule kept: a gang `plan` served whole that the cut leaves short is dropped.
+
+    `cut` returns the plan it leaves and what it took (None when it took nothing); `replan(pods)` plans `pods` as the
+    plan was planned. Both are pure. With a gang dropped, the rest is planned again without it and cut again — the cut
+    may take less, or more, from the new plan — until no gang the plans served whole falls short; each round drops at
+    least one gang, so there are at most as many rounds as gangs. Without gangs, or when the cut takes nothing, it is
+    `cut(plan)` alone."""
+    cut_plan, taken = cut(plan)
+    pending = [p for p in pods if p.node_name is None]
+    gangs = find_gangs(snapshot, pending)
+    if taken is None or not gangs:
+        return AfterCut(cut_plan, taken, {})
+    dropped: dict[str, str] = {}
+    while True:
+        served_whole = set(gangs) - {g.key for g, _ in short_gangs(gangs, plan)}  # the plan's own drops stay its
+        unplaced = frozenset(taken.pods) if taken is not None else frozenset()
+        short = short_gangs({k: gangs[k] for k in served_whole if k not in dropped}, cut_plan, unplaced)
+        if not short:
+            break
+        lacking = describe(taken) if taken is not None else "the plan was cut"
+        for gang, count in short:
+            dropped[gang.key] = _cut_reason(gang, count, lacking)
+        plan = replan([p for p in pending if gang_of(p) not in dropped])
+        cut_plan, taken = cut(plan)
+    return AfterCut(_with_dropped(cut_plan, pending, gangs, dropped, snapshot), taken, dropped)
+
+
+def _cut_reason(gang: Gang, count: int, lacking: str) -> str:
+    running = f", {gang.bound} already running" if gang.bound else ""
+    served = f"at most {count}" if count else "none"
+    return (f"gang {gang.key} needs {gang.min_member} pod(s) at once{running}, but {served} of the {gang.needed} "
+            f"still needed would get capacity: {lacking}; so nothing is attached or added for it (all or nothing)")
+
+
+@dataclass(frozen=True)
+class NodesNotEquipped:
+    """What `equip_every_group` took: the new nodes of one or more groups the pools cannot equip."""
+
+    pods: tuple[str, ...]
+    message: str
+
+
+def equip_every_group(snapshot: Snapshot, plan: ScaleUpPlan) -> tuple[ScaleUpPlan, Optional[NodesNotEquipped]]:
+    """The plan's new nodes, each group's cut to what its pool can equip (dds/planner/equip.py), with no attaches:
+    the cut of a plan that only adds nodes (the loop's nodes for pods with ResourceClaims). Every pod of a group
+    whose nodes were cut is named as having lost its capacity (no live attach makes up for it on this path)."""
+    from dds.planner.equip import without_unequipped_nodes
+
+    kept, taken = [], []
+    for step in plan.new_nodes:
+        group = snapshot.group(step.group)
+        if group is None:
+            continue
+        equipped, unequipped = without_unequipped_nodes(snapshot, replace(plan, new_nodes=(step,), attaches=()), group)
+        kept.extend(equipped.new_nodes)
+        if unequipped is not None:
+            taken.append(unequipped)
+    cut = replace(plan, new_nodes=tuple(kept), attaches=())
+    if not taken:
+        return cut, None
+    return cut, NodesNotEquipped(tuple(p for u in taken for p in u.pods), "; ".join(u.message for u in taken))

@@ -130,11 +130,23 @@ class Keep:
 
 
 @dataclass(frozen=True, slots=True)
+class IdlePastCooldown:
+    """A node's idle GPUs past its group's GPU cooldown that the plan does not keep as warm headroom: the ones it
+    detaches for their idleness (metric dds_gpus_idle_past_cooldown). Nodes being removed or deleted are not counted:
+    their GPUs go with the node, cooldown or not."""
+
+    node: str
+    group: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class ScaleDownPlan:
     detaches: tuple[Detach, ...] = ()
     removals: tuple[RemoveNode, ...] = ()
     kept: tuple[Keep, ...] = ()
     notes: tuple[str, ...] = ()
+    idle_past_cooldown: tuple[IdlePastCooldown, ...] = ()
 
     @property
     def is_empty(self) -> bool:

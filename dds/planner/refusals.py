@@ -25,6 +25,9 @@ POOL_EMPTY = "NoFreeGPU"
 FITS_NOWHERE = "FitsNowhere"  # the simulation's own verdict, when none of the above says it better
 UNSUPPORTED = "UnsupportedConstraint"
 NO_MATCHING_DEVICE = "NoMatchingDevice"  # a ResourceClaim no GPU DDS can attach satisfies (dds/planner/dra.py)
+# A ResourceClaim asking for what DDS does not plan: adminAccess, partitions of a GPU, shares of a device's capacity,
+# firstAvailable, constraints (dds/planner/dra.py): never planned as a request for whole GPUs.
+CLAIM_NOT_PLANNED = "ClaimNotPlanned"
 NO_GROUP_FOR_API = "NoNodeGroupForGPUAPI"  # GPUs asked through an API (extended resource, claims) no group exposes
 
 
@@ -77,7 +80,7 @@ def _explained(decision: PodDecision, pod: Optional[PodInfo], snapshot: Snapshot
     if decision.refusal is not None:
         return decision  # already explained where it was decided (a gang left out: dds/planner/gangs.py)
     if pod is not None and pod.dra_refusal and decision.verdict in (Verdict.UNSCHEDULABLE, Verdict.UNSUPPORTED):
-        return replace(decision, refusal=NO_MATCHING_DEVICE, reason=pod.dra_refusal)
+        return replace(decision, refusal=pod.dra_refusal_reason or NO_MATCHING_DEVICE, reason=pod.dra_refusal)
     if decision.verdict == Verdict.UNSUPPORTED:
         return replace(decision, refusal=UNSUPPORTED)
     if decision.verdict != Verdict.UNSCHEDULABLE or pod is None:

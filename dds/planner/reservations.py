@@ -359,4 +359,5 @@ def keep_reserved(plan: ScaleDownPlan, nodes: Iterable[str]) -> ScaleDownPlan:
     kept = plan.kept + tuple(Keep(n, "reserved for a large pending pod: its GPUs are being gathered, not released")
                              for n in sorted(dropped))
     return replace(plan, detaches=tuple(d for d in plan.detaches if d.node not in reserved),
-                   removals=tuple(r for r in plan.removals if r.node not in reserved), kept=kept)
+                   removals=tuple(r for r in plan.removals if r.node not in reserved), kept=kept,
+                   idle_past_cooldown=tuple(i for i in plan.idle_past_cooldown if i.node not in reserved))

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 from dds.model.groups import NodeGroupSpec
 from dds.planner.existing import FastExisting
-from dds.planner.plan import Detach, Keep, PlannerConfig, RemoveNode, ScaleDownPlan
+from dds.planner.plan import Detach, IdlePastCooldown, Keep, PlannerConfig, RemoveNode, ScaleDownPlan
 from dds.planner.requests import RequestCache, is_work, scheduling_order
 from dds.planner.scoring import check_policy
 from dds.planner.snapshot import Device, NodeInfo, PodInfo, Snapshot
@@ -82,6 +82,7 @@ class _ScaleDown:
         self.removals: list[RemoveNode] = []
         self.kept: list[Keep] = []
         self.notes: list[str] = []
+        self.idle_past_cooldown: list[IdlePastCooldown] = []
         self.done: set[str] = set()
 
     # --- helpers ---
@@ -245,6 +246,8 @@ class _ScaleDown:
                 if warm:  # idle is newest first: the oldest stay warm
                     self.kept.append(Keep(node.name, f"keeps {_gpus(warm)} idle as warm headroom of {group.id}"))
                     usage = _Gpus(usage.devices, usage.idle[:len(usage.idle) - warm], usage.in_use)
+                if usage.idle:
+                    self.idle_past_cooldown.append(IdlePastCooldown(node.name, group.id, len(usage.idle)))
                 self.release_idle(node, usage, f"GPUs idle on {node.name} for {duration_text(waited)} (cooldown "
                                                f"{duration_text(cooldown)}, {_gpus(usage.in_use)} in use stay"
                                                + (f", {_gpus(warm)} kept warm" if warm else "") + ")")
@@ -263,4 +266,4 @@ def plan_scale_down(snapshot: Snapshot, config: PlannerConfig, candidates: Optio
         run.notes.append("node removal is disabled (CA owns it): only idle GPUs are released")
     run.idle_gpus()
     return ScaleDownPlan(detaches=tuple(run.detaches), removals=tuple(run.removals), kept=tuple(run.kept),
-                         notes=tuple(run.notes))
+                         notes=tuple(run.notes), idle_past_cooldown=tuple(run.idle_past_cooldown))

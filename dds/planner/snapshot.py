@@ -121,10 +121,14 @@ class PodInfo:
     # into GPU requests before planning).
     resource_claims: tuple[PodClaimRef, ...] = ()
     dra_refusal: Optional[str] = None
+    dra_refusal_reason: str = ""  # the Event reason of `dra_refusal` (dds/planner/refusals.py)
     claims_lowered: bool = False  # the claims are already counted in `containers` / the node affinity
     # `spec.workloadRef` as the pod carries it; whether it makes a gang depends on the Workload's policy, which the
     # edge reads (dds/kube/podgroups.py) to fill the two fields above.
     workload_ref: Optional[WorkloadRef] = None
+    # `spec.schedulingGroup.podGroupName` (Kubernetes 1.36 Workload API, scheduling.k8s.io/v1alpha2): the PodGroup in
+    # the pod's namespace; its policy (gang or basic) is read by the edge as for `workload_ref`.
+    scheduling_group: Optional[str] = None
 
     @property
     def key(self) -> str:

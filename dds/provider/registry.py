@@ -37,7 +37,7 @@ from dds.model.groups import LABEL_NODE_GROUP, NodeGroupSpec, TemplateMode
 from dds.scaling.instances import InstanceRecord, InstanceTracker, group_of_instance_id
 from dds.scaling.requests import DeleteTarget, LiveNode, Placeholder, RequestNode
 from dds.groups.sources import NodeGroupCatalog
-from dds.groups.labels import node_group_label_value
+from dds.provider.membership import Membership, MembershipIndex
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,9 @@ class Registry:
         self.cluster = cluster
         self.tracker = tracker
         self.reconcilers = list(reconcilers)
+        # Node and group lookups CA makes thousands of times a scan: answered from an index rebuilt only when the
+        # live nodes or the groups change (dds/provider/membership.py).
+        self.membership = MembershipIndex(cluster, catalog)
         # Held from IncreaseSize's size check to the decider's instances being recorded, so two concurrent
         # increases cannot both pass the max-size check.
         self.scale_lock = threading.RLock()
@@ -130,28 +133,25 @@ class Registry:
     def require(self, group_id: str) -> NodeGroupSpec:
         if not group_id:
             raise InvalidRequest("node group id is empty")
-        group = self.catalog.group(group_id)
+        group = self.catalog.group(group_id)  # a few groups: no need to read the live nodes for this
         if group is None:
             known = ", ".join(s.id for s in self.catalog.groups()) or "none"
             raise UnknownGroup(f"node group {group_id!r} is not served by DDS (served: {known})")
         return group
 
     def view(self, group: NodeGroupSpec, live: Optional[int] = None) -> GroupView:
-        live_count = len(self.live_nodes(group)) if live is None else live
+        live_count = self.membership.current().live_count(group.id) if live is None else live
         in_flight = self.tracker.count(group.id)
         if group.template_mode == TemplateMode.SPEC_FIXED:
             return GroupView(group, 0, max(0, group.max_size - live_count), in_flight, live_count)
         return GroupView(group, group.min_size, group.max_size, live_count + in_flight, live_count)
 
     def views(self) -> list[GroupView]:
-        counts: dict[str, int] = {}
-        for node in self.cluster.nodes():
-            if node.group_id:
-                counts[node.group_id] = counts.get(node.group_id, 0) + 1
-        return [self.view(group, counts.get(group.id, 0)) for group in self.groups()]
+        membership = self.membership.current()
+        return [self.view(group, membership.live_count(group.id)) for group in self.groups()]
 
     def live_nodes(self, group: NodeGroupSpec) -> list[LiveNode]:
-        return [n for n in self.cluster.nodes() if n.group_id == group.id]
+        return list(self.membership.current().nodes_of_group.get(group.id, ()))
 
     def instances(self, group: NodeGroupSpec) -> tuple[InstanceRecord, ...]:
         return self.tracker.list(group.id)
@@ -160,13 +160,14 @@ class Registry:
     def group_for_node(self, node: RequestNode) -> Optional[NodeGroupSpec]:
         if not node.name and not node.provider_id:
             raise InvalidRequest("node has neither a name nor a providerID")
+        membership = self.membership.current()
         instance = self._instance_of(node)
         if instance is not None:
-            return self.catalog.group(instance.group_id)
+            return membership.groups_by_id.get(instance.group_id)
         placeholder_group = self._placeholder_group_id(node)
         if placeholder_group is not None:
-            return self.catalog.group(placeholder_group)
-        group = self._group_of_live(node)
+            return membership.groups_by_id.get(placeholder_group)
+        group = self._group_of_live(node, membership)
         if group is None or group.template_mode == TemplateMode.SPEC_FIXED:
             return None
         return group
@@ -186,21 +187,15 @@ class Registry:
         return None
 
     def _live(self, node: RequestNode) -> Optional[LiveNode]:
-        nodes = self.cluster.nodes()
-        if node.provider_id:
-            match = next((n for n in nodes if n.provider_id == node.provider_id), None)
-            if match is not None:
-                return match
-        return next((n for n in nodes if node.name and n.name == node.name), None)
+        return self.membership.current().live(node.name, node.provider_id)
 
-    def _group_of_live(self, node: RequestNode) -> Optional[NodeGroupSpec]:
-        live = self._live(node)
+    @staticmethod
+    def _group_of_live(node: RequestNode, membership: Membership) -> Optional[NodeGroupSpec]:
+        live = membership.live(node.name, node.provider_id)
         if live is not None:
-            return self.catalog.group(live.group_id) if live.group_id else None
+            return membership.groups_by_id.get(live.group_id) if live.group_id else None
         label = node.labels.get(LABEL_NODE_GROUP)
-        if label:
-            return next((g for g in self.groups() if node_group_label_value(g.id) == label), None)
-        return None
+        return membership.groups_by_label.get(label) if label else None
 
     # --- scaling checks ---
     def check_increase(self, group: NodeGroupSpec, delta: int) -> GroupView:

@@ -18,7 +18,7 @@ dds_control_loop_duration_seconds (interpolated in its buckets); plan_cli_s is `
 dds_apiserver_requests_total deltas over a quiet window (no gRPC calls, the control loop running every 2 s).
 What they leave out: attaches never finish here (the fabric's latency is a day) so each IncreaseSize plans the same
 pending pods and finds them covered by the attaches in flight; no cluster-autoscaler runs (its calls are made by this
-harness, sequentially).
+harness, sequentially): tests/bench/scale_ca.py runs the real one on the same cluster (`make bench-scale` runs both).
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ from typing import Any, Callable
 import pytest
 from kubernetes import client
 
+from dds import crashpoints
+from dds.kube.composability import NODE_FINALIZER
 from harness.cdi_stack import MODEL, CdiFabricSide, fabric_side
 from harness.demo import DemoOptions, DemoResult, Entry, pod_state
 from harness.demo_cdi import CdiDemo, cdi_demo_options
@@ -71,10 +73,13 @@ class CdiRun:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiRun]:
+    # Node cooldown 20 s: the workers stand idle from Ready until both boot GPUs are attached and the demo's busy pods
+    # come; with 10 s a slow attach (a loaded machine) let DDS remove an idle worker as the busy pods arrived, and a pod
+    # took the GPU being detached (reported; the operator taints a GPU only after its in-use check).
     options = cdi_demo_options(DemoOptions(
         workdir=tmp_path_factory.mktemp("demo-cdi"), step_timeout_seconds=300.0, echo=True,
         stack=StackOptions(attach_latency=ATTACH_LATENCY, detach_latency=(1.0, 2.0), node_provisioning_seconds=12.0,
-                           gpu_idle_cooldown_seconds=8.0, node_idle_cooldown_seconds=10.0, pool_size=POOL_SIZE)))
+                           gpu_idle_cooldown_seconds=8.0, node_idle_cooldown_seconds=20.0, pool_size=POOL_SIZE)))
     demo = CdiDemo(options, sys.stdout)
     try:
         demo.start()
@@ -105,14 +110,21 @@ def assert_nothing_leaked(run: CdiRun) -> None:
 
 
 def settled(run: CdiRun) -> bool:
-    """Back to the demo's end: its two workers, one device each in the fabric (busy-0's and busy-1's)."""
+    """Back to the demo's end: its two workers, one device each in the fabric (busy-0's and busy-1's), and every
+    ComposableResource Online (none attaching, none going: an operation still under way would carry into the next
+    test, whose pod DDS would then plan onto the device on its way)."""
     workers = run.workers_at_end
     attachments = run.side.emulator.attachments()
-    return run.workers() == workers and all(len(attachments.get(run.side.machine_of(n), [])) == 1 for n in workers)
+    resources = run.custom.list_cluster_custom_object(CRO_GROUP, CRO_VERSION, "composableresources")["items"]
+    quiet = all((r.get("status") or {}).get("state") == "Online" and not r["metadata"].get("deletionTimestamp")
+                for r in resources)
+    return quiet and run.workers() == workers and \
+        all(len(attachments.get(run.side.machine_of(n), [])) == 1 for n in workers)
 
 
 def wait_settled(run: CdiRun) -> None:
-    run.wait_for("the two workers back to one A30 each in the fabric", lambda: settled(run), SETTLE_TIMEOUT_S)
+    run.wait_for("the two workers back to one A30 each in the fabric, every ComposableResource Online",
+                 lambda: settled(run), SETTLE_TIMEOUT_S)
     assert_nothing_leaked(run)
 
 
@@ -233,3 +245,66 @@ def test_a_model_no_fabric_device_has_is_refused_with_a_clear_event_and_no_node(
     run.core.delete_namespaced_pod("h100-0", WORKLOAD_NAMESPACE, grace_period_seconds=0)
     resource.delete_namespaced_resource_claim("h100", WORKLOAD_NAMESPACE)
     assert_nothing_leaked(run)
+
+
+def test_dds_sigkilled_mid_attach_resumes_it_once_and_serves_the_pod(run: CdiRun) -> None:
+    """DDS dies right after it wrote the request's new size (the operator is attaching, DDS has not followed it): the
+    restarted DDS finds its operation in the request's record and follows it; no second device comes for the pod."""
+    stack = run.demo.stack
+    attached_before = sum(len(s) for s in run.side.emulator.attachments().values())
+    patches_before = _fabric_attaches(run)
+    stack.restart_dds(env={crashpoints.ENV: "fabric.attach.accepted"})
+    run.core.create_namespaced_pod(WORKLOAD_NAMESPACE, dra_pod("crash-0", 8))
+    assert stack.dds is not None
+    killed = stack.dds
+    run.wait_for("DDS killing itself once the request's size is written", lambda: not killed.running, SERVE_TIMEOUT_S)
+    assert f"{crashpoints.LOG_MARKER} fabric.attach.accepted" in killed.log_path.read_text()
+    stack.restart_dds()
+    run.wait_for("crash-0 Running after DDS restarted", lambda: running(run, "crash-0"), SERVE_TIMEOUT_S)
+    time.sleep(5)  # a few more loop passes and CA scans: nothing else is attached for crash-0
+    assert sum(len(s) for s in run.side.emulator.attachments().values()) == attached_before + 1
+    assert _fabric_attaches(run) == patches_before + 1, "the fabric attached more than once for one pod"
+    assert_nothing_leaked(run)
+    finish(run, "crash-0")
+
+
+def test_a_node_deleted_with_devices_attached_gets_them_detached_before_it_goes(run: CdiRun) -> None:
+    """Someone deletes a worker that holds a GPU (busy). The operator alone would drop the node's ComposableResources
+    without calling the fabric; DDS's finalizer keeps the Node while DDS detaches its devices through the operator
+    (forced: the node's work goes with it), says so in an Event, and then lets the Node go. Last in the module: the
+    stack is not put back (CA and the Cluster API part deal with the lost worker)."""
+    node = sorted(run.workers())[0]
+    machine = run.side.machine_of(node)
+    assert run.side.devices_on(node), f"{node} holds no device to begin with"
+    uid = run.core.read_node(node).metadata.uid
+    assert NODE_FINALIZER in (run.core.read_node(node).metadata.finalizers or [])
+    busy = [p.metadata.name for p in run.core.list_namespaced_pod(WORKLOAD_NAMESPACE).items
+            if p.spec.node_name == node and p.status.phase == "Running"]
+    assert busy, f"no pod runs on {node}: its GPU would not need the forced detach"
+    detaches_before = _fabric_detaches(run, machine)
+    run.core.delete_node(node)
+    said = run.wait_for(f"DDS's DetachingGPU Event for the deleted {node}",
+                        lambda: [e for e in run.events("DetachingGPU", node) if "being deleted" in e.message],
+                        SERVE_TIMEOUT_S)
+    assert "returning them to the pool before it goes" in said[0].message, said[0].message
+
+    def node_gone() -> bool:
+        try:
+            return run.core.read_node(node).metadata.uid != uid
+        except client.ApiException as exc:
+            return exc.status == 404
+
+    run.wait_for(f"{node} deleted once its devices are detached", node_gone, SETTLE_TIMEOUT_S)
+    assert not run.side.emulator.attachments().get(machine), "the deleted node's devices stayed in the fabric"
+    assert _fabric_detaches(run, machine) > detaches_before, "the devices left without a fabric detach"
+    attached = sum(len(s) for s in run.side.emulator.attachments().values())
+    assert run.side.emulator.free_count(MODEL) == POOL_SIZE - attached
+    assert run.events("DetachedGPU", node), "DDS did not report the detach done"
+
+
+def _fabric_attaches(run: CdiRun) -> int:
+    return len([c for c in run.side.emulator.calls() if c.method == "PATCH" and c.status == 200])
+
+
+def _fabric_detaches(run: CdiRun, machine: str) -> int:
+    return len([c for c in run.side.emulator.calls() if c.method == "DELETE" and machine in c.path and c.status < 300])

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.demo import DemoOptions, DemoResult, Entry, run_demo
+from harness.demo import PICTURE, DemoOptions, DemoResult, Entry, run_demo
+from harness.demo_plot import is_png, read_recording
 from harness.stack import StackOptions
 
 pytestmark = pytest.mark.e2e
@@ -93,3 +94,22 @@ def test_every_decision_is_explained_in_the_journal(demo: DemoResult):
     node = [d for d in demo.decisions if d["case"] == "case1-scale-up" and d["outcome"] == "node"]
     assert node and "demo/mem-0" in node[-1]["plan"]
     assert any(d["case"] == "case4-scale-down-blocked" and d["outcome"] == "node" for d in demo.decisions)
+
+
+def test_the_timeline_picture_shows_the_gpu_path_before_the_node_path(demo: DemoResult):
+    # The PNG beside the logs, named in the summary, and the series it was drawn from (its recording beside it).
+    assert demo.picture == demo.workdir / PICTURE and is_png(demo.picture)
+    recording = read_recording(demo.picture.with_suffix(".json"))
+    assert recording.samples == demo.samples and recording.spans == demo.spans
+    gpu, node = demo.spans
+    assert (gpu.name, node.name) == ("GPU path", "node path") and gpu.end <= node.start
+    assert abs(gpu.seconds - demo.gpu_path_seconds) < 0.2 and abs(node.seconds - demo.node_path_seconds) < 0.2
+    workers = recording.first_workers()
+    assert len(workers) == 2
+    # What a reader sees: a worker at 2 GPUs once the GPU path started and before any node joins (a sample can come a
+    # poll after the path's end); the added node's line starts within the node path; the pool's free count drops.
+    attached = next(s for s in demo.samples if any(s.gpus.get(w, 0) == 2 for w in workers))
+    joined = next(s for s in demo.samples if set(s.gpus) - workers)
+    assert gpu.start <= attached.at < joined.at <= node.end
+    free = [s.pool_free for s in demo.samples if s.pool_free is not None]
+    assert free and min(free) < max(free)

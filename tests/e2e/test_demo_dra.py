@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from harness.demo import DemoOptions, DemoResult, Entry, run_demo
+from harness.demo_plot import is_png
 from harness.demo_dra import DraDemo, dra_options
 from harness.stack import StackOptions
 
@@ -57,3 +58,12 @@ def test_the_node_path_is_dds_loop_because_ca_cannot_see_claims(demo: DemoResult
 
 def test_idle_devices_go_back_after_the_cooldown(demo: DemoResult) -> None:
     assert demo.gpus_detached >= demo.gpus_attached - demo.gpus_attached_at_boot
+
+
+def test_the_picture_counts_the_devices_of_each_nodes_resourceslice(demo: DemoResult) -> None:
+    # No nvidia.com/gpu capacity here: the GPUs per node drawn are the devices DDS publishes in each node's slice.
+    assert demo.picture is not None and is_png(demo.picture)
+    gpu, node = demo.spans
+    attached = next(s for s in demo.samples if max(s.gpus.values(), default=0) == 2)
+    # Sampled by polling: the first sample at 2 devices can come a poll after the GPU path's end, never before its start.
+    assert gpu.start <= attached.at and gpu.end <= node.start

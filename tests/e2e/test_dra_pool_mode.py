@@ -1,11 +1,14 @@
-"""DRA pool mode (device binding conditions, alpha in 1.35) on the real kube-scheduler with the real autoscaler present.
+"""DRA pool mode (device binding conditions) on the real kube-scheduler with the real autoscaler present.
 
 DDS publishes the pool's free GPUs as slots that bind to a node (`bindsToNode`, binding condition
 dds.cdi.dev/attached); kube-scheduler allocates one to a pod's claim, picks the node and waits in PreBind; DDS attaches
-a GPU of the slot's model to that node and sets the condition; the pod is bound and runs. The control plane enables
-`DRADeviceBindingConditions` on kube-apiserver, kube-scheduler and kube-controller-manager. Pool mode is the choice of
-the group gpu-workers (dds.cdi.dev/gpu-api: dra-pool, nodes booting with no GPU); a second group drawing from the same
-pool, ext-workers (extended-resource), gets no slot: the slice's node selector names gpu-workers only.
+a GPU of the slot's model to that node and sets the condition; the pod is bound and runs. On Kubernetes 1.35 binding
+conditions are alpha: the control plane enables `DRADeviceBindingConditions` on kube-apiserver, kube-scheduler and
+kube-controller-manager. From 1.36 they are beta and on by default: no feature gate at all (`pool_mode_gates`), and
+the binding condition is written under DDS's shipped RBAC, which 1.36 checks per driver (resourceclaims/driver). Pool
+mode is the choice of the group gpu-workers (dds.cdi.dev/gpu-api: dra-pool, nodes booting with no GPU); a second group
+drawing from the same pool, ext-workers (extended-resource), gets no slot: the slice's node selector names gpu-workers
+only.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from kubernetes import client
 from dds.groups.labels import node_group_label_value
 from dds.model.groups import ANN_GPU_API, LABEL_NODE_GROUP, GpuApi
 from harness.stack import ROOT, WORKLOAD_NAMESPACE, Stack, StackOptions, is_ready, start_stack
+from harness.versions import KubernetesProfile, active_profile
 from tests.e2e.cluster_facts import dds_events, describe, fabric_facts, pods_running
 from tests.e2e.test_dra_node_local import DRIVER, claim_template, dra_pod, extended_machineset
 
@@ -31,6 +35,12 @@ POOL = "fabric-default"
 # pool is a slot.
 POOL_SIZE = 4
 POOL_GROUP = "MachineSet/default/gpu-workers"
+
+
+def pool_mode_gates(profile: KubernetesProfile) -> dict[str, bool]:
+    """The feature gates pool mode needs: DRADeviceBindingConditions before 1.36 (alpha; DRAResourceClaimDeviceStatus,
+    which it depends on, is beta and on since 1.33); none from 1.36, where it is beta and on by default."""
+    return {} if profile.at_least(1, 36) else {"DRADeviceBindingConditions": True}
 
 
 def pool_slices(stack: Stack) -> list[Any]:
@@ -53,7 +63,7 @@ def claim_of(stack: Stack, pod_name: str) -> Any:
 def stack(tmp_path_factory) -> Iterator[Stack]:
     options = StackOptions(pool_size=POOL_SIZE, attach_latency=(2.0, 3.0), detach_latency=(1.0, 2.0),
                            gpu_idle_cooldown_seconds=600.0, node_idle_cooldown_seconds=600.0,
-                           controller_manager=True, feature_gates={"DRADeviceBindingConditions": True},
+                           controller_manager=True, feature_gates=pool_mode_gates(active_profile()),
                            machineset_annotations={ANN_GPU_API: GpuApi.DRA_POOL.value,
                                                    "capacity.cluster-autoscaler.kubernetes.io/gpu-count": "0"})
     with start_stack(tmp_path_factory.mktemp("dra-pool-mode"), options) as stack:

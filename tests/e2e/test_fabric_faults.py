@@ -2,9 +2,11 @@
 
 The stack runs without an autoscaler: this test asks DDS for the node, with cluster-autoscaler's certificate, as CA
 does (NodeGroupIncreaseSize, then NodeGroupNodes) — so no fault waits behind CA's 30 s GPU-pod buffer or its backoff
-(what CA does with the errors DDS reports is tests/e2e/test_errors_reach_ca.py). One stack for all; before each GPU
-step DDS restarts on the fault under test (`max_faults` caps how often it strikes; the count lives in the fabric's
-stored state).
+(what CA does with the errors DDS reports is tests/e2e/test_errors_reach_ca.py). The real CA would blur the exact counts
+asserted here: it backs the group off after an errorInfo, asks again (more attempts, more faults injected) and deletes
+failed instances on its own schedule. The README's "The real cluster-autoscaler" lists it among the e2e files without
+CA. One stack for all; before each GPU step DDS restarts on the fault under test (`max_faults` caps how
+often it strikes; the count lives in the fabric's stored state).
 
 | fault                        | DDS                                                    | the pod        |
 |------------------------------|--------------------------------------------------------|----------------|

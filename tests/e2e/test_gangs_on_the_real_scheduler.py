@@ -1,13 +1,20 @@
-"""Gangs on the real kube-scheduler with the Kubernetes 1.35 gang feature gates on (GenericWorkload, GangScheduling;
-the Workload API scheduling.k8s.io/v1alpha1 served), DDS and the real cluster-autoscaler.
+"""Gangs on the real kube-scheduler with the gang feature gates on (GenericWorkload, GangScheduling), DDS and the real
+cluster-autoscaler, on the Workload API the control plane serves: on Kubernetes 1.35 scheduling.k8s.io/v1alpha1
+(pods name a Workload's pod group in `spec.workloadRef`), on 1.36 scheduling.k8s.io/v1alpha2 (pods name a PodGroup
+object in `spec.schedulingGroup`). The Kubernetes profile of the run (harness/versions.py, DDS_K8S_PROFILE) decides.
 
-kube-scheduler's GangScheduling plugin holds a Workload's pods at Permit until `minCount` of them have a node; DDS
+kube-scheduler's GangScheduling plugin holds a gang's pods at Permit until `minCount` of them have a node; DDS
 must get the capacity for all of them, or none. Two workers (4 GPU slots each, one A30 at boot), a pool of 8 A30s:
 8 GPUs in all. In file order:
 1. a gang of 5 x 2 GPUs (10 > 8) gets no attach, and its pods are told why;
-2. a coscheduling PodGroup's minMember is read from the cluster: 2 of its 3 members attach nothing;
+2. a coscheduling PodGroup's minMember is read from the cluster (its CRD is installed before DDS starts, so DDS
+   watches it): 2 of its 3 members attach nothing;
 3. a gang of 4 x 2 GPUs gets all 8 GPUs, and no pod runs before all 8 are there;
-4. with one attach failing in the fabric, what was attached for the gang is detached (GangRolledBack), and the gang
+4. with 2 of the 8 GPUs busy, a gang of 2 x 4 GPUs (8: no more than the cluster has, more than the 6 free) needs two
+   new nodes the pool can equip only one of: the real cluster-autoscaler asks for them, and DDS adds no node and
+   attaches nothing (all or nothing after the cut to what the pool can equip), tells each member why, and refuses the
+   scale-up so that CA backs the group off;
+5. with one attach failing in the fabric, what was attached for the gang is detached (GangRolledBack), and the gang
    is then served whole.
 """
 
@@ -21,9 +28,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from dds.planner.gangs import GANG_LARGER_THAN_CLUSTER, POD_GROUP_LABEL
+from dds.planner.gangs import GANG_INCOMPLETE, GANG_LARGER_THAN_CLUSTER, POD_GROUP_LABEL
+from harness import versions
 from harness.stack import Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
-from tests.e2e.cluster_facts import dds_events, describe, fabric_facts, pods_running
+from tests.e2e.cluster_facts import GROUP, dds_events, describe, fabric_facts, log_lines, machineset_replicas, \
+    pods_running
 
 pytestmark = pytest.mark.e2e
 
@@ -32,6 +41,9 @@ COOLDOWN = 15.0
 NAMESPACE = "demo"
 CRDS = Path(__file__).parent / "crds" / "coscheduling"
 GANG_GATES = {"GenericWorkload": True, "GangScheduling": True}
+# The Workload API version the run's control plane serves: 1.36 replaced v1alpha1 (spec.workloadRef) by v1alpha2
+# (spec.schedulingGroup naming a PodGroup object) and serves v1alpha1 no more.
+WORKLOAD_API = "v1alpha2" if versions.active_profile().at_least(1, 36) else "v1alpha1"
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +51,13 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
     options = StackOptions(pool_size=8, attach_latency=(3.0, 4.0), detach_latency=(1.0, 2.0),
                            node_provisioning_seconds=10.0, gpu_idle_cooldown_seconds=COOLDOWN,
                            node_idle_cooldown_seconds=600.0, feature_gates=GANG_GATES,
-                           runtime_config=("scheduling.k8s.io/v1alpha1=true",),
+                           runtime_config=(f"scheduling.k8s.io/{WORKLOAD_API}=true",),
                            dds_settings={"gang_start_timeout_seconds": 60.0})
     with start_stack(tmp_path_factory.mktemp("gangs"), options) as stack:
         stack.control_plane.install_crds([CRDS])
+        # DDS finds the gang kinds served when it starts and watches them: restarted, it watches the coscheduling
+        # PodGroups too (a kind installed while it runs is listed per decision instead; tests/unit/kube).
+        stack.restart_dds(kill=False)
         stack.wait_for("two Ready workers with their boot GPU", lambda: len(
             [n for n in stack.nodes() if is_ready(n) and gpus_allocatable(n) >= 1]) == 2, TIMEOUT,
             lambda: describe(stack))
@@ -54,13 +69,26 @@ def custom(stack: Stack) -> client.CustomObjectsApi:
 
 
 def create_workload(stack: Stack, name: str, min_count: int) -> None:
-    body = {"apiVersion": "scheduling.k8s.io/v1alpha1", "kind": "Workload", "metadata": {"name": name},
-            "spec": {"podGroups": [{"name": "workers", "policy": {"gang": {"minCount": min_count}}}]}}
-    custom(stack).create_namespaced_custom_object("scheduling.k8s.io", "v1alpha1", NAMESPACE, "workloads", body)
+    """A Workload whose pod group "workers" has the gang policy; on v1alpha2 also the PodGroup its pods name (the
+    Workload is then only the template: kube-scheduler, and DDS, read the PodGroup)."""
+    gang = {"gang": {"minCount": min_count}}
+    api = custom(stack)
+    if WORKLOAD_API == "v1alpha1":
+        body = {"apiVersion": "scheduling.k8s.io/v1alpha1", "kind": "Workload", "metadata": {"name": name},
+                "spec": {"podGroups": [{"name": "workers", "policy": gang}]}}
+        api.create_namespaced_custom_object("scheduling.k8s.io", "v1alpha1", NAMESPACE, "workloads", body)
+        return
+    workload = {"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "Workload", "metadata": {"name": name},
+                "spec": {"podGroupTemplates": [{"name": "workers", "schedulingPolicy": gang}]}}
+    api.create_namespaced_custom_object("scheduling.k8s.io", "v1alpha2", NAMESPACE, "workloads", workload)
+    group = {"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup", "metadata": {"name": f"{name}-workers"},
+             "spec": {"podGroupTemplateRef": {"workload": {"workloadName": name, "podGroupTemplateName": "workers"}},
+                      "schedulingPolicy": gang}}
+    api.create_namespaced_custom_object("scheduling.k8s.io", "v1alpha2", NAMESPACE, "podgroups", group)
 
 
 def create_raw_pod(stack: Stack, body: dict[str, Any]) -> None:
-    """POST the pod as JSON: this kubernetes client's models know no `spec.workloadRef` (1.35 only) and refuse it."""
+    """POST the pod as JSON: this kubernetes client's models know no `spec.workloadRef` (1.35 only) and drop it."""
     method, url, headers, payload, _ = stack.api.param_serialize(
         "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=body, auth_settings=["BearerToken"],
         header_params={"Content-Type": "application/json", "Accept": "application/json"})
@@ -74,7 +102,10 @@ def create_gang(stack: Stack, workload: str, members: int, gpus: int) -> list[st
     names = [f"{workload}-{i}" for i in range(members)]
     for name in names:
         body = pod(name, memory_gib=4, gpus=gpus)
-        body["spec"]["workloadRef"] = {"name": workload, "podGroup": "workers"}
+        if WORKLOAD_API == "v1alpha1":
+            body["spec"]["workloadRef"] = {"name": workload, "podGroup": "workers"}
+        else:
+            body["spec"]["schedulingGroup"] = {"podGroupName": f"{workload}-workers"}
         create_raw_pod(stack, body)
     return names
 
@@ -165,6 +196,41 @@ def test_a_gang_of_four_starts_only_when_all_eight_gpus_are_attached(stack: Stac
     assert any(gpus < 8 for gpus, _ in seen), "the GPUs were watched arriving"
     assert len(attaches_for(stack, names)) >= 2  # both workers got GPUs for the gang
     delete_pods(stack, names)
+
+
+def ca_backoffs(stack: Stack) -> list[str]:
+    """cluster-autoscaler's log lines saying it backs the group off after a failed scale-up."""
+    return [line for line in log_lines(stack.autoscaler.log_path, "Disabling scale-up for node group") if GROUP in line]
+
+
+def test_a_gang_the_free_pool_cannot_equip_gets_no_node_and_no_gpu_and_ca_backs_off(stack: Stack):
+    stack.wait_for("the idle GPUs back in the pool", lambda: worker_gpus(stack) == 0, TIMEOUT,
+                   lambda: describe(stack))
+    busy = ["busy-0", "busy-1"]
+    for name in busy:  # 40 of a worker's 64 GiB: one on each worker
+        stack.core.create_namespaced_pod(NAMESPACE, pod(name, memory_gib=40, gpus=1))
+    stack.wait_for("a busy GPU on each worker", lambda: pods_running(stack, busy), TIMEOUT, lambda: describe(stack))
+    nodes_before, gpus_before = len(stack.nodes()), worker_gpus(stack)
+    backoffs_before = len(ca_backoffs(stack))
+    # 2 x 4 GPUs: no worker has 4 free slots (1 busy of 4), so each member needs a new node of 1 boot + 3 attached
+    # GPUs from the pool; its 6 free A30s equip one. Before the all-or-nothing check after that cut, DDS added the one
+    # node for half of the gang, and CA's other unit failed OutOfResources.
+    names = create_gang(stack, "halfpool", members=2, gpus=4)
+    stack.wait_for("every member told its gang cannot be served whole",
+                   lambda: events_for(stack, names, GANG_INCOMPLETE) == set(names), TIMEOUT, lambda: describe(stack))
+    told = next(e.message for e in dds_events(stack) if e.reason == GANG_INCOMPLETE and e.involved == f"pod/{names[0]}")
+    assert "the new nodes it needs cannot be equipped" in told and "pool default has" in told, told
+    stack.wait_for("cluster-autoscaler backing the group off", lambda: len(ca_backoffs(stack)) > backoffs_before,
+                   TIMEOUT, lambda: describe(stack))
+    deadline = time.monotonic() + 10.0  # a few loop passes and CA scan intervals more: still nothing
+    while time.monotonic() < deadline:
+        assert (len(stack.nodes()), machineset_replicas(stack)) == (nodes_before, nodes_before), describe(stack)
+        assert worker_gpus(stack) == gpus_before, describe(stack)
+        time.sleep(1.0)
+    assert attaches_for(stack, names) == []
+    members = {f"pod/{n}" for n in names}
+    assert [e for e in dds_events(stack) if e.reason == "AddingNode" and e.involved in members] == []
+    delete_pods(stack, names + busy)
 
 
 def test_a_gang_whose_attach_fails_is_rolled_back_then_served_whole(stack: Stack):

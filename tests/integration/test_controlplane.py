@@ -18,6 +18,7 @@ from typing import Callable
 import pytest
 from kubernetes import client
 
+from harness import versions
 from harness.controlplane import (BINARIES, KWOK_NODE_ANNOTATION, REPO_ROOT, ControlPlane, ControlPlaneError,
                                  start_control_plane)
 
@@ -87,6 +88,11 @@ def test_a_pod_is_scheduled_onto_the_kwok_node_and_runs(core: client.CoreV1Api, 
         return pod.spec.node_name == kwok_node and pod.status.phase == "Running"
 
     assert wait_for(running)
+
+
+def test_the_control_plane_runs_the_selected_kubernetes_profile(control_plane: ControlPlane) -> None:
+    # DDS_K8S_PROFILE (or hack/versions.env's default) picks the binaries; the apiserver must say it is that release.
+    assert control_plane.server_version() == versions.active_profile().kubernetes_version
 
 
 def test_a_status_patch_of_the_gpu_count_sticks(core: client.CoreV1Api, kwok_node: str) -> None:

@@ -60,3 +60,19 @@ def test_a_young_attach_on_the_same_node_keeps_an_old_one_from_being_cancelled()
     ops = [attach_op("hung", "n1", started_at=0.0), attach_op("young", "n1", started_at=100.0),
            attach_op("done", "n1", started_at=0.0, state=OperationState.SUCCEEDED)]
     assert finder.find(devices, ops, {"n1"}, now=110.0) == []
+
+
+def test_a_node_being_deleted_that_waits_for_dds_has_its_settled_devices_reclaimed_at_once():
+    finder = OrphanFinder(TIMEOUT)
+    devices = [device("d1", "deleting"), device("d2", "deleting", DeviceState.DETACHING), device("d3", "alive")]
+    [reclaim] = finder.find(devices, [], {"alive"}, now=0.0, deleted={"deleting"})
+    # Only what is settled: a device already going back is followed by its own detach.
+    assert (reclaim.node, reclaim.device_ids) == ("deleting", ("d1",))
+    assert "is being deleted with 1 A30 device(s) attached" in reclaim.reason
+
+
+def test_a_missing_nodes_devices_are_reclaimed_one_model_at_a_time():
+    finder = OrphanFinder(TIMEOUT)
+    devices = [device("d1", "gone"), FabricDevice("d2", "H100", "default", "gone", DeviceState.ONLINE, attached_at=0.0)]
+    reclaims = finder.find(devices, [], set(), now=0.0, deleted={"gone"})
+    assert sorted(r.device_ids for r in reclaims) == [("d1",), ("d2",)]

@@ -10,7 +10,7 @@ from dds.fabric.base import Fabric, FabricDevice, Operation
 from dds.fabric.redfish import RedfishFabric
 from dds.fabric.simulated import SimulatedFabric
 from dds.fabric.state import InMemoryFabricStateStore
-from harness.redfish_emulator import EmulatedSystem, EmulatorConfig, RedfishEmulator
+from harness.redfish_emulator import EmulatedSystem, EmulatorConfig, RedfishEmulator, mockup_path
 from tests.unit.fabric.contract import MODEL, NODE_A, NODE_B, NODE_C, POOL, SLOTS, TOTAL
 
 
@@ -81,16 +81,20 @@ class SimulatedHarness:
 
 
 class RedfishHarness:
-    """The Redfish backend against the emulator on loopback, on wall time (short composition latencies)."""
+    """The Redfish backend against the emulator on loopback, on wall time: short composition latencies, yet long
+    enough that an attach is still in flight when a busy 2-core machine reads it back (a query walks every block of
+    the DMTF mockup)."""
 
-    def __init__(self, composition_latency_s: float = 0.3, decomposition_latency_s: float = 0.1,
-                 advertise_actions: bool = True) -> None:
+    def __init__(self, composition_latency_s: float = 0.8, decomposition_latency_s: float = 0.1,
+                 advertise_actions: bool = True, mockup: Optional[str] = None,
+                 task_after_s: Optional[float] = 1.0) -> None:
         self.config = EmulatorConfig(
             systems=[EmulatedSystem("sys-1", NODE_A), EmulatedSystem("sys-2", "blade-2", host_name=NODE_B),
                      EmulatedSystem("sys-3", NODE_C)],
             gpus={POOL: {MODEL: TOTAL}}, composition_latency_s=composition_latency_s,
             decomposition_latency_s=decomposition_latency_s, username="dds", password="secret",
-            advertise_actions=advertise_actions)
+            advertise_actions=advertise_actions, mockup=mockup_path(mockup) if mockup else None,
+            task_after_s=task_after_s)
         self.emulator = RedfishEmulator(self.config)
         self.emulator.start()
         self.store = InMemoryFabricStateStore()

@@ -12,12 +12,19 @@ from tests.unit.fabric import contract
 from tests.unit.fabric.harnesses import RedfishHarness, SimulatedHarness
 
 
-@pytest.fixture(params=["simulated", "redfish-actions", "redfish-patch"])
+# Redfish: each way a service composes (docs/redfish.md): its Add/RemoveResourceBlock actions, a PATCH with If-Match,
+# DMTF's public-compose-action mockup (the Compose action), and every change answered 202 with a task monitor.
+REDFISH_SERVICES: dict[str, dict[str, Any]] = {
+    "redfish-actions": {}, "redfish-patch": {"advertise_actions": False},
+    "redfish-compose": {"mockup": "public-compose-action"}, "redfish-tasks": {"task_after_s": 0.0}}
+
+
+@pytest.fixture(params=["simulated", *REDFISH_SERVICES])
 def h(request: pytest.FixtureRequest) -> Iterator[Any]:
     if request.param == "simulated":
         yield SimulatedHarness()
         return
-    harness = RedfishHarness(advertise_actions=request.param == "redfish-actions")
+    harness = RedfishHarness(**REDFISH_SERVICES[request.param])
     try:
         yield harness
     finally:

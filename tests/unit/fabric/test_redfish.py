@@ -132,12 +132,14 @@ def test_the_emulator_serves_gpu_blocks_as_dmtf_resources(h: RedfishHarness) -> 
     assert requests.get(f"{h.emulator.url}/redfish/v1/Systems").status_code == 401
 
 
-def test_a_service_without_gpu_blocks_has_no_pools_and_refuses_attaches() -> None:
+def test_a_zone_the_service_lacks_is_not_found_and_the_mockups_own_gpu_is_a_pool() -> None:
     config = EmulatorConfig(systems=[EmulatedSystem("s", NODE_A)], gpus={})
     with RedfishEmulator(config) as emulator:
         fabric = RedfishFabric(RedfishSettings(endpoint=emulator.url), clock=time.time,
                                store=InMemoryFabricStateStore(), pools=contract_pools())
-        assert fabric.pools() == ()
+        # DMTF's public-composability has one GPU offload block (OffloadBlock9, zone 2) and nothing else that is one.
+        assert [(p.name, dict(p.total)) for p in fabric.pools()] == [("2", {"Contoso Workstation VID2000": 1})]
         with pytest.raises(FabricError) as refused:
             fabric.attach(AttachRequest(key="k", node=NODE_A, pool=POOL, model=MODEL, count=1))
         assert refused.value.code == ErrorCode.NOT_FOUND
+        fabric.close()

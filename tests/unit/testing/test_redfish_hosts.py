@@ -20,6 +20,6 @@ def test_a_system_registered_later_is_served_and_registered_once():
         assert emulator.add_system(EmulatedSystem(id="worker-1", name="worker-1", host_name="worker-1"))
         assert not emulator.add_system(EmulatedSystem(id="worker-1", name="worker-1", host_name="other"))
         members = requests.get(f"{emulator.url}/redfish/v1/Systems", timeout=5).json()["Members"]
-        assert members == [{"@odata.id": "/redfish/v1/Systems/worker-1"}]
+        assert members.count({"@odata.id": "/redfish/v1/Systems/worker-1"}) == 1  # beside the DMTF mockup's own
         system = requests.get(f"{emulator.url}/redfish/v1/Systems/worker-1", timeout=5).json()
         assert system["HostName"] == "worker-1" and system["Links"]["ResourceBlocks"] == []

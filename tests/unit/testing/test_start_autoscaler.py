@@ -45,8 +45,17 @@ def test_unknown_timing_is_refused():
         AutoscalerTimings.from_kwargs(scan_intervall=1)
 
 
-def test_the_pinned_version_comes_from_hack_versions_env():
+def test_the_pinned_version_is_the_selected_kubernetes_profiles(monkeypatch):
+    monkeypatch.setenv("DDS_K8S_PROFILE", "1.35")
     assert pinned_version() == "1.35.2"
+    monkeypatch.setenv("DDS_K8S_PROFILE", "1.36")
+    assert pinned_version() == "1.36.1"
+
+
+def test_an_unknown_profile_is_an_error_naming_the_known_ones(monkeypatch):
+    monkeypatch.setenv("DDS_K8S_PROFILE", "1.20")
+    with pytest.raises(AutoscalerError, match=r"no Kubernetes profile '1\.20'.*known profiles: 1\.35, 1\.36"):
+        pinned_version()
 
 
 def test_no_binary_anywhere_is_an_error_naming_the_build_script(tmp_path, monkeypatch):
@@ -75,8 +84,29 @@ def test_a_binary_without_externalgrpc_is_refused_before_it_starts(tmp_path, mon
 def test_another_version_is_refused_and_stopped(tmp_path, monkeypatch):
     binary = fake_ca(tmp_path, "1.34.0")
     monkeypatch.setenv("DDS_CLUSTER_AUTOSCALER", str(binary))
-    with pytest.raises(AutoscalerError, match=r"is cluster-autoscaler 1\.34\.0; the tests pin 1\.35\.2"):
+    with pytest.raises(AutoscalerError, match=rf"is cluster-autoscaler 1\.34\.0; the tests pin {pinned_version()}"):
         start_autoscaler(tmp_path / "kubeconfig", tmp_path / "cloud-config", tmp_path / "ca")
+
+
+def test_a_binary_of_another_minor_than_the_control_plane_is_refused_and_stopped(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDS_K8S_PROFILE", "1.35")
+    binary = fake_ca(tmp_path, "1.35.2")
+    monkeypatch.setenv("DDS_CLUSTER_AUTOSCALER", str(binary))
+    with pytest.raises(AutoscalerError, match=r"cluster-autoscaler 1\.35\.2 is for Kubernetes 1\.35, but the control "
+                                              r"plane is Kubernetes v1\.36\.3.*DDS_K8S_PROFILE"):
+        start_autoscaler(tmp_path / "kubeconfig", tmp_path / "cloud-config", tmp_path / "ca",
+                         control_plane_version="v1.36.3")
+
+
+def test_the_same_minor_as_the_control_plane_is_accepted(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDS_K8S_PROFILE", "1.36")
+    binary = fake_ca(tmp_path, "1.36.1")
+    handle = start_autoscaler(tmp_path / "kubeconfig", tmp_path / "cloud-config", tmp_path / "ca", binary=binary,
+                              control_plane_version="v1.36.3")
+    try:
+        assert handle.kind == "cluster-autoscaler 1.36.1" and handle.running()
+    finally:
+        handle.stop()
 
 
 def test_the_pinned_binary_gets_ca_flags_and_names_its_version(tmp_path, monkeypatch):
@@ -86,7 +116,7 @@ def test_the_pinned_binary_gets_ca_flags_and_names_its_version(tmp_path, monkeyp
     handle = start_autoscaler(tmp_path / "kubeconfig", tmp_path / "cloud-config.yaml", workdir, binary=binary,
                               max_node_provision_time=90)
     try:
-        assert handle.kind == "cluster-autoscaler 1.35.2" and handle.running()
+        assert handle.kind == f"cluster-autoscaler {pinned_version()}" and handle.running()
         cmdline = (workdir / "cluster-autoscaler.cmdline").read_text()
         for flag in ("--cloud-provider=externalgrpc", f"--cloud-config={tmp_path / 'cloud-config.yaml'}",
                      "--leader-elect=false", "--skip-nodes-with-system-pods=false",

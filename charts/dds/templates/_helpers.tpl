@@ -1,0 +1,121 @@
+{{/* Names: the release name (or fullnameOverride), cut to the 63 characters a label value allows. */}}
+{{- define "dds.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "dds.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "dds.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "dds.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "dds.autoscalerName" -}}
+{{- default (printf "%s-cluster-autoscaler" (include "dds.fullname" .)) .Values.clusterAutoscaler.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels every object carries: manifests/' two plus Helm's usual four. */}}
+{{- define "dds.commonLabels" -}}
+app.kubernetes.io/part-of: dds
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+
+{{- define "dds.labels" -}}
+app.kubernetes.io/name: {{ include "dds.name" . }}
+{{ include "dds.commonLabels" . }}
+{{- end }}
+
+{{- define "dds.autoscalerLabels" -}}
+app.kubernetes.io/name: cluster-autoscaler
+{{ include "dds.commonLabels" . }}
+{{- end }}
+
+{{/* Selectors: the name only, as manifests/ selects (a selector cannot change after install). */}}
+{{- define "dds.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dds.name" . }}
+{{- end }}
+
+{{- define "dds.autoscalerSelectorLabels" -}}
+app.kubernetes.io/name: cluster-autoscaler
+{{- end }}
+
+{{- define "dds.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding DDS's server pair and client CA. */}}
+{{- define "dds.tlsSecret" -}}
+{{- if .Values.tls.certManager.enabled }}
+{{- printf "%s-tls" (include "dds.fullname" .) }}
+{{- else }}
+{{- required "tls.existingSecret: name the Secret holding tls.crt, tls.key and ca.crt (made by `dds certs`), or set tls.certManager.enabled" .Values.tls.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{/* The Service's DNS name: the server certificate's SAN and cluster-autoscaler's cloud-config address. */}}
+{{- define "dds.serviceHost" -}}
+{{- printf "%s.%s.svc" (include "dds.fullname" .) .Release.Namespace }}
+{{- end }}
+
+{{- define "dds.leaseName" -}}
+{{- printf "%s-leader" (include "dds.fullname" .) }}
+{{- end }}
+
+{{/* The settings section each fabric backend reads (dds/config.py). */}}
+{{- define "dds.fabricSection" -}}
+{{- $sections := dict "composability-request" "composability" "redfish" "redfish" "simulated" "simulated_fabric" }}
+{{- $backend := required "fabric.backend is required (DDS refuses to start without a fabric): composability-request, redfish or simulated" .Values.fabric.backend }}
+{{- if not (hasKey $sections $backend) }}
+{{- fail (printf "fabric.backend %q is not a DDS fabric: one of composability-request, redfish, simulated" $backend) }}
+{{- end }}
+{{- get $sections $backend }}
+{{- end }}
+
+{{/* settings.yaml: the user's settings, the fabric section, then what the chart decides (listen, TLS, namespace). */}}
+{{- define "dds.settings" -}}
+{{- $reserved := list "listen" "tls_cert" "tls_key" "tls_ca" "in_cluster" "namespace" "metrics_listen" "fabric" "lease_name" "insecure" }}
+{{- range $key := $reserved }}
+{{- if hasKey $.Values.settings $key }}
+{{- fail (printf "settings.%s is set by the chart (see values.yaml): remove it from settings" $key) }}
+{{- end }}
+{{- end }}
+{{- $section := include "dds.fabricSection" . }}
+{{- $settings := deepCopy .Values.settings }}
+{{- $fabricSettings := deepCopy .Values.fabric.settings }}
+{{- if eq .Values.fabric.backend "redfish" }}
+{{- if .Values.fabric.redfish.passwordSecret }}
+{{- $_ := set $fabricSettings "password_file" "/etc/dds/redfish/password/password" }}
+{{- end }}
+{{- if .Values.fabric.redfish.caSecret }}
+{{- $_ := set $fabricSettings "ca_file" "/etc/dds/redfish/ca/ca.crt" }}
+{{- end }}
+{{- end }}
+{{- if $fabricSettings }}
+{{- $_ := set $settings $section $fabricSettings }}
+{{- end }}
+{{- $_ := set $settings "fabric" .Values.fabric.backend }}
+{{- $_ := set $settings "listen" (printf "0.0.0.0:%d" (int .Values.service.grpcPort)) }}
+{{- $_ := set $settings "tls_cert" "/etc/dds/tls/tls.crt" }}
+{{- $_ := set $settings "tls_key" "/etc/dds/tls/tls.key" }}
+{{- $_ := set $settings "tls_ca" "/etc/dds/tls/ca.crt" }}
+{{- $_ := set $settings "in_cluster" true }}
+{{- $_ := set $settings "namespace" .Release.Namespace }}
+{{- $_ := set $settings "metrics_listen" (printf "0.0.0.0:%d" (int .Values.service.metricsPort)) }}
+{{- $_ := set $settings "lease_name" (include "dds.leaseName" .) }}
+{{- toYaml $settings }}
+{{- end }}
+
+{{/* metrics_secure serves the operations port over TLS (DDS's default is plain HTTP on localhost). */}}
+{{- define "dds.metricsScheme" -}}
+{{- ternary "HTTPS" "HTTP" (eq (toString .Values.settings.metrics_secure) "true") }}
+{{- end }}

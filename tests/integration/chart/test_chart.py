@@ -1,0 +1,277 @@
+"""charts/dds checked by the real tools: `helm lint` and `helm template` (helm built from its Go module by
+hack/build-tools.sh) for several value sets, the rendered objects applied with a server-side dry run to the test
+apiserver, and the chart kept in agreement with manifests/ (what `kubectl apply -k manifests/` installs).
+
+Documented differences between the chart and kustomize (docs/install.md "Chart and manifests"), the only ones the
+agreement test forgives:
+- Helm's labels (helm.sh/chart, app.kubernetes.io/managed-by, instance, version) on every object and pod template;
+- the pod template's checksum/settings annotation (a settings change restarts DDS);
+- helm.sh/resource-policy: keep on the CRDs (uninstalling never deletes MachineSets);
+- settings.yaml compared as parsed YAML, with the chart's required `fabric` left out (the kustomize base leaves the
+  fabric commented out for the user to choose).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
+
+from dds.config import FabricBackend, NodeBackend, Settings
+from harness.kustomize import render
+from tests.integration.chart.tools import CHART, KUBE_VERSION, ROOT, helm_template, run, set_args
+
+MANIFESTS = ROOT / "manifests"
+FIELD_MANAGER = "dds-chart-test"
+HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance",
+               "app.kubernetes.io/version")
+
+# The choices manifests/ makes, as chart values.
+AS_KUSTOMIZE = {"fabric.backend": "composability-request", "namespace.create": "true", "priorityClassName": "",
+                "clusterAutoscaler.podDisruptionBudget.enabled": "false"}
+# Every optional object on: cert-manager TLS, the Prometheus Operator objects, the dashboard, a budget, Redfish.
+EVERYTHING = {
+    "fabric.backend": "redfish", "fabric.settings.endpoint": "https://redfish.example:8443",
+    "fabric.settings.username": "dds", "fabric.redfish.passwordSecret": "redfish-password",
+    "fabric.redfish.caSecret": "redfish-ca", "tls.certManager.enabled": "true",
+    "tls.certManager.issuerRef.name": "dds-ca", "serviceMonitor.enabled": "true", "podMonitor.enabled": "true",
+    "prometheusRule.enabled": "true", "dashboard.enabled": "true", "podDisruptionBudget.enabled": "true",
+    "metricsReaderBinding.subjects[0].name": "prometheus-k8s",
+    "metricsReaderBinding.subjects[0].namespace": "monitoring",
+}
+# A kwok test cluster: the simulated fabric, no cluster-autoscaler, CRDs installed by someone else, plain metrics.
+MINIMAL = {"fabric.backend": "simulated", "clusterAutoscaler.enabled": "false", "crds.clusterApi": "false",
+           "crds.composability": "false", "settings.node_backend": "kwok", "settings.metrics_secure": "false",
+           "serviceMonitor.enabled": "true", "replicaCount": "1"}
+VALUE_SETS = {"as-kustomize": AS_KUSTOMIZE, "everything": EVERYTHING, "minimal": MINIMAL,
+              "defaults": {"fabric.backend": "composability-request"}}
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind} {name}, found {len(matches)}"
+    return matches[0]
+
+
+def settings_of(objects: list[dict[str, Any]], name: str = "dds-settings") -> dict[str, Any]:
+    return yaml.safe_load(find(objects, "ConfigMap", name)["data"]["settings.yaml"])
+
+
+# --- helm lint and helm template (no cluster) ---
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_helm_lint_passes(values: dict[str, str]) -> None:
+    result = run("helm", "lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION, *set_args(values))
+    assert "0 chart(s) failed" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_the_rendered_settings_are_settings_dds_accepts(values: dict[str, str], tmp_path: Path) -> None:
+    path = tmp_path / "settings.yaml"
+    path.write_text(yaml.safe_dump(settings_of(helm_template(values))))
+    settings = Settings.load(path)  # raises on an unknown key or a malformed value, naming it
+    assert settings.fabric == FabricBackend(values["fabric.backend"])
+    assert settings.in_cluster and settings.namespace == "dds-system" and settings.lease_name == "dds-leader"
+
+
+def test_a_missing_fabric_is_refused_with_the_choices() -> None:
+    refused = helm_template({}, check=False)
+    assert refused.returncode != 0
+    assert "fabric.backend is required" in refused.stderr and "composability-request, redfish or simulated" in \
+        refused.stderr, refused.stderr
+    unknown = helm_template({"fabric.backend": "infiniband"}, check=False)  # values.schema.json
+    assert unknown.returncode != 0 and "at '/fabric/backend': value must be one of" in unknown.stderr, unknown.stderr
+
+
+def test_a_misspelt_value_is_refused_instead_of_ignored() -> None:
+    refused = helm_template({"fabric.backend": "simulated", "replicas": "3"}, check=False)
+    assert refused.returncode != 0 and "additional properties 'replicas' not allowed" in refused.stderr, \
+        refused.stderr
+
+
+def test_settings_the_chart_decides_cannot_be_overridden() -> None:
+    refused = helm_template({"fabric.backend": "simulated", "settings.listen": "0.0.0.0:9000"}, check=False)
+    assert refused.returncode != 0 and "settings.listen is set by the chart" in refused.stderr, refused.stderr
+
+
+def test_the_release_name_and_namespace_name_everything() -> None:
+    objects = helm_template({"fabric.backend": "simulated"}, namespace="gpu-scaling", release="edge")
+    settings = settings_of(objects, "edge-dds-settings")
+    assert settings["namespace"] == "gpu-scaling" and settings["lease_name"] == "edge-dds-leader"
+    role = find(objects, "Role", "edge-dds")
+    assert {"resourceNames": ["edge-dds-leader"]}.items() <= role["rules"][1].items()
+    assert all(o["metadata"].get("namespace", "gpu-scaling") == "gpu-scaling" for o in objects)
+    assert "--namespace=gpu-scaling" in find(objects, "Deployment", "cluster-autoscaler")["spec"]["template"][
+        "spec"]["containers"][0]["command"]
+
+
+def test_redfish_credentials_are_mounted_where_the_settings_point() -> None:
+    objects = helm_template(EVERYTHING)
+    settings = settings_of(objects)
+    assert settings["redfish"] == {"endpoint": "https://redfish.example:8443", "username": "dds",
+                                   "password_file": "/etc/dds/redfish/password/password",
+                                   "ca_file": "/etc/dds/redfish/ca/ca.crt"}
+    pod = find(objects, "Deployment", "dds")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["redfish-password"] == "/etc/dds/redfish/password" and mounts["redfish-ca"] == "/etc/dds/redfish/ca"
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets["redfish-password"] == "redfish-password" and secrets["redfish-ca"] == "redfish-ca"
+
+
+def test_cert_manager_issues_both_ends_of_the_mutual_tls() -> None:
+    objects = helm_template(EVERYTHING)
+    server = find(objects, "Certificate", "dds")["spec"]
+    assert "dds.dds-system.svc" in server["dnsNames"] and server["secretName"] == "dds-tls"
+    client_cert = find(objects, "Certificate", "cluster-autoscaler-client")["spec"]
+    # The client's name is the identity DDS admits (grpc_allowed_clients).
+    assert client_cert["commonName"] in settings_of(objects)["grpc_allowed_clients"]
+    cloud_config = yaml.safe_load(find(objects, "ConfigMap", "cluster-autoscaler-cloud-config")["data"][
+        "cloud-config.yaml"])
+    assert cloud_config["address"] == "dds.dds-system.svc:8086" and cloud_config["cert"] == "/config/tls/tls.crt"
+    volumes = find(objects, "Deployment", "cluster-autoscaler")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "client-tls", "secret": {"secretName": "cluster-autoscaler-client-tls", "defaultMode": 0o440}} \
+        in volumes
+
+
+def test_defaults_follow_cluster_autoscalers_chart() -> None:
+    objects = helm_template({"fabric.backend": "composability-request"})
+    for name in ("dds", "cluster-autoscaler"):
+        assert find(objects, "Deployment", name)["spec"]["template"]["spec"]["priorityClassName"] == \
+            "system-cluster-critical"
+    assert find(objects, "PodDisruptionBudget", "cluster-autoscaler")["spec"]["maxUnavailable"] == 1
+    # Only the leader is Ready: a budget on DDS would block draining the leader's node, so none by default.
+    assert not [o for o in objects if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"] == "dds"]
+
+
+def copies_in_the_chart() -> list[tuple[Path, Path]]:
+    """Files the chart carries as unmodified copies of manifests/ (a chart cannot read files outside itself)."""
+    crds = [(source, CHART / "files" / "crds" / source.name) for source in sorted((MANIFESTS / "crds").glob("*/*.yaml"))
+            if source.name != "kustomization.yaml"]
+    rbac = [(MANIFESTS / "dds" / "rbac.yaml", CHART / "files" / "rbac" / "dds.yaml"),
+            (MANIFESTS / "cluster-autoscaler" / "rbac.yaml", CHART / "files" / "rbac" / "cluster-autoscaler.yaml")]
+    return crds + rbac
+
+
+@pytest.mark.parametrize("source, copy_in_chart", copies_in_the_chart(), ids=lambda p: p.name)
+def test_the_chart_carries_the_manifests_crds_and_rbac_unmodified(source: Path, copy_in_chart: Path) -> None:
+    assert copy_in_chart.read_bytes() == source.read_bytes(), \
+        f"{copy_in_chart} differs from {source}: copy it again (cp {source} {copy_in_chart})"
+
+
+def test_crds_are_left_out_when_cluster_api_or_the_operator_brings_them() -> None:
+    def crd_groups(values: dict[str, str]) -> set[str]:
+        return {o["spec"]["group"] for o in helm_template(values) if o["kind"] == "CustomResourceDefinition"}
+
+    base = {"fabric.backend": "composability-request"}
+    assert crd_groups(base) == {"cluster.x-k8s.io", "cro.hpsys.ibm.ie.com"}
+    assert crd_groups({**base, "crds.clusterApi": "false"}) == {"cro.hpsys.ibm.ie.com"}
+    assert crd_groups({**base, "crds.clusterApi": "false", "crds.composability": "false"}) == set()
+
+
+# --- the chart and kustomize agree ---
+
+def normalised(objects: list[dict[str, Any]], from_helm: bool) -> dict[tuple[str, str, str], dict[str, Any]]:
+    out = {}
+    for original in objects:
+        obj = copy.deepcopy(original)
+        metadatas = [obj["metadata"]]
+        template = (obj.get("spec") or {}).get("template")
+        if obj["kind"] in ("Deployment",) and template:
+            metadatas.append(template["metadata"])
+        for metadata in metadatas:
+            for label in HELM_LABELS if from_helm else ():
+                (metadata.get("labels") or {}).pop(label, None)
+            annotations = metadata.get("annotations") or {}
+            for annotation in ("checksum/settings", "helm.sh/resource-policy") if from_helm else ():
+                annotations.pop(annotation, None)
+            if "annotations" in metadata and not annotations:
+                del metadata["annotations"]
+        if obj["kind"] == "ConfigMap" and "settings.yaml" in obj.get("data", {}):
+            settings = yaml.safe_load(obj["data"]["settings.yaml"])
+            settings.pop("fabric", None)
+            obj["data"]["settings.yaml"] = settings
+        out[(obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])] = obj
+    return out
+
+
+def test_the_chart_renders_what_kustomize_renders_for_the_same_choices() -> None:
+    from_kustomize = normalised(render(MANIFESTS), from_helm=False)
+    from_helm = normalised(helm_template(AS_KUSTOMIZE), from_helm=True)
+    assert sorted(from_helm) == sorted(from_kustomize)
+    for key, expected in from_kustomize.items():
+        assert from_helm[key] == expected, f"{key}: the chart and manifests/ differ"
+
+
+# --- the test apiserver accepts every rendered object (server-side apply, dryRun=All) ---
+
+def dry_run_apply(dynamic: DynamicClient, objects: list[dict[str, Any]]) -> list[str]:
+    problems = []
+    for obj in objects:
+        try:
+            resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        except ResourceNotFoundError:
+            problems.append(f"{obj['kind']} {obj['metadata']['name']}: the apiserver serves no "
+                            f"{obj['apiVersion']} {obj['kind']} (is its CRD installed?)")
+            continue
+        try:
+            # Server-side apply checks every field against the schema: a misspelt field is an error, not dropped.
+            dynamic.server_side_apply(resource, body=obj, namespace=obj["metadata"].get("namespace"),
+                                      field_manager=FIELD_MANAGER, dry_run="All")
+        except DynamicApiError as error:
+            problems.append(f"{obj['kind']} {obj['metadata']['name']}: {error.status} {error.summary()}")
+    return problems
+
+
+# The Prometheus Operator's and cert-manager's CRDs, vendored with their origin noted (harness/crds/README-chart.md).
+FOREIGN_CRDS = [ROOT / "harness" / "crds" / "prometheus-operator", ROOT / "harness" / "crds" / "cert-manager"]
+
+
+@pytest.fixture(scope="module")
+def dynamic(control_plane: Any) -> DynamicClient:
+    control_plane.install_crds(FOREIGN_CRDS)
+    api = control_plane.api_client()
+    for namespace in ("dds-system", "gpu-scaling"):  # namespaced dry-runs need the namespace to exist for real
+        try:
+            client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+        except client.ApiException as error:
+            if error.status != 409:
+                raise
+    return DynamicClient(api)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_every_rendered_object_is_accepted_by_the_apiserver(dynamic: DynamicClient, values: dict[str, str]) -> None:
+    objects = helm_template(values)
+    assert dry_run_apply(dynamic, objects) == []
+
+
+@pytest.mark.integration
+def test_a_release_in_another_namespace_is_accepted(dynamic: DynamicClient) -> None:
+    objects = helm_template({"fabric.backend": "simulated"}, namespace="gpu-scaling", release="edge")
+    assert dry_run_apply(dynamic, objects) == []
+
+
+def test_every_value_set_renders_the_deployment_dds_runs() -> None:
+    for name, values in VALUE_SETS.items():
+        deployment = find(helm_template(values), "Deployment", "dds")
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["args"] == \
+            ["serve", "--config", "/etc/dds/settings.yaml"], name
+    minimal = find(helm_template(MINIMAL), "Deployment", "dds")["spec"]["template"]["spec"]["containers"][0]
+    assert minimal["readinessProbe"]["httpGet"]["scheme"] == "HTTP"  # metrics_secure off: plain HTTP
+    assert settings_of(helm_template(MINIMAL))["node_backend"] == NodeBackend.KWOK.value
+
+
+@pytest.mark.integration
+def test_the_dry_run_refuses_a_misspelt_field(dynamic: DynamicClient) -> None:
+    """The check above is not vacuous: an object the apiserver would not store as written is reported."""
+    [monitor] = [o for o in helm_template(EVERYTHING) if o["kind"] == "ServiceMonitor"]
+    monitor["spec"]["endpoints"][0]["intervall"] = monitor["spec"]["endpoints"][0].pop("interval")
+    [problem] = dry_run_apply(dynamic, [monitor])
+    assert "intervall" in problem, problem
