@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -304,12 +305,19 @@ def settled_requests(dds: DdsProcess, timeout: float = 60.0) -> dict[str, float]
     return last
 
 
-def histogram_quantile(dds: DdsProcess, name: str, q: float) -> float:
-    """Prometheus' histogram_quantile over the cumulative buckets of `name` (linear inside a bucket)."""
-    buckets = sorted((float(key.split('le="')[1].split('"')[0]), value)
-                     for key, value in dds.metrics(timeout=METRICS_TIMEOUT_SECONDS).items()
-                     if key.startswith(f"{name}_bucket{{"))
-    total = buckets[-1][1] if buckets else 0
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def labels_of(key: str) -> dict[str, str]:
+    return dict(_LABEL.findall(key.partition("{")[2]))
+
+
+def quantile(samples: dict[str, float], name: str, q: float, **match: str) -> float:
+    """histogram_quantile over the cumulative buckets of `name` whose labels include `match`."""
+    buckets = sorted((float(labels_of(key)["le"].replace("+Inf", "inf")), value) for key, value in samples.items()
+                     if key.startswith(f"{name}_bucket{{")
+                     and all(labels_of(key).get(k) == v for k, v in match.items()))
+    total = buckets[-1][1] if buckets else 0.0
     if not total:
         return float("nan")
     rank, lower, below = q * total, 0.0, 0.0
@@ -320,6 +328,11 @@ def histogram_quantile(dds: DdsProcess, name: str, q: float) -> float:
             return lower + (upper - lower) * (rank - below) / max(count - below, 1e-9)
         lower, below = upper, count
     return lower
+
+
+def histogram_quantile(dds: DdsProcess, name: str, q: float) -> float:
+    """Prometheus' histogram_quantile over DDS's own buckets of `name`."""
+    return quantile(dds.metrics(timeout=METRICS_TIMEOUT_SECONDS), name, q)
 
 
 def percentile(samples: list[float], q: float) -> float:

@@ -42,7 +42,7 @@ from dds import certs
 from harness.autoscaler import AutoscalerHandle, start_autoscaler
 from harness.controlplane import ControlPlane, ensure_binaries, free_ports, start_control_plane
 from harness.stack import DdsProcess, start_dds
-from tests.bench.scale import (GROUP_NAME, NAMESPACE, Size, bulk_client, log, parse_sizes, populate,
+from tests.bench.scale import (GROUP_NAME, NAMESPACE, Size, bulk_client, labels_of, log, parse_sizes, populate, quantile,
                                write_settings)
 
 MODES = ("spec-fixed", "observed")
@@ -50,7 +50,6 @@ CA_NAMESPACE = "dds-system"  # CA's status ConfigMap
 SCAN_INTERVAL_SECONDS = 10.0  # CA's default
 DDS_LATENCY = "dds_grpc_request_duration_seconds"
 CA_FUNCTION = "cluster_autoscaler_function_duration_seconds"
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 # Goals (issue 26; benchmark only): DDS's own time per CA scan, by size.
 DDS_SECONDS_PER_SCAN_GOAL = {1000: 0.1, 5000: 1.0}
@@ -67,30 +66,8 @@ def ca_metrics(port: int, timeout: float = 30.0) -> dict[str, float]:
     return out
 
 
-def labels_of(key: str) -> dict[str, str]:
-    return dict(_LABEL.findall(key.partition("{")[2]))
-
-
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {key: value - before.get(key, 0.0) for key, value in after.items()}
-
-
-def quantile(samples: dict[str, float], name: str, q: float, **match: str) -> float:
-    """histogram_quantile over the cumulative buckets of `name` whose labels include `match`."""
-    buckets = sorted((float(labels_of(key)["le"].replace("+Inf", "inf")), value) for key, value in samples.items()
-                     if key.startswith(f"{name}_bucket{{")
-                     and all(labels_of(key).get(k) == v for k, v in match.items()))
-    total = buckets[-1][1] if buckets else 0.0
-    if not total:
-        return float("nan")
-    rank, lower, below = q * total, 0.0, 0.0
-    for upper, count in buckets:
-        if count >= rank:
-            if upper == float("inf"):
-                return lower
-            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-9)
-        lower, below = upper, count
-    return lower
 
 
 def sample(samples: dict[str, float], name: str, **match: str) -> float:

@@ -21,9 +21,9 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
 
 from dds.config import FabricBackend, NodeBackend, Settings
+from harness.dry_run import dry_run_apply as check_by_dry_run
 from harness.kustomize import render
 from tests.integration.chart.tools import CHART, KUBE_VERSION, ROOT, helm_template, run, set_args
 
@@ -211,21 +211,7 @@ def test_the_chart_renders_what_kustomize_renders_for_the_same_choices() -> None
 # --- the test apiserver accepts every rendered object (server-side apply, dryRun=All) ---
 
 def dry_run_apply(dynamic: DynamicClient, objects: list[dict[str, Any]]) -> list[str]:
-    problems = []
-    for obj in objects:
-        try:
-            resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-        except ResourceNotFoundError:
-            problems.append(f"{obj['kind']} {obj['metadata']['name']}: the apiserver serves no "
-                            f"{obj['apiVersion']} {obj['kind']} (is its CRD installed?)")
-            continue
-        try:
-            # Server-side apply checks every field against the schema: a misspelt field is an error, not dropped.
-            dynamic.server_side_apply(resource, body=obj, namespace=obj["metadata"].get("namespace"),
-                                      field_manager=FIELD_MANAGER, dry_run="All")
-        except DynamicApiError as error:
-            problems.append(f"{obj['kind']} {obj['metadata']['name']}: {error.status} {error.summary()}")
-    return problems
+    return check_by_dry_run(dynamic, objects, FIELD_MANAGER)
 
 
 # The Prometheus Operator's and cert-manager's CRDs, vendored with their origin noted (harness/crds/README-chart.md).

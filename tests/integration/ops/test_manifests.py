@@ -13,11 +13,11 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
 
 from dds.commands import certs as certs_command
 from dds.config import Settings
 from harness import rbac
+from harness.dry_run import dry_run_apply as check_by_dry_run
 from harness.kustomize import render
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -167,20 +167,7 @@ def certs_secrets(out: Path) -> list[dict[str, Any]]:
 # --- the real apiserver accepts every object (server-side apply, dryRun=All) ---
 
 def dry_run_apply(dynamic: DynamicClient, objects: list[dict[str, Any]]) -> list[str]:
-    problems = []
-    for obj in objects:
-        try:
-            resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-        except ResourceNotFoundError:
-            problems.append(f"{obj['kind']} {obj['metadata']['name']}: the apiserver serves no "
-                            f"{obj['apiVersion']} {obj['kind']} (is its CRD installed?)")
-            continue
-        try:
-            dynamic.server_side_apply(resource, body=obj, namespace=obj["metadata"].get("namespace"),
-                                      field_manager=FIELD_MANAGER, dry_run="All")
-        except DynamicApiError as error:
-            problems.append(f"{obj['kind']} {obj['metadata']['name']}: {error.status} {error.summary()}")
-    return problems
+    return check_by_dry_run(dynamic, objects, FIELD_MANAGER)
 
 
 @pytest.fixture(scope="module")
