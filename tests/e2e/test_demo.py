@@ -102,7 +102,8 @@ def test_the_timeline_picture_shows_the_gpu_path_before_the_node_path(demo: Demo
     recording = read_recording(demo.picture.with_suffix(".json"))
     assert recording.samples == demo.samples and recording.spans == demo.spans
     gpu, node = demo.spans
-    assert (gpu.name, node.name) == ("GPU path", "node path") and gpu.end <= node.start
+    # A path's start is its end less its measured duration, so the two spans may touch by a few tenths of a second.
+    assert (gpu.name, node.name) == ("GPU path", "node path") and gpu.end <= node.start + 0.5
     assert abs(gpu.seconds - demo.gpu_path_seconds) < 0.2 and abs(node.seconds - demo.node_path_seconds) < 0.2
     workers = recording.first_workers()
     assert len(workers) == 2
