@@ -87,6 +87,10 @@ class CdiOperatorError(RuntimeError):
     """The operator could not be installed, started or reached; the message says why and shows its log's tail."""
 
 
+class WebhookPortTaken(CdiOperatorError):
+    """Another operator (another test run's) holds the fixed webhook port: only one runs on a machine at a time."""
+
+
 class DeviceResourceType(str, enum.Enum):
     """How the operator expects a node to expose an attached GPU (its env DEVICE_RESOURCE_TYPE)."""
 
@@ -365,6 +369,17 @@ class CdiOperator:
         self._launch()
         return self
 
+    def start_when_port_free(self, wait_s: float) -> "CdiOperator":
+        """`start`, waiting up to `wait_s` while another run's operator holds the fixed webhook port."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return self.start()
+            except WebhookPortTaken:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(5)
+
     def install(self) -> None:
         """Everything the operator needs in the cluster and on disk, without starting it."""
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -585,7 +600,7 @@ def _check_webhook_port_free() -> None:
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
-            raise CdiOperatorError(
+            raise WebhookPortTaken(
                 f"port {WEBHOOK_PORT} is taken ({_listener_of(WEBHOOK_PORT)}): the CDI operator serves its admission "
                 f"webhook there (fixed by the operator, all interfaces), so only one operator can run on this machine "
                 f"at a time") from exc

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from harness.cdi_operator import CdiOperator, CdiOperatorError, DeviceResourceType, FabricManagerAccess
+from harness.cdi_operator import CdiOperator, DeviceResourceType, FabricManagerAccess
 from harness.controlplane import KWOK_NODE_ANNOTATION, ControlPlane, ensure_binaries, start_control_plane
 from harness.fabric_manager import FabricManagerEmulator
 from harness.gpu_node_agent import DeviceMode, GpuNodeAgent
@@ -40,21 +40,11 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
         yield started
 
 
-def _start(operator: CdiOperator) -> CdiOperator:
-    deadline = time.monotonic() + PORT_WAIT_S
-    while True:
-        try:
-            return operator.start()
-        except CdiOperatorError as exc:
-            if "is taken" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(5)
-
 
 def test_device_plugin_mode_fails_every_attach_on_the_unregistered_metal3machine(plane: ControlPlane) -> None:
     with FabricManagerEmulator({MODEL: 2}) as fm, plane.api_client() as api:
-        operator = _start(CdiOperator(plane, FabricManagerAccess.of(fm, cluster_id=CLUSTER_ID),
-                                      device_resource_type=DeviceResourceType.DEVICE_PLUGIN))
+        operator = CdiOperator(plane, FabricManagerAccess.of(fm, cluster_id=CLUSTER_ID),
+                               device_resource_type=DeviceResourceType.DEVICE_PLUGIN).start_when_port_free(PORT_WAIT_S)
         try:
             node = f"gpu-node-{uuid.uuid4().hex[:6]}"
             key, value = KWOK_NODE_ANNOTATION

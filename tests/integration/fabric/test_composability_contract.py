@@ -32,7 +32,7 @@ from dds.kube.cache import ClusterCache
 from dds.kube.composability import WATCHED
 from dds.kube.requests import instrument
 from harness import rbac
-from harness.cdi_operator import (DRA_FEATURE_GATES, DRA_RUNTIME_CONFIG, CdiOperator, CdiOperatorError,
+from harness.cdi_operator import (DRA_FEATURE_GATES, DRA_RUNTIME_CONFIG, CdiOperator,
                                   DeviceResourceType, FabricManagerAccess)
 from harness.controlplane import KWOK_NODE_ANNOTATION, ControlPlane, ensure_binaries, start_control_plane
 from harness.fabric_manager import FabricManagerEmulator
@@ -70,17 +70,6 @@ class World:
         return client.CustomObjectsApi(self.admin)
 
 
-def _start_operator(operator: CdiOperator) -> CdiOperator:
-    """Start it, waiting while another test run's operator holds the fixed webhook port."""
-    deadline = time.monotonic() + PORT_WAIT_S
-    while True:
-        try:
-            return operator.start()
-        except CdiOperatorError as exc:
-            if "is taken" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(5)
-
 
 def _create_node(core: client.CoreV1Api, name: str) -> None:
     key, value = KWOK_NODE_ANNOTATION
@@ -96,8 +85,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     with start_control_plane(tmp_path_factory.mktemp("cdi-contract-plane"), bin_dir=ensure_binaries(),
                              feature_gates=DRA_FEATURE_GATES, runtime_config=DRA_RUNTIME_CONFIG) as plane, \
             FabricManagerEmulator({MODEL: TOTAL}) as fm, plane.api_client() as admin:
-        operator = _start_operator(CdiOperator(plane, FabricManagerAccess.of(fm),
-                                               device_resource_type=DeviceResourceType.DRA))
+        operator = CdiOperator(plane, FabricManagerAccess.of(fm),
+                               device_resource_type=DeviceResourceType.DRA).start_when_port_free(PORT_WAIT_S)
         try:
             core = client.CoreV1Api(admin)
             for node in NODES:
