@@ -19,23 +19,30 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
 from dds.config import FabricBackend, Settings
+from dds.controller.apply import Actions
 from dds.controller.ca_requests import PlannerScaleDown, PlannerScaleUp
+from dds.controller.dra_binding import PoolModeBinder
 from dds.controller.executor import Executor, OperationWatcher
+from dds.controller.gpu_label import GpuLabelKeeper
 from dds.controller.repair import DeviceRepair
 from dds.controller.idle import IdleTracker
-from dds.controller.loop import Controller, LoopConfig
+from dds.controller.loop import ClusterPorts, Controller, LoopConfig
 from dds.controller.observe import ClusterObserver
+from dds.controller.pod_groups import watched_gangs
 from dds.fabric.base import Fabric, ResumableFabric
 from dds.fabric.factory import (ALLOW_NON_KWOK_NODES_ADVICE, build_fabric, refuse_simulation_on_real_nodes,
                                  require_fabric_choice)
 from dds.kube.authn import ApiserverAuthorizer
 from dds.kube.cache import CachedMachineSetLister, ClusterCache, cluster_cache
 from dds.kube.composability import WATCHED as COMPOSABILITY_OBJECTS
+from dds.kube.controller_ports import KubeClusterReader, KubePoolBindingWriter
 from dds.kube import ApiClient
 from dds.kube.events import KubeEventRecorder
 from dds.kube.leader import LeaderElector, default_identity
 from dds.kube.machinesets import MachineSetLister
-from dds.kube.nodes import gpu_capacity_hook, read_node_labels
+from dds.kube.nodes import KubeNodeWriter, gpu_capacity_hook, read_node_labels
+from dds.kube.podgroups import PodGroupReader
+from dds.kube.pods import ReservationWrites
 from dds.kube.requests import instrument
 from dds.kube.resourceslices import ResourceSlicePublisher, online_gpus, with_resource_slices
 from dds.kube.state import ConfigMapStateStore
@@ -45,13 +52,14 @@ from dds.nodes.factory import build_node_backend
 from dds.nodes.kwok import KwokInfrastructure
 from dds.ops.http import OpsServer, build_ops_server, check_metrics_settings
 from dds.planner import plan_scale_up
-from dds.planner.plan import Detach, PlannerConfig
+from dds.model.plan import Detach, PlannerConfig
 from dds.scaling.instances import InstanceFactory, InstanceTracker
 from dds.provider.leadership import LeaderGate
 from dds.scaling.requests import LiveNode
 from dds.provider.registry import Registry
 from dds.provider.server import ProviderServer, build_server
-from dds.groups.sources import MachineSetSource, NodeGroupCatalog
+from dds.groups.sources import MachineSetSource
+from dds.groups.catalog import NodeGroupCatalog
 from dds.groups.labels import node_group_label_value
 from dds.heap import HeapKeeper
 
@@ -63,7 +71,8 @@ INSTANCES_CONFIGMAP = "dds-instances"
 def planner_config(settings: Settings) -> PlannerConfig:
     return PlannerConfig(policy=settings.policy, batch_solver=settings.batch_solver,
                          solver_time_budget_seconds=settings.solver_time_budget_seconds,
-                         warm_gpus_by_pool={p.name: p.warm_gpus for p in settings.simulated_fabric.pools})
+                         warm_gpus_by_pool={p.name: p.warm_gpus for p in settings.simulated_fabric.pools},
+                         cdi_operator=settings.fabric == FabricBackend.COMPOSABILITY_REQUEST)
 
 
 class ObservedClusterView:
@@ -246,7 +255,8 @@ class App:
         Nothing is written or acted on."""
         try:
             observation = self.controller.observer.observe()
-            plan_scale_up(observation.snapshot, replace(self.controller.config.planner, allow_new_nodes=False))
+            plan_scale_up(observation.snapshot, replace(self.controller.config.planner, allow_new_nodes=False),
+                          memos=self.controller.memos)
         except Exception as exc:  # only a head start: the first decision derives it all if this could not
             log.warning("could not plan once before serving (%s): the first decision will take longer", exc)
 
@@ -333,8 +343,8 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                                             cache=cache.composability if cache else None)
     nodes = build_node_backend(settings, clock=clock, api_client=api, on_written=cache.assume if cache else None)
     groups = fresh_groups(catalog, clock, settings.loop_interval_seconds)
-    observer = ClusterObserver(api, fabric, groups, clock, IdleTracker(), settings.gpu_label,
-                               settings.machineset_namespaces, cache=cache)
+    observer = ClusterObserver(KubeClusterReader(api, settings.machineset_namespaces, cache), fabric, groups, clock,
+                               IdleTracker(), settings.gpu_label, cache=cache)
     tracker = InstanceTracker(ConfigMapStateStore(api, settings.namespace, INSTANCES_CONFIGMAP))
     registry = Registry(catalog, ObservedClusterView(observer, api, clock), tracker)
     executor = Executor(fabric, nodes.provisioner, events)
@@ -351,15 +361,22 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                                                      large_fraction=settings.reservation_large_fraction,
                                                      quiet_age_seconds=settings.reservation_quiet_age_seconds))
     app_ref: dict[str, App] = {}
-    controller = Controller(observer, executor, watcher, fabric, api, events, loop, clock,
+    # The applier and the cluster's ports are built here, over dds.kube: the raw ApiClient stays out of the controller.
+    node_writer = KubeNodeWriter(api)
+    actions = Actions(executor, watcher, node_writer)
+    cluster = ClusterPorts(pod_groups=PodGroupReader(api, cached=watched_gangs(observer)),
+                           reservation_writes=ReservationWrites(api), gpu_labels=GpuLabelKeeper(node_writer, fabric),
+                           pool_binder=PoolModeBinder(KubePoolBindingWriter(api), fabric, actions, clock=clock,
+                                                      binding_timeout_seconds=loop.dra_binding_timeout_seconds))
+    controller = Controller(observer, actions, fabric, cluster, events, loop, clock,
                             is_leader=lambda: app_ref["app"].is_leader)
     events.pause = controller.calls_first.wait_for_calls  # a burst's Events are written between CA's calls
     if slices is not None:  # a GPU DDS lists as a DRA device is tainted before its detach (docs/dra.md)
         executor.before_detach = taint_then(executor.before_detach, slices)
-    scale_up = PlannerScaleUp(controller, tracker, planner, InstanceFactory(clock=clock),
+    scale_up = PlannerScaleUp(controller.ca_call_ports(), tracker, planner, InstanceFactory(clock=clock),
                               settings.max_node_provision_seconds)
     controller.listeners.append(DeviceRepair(fabric, controller.actions, events, clock).run)  # GPUs failed while attached
-    scale_down = PlannerScaleDown(controller, tracker, planner, api)
+    scale_down = PlannerScaleDown(controller.ca_call_ports(), tracker, planner)
     elector: Optional[LeaderElector] = None
     if settings.leader_election:
         elector = LeaderElector(api, settings, on_started_leading=lambda: app_ref["app"]._started_leading(),

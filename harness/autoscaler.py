@@ -18,7 +18,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from harness import versions
 
@@ -175,7 +175,8 @@ def check_same_minor(autoscaler_version: str, control_plane_version: str) -> Non
 
 def start_autoscaler(kubeconfig: Path, cloud_config: Path, workdir: Path, *, binary: Optional[Path] = None,
                      bin_dir: Optional[Path] = None, namespace: str = "dds-system",
-                     control_plane_version: Optional[str] = None, **timings: Any) -> AutoscalerHandle:
+                     control_plane_version: Optional[str] = None, extra_flags: Sequence[str] = (),
+                     **timings: Any) -> AutoscalerHandle:
     """Start the real cluster-autoscaler (see the module docstring for which binary); `timings` are AutoscalerTimings
     fields in seconds. Raises AutoscalerError, with nothing left running, when it is not the pinned version with the
     externalgrpc provider, or (given `control_plane_version`, the apiserver's gitVersion) not of the control plane's
@@ -191,7 +192,7 @@ def start_autoscaler(kubeconfig: Path, cloud_config: Path, workdir: Path, *, bin
                f"--kubeconfig={kubeconfig}", "--leader-elect=false", f"--address=127.0.0.1:{free_port()}",
                # As manifests/cluster-autoscaler/deployment.yaml: its Role grants the status ConfigMap only there.
                f"--namespace={namespace}",
-               "--skip-nodes-with-system-pods=false", "--v=4", *parsed.flags()]
+               "--skip-nodes-with-system-pods=false", "--v=4", *parsed.flags(), *extra_flags]
     (workdir / "cluster-autoscaler.cmdline").write_text(" ".join(command) + "\n")
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, cwd=workdir,

@@ -2,13 +2,14 @@
 
 The operator runs as shipped: the binary hack/build-binaries.sh builds from the pinned upstream source (`cro-manager`),
 its own CRDs, RBAC and webhook configuration from the same source tree (copied beside the binary in the cache, never
-kept in this repository), `CDI_PROVIDER_TYPE=FTI_CDI` in fabric-manager mode (`FTI_CDI_API_TYPE=FM`) against the
-fabric-manager emulator, and `DEVICE_RESOURCE_TYPE` either `DEVICE_PLUGIN` or `DRA`.
+kept in this repository), `CDI_PROVIDER_TYPE=FTI_CDI` against one of the FTI APIs (`FabricManagerAccess.api`): the
+fabric manager (`FTI_CDI_API_TYPE=FM`, harness/fabric_manager.py) or the cluster manager (`FTI_CDI_API_TYPE=CM`,
+harness/cluster_manager.py), and `DEVICE_RESOURCE_TYPE` either `DEVICE_PLUGIN` or `DRA`.
 
 `CdiOperator.start()` prepares the cluster the way an operator install would:
 
 - the operator's CRDs (config/crd/bases) and the third-party CRDs it reads (harness/crds: the GPU operator's
-  ClusterPolicy, Metal3's Metal3Machine and BareMetalHost), each waited for until Established;
+  ClusterPolicy, Metal3's Metal3Machine and BareMetalHost, OpenShift's Machine), each waited for until Established;
 - namespace `composable-resource-operator-system` with Secret `credentials` (the fabric manager's OIDC login), the GPU
   operator's namespace with a ClusterPolicy whose driver is enabled and the two DaemonSets the operator restarts;
 - its RBAC (config/rbac, rendered with the namespace and name prefix of config/default/kustomization.yaml) bound to
@@ -25,12 +26,13 @@ the operator, so one operator at a time runs on a machine; a taken port is a cle
 Modes, as this upstream commit behaves:
 - DRA: a node's fabric machine is its providerID `fsas-cdi://<uuid>`; detaches need the alpha DeviceTaintRule API
   (DRA_FEATURE_GATES / DRA_RUNTIME_CONFIG on the control plane; checked at install).
-- DEVICE_PLUGIN (needs FTI_CDI_CLUSTER_ID, composableresource_adapter.go:58-61): the FM client's getNodeMachineID
-  (internal/cdi/fti/fm/client.go:416-430) reads the Node's `machine.openshift.io/machine` annotation, then GETs a
-  cluster-api-provider-metal3 Metal3Machine, a type the manager's scheme (cmd/main.go:48, 52-59) does not register:
-  every attach, detach, health check and upstream sync fails before any fabric request with `no kind is registered for
-  the type v1beta1.Metal3Machine`. No setting avoids it in FM mode (docs/composability.md, "Known issues"). The
-  harness supports the mode as shipped; attaches in it only work with an operator that registers the type.
+- DEVICE_PLUGIN (needs FTI_CDI_CLUSTER_ID, composableresource_adapter.go:58-61): a node's machine is found through
+  the Node's `machine.openshift.io/machine` annotation (harness/gpu_node_agent.py creates the chain). With the FM API
+  the client then GETs a cluster-api-provider-metal3 Metal3Machine (internal/cdi/fti/fm/client.go:416-430), a type the
+  manager's scheme (cmd/main.go:48, 52-59) does not register: every attach, detach, health check and upstream sync
+  fails before any fabric request with `no kind is registered for the type v1beta1.Metal3Machine` (docs/
+  composability.md, "Known issues"). With the CM API the client reads OpenShift's Machine as unstructured and then
+  the BareMetalHost (cm/client.go getNodeMachineID): that works, so DEVICE_PLUGIN mode runs with the CM API.
 """
 
 from __future__ import annotations
@@ -98,6 +100,13 @@ class DeviceResourceType(str, enum.Enum):
     DRA = "DRA"  # ResourceSlices of the vendor's DRA driver; a node's machine comes from providerID fsas-cdi://<uuid>
 
 
+class FtiApi(str, enum.Enum):
+    """Which FTI API the operator's CDI client speaks (its env FTI_CDI_API_TYPE)."""
+
+    FM = "FM"  # the fabric manager (harness/fabric_manager.py): DRA mode only at this commit
+    CM = "CM"  # the cluster manager (harness/cluster_manager.py): the one that attaches in DEVICE_PLUGIN mode
+
+
 @dataclass(frozen=True)
 class FabricManagerAccess:
     """How the operator reaches the fabric manager (the emulator in tests) and logs in to it."""
@@ -111,16 +120,23 @@ class FabricManagerAccess:
     client_secret: str
     realm: str
     # FTI_CDI_CLUSTER_ID; required by the operator in DEVICE_PLUGIN mode, where a node's machine id is then found
-    # through Metal3 (node annotation -> Metal3Machine -> BareMetalHost). Empty: from the node's providerID.
+    # through Metal3 (node annotation -> Machine -> BareMetalHost). Empty: from the node's providerID (FM, DRA only).
     cluster_id: str = ""
+    api: FtiApi = FtiApi.FM
 
     @classmethod
     def of(cls, emulator: Any, cluster_id: str = "") -> "FabricManagerAccess":
-        """The access to a started harness.fabric_manager.FabricManagerEmulator."""
+        """The access to a started emulator: harness.fabric_manager.FabricManagerEmulator (FM API), or
+        harness.cluster_manager.ClusterManagerEmulator (CM API, whose cluster id is the emulator's own)."""
+        from harness.cluster_manager import ClusterManagerEmulator
+
         login = emulator.credentials
+        api = FtiApi.CM if isinstance(emulator, ClusterManagerEmulator) else FtiApi.FM
+        if api is FtiApi.CM:
+            cluster_id = cluster_id or emulator.cluster_uuid
         return cls(endpoint=emulator.endpoint, ca_file=Path(emulator.ca_cert_path), tenant_id=emulator.tenant_uuid,
                    username=login.username, password=login.password, client_id=login.client_id,
-                   client_secret=login.client_secret, realm=login.realm, cluster_id=cluster_id)
+                   client_secret=login.client_secret, realm=login.realm, cluster_id=cluster_id, api=api)
 
     def credentials(self) -> dict[str, str]:
         return {"username": self.username, "password": self.password, "client_id": self.client_id,
@@ -326,6 +342,10 @@ class CdiOperator:
             # The operator refuses this itself, but only at its first reconcile, deep in a status error.
             raise CdiOperatorError("DEVICE_PLUGIN mode needs FabricManagerAccess.cluster_id (the operator's "
                                    "FTI_CDI_CLUSTER_ID): without it the operator supports DRA only")
+        if fabric.api is FtiApi.CM and not fabric.cluster_id:
+            # The CM client puts the cluster id in every path (cm/client.go); empty, every call would be a 404.
+            raise CdiOperatorError("the cluster-manager API (FTI_CDI_API_TYPE=CM) needs FabricManagerAccess."
+                                   "cluster_id (the operator's FTI_CDI_CLUSTER_ID)")
         self.plane = plane
         self.fabric = fabric
         self.device_resource_type = device_resource_type
@@ -428,7 +448,7 @@ class CdiOperator:
         self.stop()
 
     def __repr__(self) -> str:
-        return (f"CdiOperator(pid={self.pid}, mode={self.device_resource_type.value}, "
+        return (f"CdiOperator(pid={self.pid}, mode={self.device_resource_type.value}, api={self.fabric.api.value}, "
                 f"fabric={self.fabric.endpoint!r}, log={str(self.log_path)!r})")
 
     # -- install --
@@ -515,7 +535,7 @@ class CdiOperator:
             "ENABLE_WEBHOOKS": "true",
             "DEVICE_RESOURCE_TYPE": self.device_resource_type.value,
             "CDI_PROVIDER_TYPE": "FTI_CDI",
-            "FTI_CDI_API_TYPE": "FM",
+            "FTI_CDI_API_TYPE": self.fabric.api.value,
             "FTI_CDI_ENDPOINT": self.fabric.endpoint,
             "FTI_CDI_TENANT_ID": self.fabric.tenant_id,
             "NVIDIA_GPU_OPERATOR_NAMESPACE": self.gpu_operator_namespace,

@@ -18,6 +18,11 @@ What it adds to the default stack, and why:
   has no pool API) and the MachineSet annotated for the vendor's driver: dra-node-local, `gpu.nvidia.com`, whole GPUs
   `type=gpu`, the A30's shape (`NVIDIA A30`, 24Gi) for before any A30 is published (docs/dra.md).
 
+`cdi_options(options, device_mode=DeviceMode.DEVICE_PLUGIN)`: the operator in DEVICE_PLUGIN mode instead, through the
+cluster-manager emulator (harness/cluster_manager.py: the one FTI API that attaches in that mode at the pinned commit),
+the node agent publishing each node's GPUs as `nvidia.com/gpu` capacity, the MachineSet an extended-resource group; no
+DRA gates, DeviceClass or kube-controller-manager (CdiDevicePluginFabricSide).
+
 Only one operator runs on a machine at a time (its webhook port 9443 is fixed): a stack started while another runs
 fails with the port's holder named (CdiOperatorError).
 """
@@ -39,6 +44,7 @@ from dds.model.groups import (ANN_DRA_DEVICE_ATTRIBUTES, ANN_DRA_DRIVER, ANN_DRA
 from dds.nodes.kwok import ProviderIds
 from harness.cdi_operator import (DRA_FEATURE_GATES, DRA_RUNTIME_CONFIG, CdiOperator, DeviceResourceType,
                                   FabricManagerAccess, OperatorRelease)
+from harness.cluster_manager import ClusterManagerEmulator
 from harness.fabric_manager import FabricManagerEmulator
 from harness.gpu_node_agent import NVIDIA_DRA_DRIVER, PROVIDER_ID_PREFIX, DeviceMode, GpuNodeAgent, gpu_spec
 from harness.stack import Stack, StackOptions, merge
@@ -72,8 +78,14 @@ def vendor_driver_annotations(memory: str = "24Gi") -> dict[str, str]:
             ANN_GPU_MODELS: MODEL}
 
 
-def cdi_options(options: StackOptions) -> StackOptions:
-    """`options` with the real CDI operator: what `options` sets itself wins over these defaults."""
+def cdi_options(options: StackOptions, device_mode: DeviceMode = DeviceMode.DRA) -> StackOptions:
+    """`options` with the real CDI operator: what `options` sets itself wins over these defaults. `device_mode`
+    DEVICE_PLUGIN: the operator in that mode through the cluster manager's API (CdiDevicePluginFabricSide), the
+    MachineSet's GPUs the extended resource nvidia.com/gpu the node's device plugin publishes."""
+    if DeviceMode(device_mode) is DeviceMode.DEVICE_PLUGIN:
+        return replace(options, provider_ids=FSAS_CDI_PROVIDER_IDS, fabric_side=CdiDevicePluginFabricSide,
+                       machineset_annotations={ANN_GPU_MODELS: MODEL, **options.machineset_annotations},
+                       dds_settings=merge({"fabric": "composability-request"}, options.dds_settings))
     runtime_config = tuple(dict.fromkeys((*DRA_RUNTIME_CONFIG, *options.runtime_config)))
     return replace(
         options, feature_gates={**DRA_FEATURE_GATES, **options.feature_gates}, runtime_config=runtime_config,
@@ -94,14 +106,21 @@ def operator_version(bin_dir: Optional[Path] = None) -> str:
 
 class CdiFabricSide:
     """The emulator, the node agent, NVIDIA's DeviceClass and the operator for one stack; a context manager (the
-    stack enters it once its control plane runs, before the MachineSet and DDS)."""
+    stack enters it once its control plane runs, before the MachineSet and DDS). DRA mode through the fabric
+    manager's API; CdiDevicePluginFabricSide is the DEVICE_PLUGIN mode."""
+
+    device_mode = DeviceMode.DRA
 
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
         options = stack.options
-        self.emulator = FabricManagerEmulator({MODEL: options.pool_size}, attach_latency_s=options.attach_latency,
-                                              detach_latency_s=options.detach_latency,
-                                              state_dir=stack.workdir / "fabric-manager")
+        # DRA: the fabric manager's API. DEVICE_PLUGIN: the cluster manager's, the one the operator attaches through
+        # in that mode at its pinned commit (docs/composability.md, "Device modes"); the same hardware model.
+        emulator_class = ClusterManagerEmulator if self.device_mode is DeviceMode.DEVICE_PLUGIN \
+            else FabricManagerEmulator
+        self.emulator = emulator_class({MODEL: options.pool_size}, attach_latency_s=options.attach_latency,
+                                       detach_latency_s=options.detach_latency,
+                                       state_dir=stack.workdir / "fabric-manager")
         self.agent: Optional[GpuNodeAgent] = None
         self.operator: Optional[CdiOperator] = None
         self._api = stack.control_plane.api_client()
@@ -112,12 +131,13 @@ class CdiFabricSide:
     def __enter__(self) -> "CdiFabricSide":
         try:
             self.emulator.start()
-            client.ResourceV1Api(self._api).create_device_class(NVIDIA_DEVICE_CLASS)
-            self.agent = GpuNodeAgent(self._api, self.emulator, mode=DeviceMode.DRA,
+            if self.device_mode is DeviceMode.DRA:
+                client.ResourceV1Api(self._api).create_device_class(NVIDIA_DEVICE_CLASS)
+            self.agent = GpuNodeAgent(self._api, self.emulator, mode=self.device_mode,
                                       state_dir=self.stack.workdir / "gpu-nodes").start()
             self._thread.start()
             self.operator = CdiOperator(self.stack.control_plane, FabricManagerAccess.of(self.emulator),
-                                        device_resource_type=DeviceResourceType.DRA).start()
+                                        device_resource_type=DeviceResourceType(self.device_mode.value)).start()
         except BaseException:
             self.close()
             raise
@@ -172,6 +192,13 @@ class CdiFabricSide:
                     continue
                 self._registered.add(name)
                 log.info("cdi node registrar: node %s is fabric machine %s", name, self.agent.machine_uuid(name))
+
+
+class CdiDevicePluginFabricSide(CdiFabricSide):
+    """The operator in DEVICE_PLUGIN mode through the cluster-manager emulator; each node's GPUs are its
+    `nvidia.com/gpu` capacity (the device plugin's part, played by the node agent)."""
+
+    device_mode = DeviceMode.DEVICE_PLUGIN
 
 
 def fabric_side(stack: Stack) -> CdiFabricSide:

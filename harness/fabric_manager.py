@@ -149,6 +149,16 @@ class InjectedFault:
     message: str
 
 
+@dataclass
+class AttachReservation:
+    """Devices taken from the pool for one attach, not yet on the machine (busy)."""
+
+    machine_uuid: str
+    devices: list[Device]
+    fault: Optional[InjectedFault]
+    critical: bool
+
+
 @dataclass(frozen=True)
 class Credentials:
     """What the operator's `credentials` Secret (composable-resource-operator-system) must hold."""
@@ -225,7 +235,7 @@ class FabricManagerEmulator:
         if self._server is not None:
             raise RuntimeError("fabric manager: already started")
         context = self._tls_context()
-        server = http.server.ThreadingHTTPServer((self._host, self._port), _handler_for(self))
+        server = http.server.ThreadingHTTPServer((self._host, self._port), self._handler_class())
         server.daemon_threads = True
         server.socket = context.wrap_socket(server.socket, server_side=True)
         self._server = server
@@ -234,6 +244,10 @@ class FabricManagerEmulator:
         self._thread.start()
         log.info("fabric manager emulator serving on https://%s (CA %s)", self.endpoint, self.ca_cert_path)
         return self
+
+    def _handler_class(self) -> type[http.server.BaseHTTPRequestHandler]:
+        """The HTTP routes: the fabric manager's API (the cluster-manager emulator serves its own)."""
+        return _handler_for(self)
 
     def stop(self) -> None:
         server, self._server = self._server, None
@@ -372,6 +386,13 @@ class FabricManagerEmulator:
     # -- the operations behind the API --
 
     def _attach(self, machine_uuid: str, res_type: str, model: str, count: int) -> list[Device]:
+        reservation = self._reserve_attach(machine_uuid, res_type, model, count)
+        time.sleep(_draw(self.attach_latency_s))  # the fabric reconfigures the switch; the request waits for it
+        return self._commit_attach(reservation)
+
+    def _reserve_attach(self, machine_uuid: str, res_type: str, model: str, count: int) -> "AttachReservation":
+        """Take `count` free devices of `model` for the machine (busy until committed) and the fault, if any, this
+        attach will meet. Shared with the cluster-manager emulator, whose attach completes in the background."""
         with self._lock:
             self._machine(machine_uuid)
             if res_type != RESOURCE_TYPE_GPU:
@@ -393,21 +414,31 @@ class FabricManagerEmulator:
             critical = self._faults.critical_attaches > 0
             if critical:
                 self._faults.critical_attaches -= 1
-        time.sleep(_draw(self.attach_latency_s))  # the fabric reconfigures the switch; the request waits for it
+        return AttachReservation(machine_uuid, chosen, fault, critical)
+
+    def _commit_attach(self, reservation: "AttachReservation") -> list[Device]:
+        """The fabric is done: the devices join the machine, or go back to the pool when the fault hit (raised)."""
         with self._lock:
-            for device in chosen:
+            for device in reservation.devices:
                 device.busy = False
-                if fault is None:
-                    device.machine = machine_uuid
-                    device.op_status = OP_STATUS_CRITICAL if critical else OP_STATUS_OK
-            attached = [Device(**vars(d)) for d in chosen]
-        if fault is not None:
+                if reservation.fault is None:
+                    device.machine = reservation.machine_uuid
+                    device.op_status = OP_STATUS_CRITICAL if reservation.critical else OP_STATUS_OK
+            attached = [Device(**vars(d)) for d in reservation.devices]
+        if reservation.fault is not None:
+            fault = reservation.fault
             raise FabricManagerError(fault.status, fault.code, fault.message)
-        log.info("fabric manager: attached %s to machine %s", [d.serial for d in attached], machine_uuid)
-        self._notify(machine_uuid)
+        log.info("fabric manager: attached %s to machine %s", [d.serial for d in attached], reservation.machine_uuid)
+        self._notify(reservation.machine_uuid)
         return attached
 
     def _detach(self, machine_uuid: str, res_type: str, res_uuid: str) -> None:
+        device, fault = self._reserve_detach(machine_uuid, res_type, res_uuid)
+        time.sleep(_draw(self.detach_latency_s))
+        self._commit_detach(machine_uuid, device, fault)
+
+    def _reserve_detach(self, machine_uuid: str, res_type: str, res_uuid: str
+                        ) -> tuple[Device, Optional[InjectedFault]]:
         with self._lock:
             self._machine(machine_uuid)
             device = next((d for d in self._devices if d.res_uuid == res_uuid), None)
@@ -417,8 +448,9 @@ class FabricManagerEmulator:
             if device.busy:
                 raise FabricManagerError(409, CODE_IN_PROGRESS, f"resource {res_uuid} is already being detached")
             device.busy = True
-            fault = self._take(self._faults.detach)
-        time.sleep(_draw(self.detach_latency_s))
+            return device, self._take(self._faults.detach)
+
+    def _commit_detach(self, machine_uuid: str, device: Device, fault: Optional[InjectedFault]) -> None:
         with self._lock:
             device.busy = False
             if fault is None:
@@ -724,13 +756,17 @@ class _FabricManagerHandler(http.server.BaseHTTPRequestHandler):
         try:
             status, document = route(parsed.path, query)
         except FabricManagerError as error:
-            status, document = error.status, error.body()
+            status, document = error.status, self._error_document(error)
             log.info("fabric manager: %s %s -> %s", self.command, parsed.path, error)
         except Exception as exc:  # answer the client rather than drop the connection, and say what broke
             log.exception("fabric manager: %s %s failed", self.command, parsed.path)
             status, document = 500, FabricManagerError(500, "E50000", f"emulator error: {exc}").body()
         self.emulator._record(self.command, parsed.path, status)
         self._reply(status, document)
+
+    def _error_document(self, error: FabricManagerError) -> dict[str, Any]:
+        """The error body of this API (fm/api ErrorBody)."""
+        return error.body()
 
     def _body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)

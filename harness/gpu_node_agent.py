@@ -6,9 +6,12 @@ Node to its server. Nothing of that runs here, so this agent plays it, driven by
 
 - `add_node(name)` registers the node's machine in the emulator (its uuid is the node's providerID
   `fsas-cdi://<uuid>` when it has one) and creates the Metal3 chain the CDI operator follows when FTI_CDI_CLUSTER_ID is
-  set: node annotation `machine.openshift.io/machine: <ns>/<metal3machine>` -> Metal3Machine (annotation
-  `metal3.io/BareMetalHost: <ns>/<bmh>`) -> BareMetalHost (annotation `cluster-manager.cdi.io/machine: <uuid>`).
-  The CRDs are harness/crds (installed by harness/cdi_operator.py).
+  set: node annotation `machine.openshift.io/machine: <ns>/<name>` -> a Machine of that namespace and name (annotation
+  `metal3.io/BareMetalHost: <ns>/<bmh>`) -> BareMetalHost (annotation `cluster-manager.cdi.io/machine: <uuid>`). The
+  Machine is both kinds the operator's clients read: a Metal3Machine (the fabric-manager client) and an OpenShift
+  Machine, machine.openshift.io/v1beta1 (the cluster-manager client). The CRDs are harness/crds (installed by
+  harness/cdi_operator.py). The emulator is either API's (harness/fabric_manager.py or harness/cluster_manager.py,
+  one hardware model).
 - per node, an `nvidia-driver` pod (label `app.kubernetes.io/component=nvidia-driver`, owned by the DaemonSet
   `nvidia-driver-daemonset`; kwok makes it Running and Ready) and a kwok `Exec` for it: an exec into that pod, as the
   operator runs through the apiserver, runs harness/bin/nvidia-smi on this machine with the node's state file, which
@@ -405,6 +408,14 @@ class GpuNodeAgent:
         _create_or_keep(lambda: self._custom.create_namespaced_custom_object(
             "infrastructure.cluster.x-k8s.io", "v1beta1", namespace, "metal3machines",
             {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Machine",
+             "metadata": {"name": metal3_machine, "namespace": namespace,
+                          "annotations": {BMH_ANNOTATION: f"{namespace}/{bmh}"}},
+             "spec": {"providerID": f"metal3://{namespace}/{bmh}/{metal3_machine}"}}))
+        # OpenShift's Machine of the same namespace and name, which the cluster-manager client (FTI_CDI_API_TYPE=CM)
+        # reads instead of the Metal3Machine (cm/client.go getNodeMachineID): one node annotation serves both.
+        _create_or_keep(lambda: self._custom.create_namespaced_custom_object(
+            "machine.openshift.io", "v1beta1", namespace, "machines",
+            {"apiVersion": "machine.openshift.io/v1beta1", "kind": "Machine",
              "metadata": {"name": metal3_machine, "namespace": namespace,
                           "annotations": {BMH_ANNOTATION: f"{namespace}/{bmh}"}},
              "spec": {"providerID": f"metal3://{namespace}/{bmh}/{metal3_machine}"}}))

@@ -15,7 +15,8 @@ DDS's gRPC API with the client certificate cluster-autoscaler uses. Nothing is a
 | no-orphaned-devices             | a device on a Node that is gone stays at most orphan timeout + slack (history)  |
 | ca-view-consistent              | whenever DDS answers: NodeGroupTargetSize = the entries NodeGroupNodes lists,   |
 |                                 | and the instances listed = the instances persisted in ConfigMap dds-instances   |
-| converged                       | settled: no fabric operation in flight, no instance listed to CA, MachineSet   |
+| converged                       | settled: no fabric operation in flight, no instance listed to CA (a spec-fixed |
+|                                 | group's companion `<id>#live` lists its live nodes, not instances), MachineSet |
 |                                 | replicas = Machines = Ready Nodes, no node left cordoned by DDS, no Machine    |
 |                                 | marked for deletion, every workload pod Running                                |
 
@@ -53,7 +54,7 @@ NO_ORPHANS = "no-orphaned-devices"
 CA_VIEW = "ca-view-consistent"
 CONVERGED = "converged"
 
-REMOVAL_TAINT = "dds.cdi.dev/removing"  # dds/controller/loop.py
+REMOVAL_TAINT = "dds.cdi.dev/removing"  # dds/controller/removals.py
 INSTANCES_CONFIGMAP = "dds-instances"  # dds/app.py
 STATE_KEY = "state.json"
 IN_FLIGHT = ("attaching", "detaching")
@@ -138,12 +139,20 @@ class GroupRow:
     ready_nodes: int
 
 
+COMPANION_SUFFIX = "#live"  # dds/provider/membership.py: the node group of a spec-fixed group's live nodes
+
+
 @dataclass(frozen=True)
 class CaGroupView:
     id: str
     target_size: int
     listed: tuple[str, ...]  # ids NodeGroupNodes lists
     instances_failed: int
+
+    @property
+    def companion(self) -> bool:
+        """`<id>#live`: the live nodes of a spec-fixed group, listed by providerID; never work in flight."""
+        return self.id.endswith(COMPANION_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -252,6 +261,8 @@ def check_ca_view(reading: Reading) -> list[Violation]:
             out.append(Violation(CA_VIEW, view.id, f"NodeGroupTargetSize {view.target_size} but NodeGroupNodes lists "
                                                    f"{len(view.listed)} ({', '.join(view.listed) or 'none'})"))
         listed_instances |= {i for i in view.listed if i.startswith("dds://")}
+        if view.companion and any(i.startswith("dds://") for i in view.listed):
+            out.append(Violation(CA_VIEW, view.id, f"a companion lists in-flight instances: {', '.join(view.listed)}"))
     if listed_instances != set(reading.stored_instances):
         out.append(Violation(CA_VIEW, "instances", f"listed to CA {sorted(listed_instances)} but persisted "
                                                    f"{sorted(reading.stored_instances)}"))
@@ -274,7 +285,7 @@ def check_settled(reading: Reading) -> list[Violation]:
         out.append(Violation(CONVERGED, "dds", "DDS does not answer gRPC"))
     else:
         for view in reading.ca:
-            if view.listed:
+            if view.listed and not view.companion:
                 out.append(Violation(CONVERGED, view.id, f"CA still sees {len(view.listed)} instance(s) in flight "
                                                          f"({view.instances_failed} failed): {', '.join(view.listed)}"))
     for group in reading.groups:

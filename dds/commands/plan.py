@@ -7,7 +7,7 @@
 
 Prints the scale-up plan (per pending pod: fits now / after N GPUs on a node / needs a node / unschedulable, the score,
 the rejected options) and the scale-down plan (idle GPUs to detach, nodes to remove or keep). --json prints both plans
-as JSON instead. The snapshot file format is documented in dds/planner/snapshot_io.py. Policy and solver default to
+as JSON instead. The snapshot file format is documented in dds/commands/snapshot_file.py. Policy and solver default to
 the settings (--config, DDS_POLICY, DDS_BATCH_SOLVER). Exit codes: 0 planned, 2 bad flags or an unreadable snapshot.
 """
 
@@ -21,14 +21,15 @@ from typing import Any, Callable, Optional
 
 from pydantic import ValidationError
 
-from dds.config import Settings
+from dds.config import FabricBackend, Settings
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
 from dds.planner.batch import SOLVERS
-from dds.planner.plan import PlannerConfig
+from dds.model.plan import PlannerConfig
 from dds.planner.render import plan_to_dict
 from dds.planner.scoring import POLICIES
-from dds.planner.snapshot import Snapshot
-from dds.planner.snapshot_io import SnapshotFormatError, load_snapshot
+from dds.planner.memos import PlannerMemos
+from dds.model.snapshot import Snapshot
+from dds.commands.snapshot_file import SnapshotFormatError, load_snapshot
 
 EXIT_USAGE = 2
 
@@ -64,10 +65,12 @@ def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
     from dds.controller.idle import IdleTracker
     from dds.controller.observe import ClusterObserver
     from dds.kube.cache import cluster_cache
+    from dds.kube.controller_ports import KubeClusterReader
     from dds.kube.client import api_client
     from dds.kube.machinesets import MachineSetLister
     from dds.model.events import LogEventRecorder
-    from dds.groups.sources import MachineSetSource, NodeGroupCatalog
+    from dds.groups.sources import MachineSetSource
+    from dds.groups.catalog import NodeGroupCatalog
 
     settings = _settings(args)
     try:
@@ -82,8 +85,8 @@ def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
             cache.list_once()
         fabric = read_only_fabric(settings, api)
         try:
-            observer = ClusterObserver(api, fabric, catalog.groups, time.time, IdleTracker(), settings.gpu_label,
-                                       settings.machineset_namespaces, cache=cache)
+            observer = ClusterObserver(KubeClusterReader(api, settings.machineset_namespaces, cache), fabric,
+                                       catalog.groups, time.time, IdleTracker(), settings.gpu_label, cache=cache)
             observation = observer.observe()
         finally:
             fabric.close()
@@ -98,7 +101,7 @@ def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
 
     snapshot = replace(observation.snapshot, pods=pods)
     if args.save_snapshot is not None:
-        from dds.planner.snapshot_io import dump_snapshot
+        from dds.commands.snapshot_file import dump_snapshot
 
         args.save_snapshot.write_text(dump_snapshot(snapshot))
     return snapshot
@@ -157,7 +160,7 @@ def choose_provider(args: argparse.Namespace) -> SnapshotProvider:
         return snapshot_from_file
     if args.kubeconfig is not None or args.in_cluster:
         return snapshot_from_cluster
-    raise UsageError("give --snapshot FILE (JSON or YAML; see dds/planner/snapshot_io.py) or --kubeconfig FILE")
+    raise UsageError("give --snapshot FILE (JSON or YAML; see dds/commands/snapshot_file.py) or --kubeconfig FILE")
 
 
 def register(subparsers: Any) -> None:
@@ -193,7 +196,8 @@ def planner_config(args: argparse.Namespace) -> PlannerConfig:
         raise UsageError(f"batch solver {settings.batch_solver!r} is not one of {', '.join(SOLVERS)}")
     return PlannerConfig(policy=settings.policy, batch_solver=settings.batch_solver,
                          solver_time_budget_seconds=settings.solver_time_budget_seconds,
-                         allow_new_nodes=not args.no_new_nodes, node_removal_enabled=not args.no_node_removal)
+                         allow_new_nodes=not args.no_new_nodes, node_removal_enabled=not args.no_node_removal,
+                         cdi_operator=settings.fabric == FabricBackend.COMPOSABILITY_REQUEST)
 
 
 def run(args: argparse.Namespace, provider: Optional[SnapshotProvider] = None) -> int:
@@ -204,8 +208,9 @@ def run(args: argparse.Namespace, provider: Optional[SnapshotProvider] = None) -
         print(f"dds plan: {exc}", file=sys.stderr)
         return EXIT_USAGE
     candidates = [name.strip() for name in args.remove.split(",") if name.strip()]
-    up = plan_scale_up(snapshot, config)
-    down = plan_scale_down(snapshot, config, candidates or None)
+    memos = PlannerMemos()  # both plans are made on the one snapshot: what the first derives, the second reuses
+    up = plan_scale_up(snapshot, config, memos=memos)
+    down = plan_scale_down(snapshot, config, candidates or None, memos=memos)
     if args.json:
         json.dump({"scaleUp": plan_to_dict(up), "scaleDown": plan_to_dict(down)}, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -36,7 +36,8 @@ from dds.scaling.whole_nodes import AddNodesDecider, RemoveNodesDecider
 from dds.scaling.instances import InstanceFactory, InstanceTracker, MemoryStateStore
 from dds.provider.registry import Registry, StaticClusterView
 from dds.provider.server import ProviderServer, ServerConfigError, build_server, check_tls_material
-from dds.groups.sources import FileSource, NodeGroupCatalog
+from dds.groups.sources import FileSource
+from dds.groups.catalog import NodeGroupCatalog
 
 log = logging.getLogger("dds.serve")
 

@@ -9,31 +9,27 @@ with errorInfo when it cannot be done (CA then backs off and deletes the placeho
 from __future__ import annotations
 
 import logging
-import re
-import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
 
 from dds import metrics
 from dds.planner import attach_failures
-from dds.planner.attach_failures import Action, after_attach_failure
-from dds.controller.executor import machineset_ref, node_ref, pod_ref
+from dds.scaling.node_actions import machineset_ref, node_ref, pod_ref
+from dds.controller.gpu_retries import GpuInstanceRetries, InstanceOutcomes
 from dds.crashpoints import crashpoint
-from dds.controller.loop import Controller
+from dds.controller.loop import CaCallPorts
 from dds.controller.observe import Observation
-from dds.fabric.base import ErrorCode, FabricError, Operation, OperationKind, OperationState
-from dds.kube import ApiClient
+from dds.fabric.base import ErrorCode, FabricError, OperationKind
 from dds.kube.convert import TAINT_TO_BE_DELETED
-from dds.kube.nodes import remove_taint
 from dds.model.events import NORMAL, WARNING
 from dds.model.groups import NodeGroupSpec, TemplateMode
 from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
-from dds.planner.plan import Attach, Case, NewNodes, PlannerConfig, ScaleDownPlan, ScaleUpPlan
-from dds.planner.equip import Unequipped, equip_new_nodes, pool_free
+from dds.model.plan import Attach, Case, NewNodes, PlannerConfig, ScaleDownPlan, ScaleUpPlan
+from dds.planner.equip import Unequipped, equip_new_nodes
 from dds.planner.gangs import AfterCut, whole_gangs_after_cut
 from dds.planner.refusals import POOL_EMPTY
-from dds.planner.snapshot import PodInfo, Snapshot
+from dds.model.snapshot import PodInfo, Snapshot
 # The servicer's own: it answers RESOURCE_EXHAUSTED (CA backs the group off). A class of our own here was answered
 # INTERNAL, with a traceback in the log, for every "nothing to add" (pool empty and group at max, or no pod fits).
 from dds.scaling.requests import ScaleUpRefused
@@ -44,7 +40,6 @@ log = logging.getLogger(__name__)
 
 ERROR_CLASS_OUT_OF_RESOURCES = attach_failures.ERROR_CLASS_OUT_OF_RESOURCES
 ERROR_CLASS_OTHER = attach_failures.ERROR_CLASS_OTHER
-_RETRY_KEY = re.compile(r"\.r(\d+)$")  # "<instance id>#<index>.r<attempt>": a retry's operation key
 
 
 @dataclass(frozen=True)
@@ -55,56 +50,48 @@ class _ScaleUpDecision:
     plan: ScaleUpPlan
 
 
-@dataclass
-class _GpuInstanceWork:
-    pending: set[str] = field(default_factory=set)  # operation keys still running
-    failed: list[Operation] = field(default_factory=list)
-    attached: int = 0
-    attached_elsewhere: bool = False  # waits on another request's attaches: their failure is not this instance's
-    steps: dict[str, Attach] = field(default_factory=dict)  # operation key -> the plan step it carries out
-    attempts: int = 1  # tries of this instance's attaches so far (attach_failures.ATTACH_ATTEMPTS at most)
-    retry_at: Optional[float] = None  # when `retries` are started again (after a failure, with backoff)
-    retries: list[Attach] = field(default_factory=list)
-
-
 class PlannerScaleUp:
     """Case 1: CA asked group `group` for `delta` nodes."""
 
-    def __init__(self, controller: Controller, tracker: InstanceTracker, planner: PlannerConfig,
+    def __init__(self, ports: CaCallPorts, tracker: InstanceTracker, planner: PlannerConfig,
                  new_instance: Callable[[NodeGroupSpec, InstanceKind, str, str], InstanceRecord],
                  max_node_provision_seconds: float) -> None:
-        self.controller = controller
+        self.ports = ports  # what these handlers get of the controller (dds/controller/loop.py)
         self.tracker = tracker
         self.planner = planner
         self.new_instance = new_instance
         self.max_node_provision_seconds = max_node_provision_seconds
-        self._work: dict[str, _GpuInstanceWork] = {}
-        self._lock = threading.Lock()
-        controller.listeners.append(self.reconcile)
+        # GPU instances' attaches, retries and fallbacks: a table-driven lifecycle (dds/controller/gpu_retries.py).
+        self.gpu_instances = GpuInstanceRetries(
+            ports.clock,
+            start_attach=lambda step, key, on_done: ports.actions.attach(step, key, Case.SCALE_UP, on_done=on_done),
+            watch=lambda operation, on_done: ports.actions.watcher.watch(operation, on_done=on_done),
+            operations=ports.fabric_operations)
+        ports.on_every_pass(self.reconcile)
 
     def increase(self, group: NodeGroupSpec, delta: int, request_key: str) -> Sequence[InstanceRecord]:
-        return self.controller.decide_then_act(lambda: self._decide(group),
+        return self.ports.decide_then_act(lambda: self._decide(group),
                                                lambda decision: self._act(group, delta, request_key, decision))
 
     def _decide(self, group: NodeGroupSpec) -> "_ScaleUpDecision":
-        observation = self.controller.observer.observe()
+        observation = self.ports.observe()
         pods = [p for p in observation.snapshot.pending_pods() if p.key in observation.unschedulable_since]
         config = replace(self.planner, groups=(group.id,))
         with metrics.PLAN_LATENCY.labels("scale-up").time():
-            plan = plan_scale_up(observation.snapshot, config, pods)
+            plan = plan_scale_up(observation.snapshot, config, pods, memos=self.ports.memos)
         return _ScaleUpDecision(observation, config, pods, plan)
 
     def _act(self, group: NodeGroupSpec, delta: int, request_key: str,
              decision: "_ScaleUpDecision") -> Sequence[InstanceRecord]:
         observation, config, plan = decision.observation, decision.config, decision.plan
         metrics.PENDING_PODS.set(len(decision.pods))
-        self.controller.refusals.report_plan(plan)
+        self.ports.refusals.report_plan(plan)
         rendered = render_scale_up(plan)
         log.info("case 1: CA asked %s for %d node(s); plan:\n%s", group.id, delta, rendered)
         trigger = f"cluster-autoscaler IncreaseSize {group.id} +{delta}"
         if plan.is_empty and not self._covered(plan):
             metrics.DECISIONS.labels(Case.SCALE_UP.value, "none").inc()
-            self.controller.journal.record(Case.SCALE_UP.value, trigger, "none", rendered)
+            self.ports.journal.record(Case.SCALE_UP.value, trigger, "none", rendered)
             raise ScaleUpRefused(_refusal(plan, group))
         after = self._equip_whole_gangs(group, decision)
         plan, unequipped = after.plan, after.taken
@@ -115,9 +102,9 @@ class PlannerScaleUp:
             # Every gang the pool could not equip was dropped and nothing else is left: refused (RESOURCE_EXHAUSTED),
             # so CA backs the group off instead of asking again for nodes that would serve part of a gang.
             metrics.DECISIONS.labels(Case.SCALE_UP.value, "none").inc()
-            self.controller.journal.record(Case.SCALE_UP.value, trigger, "none", rendered)
+            self.ports.journal.record(Case.SCALE_UP.value, trigger, "none", rendered)
             raise ScaleUpRefused(f"DDS cannot add capacity to {group.id}: " + "; ".join(after.dropped.values()))
-        self.controller.journal.record(Case.SCALE_UP.value, trigger,
+        self.ports.journal.record(Case.SCALE_UP.value, trigger,
                                        "error" if unequipped and plan.is_empty else _outcome(plan, group), rendered)
         if unequipped is None:
             return self._execute(group, delta, plan, request_key, observation.snapshot)
@@ -136,13 +123,16 @@ class PlannerScaleUp:
         """The plan without the new nodes the pool cannot equip (equip_new_nodes), and without every gang that cut
         leaves short: all or nothing holds after the cut too (whole_gangs_after_cut). The gangs' members are told."""
         snapshot, config = decision.observation.snapshot, decision.config
-        after = whole_gangs_after_cut(decision.plan, lambda plan: equip_new_nodes(snapshot, plan, group, config),
-                                      lambda pods: plan_scale_up(snapshot, config, pods), snapshot, decision.pods,
-                                      describe=_lacking)
+        memos = self.ports.memos
+        after = whole_gangs_after_cut(decision.plan, lambda plan: equip_new_nodes(snapshot, plan, group, config,
+                                                                                  memos=memos),
+                                      lambda pods: plan_scale_up(snapshot, config, pods, memos=memos), snapshot,
+                                      decision.pods,
+                                      describe=_lacking, memos=memos)
         if after.gangs_dropped:
             for why in after.dropped.values():
                 log.info("case 1: %s", why)
-            self.controller.refusals.report_plan(after.plan)
+            self.ports.refusals.report_plan(after.plan)
         return after
 
     def _out_of_resources(self, group: NodeGroupSpec, count: int, unequipped: Unequipped,
@@ -154,9 +144,9 @@ class PlannerScaleUp:
         for record in records:
             self._fail(record, ErrorCode.OUT_OF_RESOURCES, unequipped.message, klass=ERROR_CLASS_OUT_OF_RESOURCES)
         message = f"no node added: {unequipped.message}; cluster-autoscaler is told OutOfResources"
-        self.controller.events.emit(machineset_ref(group), WARNING, "NoFreeGPU", message)
+        self.ports.events.emit(machineset_ref(group), WARNING, "NoFreeGPU", message)
         for pod in unequipped.pods:
-            self.controller.refusals.tell(pod, POOL_EMPTY, message)
+            self.ports.refusals.tell(pod, POOL_EMPTY, message)
         return records
 
     @staticmethod
@@ -164,14 +154,13 @@ class PlannerScaleUp:
         """Every pod this group could serve already fits (capacity on its way): the scale-up is satisfied as it stands.
         A pod that fits nowhere, not even on a new node of this group at max GPUs, is not what CA asked this group for
         (CA simulates the same template): it must not turn the answer into a refusal, which backs the group off."""
-        from dds.planner.plan import Verdict
+        from dds.model.plan import Verdict
 
         verdicts = {d.verdict for d in plan.decisions}
         return Verdict.FITS_NOW in verdicts and verdicts <= {Verdict.FITS_NOW, Verdict.UNSCHEDULABLE}
 
     def _execute(self, group: NodeGroupSpec, delta: int, plan: ScaleUpPlan, request_key: str,
                  snapshot: Snapshot) -> list[InstanceRecord]:
-        executor = self.controller.executor
         nodes_wanted = min(sum(n.count for n in plan.new_nodes if n.group == group.id), delta)
         gpu_slots = delta - nodes_wanted
         outcome = "mixed" if plan.attaches and nodes_wanted else ("node" if nodes_wanted else "gpu")
@@ -183,8 +172,8 @@ class PlannerScaleUp:
             for _ in range(nodes_wanted):
                 instances.append(self.tracker.add(self.new_instance(group, InstanceKind.NODE, reason, request_key)))
             crashpoint("scale-up.node-instance-recorded")
-            executor.add_nodes(NewNodes(group=group.id, count=nodes_wanted, pods=pods, reason=reason), group,
-                               key=instances[0].id, case=Case.SCALE_UP)
+            self.ports.actions.add_nodes(NewNodes(group=group.id, count=nodes_wanted, pods=pods, reason=reason),
+                                              group, key=instances[0].id, case=Case.SCALE_UP)
         gpu_instances = [self.tracker.add(self.new_instance(
             group, InstanceKind.GPU, "; ".join(a.reason for a in plan.attaches) or "capacity already on its way",
             request_key)) for _ in range(gpu_slots)]
@@ -192,7 +181,7 @@ class PlannerScaleUp:
         if gpu_instances:
             crashpoint("scale-up.gpu-instance-recorded")
         for instance in gpu_instances:
-            self._work[instance.id] = _GpuInstanceWork()
+            self.gpu_instances.start(instance.id)
         if gpu_instances and not plan.attaches:
             # The pods fit on capacity already on its way: each instance stays "creating" until the attaches in
             # flight end, so CA sees the scale-up it asked for as upcoming instead of asking again every loop.
@@ -211,146 +200,60 @@ class PlannerScaleUp:
         owners = [instances[index % len(instances)] for index in range(len(attaches))]
         keyed = [(step, f"{owner.id}#{index}") for index, (step, owner) in enumerate(zip(attaches, owners))]
         for (step, key), owner in zip(keyed, owners):
-            work = self._work[owner.id]
-            work.pending.add(key)  # before the attach starts: an attach that ends at once reports to it
-            work.steps[key] = step
-        done = [lambda op, iid=owner.id: self._on_attach_done(iid, op) for owner in owners]
-        results = self.controller.actions.attach_keyed(keyed, Case.SCALE_UP, on_done=done)
+            self.gpu_instances.expect(owner.id, key, step)
+        done = [self.gpu_instances.reporter(owner.id) for owner in owners]
+        results = self.ports.actions.attach_keyed(keyed, Case.SCALE_UP, on_done=done)
         started_steps, started_keys = [], []
         for (step, key), owner, result in zip(keyed, owners, results):
             if isinstance(result, FabricError):
-                work = self._work[owner.id]
-                work.pending.discard(key)
-                del work.steps[key]
+                self.gpu_instances.refused_at_start(owner.id)
                 self._fail(owner, result.code, result.message)
                 continue
             started_steps.append(step)
             started_keys.append(key)
-        self.controller.gangs.started(snapshot, started_steps, started_keys)
+        self.ports.gangs.started(snapshot, started_steps, started_keys)
 
     def _attach_without_instance(self, snapshot: Snapshot, attaches: Sequence[Attach], key_prefix: str) -> None:
         """Attaches that no GPU instance of CA's stands for: CA's units went to nodes. Keyed by the first of those
         instances, so the same request never attaches twice."""
-        started = self.controller.actions.attach_all(attaches, f"{key_prefix}#gpu", Case.SCALE_UP)
-        self.controller.gangs.started(snapshot, [step for step, _ in started], [op.key for _, op in started])
+        started = self.ports.actions.attach_all(attaches, f"{key_prefix}#gpu", Case.SCALE_UP)
+        self.ports.gangs.started(snapshot, [step for step, _ in started], [op.key for _, op in started])
 
     def _wait_for_in_flight_attaches(self, instances: list[InstanceRecord]) -> None:
-        watcher = self.controller.watcher
+        watcher = self.ports.actions.watcher
         in_flight = [op for op in watcher.in_flight() if op.kind == OperationKind.ATTACH and not op.state.done]
         for instance in instances:
-            work = self._work[instance.id]
             for operation in in_flight:
-                work.pending.add(operation.key)
-                work.attached_elsewhere = True
-                watcher.watch(operation, on_done=lambda op, iid=instance.id: self._on_attach_done(iid, op))
+                self.gpu_instances.wait_for(instance.id, operation)
 
     # --- progress ---
-    def _on_attach_done(self, instance_id: str, operation: Operation) -> None:
-        with self._lock:
-            work = self._work.get(instance_id)
-            if work is None:
-                return
-            work.pending.discard(operation.key)
-            work.attached += len(operation.devices)
-            if operation.state == OperationState.FAILED:
-                work.failed.append(operation)
-
     def reconcile(self, observation: Observation) -> None:
         """Called every controller loop: finish GPU instances whose attaches ended, node instances whose node is up."""
         now = observation.snapshot.now
+        self.gpu_instances.forget_ended(self._live_gpu_instance)
         for group in observation.snapshot.groups:
             records = self.tracker.list(group.id)
             self._reconcile_gpu(group, [r for r in records if r.kind == InstanceKind.GPU and not r.error_code],
-                                observation, now)
+                                observation)
             self._reconcile_nodes(group, observation, now,
                                   [r for r in records if r.kind == InstanceKind.NODE and not r.error_code])
 
-    def _reconcile_gpu(self, group: NodeGroupSpec, records: list[InstanceRecord], observation: Observation,
-                       now: float) -> None:
+    def _reconcile_gpu(self, group: NodeGroupSpec, records: list[InstanceRecord], observation: Observation) -> None:
         done: list[str] = []
+        outcomes = InstanceOutcomes(has_room=lambda: self._has_room(group, observation),
+                                    fall_back_to_node=lambda record, reason: self._fall_back_to_node(group, record,
+                                                                                                     reason),
+                                    fail=lambda record, code, message, klass: self._fail(record, code, message,
+                                                                                          klass=klass),
+                                    tell=self._tell)
         try:
-            self._follow_gpu_instances(group, records, observation, now, done)
+            self.gpu_instances.follow(group, records, observation.snapshot, outcomes, done)
         finally:
             self.tracker.complete_all(done)
 
-    def _follow_gpu_instances(self, group: NodeGroupSpec, records: list[InstanceRecord], observation: Observation,
-                              now: float, done: list[str]) -> None:
-        for record in records:
-            work = self._work.get(record.id)
-            if work is None:
-                # Left by a previous process: follow the fabric operations it started (keys carry its id).
-                work = self._adopt(record)
-            if work.retry_at is not None:
-                if now >= work.retry_at:
-                    self._retry(record, work, now)
-                continue
-            if work.pending:
-                continue
-            crashpoint("scale-up.gpu-instance-done")
-            missing = [] if work.attached_elsewhere else _missing(work)
-            if missing:
-                self._after_failure(group, record, work, missing, observation, now)
-                continue
-            done.append(record.id)
-            self._work.pop(record.id, None)
-
-    def _adopt(self, record: InstanceRecord) -> _GpuInstanceWork:
-        work = _GpuInstanceWork()
-        mine = [op for op in self.controller.fabric.operations() if op.key.startswith(f"{record.id}#")]
-        work.attempts = max((_attempt_of(op.key) for op in mine), default=1)
-        for operation in mine:
-            if operation.state.done:
-                work.attached += len(operation.devices)
-                # Only the latest round's failures count: earlier ones were retried already.
-                if operation.state == OperationState.FAILED and _attempt_of(operation.key) == work.attempts:
-                    work.failed.append(operation)
-            else:
-                work.pending.add(operation.key)
-                self.controller.watcher.watch(
-                    operation, on_done=lambda op, iid=record.id: self._on_attach_done(iid, op))
-        self._work[record.id] = work
-        return work
-
-    # --- when attaches fail (see dds/planner/attach_failures.py for the rules) ---
-    def _after_failure(self, group: NodeGroupSpec, record: InstanceRecord, work: _GpuInstanceWork,
-                       missing: list[Attach], observation: Observation, now: float) -> None:
-        error = work.failed[0].error or FabricError(ErrorCode.BACKEND, "attach failed")
-        wanted = sum(step.count for step in missing)
-        decision = after_attach_failure(error, work.attempts, group_has_room=self._has_room(group, observation),
-                                        pool_free=pool_free(observation.snapshot, group),
-                                        gpus_for_new_node=max(group.initial_gpus, wanted))
-        pods = tuple(sorted({p for step in missing for p in step.pods}))
-        where = ", ".join(sorted({step.node for step in missing}))
-        if decision.action == Action.RETRY:
-            work.retry_at, work.retries, work.failed = now + decision.delay, missing, []
-            message = f"attaching {wanted} GPU(s) to {where} failed: {decision.message}"
-            log.warning("instance %s of %s: %s", record.id, group.id, message)
-            self._tell(WARNING, "RetryingAttach", message, [step.node for step in missing], pods)
-            return
-        self._work.pop(record.id, None)
-        if decision.action == Action.NODE:
-            self._fall_back_to_node(group, record, f"pool {group.fabric_pool} could not serve {where}: "
-                                                   f"{decision.message}")
-            return
-        self._fail(record, decision.code, decision.message, klass=decision.error_class)
-        self._tell(WARNING, "ScaleUpFailed", f"{decision.message}; cluster-autoscaler is told {decision.code.value}",
-                   [], pods)
-
-    def _retry(self, record: InstanceRecord, work: _GpuInstanceWork, now: float) -> None:
-        steps, work.retries, work.retry_at = work.retries, [], None
-        work.attempts += 1
-        for index, step in enumerate(steps):
-            key = f"{record.id}#{index}.r{work.attempts}"
-            work.steps[key] = step
-            work.pending.add(key)  # before the attach starts: an attach that ends at once reports to it
-            try:
-                self.controller.actions.attach(step, key, Case.SCALE_UP,
-                                               on_done=lambda op, iid=record.id: self._on_attach_done(iid, op))
-            except FabricError as exc:  # refused outright: judged like an attach that failed at once
-                work.pending.discard(key)
-                work.failed.append(Operation(key=key, kind=OperationKind.ATTACH, node=step.node,
-                                             state=OperationState.FAILED, requested=step.count, model=step.model,
-                                             pool=step.pool, error=exc, started_at=now, finished_at=now))
+    def _live_gpu_instance(self, instance_id: str) -> bool:
+        record = self.tracker.get(instance_id)
+        return record is not None and not record.failed
 
     def _has_room(self, group: NodeGroupSpec, observation: Observation) -> bool:
         live = sum(1 for n in observation.snapshot.nodes if n.group_id == group.id)
@@ -361,15 +264,15 @@ class PlannerScaleUp:
         """Attaching cannot serve this instance but a new node can: turn the GPU instance into a node instance."""
         replacement = self.tracker.add(self.new_instance(group, InstanceKind.NODE, reason, record.request_key))
         self.tracker.complete(record.id)
-        self.controller.executor.add_nodes(NewNodes(group=group.id, count=1, pods=(), reason=reason), group,
-                                           key=replacement.id, case=Case.SCALE_UP)
+        self.ports.actions.add_nodes(NewNodes(group=group.id, count=1, pods=(), reason=reason), group,
+                                          key=replacement.id, case=Case.SCALE_UP)
         metrics.DECISIONS.labels(Case.SCALE_UP.value, "node").inc()
 
     def _tell(self, kind: str, reason: str, message: str, nodes: Sequence[str], pods: Sequence[str]) -> None:
         for node in sorted(set(nodes)):
-            self.controller.events.emit(node_ref(node), kind, reason, message)
+            self.ports.events.emit(node_ref(node), kind, reason, message)
         for pod in pods:
-            self.controller.events.emit(pod_ref(pod), kind, reason, message)
+            self.ports.events.emit(pod_ref(pod), kind, reason, message)
 
     def _reconcile_nodes(self, group: NodeGroupSpec, observation: Observation, now: float,
                          records: list[InstanceRecord]) -> None:
@@ -407,25 +310,6 @@ class PlannerScaleUp:
         log.warning("instance %s of %s failed: %s: %s", record.id, record.group_id, code.value, message)
 
 
-def _attempt_of(key: str) -> int:
-    match = _RETRY_KEY.search(key)
-    return int(match.group(1)) if match else 1
-
-
-def _missing(work: _GpuInstanceWork) -> list[Attach]:
-    """What the failed operations of this round did not attach, as steps to try again (same node, pool, model)."""
-    out = []
-    for op in work.failed:
-        count = op.requested - len(op.devices)
-        if count <= 0:
-            continue
-        step = work.steps.get(op.key)
-        out.append(Attach(node=op.node, pool=op.pool, model=op.model, count=count,
-                          pods=step.pods if step else (), score=step.score if step else None,
-                          reason=step.reason if step else f"what attach {op.key} did not attach"))
-    return out
-
-
 def _outcome(plan: ScaleUpPlan, group: NodeGroupSpec) -> str:
     nodes = any(n.group == group.id for n in plan.new_nodes)
     return "mixed" if plan.attaches and nodes else "node" if nodes else "gpu"
@@ -443,12 +327,10 @@ def _refusal(plan: ScaleUpPlan, group: NodeGroupSpec) -> str:
 class PlannerScaleDown:
     """Case 3: CA asked to delete nodes of a group (observed mode), or placeholders of failed instances."""
 
-    def __init__(self, controller: Controller, tracker: InstanceTracker, planner: PlannerConfig,
-                 api: ApiClient) -> None:
-        self.controller = controller
+    def __init__(self, ports: CaCallPorts, tracker: InstanceTracker, planner: PlannerConfig) -> None:
+        self.ports = ports  # what these handlers get of the controller (dds/controller/loop.py)
         self.tracker = tracker
         self.planner = planner
-        self._api = api
 
     def delete_nodes(self, group: NodeGroupSpec, nodes: Sequence[DeleteTarget], request_key: str) -> None:
         names = []
@@ -463,31 +345,32 @@ class PlannerScaleDown:
         if not names:
             return
         config = replace(self.planner, node_removal_enabled=True)
-        self.controller.decide_then_act(
-            lambda: plan_scale_down(self.controller.observer.observe().snapshot, config, names),
+        self.ports.decide_then_act(
+            lambda: plan_scale_down(self.ports.observe().snapshot, config, names,
+                                    memos=self.ports.memos),
             lambda plan: self._act(group, names, plan, request_key))
 
     def _act(self, group: NodeGroupSpec, names: list[str], plan: ScaleDownPlan, request_key: str) -> None:
         rendered = render_scale_down(plan)
         log.info("case 3: CA asked to remove %s from %s; plan:\n%s", ", ".join(names), group.id, rendered)
         removed = any(r.node in names for r in plan.removals)
-        self.controller.journal.record(Case.SCALE_DOWN.value,
+        self.ports.journal.record(Case.SCALE_DOWN.value,
                                        f"cluster-autoscaler DeleteNodes {group.id}: {', '.join(names)}",
                                        "node" if removed else "gpu", rendered)
         for index, step in enumerate(d for d in plan.detaches if d.node in names):
-            self.controller.actions.detach(step, f"{request_key}/detach/{index}", Case.SCALE_DOWN)
+            self.ports.actions.detach(step, f"{request_key}/detach/{index}", Case.SCALE_DOWN)
         for removal in plan.removals:
             if removal.node in names:
-                self.controller.request_removal(removal.node, group.id)
+                self.ports.request_removal(removal.node, group.id)
                 metrics.DECISIONS.labels(Case.SCALE_DOWN.value, "node").inc()
         for keep in plan.kept:
             if keep.node in names:
                 self._untaint(keep.node)
                 metrics.DECISIONS.labels(Case.SCALE_DOWN.value, "gpu").inc()
-                self.controller.events.emit(node_ref(keep.node), NORMAL, "KeptNode",
+                self.ports.events.emit(node_ref(keep.node), NORMAL, "KeptNode",
                                             f"CA asked to remove it; only idle GPUs are released: {keep.reason}")
 
     def _untaint(self, node_name: str) -> None:
         """CA tainted the node it asked to delete (and cordoned it, with --cordon-node-before-terminating); DDS keeps
         it, so CA's taint goes, and CA's cordon with it — an administrator's cordon stays (dds/kube/nodes.py)."""
-        remove_taint(self._api, node_name, TAINT_TO_BE_DELETED, uncordon_if_cordoned_with_it=True)
+        self.ports.actions.untaint(node_name, TAINT_TO_BE_DELETED, uncordon_if_cordoned_with_it=True)

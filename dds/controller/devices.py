@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from dds.fabric.base import DeviceState, FabricDevice
-from dds.planner.snapshot import Device
+from dds.model.snapshot import Device
 
 
 @dataclass(frozen=True)

@@ -16,24 +16,20 @@ the binding condition the scheduler waits for in PreBind (or the failure conditi
 from __future__ import annotations
 
 import logging
-from typing import Optional, Sequence
-
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol, Sequence
 
 from dds.controller.apply import Actions
 from dds.fabric.base import Fabric, FabricError, Operation, OperationKind, OperationState
 from dds.groups.labels import node_group_label_value
-from dds.kube import ApiClient
 from dds.kube.decode import timestamp
-from dds.kube.dra import ClaimBindingWriter
-from dds.kube.resourceslices import publish_pool_slots
 from dds.model.groups import GpuApi, NodeGroupSpec
-from dds.planner.dra import (ATTACH_FAILED, ATTACHED, BINDING_KEY_PREFIX, DRIVER, PoolBinding, binding_key,
-                             dra_pool_name, pool_bindings, pool_slots)
-from dds.planner.dra_records import DraState
-from dds.planner.plan import Attach, Case, Detach
-from dds.planner.snapshot import Snapshot
+from dds.planner.dra import (ATTACH_FAILED, ATTACHED, BINDING_KEY_PREFIX, PoolBinding, binding_key, pool_bindings,
+                             pool_slots)
+from dds.model.dra_devices import DRIVER, dra_pool_name
+from dds.model.dra_records import DraDevice, DraState
+from dds.model.plan import Attach, Case, Detach
+from dds.model.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +63,31 @@ def pool_mode_groups(groups: Sequence[NodeGroupSpec], fabric_pool: str) -> tuple
                         if g.gpu_api is GpuApi.DRA_POOL and g.fabric_pool == fabric_pool))
 
 
+class PoolBindingWriter(Protocol):
+    """Pool mode's writes to the cluster (dds.kube.controller_ports.KubePoolBindingWriter: the apiserver). Each raises
+    what the cluster answers; the next pass tries again."""
+
+    def publish_pool_slots(self, fabric_pool: str, slots: Sequence[DraDevice], group_labels: Sequence[str]) -> None:
+        """Publish the pool's ResourceSlice: `slots`, on the nodes of the groups whose node-group label values are
+        `group_labels` (none: the slice offers nothing)."""
+        ...
+
+    def record_devices(self, namespace: str, name: str, fabric_ids: Sequence[str]) -> None:
+        """Annotate the ResourceClaim with the fabric devices attached for it."""
+        ...
+
+    def set_condition(self, namespace: str, name: str, device: tuple[str, str, str], condition: str, reason: str,
+                      message: str) -> None:
+        """Set `condition` True on the claim's allocated (driver, pool, device)."""
+        ...
+
+
 class PoolModeBinder:
-    def __init__(self, api: ApiClient, fabric: Fabric, actions: Actions,
-                 writer: Optional[ClaimBindingWriter] = None, binding_timeout_seconds: float = 600.0,
-                 clock: Callable[[], float] = time.time) -> None:
-        self._api = api
+    def __init__(self, writer: PoolBindingWriter, fabric: Fabric, actions: Actions,
+                 binding_timeout_seconds: float = 600.0, clock: Callable[[], float] = time.time) -> None:
         self._fabric = fabric
         self._actions = actions
-        self._writer = writer or ClaimBindingWriter(api)
+        self._writer = writer
         # When an attach still running is given up: kube-scheduler's binding timeout less the margin (at least half).
         self._give_up_after = max(binding_timeout_seconds / 2, binding_timeout_seconds - GIVE_UP_MARGIN_SECONDS)
         self._binding_timeout = binding_timeout_seconds
@@ -89,12 +102,12 @@ class PoolModeBinder:
             name = dra_pool_name(pool.name)
             if not groups:
                 if name in listed:  # no dra-pool group draws from it (any more): its slice goes
-                    publish_pool_slots(self._api, pool.name, (), ())
+                    self._writer.publish_pool_slots(pool.name, (), ())
                 continue
             slots = pool_slots(pool.name, dict(pool.free), snapshot.dra)
             # As the watch cache saw it: no request when equal (the node selector only changes with the groups).
             if listed.get(name, ()) != slots or self._placed.get(pool.name) != groups:
-                publish_pool_slots(self._api, pool.name, slots, groups)
+                self._writer.publish_pool_slots(pool.name, slots, groups)
                 self._placed[pool.name] = groups
         for binding in pool_bindings(snapshot.dra, {p.name: tuple(p.total) for p in pools}):
             self._bind(binding)

@@ -18,10 +18,10 @@ from dds import metrics
 from dds.crashpoints import crashpoint
 from dds.fabric.base import (AttachRequest, BatchAttachFabric, DetachRequest, ErrorCode, Fabric, FabricError, Operation,
                              OperationKind, OperationState)
-from dds.model.events import NORMAL, WARNING, EventRecorder, ObjectRef
-from dds.model.groups import NodeGroupSpec
+from dds.model.events import NORMAL, WARNING, EventRecorder
 from dds.nodes.base import NodeProvisioner
-from dds.planner.plan import Attach, Case, Detach, NewNodes, RemoveNode
+from dds.scaling.node_actions import NodeActions, node_ref, pod_ref
+from dds.model.plan import Attach, Case, Detach
 
 log = logging.getLogger(__name__)
 
@@ -34,27 +34,10 @@ _fabric_call = retry(retry=retry_if_exception(_retryable), stop=stop_after_attem
                      wait=wait_exponential(multiplier=0.2, max=2.0), reraise=True)
 
 
-def pod_ref(key: str) -> ObjectRef:
-    namespace, _, name = key.partition("/")
-    return ObjectRef("Pod", name, namespace)
-
-
-def node_ref(name: str) -> ObjectRef:
-    return ObjectRef("Node", name)
-
-
-def machineset_ref(group: NodeGroupSpec) -> ObjectRef:
-    src = group.source
-    if src.kind == "MachineSet":
-        return ObjectRef("MachineSet", src.name, src.namespace, src.api_version or "cluster.x-k8s.io/v1beta1", src.uid)
-    return ObjectRef("NodeGroup", group.id)
-
-
 class Executor:
     def __init__(self, fabric: Fabric, provisioner: NodeProvisioner, events: EventRecorder,
                  before_detach: Optional[Callable[[Detach], None]] = None) -> None:
         self.fabric = fabric
-        self.provisioner = provisioner
         self.events = events
         # Runs before every detach reaches the fabric (the controller's GPU label keeper: dds/controller/gpu_label.py).
         self.before_detach = before_detach
@@ -62,6 +45,8 @@ class Executor:
         # older than the last change is taken again before it acts (Controller.decide_then_act).
         self._generation = 0
         self._generation_lock = threading.Lock()
+        # Node adds and removals: the same port the no-cluster mode uses (dds/scaling/node_actions.py).
+        self.nodes = NodeActions(provisioner, events, on_change=self._changing)
 
     @property
     def generation(self) -> int:
@@ -121,17 +106,6 @@ class Executor:
         for pod in step.pods:
             self.events.emit(pod_ref(pod), NORMAL, "AttachingGPU", message)
 
-    def add_nodes(self, step: NewNodes, group: NodeGroupSpec, key: str, case: Case) -> None:
-        self._changing()
-        self.provisioner.add_nodes(group, step.count, key)
-        metrics.NODES_ADDED.labels(group.id).inc(step.count)
-        message = (f"adding {step.count} node(s) to {group.id} for {', '.join(step.pods) or 'capacity'}: "
-                   f"{step.reason}")
-        log.info(message, extra={"case": case.value, "key": key, "group": group.id})
-        self.events.emit(machineset_ref(group), NORMAL, "AddingNode", message)
-        for pod in step.pods:
-            self.events.emit(pod_ref(pod), NORMAL, "AddingNode", message)
-
     def detach(self, step: Detach, key: str, case: Case) -> Optional[Operation]:
         request = DetachRequest(key=key, node=step.node, device_ids=step.device_ids, force=step.force,
                                 reason=step.reason)
@@ -152,15 +126,6 @@ class Executor:
         log.info(message, extra={"case": case.value, "key": key, "node": step.node})
         self.events.emit(node_ref(step.node), NORMAL, "DetachingGPU", message)
         return operation
-
-    def remove_node(self, step: RemoveNode, group: NodeGroupSpec, key: str, case: Case) -> None:
-        self._changing()
-        self.provisioner.remove_node(group, step.node, key)
-        metrics.NODES_REMOVED.labels(group.id).inc()
-        message = f"removing node {step.node} from {group.id}: {step.reason}"
-        log.info(message, extra={"case": case.value, "key": key, "node": step.node})
-        self.events.emit(node_ref(step.node), NORMAL, "RemovingNode", message)
-        self.events.emit(machineset_ref(group), NORMAL, "RemovingNode", message)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from dds import metrics
 from dds.controller.apply import Actions
@@ -22,10 +22,11 @@ from dds.controller.executor import pod_ref
 from dds.fabric.base import Fabric, OperationState
 from dds.model.events import WARNING, EventRecorder
 from dds.planner.gangs import find_gangs, gang_of
-from dds.planner.plan import Attach, Case, Detach
+from dds.model.plan import Attach, Case, Detach
+from dds.planner.memos import PlannerMemos
 from dds.planner.requests import RequestCache
-from dds.planner.scale_down import gpu_usage
-from dds.planner.snapshot import PodInfo, Snapshot
+from dds.planner.usage import gpu_usage
+from dds.model.snapshot import PodInfo, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,10 @@ class _GangWork:
 
 class GangAttaches:
     def __init__(self, actions: Actions, fabric: Fabric, events: EventRecorder, timeout_seconds: float,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], memos: Optional[PlannerMemos] = None) -> None:
         self._actions = actions
+        # The controller's planner memos: a rollback reads the pods' requests from the ones they already hold.
+        self._memos = memos if memos is not None else PlannerMemos()
         self._fabric = fabric
         self._events = events
         self._timeout = timeout_seconds
@@ -101,7 +104,7 @@ class GangAttaches:
             op = self._fabric.operation(key)
             if op is not None:
                 attached.setdefault(op.node, set()).update(op.devices)
-        cache = RequestCache()
+        cache = RequestCache(self._memos.requests)
         released = 0
         for node in snapshot.nodes:
             mine = attached.get(node.name)

@@ -21,8 +21,8 @@ from typing import Mapping, MutableMapping
 from prometheus_client import Gauge
 
 from dds import metrics
-from dds.planner.plan import ScaleDownPlan
-from dds.planner.snapshot import Snapshot
+from dds.model.plan import ScaleDownPlan
+from dds.model.snapshot import Snapshot
 
 Labels = tuple[str, ...]  # a series' label values: (node, group ("" for none), model), or (group,)
 

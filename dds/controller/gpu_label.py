@@ -18,22 +18,29 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Optional
+from typing import Optional, Protocol
 
 from dds.fabric.base import DeviceState, Fabric
-from dds.kube import ApiClient
-from dds.kube.nodes import NodeNotFound, NodeUpdateFailed, set_node_label
+from dds.kube.nodes import NodeNotFound, NodeUpdateFailed
 from dds.model.groups import LABEL_ATTACHED_GPU
 from dds.planner.labels import attached_gpu_label
-from dds.planner.plan import Detach
-from dds.planner.snapshot import Snapshot
+from dds.model.plan import Detach
+from dds.model.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
 
+class NodeLabelSetter(Protocol):
+    """The one write the keeper makes: set a Node's label `key` to `value`, or remove it when `value` is None, leaving
+    its other labels alone. Raises `NodeNotFound` for a Node that does not exist and `NodeUpdateFailed` for any other
+    refusal (dds.kube.nodes.KubeNodeWriter: a merge patch on the apiserver)."""
+
+    def set_label(self, node: str, key: str, value: Optional[str]) -> None: ...
+
+
 class GpuLabelKeeper:
-    def __init__(self, api: ApiClient, fabric: Fabric) -> None:
-        self._api = api
+    def __init__(self, labels: NodeLabelSetter, fabric: Fabric) -> None:
+        self._labels = labels
         self._fabric = fabric
         self._lock = threading.Lock()  # a label decision and its write are one step against before_detach
         self._detaches = 0
@@ -128,7 +135,7 @@ class GpuLabelKeeper:
 
     def _set(self, node_name: str, value: str | None, why: str) -> None:
         try:
-            set_node_label(self._api, node_name, LABEL_ATTACHED_GPU, value)
+            self._labels.set_label(node_name, LABEL_ATTACHED_GPU, value)
         except NodeNotFound:
             return  # a node that is gone carries no label
         except NodeUpdateFailed as exc:

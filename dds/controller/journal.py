@@ -18,7 +18,7 @@ from typing import Callable
 @dataclass(frozen=True)
 class Decision:
     at: float  # unix seconds
-    case: str  # the talk's case (dds/planner/plan.py Case values)
+    case: str  # the talk's case (dds/model/plan.py Case values)
     trigger: str  # "cluster-autoscaler IncreaseSize MachineSet/default/gpu-workers +1", "control loop", ...
     outcome: str  # gpu | node | mixed | none | error | kept
     plan: str  # the rendered plan: per pod or node, what was chosen and why, and the rejected options

@@ -1,5 +1,8 @@
 """The DDS control loop: observe -> snapshot -> plan -> act -> record, once per `loop_interval`.
 
+The plan is `plan_pass` (dds/planner/passes.py: every decision of a pass, in order), the function `dds simulate` runs
+too; every action goes through the applier, `Actions` (dds/controller/apply.py), which the simulator uses as well.
+
 Ownership, so DDS never races cluster-autoscaler (one owner per decision):
 
 | decision                                                                                   | owner                                                                   | where                             |
@@ -27,83 +30,43 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from dds import metrics
 from dds.controller.apply import Actions
 from dds.controller.calls_first import CallsFirst
-from dds.controller.executor import Executor, OperationWatcher, node_ref
 from dds.controller.gang_attaches import GangAttaches
 from dds.controller.gpu_gauges import GpuGauges
 from dds.controller.gpu_label import GpuLabelKeeper
 from dds.controller.journal import DecisionJournal
 from dds.controller.observe import ClusterObserver, Observation
 from dds.controller.orphans import NodeHoldingFabric, OrphanFinder
-from dds.controller.pod_groups import PodGroupObserver, watched_gangs
+from dds.controller.pod_groups import PodGroupObserver
 from dds.controller.refusals import RefusalReporter
-from dds.controller.reservations import Reservations
+from dds.controller.removals import REMOVAL_TAINT, NodeRemovals
+from dds.controller.reservations import ClusterWrites, Reservations
 from dds.crashpoints import crashpoint
-from dds.fabric.base import Fabric, FabricError, OperationKind
-from dds.kube import ApiClient
-from dds.kube.convert import TAINT_TO_BE_DELETED
-from dds.kube.nodes import add_taint, label_node, remove_taint, work_on_node
+from dds.fabric.base import Fabric, FabricError, Operation, OperationKind
 from dds.kube.podgroups import PodGroupReader
-from dds.kube.pods import ReservationWrites
-from dds.model.events import NORMAL, EventRecorder
+from dds.model.events import EventRecorder
 from dds.model.groups import TemplateMode
-from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, render_scale_up
-from dds.planner.headroom import hungry_pools, plan_warm_refill
-from dds.planner.moves import plan_moves, plan_room_headroom
-from dds.planner.snapshot import PodInfo
-from dds.planner.plan import Attach, Case, Detach, PlannerConfig, RemoveNode, ScaleDownPlan, ScaleUpPlan
-from dds.planner.reservations import ReservationConfig, keep_reserved
+from dds.planner import render_scale_down, render_scale_up
+from dds.model.plan import Attach, Case, Detach, PlannerConfig, ScaleDownPlan, ScaleUpPlan
+from dds.planner.passes import PassInputs, PassPlan, PassSettings, plan_pass
+from dds.planner.reservations import ReservationConfig, ReservationPlan
 from dds.controller.dra_binding import PoolModeBinder
-from dds.planner.dra import pods_needing_nodes
 from dds.planner.equip import equip_new_nodes
-from dds.planner.gangs import GANG_INCOMPLETE, GANG_LARGER_THAN_CLUSTER, equip_every_group, whole_gangs_after_cut
+from dds.planner.gangs import GANG_INCOMPLETE, GANG_LARGER_THAN_CLUSTER
 from dds.planner.refusals import POOL_EMPTY
-from dds.planner.requests import is_work
-from dds.planner.snapshot import Snapshot
+from dds.planner.memos import PlannerMemos
 
 log = logging.getLogger(__name__)
 
-REMOVAL_TAINT = "dds.cdi.dev/removing"
 ANN_INITIAL_GPUS_DONE = "dds.cdi.dev/initial-gpus-attached"
 
 
 _Decision = TypeVar("_Decision")
 _Result = TypeVar("_Result")
-
-
-def _with_attaches(snapshot: Snapshot, attaches: Sequence[Attach]) -> Snapshot:
-    """`snapshot` as it will be once `attaches` are started: their devices taken from the pools and on their way to
-    the nodes, so a plan made after them on the same snapshot neither counts on those devices nor misses them."""
-    if not attaches:
-        return snapshot
-    taken: dict[tuple[str, str], int] = {}
-    coming: dict[str, int] = {}
-    for a in attaches:
-        taken[(a.pool, a.model)] = taken.get((a.pool, a.model), 0) + a.count
-        coming[a.node] = coming.get(a.node, 0) + a.count
-    pools = tuple(replace(p, free={m: c - taken.get((p.name, m), 0) for m, c in p.free.items()})
-                  for p in snapshot.pools)
-    nodes = tuple(replace(n, attaching=n.attaching + coming[n.name]) if n.name in coming else n
-                  for n in snapshot.nodes)
-    return replace(snapshot, pools=pools, nodes=nodes)
-
-
-@dataclass(frozen=True)
-class PassDecisions:
-    """What one pass of the loop plans, before it acts."""
-
-    pending: tuple[PodInfo, ...]  # unschedulable pods
-    waiting: tuple[PodInfo, ...]  # ...of which past the debounce: the fast path's
-    fast_path: Optional[ScaleUpPlan]  # None when no pod waits
-    headroom: tuple[Attach, ...]
-    scale_down: ScaleDownPlan
-    claim_nodes: Optional[ScaleUpPlan] = None  # new nodes for DRA pods no live node can take (docs/dra.md)
-    moves: tuple[Detach, ...] = ()  # idle GPUs released now for pods the fast path leaves waiting (move_idle_gpus)
-    room_headroom: tuple[Attach, ...] = ()  # idle GPUs for one more pod on each node with room (move_idle_gpus)
 
 
 @dataclass(frozen=True)
@@ -118,17 +81,65 @@ class LoopConfig:
     move_idle_gpus: bool = False  # settings.move_idle_gpus; see dds/planner/moves.py
 
 
+@dataclass(frozen=True)
+class ClusterPorts:
+    """What the controller reads and writes on the cluster besides the observer and the applier's node writes, built by
+    the app over dds.kube (dds/app.py): the raw ApiClient never reaches the controller."""
+
+    pod_groups: PodGroupReader  # gangs (coscheduling PodGroups, Workloads)
+    reservation_writes: ClusterWrites  # tolerations and reservation taints (dds/controller/reservations.py)
+    gpu_labels: GpuLabelKeeper  # CA's GPU label (dds/controller/gpu_label.py)
+    pool_binder: PoolModeBinder  # DRA pool mode (dds/controller/dra_binding.py)
+
+
+@dataclass(frozen=True)
+class CaCallPorts:
+    """What CA's request handlers (dds/controller/ca_requests.py) get of the controller, and nothing more: the one
+    decide-then-act protocol (so a call and a loop pass never count on the same GPU), the observer, the applier, the
+    planner's memos, where decisions are told, and a hook run on every loop pass. Built by
+    `Controller.ca_call_ports`."""
+
+    decide_then_act: Callable[[Callable[[], Any], Callable[[Any], Any]], Any]
+    observe: Callable[[], Observation]
+    actions: Actions  # every attach, detach, node add, removal, taint
+    memos: PlannerMemos
+    journal: DecisionJournal  # /decisions: what was decided and why
+    refusals: RefusalReporter  # pods DDS cannot help: one Event per pod and reason
+    events: EventRecorder
+    gangs: GangAttaches  # attaches started for gangs, rolled back when a gang cannot start
+    request_removal: Callable[[str, str], None]  # case 3: node, group id; GPUs first, the node next
+    on_every_pass: Callable[[Callable[[Observation], None]], None]
+    fabric_operations: Callable[[], Sequence[Operation]]
+    clock: Callable[[], float]
+
+
+class _RemovalTaints:
+    """The removal lifecycle's node writes and fresh read (dds/controller/removals.py), made through the applier."""
+
+    def __init__(self, actions: Actions) -> None:
+        self._actions = actions
+
+    def taint(self, node: str) -> None:
+        self._actions.taint(node, REMOVAL_TAINT, "true", "NoSchedule")
+
+    def lift_taint(self, node: str) -> None:
+        self._actions.untaint(node, REMOVAL_TAINT)
+
+    def work_on(self, node: str) -> list[str]:
+        return self._actions.work_on(node)
+
+
 class Controller:
-    def __init__(self, observer: ClusterObserver, executor: Executor, watcher: OperationWatcher, fabric: Fabric,
-                 api: ApiClient, events: EventRecorder, config: LoopConfig,
+    def __init__(self, observer: ClusterObserver, actions: Actions, fabric: Fabric, cluster: ClusterPorts,
+                 events: EventRecorder, config: LoopConfig,
                  clock: Callable[[], float], is_leader: Callable[[], bool] = lambda: True,
                  journal: Optional[DecisionJournal] = None) -> None:
         # Gangs (coscheduling PodGroups, Workloads) are filled into every snapshot, the loop's and CA's RPCs' alike.
-        self.observer = PodGroupObserver(observer, PodGroupReader(api, cached=watched_gangs(observer)))
-        self.executor = executor
-        self.watcher = watcher
+        self.observer = PodGroupObserver(observer, cluster.pod_groups)
+        self.actions = actions  # the applier: every attach, detach, node add and removal, taint and label
+        self.executor = actions.executor
+        self.watcher = actions.watcher
         self.fabric = fabric
-        self._api = api
         self.events = events
         self.config = config
         self.clock = clock
@@ -138,26 +149,37 @@ class Controller:
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.RLock()  # one planning pass at a time (loop and CA's RPCs share the fabric)
         self.calls_first = CallsFirst()  # CA's calls have a deadline, the loop has none: it steps aside for them
-        # node -> (group id, the case that decided it): detaching first, removal next
-        self._pending_removals: dict[str, tuple[str, Case]] = {}
-        self._removals_resumed = False  # the removals a previous process left half done are picked up once
+        # Node removals, CA's and the loop's: GPUs released first, the node next (a table: dds/controller/removals.py).
+        self.removals = NodeRemovals(actions, _RemovalTaints(actions), events, self.watcher.in_flight)
         self.orphans = OrphanFinder(config.orphan_timeout_seconds)
         self.listeners: list[Callable[[Observation], None]] = []  # e.g. the instance tracker's reconcile
-        self.actions = Actions(executor, watcher)  # the one way every attach and detach is started and followed
         # CA's GPU label follows each node's GPUs; every detach, whoever plans it, goes through this executor.
-        self.gpu_labels = GpuLabelKeeper(api, fabric)
-        executor.before_detach = self.gpu_labels.before_detach
+        self.gpu_labels = cluster.gpu_labels
+        self.executor.before_detach = self.gpu_labels.before_detach
         self.refusals = RefusalReporter(events)  # pods DDS cannot help: one Event per pod and reason
-        self.gangs = GangAttaches(self.actions, fabric, events, config.gang_start_timeout_seconds, clock)
-        self.reservations = Reservations(ReservationWrites(api), self.actions, events, self.journal, config.reservations)
+        # What planning keeps between decisions, for the loop's passes and CA's calls alike (PlannerMemos says why
+        # sharing it between their concurrent decisions is safe).
+        self.memos = PlannerMemos()
+        self.gangs = GangAttaches(self.actions, fabric, events, config.gang_start_timeout_seconds, clock,
+                                  memos=self.memos)
+        self.reservations = Reservations(cluster.reservation_writes, self.actions, events, self.journal,
+                                         config.reservations)
         # DRA pool mode, for the groups annotated dds.cdi.dev/gpu-api: dra-pool (none: it writes nothing).
         self.gpu_gauges = GpuGauges()  # GPUs per node, idle GPUs past the cooldown: set from each pass's decisions
-        self.pool_binder = PoolModeBinder(api, fabric, self.actions,
-                                          binding_timeout_seconds=config.dra_binding_timeout_seconds, clock=clock)
+        self.pool_binder = cluster.pool_binder
 
     @property
     def lock(self) -> threading.RLock:
         return self._lock
+
+    def ca_call_ports(self) -> CaCallPorts:
+        # `observe` looks the observer up on each call: the observer's method is what runs, whenever it was bound.
+        return CaCallPorts(decide_then_act=self.decide_then_act, observe=lambda: self.observer.observe(),
+                           actions=self.actions,
+                           memos=self.memos, journal=self.journal, refusals=self.refusals, events=self.events,
+                           gangs=self.gangs, request_removal=self.request_removal,
+                           on_every_pass=self.listeners.append, fabric_operations=self.fabric.operations,
+                           clock=self.clock)
 
     # --- lifecycle ---
     def start(self) -> None:
@@ -235,12 +257,13 @@ class Controller:
             for listener in self.listeners:
                 listener(observation)
             self.gangs.reconcile(observation.snapshot)
-            self.reservations.reconcile(observation.snapshot)  # before the fast path: its GPUs go first
-            self._resume_removals(observation)
+            # Before the fast path: its GPUs go first.
+            reservations = self.reservations.apply(decisions.reservations, observation.snapshot)
+            self.removals.resume(observation)
             self._attach_initial_gpus(observation)
             if self.executor.generation != generation:  # something started since the snapshot: decide on it
                 observation = self.observer.observe()
-                decisions = self._decide(observation)
+                decisions = self._decide(observation, reservations)
             # Before acting: a pass that fails while acting still shows the idle GPUs it meant to release.
             self.gpu_gauges.record(observation.snapshot, decisions.scale_down)
             self._act(observation, decisions)
@@ -257,79 +280,26 @@ class Controller:
         metrics.LOOP_WAITED.inc(waited)
         return waited
 
-    def _decide(self, observation: Observation) -> "PassDecisions":
-        """Everything this pass would do, planned on one snapshot (no I/O, no lock)."""
+    def _decide(self, observation: Observation, reservations: Optional[ReservationPlan] = None) -> PassPlan:
+        """Everything this pass would do, planned on one snapshot (no I/O, no lock): `plan_pass`, the one decision
+        pass `dds simulate` runs too. `reservations`: the plan already carried out this pass, when planning again."""
         snapshot = observation.snapshot
         pending = [p for p in snapshot.pending_pods() if p.key in observation.unschedulable_since]
         debounce = self.config.pending_debounce_seconds
         waiting = [p for p in pending if observation.unschedulable_since[p.key] + debounce <= snapshot.now]
-        # Gangs being rolled back are planned whole once that is done; reserved pods get GPUs by their reservation.
-        waiting = self.reservations.not_reserved(self.gangs.not_held(waiting))
-        fast_path = None
-        if waiting:
-            with metrics.PLAN_LATENCY.labels("scale-up").time():
-                fast_path = plan_scale_up(snapshot, replace(self.config.planner, allow_new_nodes=False), waiting)
-        hungry = hungry_pools(snapshot, pending)  # no warm headroom is kept or refilled from these
-        with metrics.PLAN_LATENCY.labels("scale-down").time():
-            scale_down = plan_scale_down(snapshot, replace(self.config.planner, node_removal_enabled=True),
-                                         hungry_pools=hungry)
-        scale_down = keep_reserved(scale_down, self.reservations.nodes)  # their idle GPUs are being gathered
-        # Headroom counts on the pool as observed, which is current only if the fast path attaches nothing.
-        room: tuple[Attach, ...] = ()
-        headroom: tuple[Attach, ...] = ()
-        if fast_path is None or not fast_path.attaches:
-            room = self._plan_room_headroom(snapshot, hungry, scale_down)
-            # As `dds simulate` does: room headroom first, warm headroom on what it leaves (its GPUs count as warm).
-            headroom = plan_warm_refill(_with_attaches(snapshot, room), self.config.planner, hungry)
-        return PassDecisions(pending=tuple(pending), waiting=tuple(waiting), fast_path=fast_path,
-                             headroom=tuple(headroom), scale_down=scale_down,
-                             claim_nodes=self._plan_nodes_for_claims(snapshot, waiting, fast_path),
-                             moves=self._plan_moves(snapshot, waiting, fast_path, scale_down), room_headroom=room)
+        # Gangs being rolled back are planned whole once that is done (reserved pods: the pass leaves them out).
+        inputs = PassInputs(pending=tuple(pending), waiting=tuple(self.gangs.not_held(waiting)),
+                            removing=self.removals.nodes(), reservations=reservations)
+        # The reservations' settings are those of the Reservations that carry them out (one place says what they are).
+        settings = PassSettings(planner=self.config.planner, move_idle_gpus=self.config.move_idle_gpus,
+                                reservations=self.reservations.config)
+        return plan_pass(snapshot, inputs, settings,
+                         timer=lambda stage: metrics.PLAN_LATENCY.labels(stage).time(), memos=self.memos)
 
-    def _plan_room_headroom(self, snapshot: Snapshot, hungry: frozenset[str],
-                            scale_down: ScaleDownPlan) -> tuple[Attach, ...]:
-        """Idle GPUs from the free pool for one more GPU pod on every node with room (move_idle_gpus; see
-        dds/planner/moves.py). Never onto a reserved node (its GPUs are the reservation's to gather), one this pass's
-        scale-down detaches from or removes, or one whose removal is under way and not yet tainted (its GPUs are
-        being released first); the planner itself leaves out tainted, cordoned and busy nodes."""
-        if not self.config.move_idle_gpus:
-            return ()
-        skip = set(self.reservations.nodes) | set(self._pending_removals)
-        skip |= {d.node for d in scale_down.detaches} | {r.node for r in scale_down.removals}
-        return plan_room_headroom(snapshot, hungry, frozenset(skip))
-
-    def _plan_moves(self, snapshot: Snapshot, waiting: Sequence[PodInfo], fast_path: Optional[ScaleUpPlan],
-                    scale_down: ScaleDownPlan) -> tuple[Detach, ...]:
-        """Idle GPUs of other nodes to release now, for waiting pods the fast path could not serve (move_idle_gpus).
-        Never from a reserved node (its idle GPUs are being gathered for the pod it is reserved for), nor from a node
-        this pass's scale-down already detaches from or removes."""
-        if not self.config.move_idle_gpus or fast_path is None:
-            return ()
-        busy = set(self.reservations.nodes) | {d.node for d in scale_down.detaches}
-        busy |= {r.node for r in scale_down.removals}
-        steps = plan_moves(snapshot, replace(self.config.planner, allow_new_nodes=False), fast_path, plan_scale_up,
-                           waiting)
-        return tuple(step for step in steps if step.node not in busy)
-
-    def _plan_nodes_for_claims(self, snapshot: Snapshot, waiting: Sequence[PodInfo],
-                               fast_path: Optional[ScaleUpPlan]) -> Optional[ScaleUpPlan]:
-        """Pods with ResourceClaims that no live node takes even with GPUs attached: CA cannot serve them (its
-        externalgrpc templates carry no ResourceSlices, so no template satisfies a claim), so this loop adds the
-        nodes. Planned with every pod waiting, so nodes already on their way are counted, and only for the claims'
-        pods."""
-        pods = pods_needing_nodes(fast_path, waiting) if fast_path is not None else ()
-        if not pods:
-            return None
-        config = self.config.planner
-        # All or nothing after the cut to what the pools can equip, too: a gang gets all its new nodes or none.
-        return whole_gangs_after_cut(plan_scale_up(snapshot, config, pods),
-                                     lambda plan: equip_every_group(snapshot, plan),
-                                     lambda chosen: plan_scale_up(snapshot, config, chosen), snapshot, pods).plan
-
-    def _act(self, observation: Observation, decisions: "PassDecisions") -> None:
+    def _act(self, observation: Observation, decisions: PassPlan) -> None:
         if not self._serve_pending_by_attach(observation, decisions):
             self._keep_room_headroom(decisions.room_headroom)
-            self._refill_headroom(decisions.headroom)
+            self._refill_headroom(decisions.warm_refill)
         self._move_idle_gpus(decisions.moves)
         self._add_nodes_for_claims(observation, decisions.claim_nodes)
         self._scale_down(observation, decisions.scale_down)
@@ -354,7 +324,7 @@ class Controller:
             if group is None:
                 continue
             equipped, unequipped = equip_new_nodes(snapshot, replace(plan, new_nodes=(step,), attaches=()), group,
-                                                   self.config.planner)
+                                                   self.config.planner, memos=self.memos)
             if unequipped is not None:
                 for pod in unequipped.pods:
                     self.refusals.tell(pod, POOL_EMPTY, f"no node added: {unequipped.message}")
@@ -363,7 +333,7 @@ class Controller:
                 self.journal.record(Case.SCALE_UP.value, "control loop: pods with ResourceClaims need a new node "
                                     "(cluster-autoscaler's templates carry no DRA devices)", "node", rendered)
                 metrics.DECISIONS.labels(Case.SCALE_UP.value, "node").inc()
-                self.executor.add_nodes(kept, group, key=f"claims/{uuid.uuid4().hex[:8]}", case=Case.SCALE_UP)
+                self.actions.add_nodes(kept, group, key=f"claims/{uuid.uuid4().hex[:8]}", case=Case.SCALE_UP)
 
     # --- new nodes get the GPUs their group composes at creation ---
     def _attach_initial_gpus(self, observation: Observation) -> None:
@@ -384,10 +354,10 @@ class Controller:
                 except FabricError:
                     continue
                 crashpoint("initial-gpus.attached")
-            label_node(self._api, node.name, {ANN_INITIAL_GPUS_DONE: "true"})
+            self.actions.label(node.name, {ANN_INITIAL_GPUS_DONE: "true"})
 
     # --- the fast path (and case 2): pending pods that fit on live nodes once GPUs are attached ---
-    def _serve_pending_by_attach(self, observation: Observation, decisions: "PassDecisions") -> bool:
+    def _serve_pending_by_attach(self, observation: Observation, decisions: PassPlan) -> bool:
         """Attach GPUs for pods unschedulable for `pending_debounce_seconds` that fit a live node once the GPUs are
         there; pods that need a new node stay CA's. Returns whether anything was attached."""
         snapshot = observation.snapshot
@@ -452,10 +422,10 @@ class Controller:
             group = snapshot.group(removal.group)
             if group is not None and group.template_mode == TemplateMode.SPEC_FIXED:
                 owned_removals.append(removal)
-        removing = {r.node for r in owned_removals} | set(self._pending_removals)
+        removing = {r.node for r in owned_removals} | self.removals.nodes()
         detaches = [d for d in plan.detaches
                     if d.node in removing or self._detach_is_ours(snapshot, d.node)]
-        if not detaches and not owned_removals and not self._pending_removals:
+        if not detaches and not owned_removals and not self.removals:
             return
         if detaches or owned_removals:
             rendered = render_scale_down(plan)
@@ -472,8 +442,8 @@ class Controller:
         if detaches and not owned_removals:
             metrics.DECISIONS.labels(Case.SCALE_DOWN_BLOCKED.value, "gpu").inc(len(detaches))
         for removal in owned_removals:
-            self._pending_removals.setdefault(removal.node, (removal.group, Case.SCALE_DOWN_BLOCKED))
-        self._finish_removals(observation)
+            self.removals.plan(removal.node, removal.group)
+        self.removals.finish(observation)
 
     def _detach_is_ours(self, snapshot, node_name: str) -> bool:
         node = next((n for n in snapshot.nodes if n.name == node_name), None)
@@ -482,85 +452,7 @@ class Controller:
     def request_removal(self, node: str, group_id: str) -> None:
         """Case 3: CA asked to delete this node; its GPUs are being released, the node goes when they are gone."""
         with self._lock:
-            self._pending_removals.setdefault(node, (group_id, Case.SCALE_DOWN))
-
-    def _operations_on(self, node_name: str) -> bool:
-        return any(op.node == node_name for op in self.watcher.in_flight())
-
-    def _finish_removals(self, observation: Observation) -> None:
-        snapshot = observation.snapshot
-        removed: dict[str, int] = {}  # group id -> nodes this pass took out of it
-        for node_name, (group_id, case) in list(self._pending_removals.items()):
-            node = next((n for n in snapshot.nodes if n.name == node_name), None)
-            group = snapshot.group(group_id)
-            if node is None:
-                self._pending_removals.pop(node_name, None)
-                continue
-            if group is None:
-                self._give_up_removal(node_name, node.taints, f"its group {group_id} is no longer served")
-                continue
-            if node.devices or node.detaching or node.attaching or self._operations_on(node_name):
-                continue  # GPUs are released first (and their operations seen to the end: a backend may drop the
-                # record of an operation on a node that is gone, as the CDI operator deletes its requests)
-            work = [p for p in snapshot.pods_on(node_name) if is_work(p)]
-            if work and not self._is_ca_drained(node):
-                self._give_up_removal(node_name, node.taints, f"it holds work again ({', '.join(p.key for p in work)})")
-                continue
-            if self._leaves_group_below_min(observation, node, group, removed.get(group_id, 0)):
-                self._give_up_removal(node_name, node.taints,
-                                      f"group {group_id} would go below its min size {group.min_size}")
-                continue
-            if not self._cordon_and_recheck(node_name):
-                self._pending_removals.pop(node_name, None)
-                continue
-            crashpoint("remove.cordoned")
-            self.executor.remove_node(
-                RemoveNode(node_name, group_id, "its GPUs are released and it holds no work"), group,
-                key=f"remove/{node_name}/{node.provider_id}", case=case)
-            if case == Case.SCALE_DOWN_BLOCKED:  # CA's removals (case 3) are counted when DeleteNodes decides them
-                metrics.DECISIONS.labels(case.value, "node").inc()
-            self._pending_removals.pop(node_name, None)
-            if not node.being_deleted:
-                removed[group_id] = removed.get(group_id, 0) + 1
-
-    @staticmethod
-    def _leaves_group_below_min(observation: Observation, node, group, removed_this_pass: int) -> bool:
-        """The min size was checked when the removal was planned; a removal resumed after a restart (or one that
-        waited for its GPUs) may find the group smaller by now. A node whose Machine is already marked is past that."""
-        if any(m.node_name == node.name and m.deleting for m in observation.machines):
-            return False
-        others = sum(1 for n in observation.snapshot.nodes
-                     if n.group_id == group.id and n.name != node.name and not n.being_deleted)
-        return others - removed_this_pass < group.min_size
-
-    def _give_up_removal(self, node_name: str, taints, why: str) -> None:
-        """Keep the node after all; lift our removal taint if it carries it (else it would take no pod ever again)."""
-        self._pending_removals.pop(node_name, None)
-        log.info("keeping %s: %s", node_name, why)
-        if any(t.key == REMOVAL_TAINT for t in taints):
-            self._lift_removal_taint(node_name)
-
-    def _lift_removal_taint(self, node_name: str) -> None:
-        remove_taint(self._api, node_name, REMOVAL_TAINT)
-
-    def _resume_removals(self, observation: Observation) -> None:
-        """Once, on the first pass: a node carrying our removal taint (or CA's ToBeDeleted taint) was being removed by a
-        previous process (pending removals live in memory) — cordoned, maybe its Machine already marked. Resume it:
-        `_finish_removals` removes it with the same idempotency key if it still holds no work and no GPUs, or keeps it
-        and lifts the taint."""
-        if self._removals_resumed:
-            return
-        self._removals_resumed = True
-        for node in observation.snapshot.nodes:
-            if node.group_id and any(t.key == REMOVAL_TAINT for t in node.taints):
-                log.info("resuming the removal of %s, cordoned by a previous process", node.name)
-                self._pending_removals.setdefault(node.name, (node.group_id, Case.SCALE_DOWN_BLOCKED))
-            elif node.group_id and self._is_ca_drained(node):
-                # CA's DeleteNodes was accepted (request_removal), its GPUs maybe still being released: CA counts the
-                # node as deleted and will neither ask again nor lift its taint. (A drain CA has under way right now
-                # is resumed too: the node then goes when it holds no work, as CA's DeleteNodes would have it.)
-                log.info("resuming the removal of %s, which cluster-autoscaler asked for", node.name)
-                self._pending_removals.setdefault(node.name, (node.group_id, Case.SCALE_DOWN))
+            self.removals.request(node, group_id)
 
     # --- orphaned devices: on nodes that are gone, or held by attaches that never end ---
     def _reclaim_orphans(self, observation: Observation) -> None:
@@ -578,19 +470,4 @@ class Controller:
             step = Detach(reclaim.node, reclaim.device_ids, force=True, reason=reclaim.reason)
             if self.actions.detach(step, f"orphan/{uuid.uuid4().hex[:8]}", Case.ORPHAN_RECLAIM) is not None:
                 metrics.ORPHANS_RECLAIMED.inc(len(reclaim.device_ids))
-
-    @staticmethod
-    def _is_ca_drained(node) -> bool:
-        return any(t.key == TAINT_TO_BE_DELETED for t in node.taints)
-
-    def _cordon_and_recheck(self, node_name: str) -> bool:
-        """Taint the node NoSchedule, then look again: a pod that landed meanwhile keeps the node (and lifts the taint)."""
-        add_taint(self._api, node_name, REMOVAL_TAINT, "true", "NoSchedule")
-        work = work_on_node(self._api, node_name)
-        if work:
-            remove_taint(self._api, node_name, REMOVAL_TAINT)
-            self.events.emit(node_ref(node_name), NORMAL, "RemovalCancelled",
-                             f"kept: pods arrived before removal ({', '.join(work)})")
-            return False
-        return True
 

@@ -2,10 +2,10 @@
 
 Two readers of the cluster, one answer:
 
-| reader          | when                                                   | cost per observe()                      |
-|-----------------|--------------------------------------------------------|-----------------------------------------|
-| the watch cache | `cache` given and synced (dds/kube/cache.py)           | no request: dicts of decoded records    |
-| LISTs           | no cache, or the cache is relisting after a lost watch | a LIST of each kind, decoded per call   |
+| reader                   | when                                                   | cost per observe()                    |
+|--------------------------|--------------------------------------------------------|---------------------------------------|
+| the watch cache          | `cache` given and synced (dds/kube/cache.py)           | no request: dicts of decoded records  |
+| the `ClusterReader` port | no cache, or the cache is relisting after a lost watch | a LIST of each kind, decoded per call |
 
 Falling back to LISTs while the cache relists keeps a decision from ever being taken on a store known to have missed
 events; the price is a slow call during that window, never a wrong one.
@@ -16,26 +16,49 @@ from __future__ import annotations
 import logging
 from itertools import chain
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
 from dds.controller.idle import IdleTracker, NodeUsage
 from dds.controller.devices import devices_by_node
 from dds.fabric.base import Fabric, OperationKind
-from dds.kube import ApiClient, capi
+from dds.kube import capi
 from dds.kube.cache import ClusterCache
 from dds.kube.decode import NodeRecord, PodRecord
-from dds.kube.dra import DraReader
-from dds.kube.errors import ApiError
-from dds.kube.listing import list_node_records, list_pod_records
+from dds.model.dra_records import DraState
 from dds.model.groups import NodeGroupSpec
 from dds.planner.dra import lower_observed, mark_claimed
 from dds.model.resources import Resources
 # The planner owns kube-scheduler's request rule and remembers it per pod object: with the watch cache the same
 # PodInfo comes back every observe until the pod changes, so only changed pods are computed again.
-from dds.planner.requests import LASTING_REQUESTS, is_work
-from dds.planner.snapshot import NodeInfo, PodInfo, PoolInfo, Snapshot
+from dds.planner.requests import LastingRequests, is_work
+from dds.model.snapshot import NodeInfo, PodInfo, PoolInfo, Snapshot
 
 log = logging.getLogger(__name__)
+# The observed pods' effective requests, kept across observes (the planner keeps its own in PlannerMemos).
+_OBSERVED_REQUESTS = LastingRequests()
+
+
+class ClusterReader(Protocol):
+    """The reads the observer makes of the cluster itself when the watch cache cannot answer: each a LIST, decoded.
+    Failures raise `dds.kube.errors.ApiError` (dds.kube.controller_ports.KubeClusterReader: the apiserver)."""
+
+    def machines(self) -> Sequence[Mapping[str, Any]]:
+        """Cluster API Machines, as objects; none when Cluster API is not installed."""
+        ...
+
+    def machinesets(self) -> Sequence[Mapping[str, Any]]:
+        """Cluster API MachineSets, as objects; none when Cluster API is not installed."""
+        ...
+
+    def pod_records(self) -> Sequence[PodRecord]:
+        """Every pod, finished ones included."""
+        ...
+
+    def node_records(self) -> Sequence[NodeRecord]: ...
+
+    def dra(self) -> DraState:
+        """The DRA objects (ResourceClaims, templates, slices, DeviceClasses); the watch cache's when it holds them."""
+        ...
 
 @dataclass(frozen=True)
 class MachineRef:
@@ -91,7 +114,7 @@ class NodePods:
     @classmethod
     def of(cls, records: Sequence[PodRecord], pods: Optional[Sequence[PodInfo]] = None) -> "NodePods":
         infos = tuple(r.info for r in records if not r.terminal) if pods is None else tuple(pods)
-        lasting = LASTING_REQUESTS.get
+        lasting = _OBSERVED_REQUESTS.get
         requests = [lasting(pod) for pod in infos]
         return cls(records, infos, tuple(r for r in requests if r.scalar), any(is_work(pod) for pod in infos),
                    any(pod.resource_claims for pod in infos))
@@ -113,19 +136,16 @@ def _grouped_by_node(pods: Sequence[PodInfo]) -> dict[str, NodePods]:
 
 
 class ClusterObserver:
-    def __init__(self, api: ApiClient, fabric: Fabric, groups: Callable[[], Sequence[NodeGroupSpec]],
+    def __init__(self, reader: ClusterReader, fabric: Fabric, groups: Callable[[], Sequence[NodeGroupSpec]],
                  clock: Callable[[], float], idle: IdleTracker, gpu_model_label: str,
-                 machineset_namespaces: Sequence[str] = (), cache: Optional[ClusterCache] = None) -> None:
-        self._api = api
+                 cache: Optional[ClusterCache] = None) -> None:
+        self._reader = reader
         self.cache = cache
         self._fabric = fabric
         self._groups = groups
         self._clock = clock
         self.idle = idle
         self._gpu_model_label = gpu_model_label
-        self._namespaces = tuple(machineset_namespaces)
-        self._capi = capi.CapiObjects(api)
-        self._dra = DraReader(api, cache)
         # Each node's pods and what is derived from them, by node, from the last observe (see _pods_on_nodes).
         self._node_pods: dict[str, NodePods] = {}
         # Each node's NodeInfo from the last observe, with what it was built from (see _node_infos).
@@ -143,15 +163,7 @@ class ClusterObserver:
             if memo is None or memo[0] != generation:
                 memo = self._machine_refs = (generation, machine_refs(cached.values()))
             return memo[1]
-        try:
-            items = self._capi.list(capi.MACHINES, self._namespaces)
-        except capi.CapiNotInstalled:
-            return ()  # no Cluster API: no node belongs to a MachineSet group
-        except ApiError as exc:
-            if exc.not_found:  # the version in use stopped being served (Cluster API upgraded)
-                self._capi.forget_version()
-            raise
-        return machine_refs(items)
+        return machine_refs(self._reader.machines())
 
     def _machine_maps(self, machines: tuple[MachineRef, ...]) -> tuple[dict[str, str], dict[str, str], set[str]]:
         """Group by provider id, group by node name, nodes being deleted: kept while `machines` is the same tuple."""
@@ -168,11 +180,7 @@ class ClusterObserver:
         cached = self.cache.machinesets if self.cache is not None else None
         if cached is not None and cached.synced:
             return replicas_by_group(cached.values())
-        try:
-            items = self._capi.list(capi.MACHINESETS, self._namespaces)
-        except capi.CapiNotInstalled:
-            return {}
-        return replicas_by_group(items)
+        return replicas_by_group(self._reader.machinesets())
 
     # --- pods and nodes: from the cache when it is synced, else one LIST each ---
     def pod_buckets(self) -> Mapping[str, Sequence[PodRecord]]:
@@ -181,7 +189,7 @@ class ClusterObserver:
         if self.cache is not None and self.cache.pods.synced:
             return self.cache.pods.buckets()
         by_node: dict[str, list[PodRecord]] = {}
-        for record in list_pod_records(self._api):
+        for record in self._reader.pod_records():
             by_node.setdefault(record.info.node_name or "", []).append(record)
         return by_node
 
@@ -202,7 +210,7 @@ class ClusterObserver:
     def node_records(self) -> Sequence[NodeRecord]:
         if self.cache is not None and self.cache.nodes.synced:
             return self.cache.nodes.values()
-        return list_node_records(self._api)
+        return self._reader.node_records()
 
     def _node_infos(self, seen: Sequence[tuple[NodeRecord, Optional[str], str, tuple]], attaching: Mapping[str, int],
                     detaching: Mapping[str, Sequence[str]], deleting: set[str]) -> list[NodeInfo]:
@@ -246,7 +254,7 @@ class ClusterObserver:
         pending = tuple(r.info for r in waiting)
         pods = (*chain.from_iterable(entry.pods for entry in on_nodes.values()), *pending)
         # ResourceClaims become the GPU requests they amount to before anything counts GPU use (docs/dra.md).
-        dra = self._dra.read()
+        dra = self._reader.dra()
         claims = any(entry.claims for entry in on_nodes.values()) or any(r.info.resource_claims for r in waiting)
         # A pending pod asking for an extended resource a DeviceClass serves is a claim too (KEP-5004, docs/dra.md).
         claims = claims or bool(dra.classes and waiting)

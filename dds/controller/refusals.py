@@ -12,9 +12,9 @@ from typing import Iterable
 from dds.controller.executor import pod_ref
 from dds.model.events import WARNING, EventRecorder
 from dds.planner.gangs import GANG_INCOMPLETE
-from dds.planner.plan import ScaleUpPlan
+from dds.model.plan import ScaleUpPlan
 from dds.planner.refusals import cannot_serve
-from dds.planner.snapshot import PodInfo, Snapshot
+from dds.model.snapshot import PodInfo, Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from dds.controller.observe import Observation
 from dds.fabric.base import DeviceState, Fabric, FabricDevice, FabricError, Operation, OperationState
 from dds.model.events import WARNING, EventRecorder
 from dds.planner.attach_failures import retry_delay
-from dds.planner.plan import Attach, Case, Detach
+from dds.model.plan import Attach, Case, Detach
 from dds.planner.shortfalls import Restore, gpu_shortfalls
 
 log = logging.getLogger(__name__)

@@ -34,10 +34,10 @@ from dds.controller.executor import node_ref, pod_ref
 from dds.controller.journal import DecisionJournal
 from dds.kube.errors import ApiError
 from dds.model.events import NORMAL, EventRecorder
-from dds.planner.plan import Case
+from dds.model.plan import Case
 from dds.planner.reservations import (CLAIM_TAINT_KEY, RESERVATION_EFFECT, RESERVATION_TAINT_KEY, Reservation,
                                       ReservationConfig, ReservationPlan, claimed_token, plan_reservations)
-from dds.planner.snapshot import PodInfo, Snapshot, Toleration
+from dds.model.snapshot import PodInfo, Snapshot, Toleration
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,16 @@ class Reservations:
         self.nodes: frozenset[str] = frozenset()  # reserved now: scale-down keeps their idle GPUs
         self._pods: frozenset[str] = frozenset()  # pods with a reservation in force: their GPUs are gathered here
 
+    @property
+    def config(self) -> ReservationConfig:
+        return self._config
+
     def reconcile(self, snapshot: Snapshot) -> ReservationPlan:
         """Plan the pass's reservations and carry the plan out."""
-        plan = plan_reservations(snapshot, self._config)
+        return self.apply(plan_reservations(snapshot, self._config), snapshot)
+
+    def apply(self, plan: ReservationPlan, snapshot: Snapshot) -> ReservationPlan:
+        """Carry out `plan`, planned on `snapshot` (the control loop's pass plans it: dds/planner/passes.py)."""
         made = all([self._reserve(reservation) for reservation in plan.new])
         for node in plan.released:
             self._release(node)

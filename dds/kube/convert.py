@@ -10,9 +10,9 @@ from typing import Any, Iterable, Mapping, Optional
 
 from dds.model.groups import Taint
 from dds.model.resources import Resources
-from dds.planner.dra_records import PodClaimRef
-from dds.planner.snapshot import (ContainerRequests, HostPort, LabelSelector, NodeSelectorTerm, PodAffinityTerm,
-                                  PodInfo, SelectorRequirement, Toleration, WorkloadRef)
+from dds.model.dra_records import PodClaimRef
+from dds.model.snapshot import (ContainerRequests, HostPort, LabelSelector, NodeSelectorTerm, PodAffinityTerm, PodInfo,
+                                SelectorRequirement, Toleration, WorkloadRef)
 
 TAINT_TO_BE_DELETED = "ToBeDeletedByClusterAutoscaler"
 ANN_SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"

@@ -18,11 +18,11 @@ from dds.kube.convert import ANN_MIRROR, ANN_SAFE_TO_EVICT, HOSTNAME_TOPOLOGY, T
 from dds.model.groups import Taint
 from dds.model.resources import Resources
 from dds.model.quantity import to_int
-from dds.planner.dra_records import (EXACT_COUNT, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo,
-                                     DeviceTaintInfo, DraDevice, PodClaimRef, ResourceClaimInfo,
-                                     ResourceClaimTemplateInfo, ResourceSliceInfo)
-from dds.planner.snapshot import (ContainerRequests, HostPort, LabelSelector, NodeSelectorTerm, PodAffinityTerm,
-                                  PodInfo, SelectorRequirement, Toleration, WorkloadRef)
+from dds.model.dra_records import (EXACT_COUNT, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo,
+                                   DeviceTaintInfo, DraDevice, PodClaimRef, ResourceClaimInfo,
+                                   ResourceClaimTemplateInfo, ResourceSliceInfo)
+from dds.model.snapshot import (ContainerRequests, HostPort, LabelSelector, NodeSelectorTerm, PodAffinityTerm, PodInfo,
+                                SelectorRequirement, Toleration, WorkloadRef)
 
 Obj = Mapping[str, Any]
 _EMPTY: Mapping[str, Any] = MappingProxyType({})

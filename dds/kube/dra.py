@@ -15,7 +15,7 @@ from kubernetes import client
 
 from dds.kube.cache import ClusterCache, Reflector, dra_resources
 from dds.kube.decode import ANN_FABRIC_DEVICES
-from dds.planner.dra_records import DraState
+from dds.model.dra_records import DraState
 
 log = logging.getLogger(__name__)
 

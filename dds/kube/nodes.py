@@ -302,3 +302,29 @@ def _message(exc: client.ApiException) -> str:
     except (ValueError, AttributeError):
         text = ""
     return f": {text}" if text else ""
+
+
+class KubeNodeWriter:
+    """The controller's node writes (taints, labels) and the fresh read of a node's work, over the apiserver: the
+    `NodeWriter` port of the controller's applier (dds/controller/apply.py) and the `NodeLabelSetter` port of its GPU
+    label keeper (dds/controller/gpu_label.py), so the raw client stays in dds.kube."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+
+    def taint(self, node: str, key: str, value: str, effect: str) -> None:
+        add_taint(self._api, node, key, value, effect)
+
+    def untaint(self, node: str, key: str, *, uncordon_if_cordoned_with_it: bool = False) -> None:
+        remove_taint(self._api, node, key, uncordon_if_cordoned_with_it=uncordon_if_cordoned_with_it)
+
+    def label(self, node: str, labels: Mapping[str, str]) -> None:
+        label_node(self._api, node, labels)
+
+    def set_label(self, node: str, key: str, value: Optional[str]) -> None:
+        """Set one label, or remove it when `value` is None: the GPU label keeper's port
+        (dds/controller/gpu_label.py). Raises `NodeNotFound` or `NodeUpdateFailed`."""
+        set_node_label(self._api, node, key, value)
+
+    def work_on(self, node: str) -> list[str]:
+        return work_on_node(self._api, node)

@@ -29,8 +29,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from kubernetes import client
 
-from dds.planner.gangs import POD_GROUP_LABEL
-from dds.planner.snapshot import PodInfo, Snapshot
+from dds.model.snapshot import POD_GROUP_LABEL, PodInfo, Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from kubernetes import client
 
 from dds.kube.errors import api_errors
 from dds.kube.nodes import add_taint, remove_taint
-from dds.planner.snapshot import Toleration
+from dds.model.snapshot import Toleration
 
 
 def _as_api(toleration: Toleration) -> dict[str, str]:

@@ -6,7 +6,7 @@ dds.cdi.dev/gpu-api: dra-node-local, while with a real fabric the vendor's DRA d
 
     slice  <node>.gpu.dds.cdi.dev   spec.driver = gpu.dds.cdi.dev, spec.nodeName = <node>,
                                     spec.pool = {name: <node>, generation: +1 per change, resourceSliceCount: 1}
-                                    spec.devices = one per ONLINE GPU (dds/planner/dra.py `gpu_device`: model,
+                                    spec.devices = one per ONLINE GPU (dds/model/dra_devices.py `gpu_device`: model,
                                     productName, deviceID attributes; memory capacity)
 
 A node with no GPU left has no slice. Writes carry the slice's resourceVersion, so a concurrent change fails and the
@@ -27,8 +27,8 @@ from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Seque
 from kubernetes import client
 
 from dds.model.groups import LABEL_NODE_GROUP
-from dds.planner.dra import DRIVER, dra_pool_name, gpu_device
-from dds.planner.dra_records import DeviceTaintInfo, DraDevice
+from dds.model.dra_devices import DRIVER, dra_pool_name, gpu_device
+from dds.model.dra_records import DeviceTaintInfo, DraDevice
 
 log = logging.getLogger(__name__)
 

@@ -147,7 +147,7 @@ class DraModelDescription(BaseModel):
 class DraDriverConfig(BaseModel):
     """Which DRA driver a DRA group's GPUs come under and where a device of it says its model and its memory.
 
-    DDS's own driver (the default) is published by DDS itself in one shape (dds/planner/dra.py `gpu_device`). A
+    DDS's own driver (the default) is published by DDS itself in one shape (dds/model/dra_devices.py `gpu_device`). A
     vendor's driver (e.g. NVIDIA's `gpu.nvidia.com`) publishes the node's GPUs itself; DDS learns the shape of a model
     from a device of it already published in the cluster, else from `models` (docs/dra.md)."""
 

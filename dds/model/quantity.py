@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 import re
 from decimal import Decimal, Overflow
+from types import MappingProxyType
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
-            "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
-            "P": Decimal(10**15), "E": Decimal(10**18)}
+_BINARY = MappingProxyType({"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60})
+_DECIMAL = MappingProxyType({"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+                             "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
+                             "P": Decimal(10**15), "E": Decimal(10**18)})
 # Far above the largest Kubernetes quantity (2^63-1, about 9.2e18), and low enough that turning a value into an int
 # stays cheap: "1e999999" would otherwise build a million-digit integer (half a minute of CPU).
 _MAX_EXPONENT = 40

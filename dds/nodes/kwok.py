@@ -43,7 +43,8 @@ from dds.kube.machinesets import machineset_from_object
 from dds.kube.nodes import NodeObjects
 from dds.model.groups import ANNOTATION_PREFIX, LABEL_ATTACHED_GPU, LABEL_NODE_GROUP, NodeGroupSpec
 from dds.nodes.errors import NodeBackendError, NodeBackendUnavailable
-from dds.groups.sources import group_input_from_machineset, opted_in, parse_group
+from dds.groups.sources import group_input_from_machineset, opted_in
+from dds.groups.schema import parse_group
 from dds.groups.labels import template_labels
 
 log = logging.getLogger(__name__)

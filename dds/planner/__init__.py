@@ -4,6 +4,7 @@ Public API (the controller, `dds plan` and the simulator call exactly these):
 
     plan_scale_up(snapshot, config, pods=None) -> ScaleUpPlan     cases 1 and 2: GPUs first, nodes when needed
     plan_scale_down(snapshot, config, candidates=None) -> ScaleDownPlan   cases 3 and 4
+    (both take `memos=`: a PlannerMemos kept by a caller that decides repeatedly, dds/planner/memos.py)
     render_scale_up(plan) / render_scale_down(plan) -> str         what and why, for people
     effective_requests(pod) -> Resources                           kube-scheduler's request rule
 """
@@ -16,32 +17,41 @@ from dds.planner.batch import improve_with_batch
 from dds.planner.dra import leave_pool_slots_to_the_scheduler
 from dds.planner.existing import FastExisting
 from dds.planner.gangs import plan_all_or_nothing
-from dds.planner.plan import PlannerConfig, ScaleUpPlan
+from dds.model.plan import PlannerConfig, ScaleUpPlan
 from dds.planner.refusals import with_refusals
 from dds.planner.render import render_scale_down, render_scale_up
 from dds.planner.requests import RequestCache, effective_requests
 from dds.planner.scale_down import plan_scale_down
 from dds.planner.scale_up import drive, pending_requests
 from dds.planner.scoring import check_policy
-from dds.planner.snapshot import PodInfo, Snapshot
+from dds.model.snapshot import PodInfo, Snapshot
 from dds.planner.state import ClusterState
+from dds.planner.memos import PlannerMemos
 
-__all__ = ["plan_scale_up", "plan_scale_down", "render_scale_up", "render_scale_down", "effective_requests"]
+__all__ = ("plan_scale_up", "plan_scale_down", "render_scale_up", "render_scale_down", "effective_requests")
 
 
-def plan_scale_up(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]] = None) -> ScaleUpPlan:
+def plan_scale_up(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]] = None, *,
+                  memos: Optional[PlannerMemos] = None) -> ScaleUpPlan:
     """Plan for the pending pods (`pods`, default: every pending pod of the snapshot): which fit now, which after
     attaching GPUs to live nodes, which need new nodes, and why each. A gang's minimum gets capacity as one unit or
     not at all (dds/planner/gangs.py). A dra-pool group's nodes get their GPUs through pool slots, never by a plan's
-    attach (dds/planner/dra.py)."""
+    attach (dds/planner/dra.py). `memos`: what an earlier decision derived, reused where nothing changed (PlannerMemos); a
+    fresh one without it."""
     check_policy(config.policy)
-    plan = with_refusals(plan_all_or_nothing(_plan_pods, snapshot, config, pods), snapshot)
+    memos = memos if memos is not None else PlannerMemos()  # one for every plan of this call (gangs plan again)
+
+    def plan_pods(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]]) -> ScaleUpPlan:
+        return _plan_pods(snapshot, config, pods, memos)
+
+    plan = with_refusals(plan_all_or_nothing(plan_pods, snapshot, config, pods, memos=memos), snapshot)
     return leave_pool_slots_to_the_scheduler(plan, snapshot)
 
 
-def _plan_pods(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]]) -> ScaleUpPlan:
-    cache = RequestCache()
+def _plan_pods(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]],
+               memos: PlannerMemos) -> ScaleUpPlan:
+    cache = RequestCache(memos.requests)
     reqs, notes = pending_requests(snapshot, pods, cache)
-    state = ClusterState(snapshot, cache, config.groups, extra_pods=[r.pod for r in reqs])
+    state = ClusterState(snapshot, cache, config.groups, extra_pods=[r.pod for r in reqs], memos=memos)
     greedy = drive(snapshot, config, reqs, FastExisting(state, config.policy), notes)
-    return improve_with_batch(snapshot, config, reqs, greedy)
+    return improve_with_batch(snapshot, config, reqs, greedy, memos=memos)

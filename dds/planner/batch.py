@@ -22,24 +22,22 @@ kept, so a slow machine never gets a different MILP plan, only greedy's.
 
 from __future__ import annotations
 
-import ctypes
-import os
-import sys
-import threading
 from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 import highspy
 import numpy as np
 
+from dds.highs import silent_highs
 from dds.planner.existing import FastExisting
 from dds.planner.filters import PLACEMENT_FILTERS, first_reject
 from dds.planner.nodes import SimNode, template_node
-from dds.planner.plan import Attach, NewNodes, PlannerConfig, PodDecision, ScaleUpPlan, Verdict
+from dds.model.plan import Attach, NewNodes, PlannerConfig, PodDecision, ScaleUpPlan, Verdict
 from dds.planner.requests import PodRequest, RequestCache
 from dds.planner.scoring import rank
-from dds.planner.snapshot import Snapshot
+from dds.model.snapshot import Snapshot
 from dds.planner.state import ClusterState
+from dds.planner.memos import PlannerMemos
 from dds.planner.virtual import commit_on, first_fit_on
 
 SOLVERS = ("auto", "greedy", "milp")
@@ -76,7 +74,7 @@ def _note(plan: ScaleUpPlan, text: str) -> ScaleUpPlan:
 
 
 def improve_with_batch(snapshot: Snapshot, config: PlannerConfig, reqs: Sequence[PodRequest],
-                       greedy: ScaleUpPlan) -> ScaleUpPlan:
+                       greedy: ScaleUpPlan, *, memos: Optional[PlannerMemos] = None) -> ScaleUpPlan:
     """Greedy's plan, or the MILP's when PlannerConfig.batch_solver allows it and it is at least as good."""
     mode = config.batch_solver
     if mode not in SOLVERS:
@@ -91,7 +89,7 @@ def improve_with_batch(snapshot: Snapshot, config: PlannerConfig, reqs: Sequence
         return _note(greedy, "batch solver skipped: pods with host ports or pod affinity are planned greedily")
     if mode == "auto" and len(batch) > AUTO_MAX_PODS:
         return greedy
-    program = _Program(snapshot, config, batch, greedy)
+    program = _Program(snapshot, config, batch, greedy, memos)
     limit = AUTO_MAX_COLUMNS if mode == "auto" else MILP_MAX_COLUMNS
     if program.columns > limit:
         return greedy if mode == "auto" else _note(
@@ -103,45 +101,6 @@ def improve_with_batch(snapshot: Snapshot, config: PlannerConfig, reqs: Sequence
     if plan is None or not at_least_as_good(plan, greedy):
         return greedy
     return plan
-
-
-# HiGHS prints its version and copyright banner on the process's stdout when the first instance is built, before any
-# option can be set (output_flag quiets only what comes after): it landed in DDS's log on its first batch plan.
-_FIRST_HIGHS = threading.Lock()
-_banner_swallowed = False
-
-
-def _silent_highs() -> highspy.Highs:
-    """A HiGHS instance that writes nothing; the process's first one is built with file descriptor 1 on /dev/null."""
-    global _banner_swallowed
-    with _FIRST_HIGHS:
-        if _banner_swallowed:
-            h = highspy.Highs()
-        else:
-            h = _built_with_stdout_muted()
-            _banner_swallowed = True
-    h.silent()
-    return h
-
-
-def _built_with_stdout_muted() -> highspy.Highs:
-    # The banner is C stdio output, so it is flushed to /dev/null before stdout comes back. DDS logs to stderr; for the
-    # instant fd 1 is muted, nothing else of DDS's writes there.
-    libc = ctypes.CDLL(None)
-    for stream in (sys.stdout, sys.stderr):  # what was written before belongs on the real stdout
-        if stream is not None:
-            stream.flush()
-    libc.fflush(None)
-    saved = os.dup(1)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        return highspy.Highs()
-    finally:
-        libc.fflush(None)
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
 
 
 @dataclass
@@ -168,11 +127,12 @@ class _Program:
     slot s, u[s] slot opened, e[s] GPUs attached to it, b[n] node touched."""
 
     def __init__(self, snapshot: Snapshot, config: PlannerConfig, batch: Sequence[PodRequest],
-                 greedy: ScaleUpPlan) -> None:
+                 greedy: ScaleUpPlan, memos: Optional[PlannerMemos] = None) -> None:
         self.snapshot, self.config, self.batch, self.greedy = snapshot, config, list(batch), greedy
-        self.cache = RequestCache()
+        memos = memos if memos is not None else PlannerMemos()
+        self.cache = RequestCache(memos.requests)
         self.reqs = [self.cache.get(r.pod) for r in batch]
-        self.state = ClusterState(snapshot, self.cache, config.groups, extra_pods=[r.pod for r in batch])
+        self.state = ClusterState(snapshot, self.cache, config.groups, extra_pods=[r.pod for r in batch], memos=memos)
         self.live = FastExisting(self.state, config.policy)
         self.status = ""
         self.cost: list[float] = []
@@ -350,7 +310,7 @@ class _Program:
 
     # --- solving ------------------------------------------------------------------------------------------------
     def solve(self, budget_seconds: float) -> Optional[np.ndarray]:
-        h = _silent_highs()
+        h = silent_highs()
         for option, value in (("threads", 1), ("random_seed", 0), ("mip_rel_gap", 0.0), ("mip_abs_gap", 0.5),
                               ("mip_max_nodes", NODE_LIMIT), ("time_limit", float(budget_seconds)),
                               ("presolve", "on")):

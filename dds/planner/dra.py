@@ -35,44 +35,16 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from dds.model.groups import (ANN_DRA_MODELS, DDS_DRA_DRIVER, DraDriverConfig, GpuApi, NodeGroupSpec,
-                              dra_gpu_resource)
+from dds.model.dra_devices import DRIVER, device_name, dra_pool_name, gpu_device
+from dds.model.groups import ANN_DRA_MODELS, DraDriverConfig, GpuApi, NodeGroupSpec, dra_gpu_resource
 from dds.model.quantity import to_int
 from dds.model.resources import Resources
-from dds.planner.dra_records import (ALL, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraDevice,
-                                     DraState, PodClaimRef, ResourceClaimInfo, ResourceSliceInfo)
-from dds.planner.plan import ScaleUpPlan, Verdict
+from dds.model.dra_records import (ALL, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraDevice, DraState,
+                                   PodClaimRef, ResourceClaimInfo, ResourceSliceInfo)
+from dds.model.plan import ScaleUpPlan, Verdict
 from dds.planner.refusals import CLAIM_NOT_PLANNED, NO_MATCHING_DEVICE
 from dds.planner.requests import effective_requests
-from dds.planner.snapshot import (ContainerRequests, NodeInfo, NodeSelectorTerm, PodInfo, SelectorRequirement,
-                                  Snapshot)
-
-DRIVER = DDS_DRA_DRIVER  # the DRA driver name DDS publishes attached GPUs under (simulated fabric, pool mode)
-DEVICE_CLASS = DDS_DRA_DRIVER  # the DeviceClass in manifests/dra/ selecting them
-
-# Memory of the GPU models the simulated fabric and the demo use, published as the device's `memory` capacity. A model
-# missing here is published without it (a selector reading it then fails with an error, as upstream does).
-MODEL_MEMORY: Mapping[str, str] = {"A30": "24Gi", "A40": "48Gi", "A100": "80Gi", "H100": "80Gi", "H200": "141Gi",
-                                   "L4": "24Gi", "L40S": "48Gi", "T4": "16Gi", "V100": "32Gi"}
-PRODUCT_PREFIX = "NVIDIA"
-
-
-# --- the devices DDS publishes ------------------------------------------------------------------------------------
-
-def device_name(fabric_id: str) -> str:
-    """A fabric device id as a DRA device name (a DNS label): "default/A30-003" -> "default-a30-003"."""
-    name = re.sub(r"[^a-z0-9-]+", "-", fabric_id.lower()).strip("-")
-    return name[:63].rstrip("-") or "gpu"
-
-
-def gpu_device(model: str, fabric_id: str, pool: str, driver: str = DRIVER) -> DraDevice:
-    """The device DDS publishes for an attached GPU: the ResourceSlice writer and the planner's "what would N attaches
-    of `model` bring" both build it here, so they cannot disagree."""
-    attributes = {f"{driver}/model": model, f"{driver}/productName": f"{PRODUCT_PREFIX} {model}",
-                  f"{driver}/deviceID": fabric_id}
-    memory = MODEL_MEMORY.get(model)
-    capacity = {f"{driver}/memory": to_int(memory)} if memory else {}
-    return DraDevice(name=device_name(fabric_id), driver=driver, pool=pool, attributes=attributes, capacity=capacity)
+from dds.model.snapshot import ContainerRequests, NodeInfo, NodeSelectorTerm, PodInfo, SelectorRequirement, Snapshot
 
 
 # --- CEL ------------------------------------------------------------------------------------------------------------
@@ -807,13 +779,8 @@ def leave_pool_slots_to_the_scheduler(plan: ScaleUpPlan, snapshot: Snapshot) -> 
 # device, so a pool lists *slots*: every slot an allocation holds, plus one free slot per free GPU not yet promised to
 # an allocation still waiting for its attach.
 
-POOL_PREFIX = "fabric-"  # a pool slice's pool name: fabric-<fabric pool> (node-local pools are named by node)
 ATTACHED = "dds.cdi.dev/attached"  # binding condition: the GPU is attached to the allocation's node
 ATTACH_FAILED = "dds.cdi.dev/attach-failed"  # binding failure condition: the attach failed, the scheduler retries
-
-
-def dra_pool_name(fabric_pool: str) -> str:
-    return f"{POOL_PREFIX}{fabric_pool}"
 
 
 def slot_device(model: str, index: int, fabric_pool: str, driver: str = DRIVER) -> DraDevice:

@@ -14,9 +14,10 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from dds.model.groups import NodeGroupSpec
-from dds.planner.plan import PlannerConfig, ScaleUpPlan, Verdict
+from dds.model.plan import PlannerConfig, ScaleUpPlan, Verdict
 from dds.planner.requests import effective_requests
-from dds.planner.snapshot import PoolInfo, Snapshot
+from dds.model.snapshot import PoolInfo, Snapshot
+from dds.planner.memos import PlannerMemos
 
 
 @dataclass(frozen=True)
@@ -58,15 +59,15 @@ def pool_free(snapshot: Snapshot, group: NodeGroupSpec) -> int:
     return sum(pool.free.get(model, 0) for model in (group.gpu_models or tuple(pool.free)))
 
 
-def equip_new_nodes(snapshot: Snapshot, plan: ScaleUpPlan, group: NodeGroupSpec,
-                    config: PlannerConfig) -> tuple[ScaleUpPlan, Optional[Unequipped]]:
+def equip_new_nodes(snapshot: Snapshot, plan: ScaleUpPlan, group: NodeGroupSpec, config: PlannerConfig, *,
+                    memos: Optional[PlannerMemos] = None) -> tuple[ScaleUpPlan, Optional[Unequipped]]:
     """The plan without `group`'s new nodes the pool cannot equip, plus attaches on live nodes for the pods that were
     planned on them; the dropped nodes are described (None when none is dropped)."""
     kept, unequipped = without_unequipped_nodes(snapshot, plan, group)
     if unequipped is None:
         return plan, None
     stranded = [p for p in snapshot.pending_pods() if p.key in set(unequipped.pods)]
-    kept = with_live_attaches(snapshot, kept, stranded, config)
+    kept = with_live_attaches(snapshot, kept, stranded, config, memos)
     served = {d.pod for d in kept.decisions if d.verdict == Verdict.FITS_AFTER_GPUS}
     left = tuple(p for p in unequipped.pods if p not in served)
     free = pool_free(snapshot, group) - sum(a.count for a in kept.attaches if a.pool == group.fabric_pool)
@@ -103,14 +104,15 @@ def without_unequipped_nodes(snapshot: Snapshot, plan: ScaleUpPlan,
     return replace(plan, new_nodes=tuple(reversed(kept))), unequipped
 
 
-def with_live_attaches(snapshot: Snapshot, plan: ScaleUpPlan, pods: Sequence, config: PlannerConfig) -> ScaleUpPlan:
+def with_live_attaches(snapshot: Snapshot, plan: ScaleUpPlan, pods: Sequence, config: PlannerConfig,
+                       memos: Optional[PlannerMemos] = None) -> ScaleUpPlan:
     """`plan` plus the attaches that put `pods` on live nodes, from what the pool has left after `plan`'s attaches."""
     from dds.planner import plan_scale_up  # the package's entry point; this module is one of its parts
 
     if not pods:
         return plan
     left = _pools_after(snapshot, plan)
-    extra = plan_scale_up(replace(snapshot, pools=left), replace(config, allow_new_nodes=False), pods)
+    extra = plan_scale_up(replace(snapshot, pools=left), replace(config, allow_new_nodes=False), pods, memos=memos)
     served = {d.pod: d for d in extra.decisions if d.verdict == Verdict.FITS_AFTER_GPUS}
     if not served:
         return plan
@@ -125,3 +127,30 @@ def _pools_after(snapshot: Snapshot, plan: ScaleUpPlan) -> tuple[PoolInfo, ...]:
         taken[(attach.pool, attach.model)] = taken.get((attach.pool, attach.model), 0) + attach.count
     return tuple(replace(p, free={m: max(0, n - taken.get((p.name, m), 0)) for m, n in p.free.items()})
                  for p in snapshot.pools)
+
+
+@dataclass(frozen=True)
+class NodesNotEquipped:
+    """What `equip_every_group` took: the new nodes of one or more groups the pools cannot equip."""
+
+    pods: tuple[str, ...]
+    message: str
+
+
+def equip_every_group(snapshot: Snapshot, plan: ScaleUpPlan) -> tuple[ScaleUpPlan, Optional[NodesNotEquipped]]:
+    """The plan's new nodes, each group's cut to what its pool can equip (`without_unequipped_nodes`), with no attaches:
+    the cut of a plan that only adds nodes (the loop's nodes for pods with ResourceClaims). Every pod of a group
+    whose nodes were cut is named as having lost its capacity (no live attach makes up for it on this path)."""
+    kept, taken = [], []
+    for step in plan.new_nodes:
+        group = snapshot.group(step.group)
+        if group is None:
+            continue
+        equipped, unequipped = without_unequipped_nodes(snapshot, replace(plan, new_nodes=(step,), attaches=()), group)
+        kept.extend(equipped.new_nodes)
+        if unequipped is not None:
+            taken.append(unequipped)
+    cut = replace(plan, new_nodes=tuple(kept), attaches=())
+    if not taken:
+        return cut, None
+    return cut, NodesNotEquipped(tuple(p for u in taken for p in u.pods), "; ".join(u.message for u in taken))

@@ -22,10 +22,10 @@ import numpy as np
 
 from dds.model.resources import CPU, MEMORY, PODS
 from dds.planner.filters import ClusterView
-from dds.planner.plan import Reject
+from dds.model.plan import Reject
 from dds.planner.requests import PodRequest
 from dds.planner.scoring import Candidates, best_fit, order_keys, primary_score, rank
-from dds.planner.snapshot import PodAffinityTerm, PodInfo
+from dds.model.snapshot import PodAffinityTerm, PodInfo
 from dds.planner.state import Choice, ClusterState, StaticTable
 
 MAX_REJECTS = 8  # rejected options listed per pod; the counts cover every node

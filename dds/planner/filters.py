@@ -16,10 +16,10 @@ from typing import Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
 from dds.model.groups import Taint
 from dds.model.resources import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
-from dds.planner.plan import Reject
+from dds.model.plan import Reject
 from dds.planner.requests import PodRequest
 from dds.planner.selectors import label_selector_matches, node_affinity_matches
-from dds.planner.snapshot import HostPort, PodAffinityTerm, PodInfo, Toleration
+from dds.model.snapshot import HostPort, PodAffinityTerm, PodInfo, Toleration
 
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 # Placement reasons, shared with the fast planner's vector pre-screen (dds/planner/state.py).

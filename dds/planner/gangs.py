@@ -31,11 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Generic, Mapping, Optional, Protocol, Sequence, TypeVar
 
-from dds.planner.plan import PlannerConfig, PodDecision, ScaleUpPlan, Verdict
+from dds.model.plan import PlannerConfig, PodDecision, ScaleUpPlan, Verdict
+from dds.planner.memos import PlannerMemos
 from dds.planner.requests import RequestCache, scheduling_order
-from dds.planner.snapshot import PodInfo, Snapshot
+from dds.model.snapshot import POD_GROUP_LABEL, PodInfo, Snapshot
 
-POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 # The refusal (Event reason) of a member of a gang left out: its whole minimum does not get capacity in this plan.
 GANG_INCOMPLETE = "GangDoesNotFit"
 # The refusal when the gang's minimum asks for more GPUs than the cluster has in all (every node's GPUs and every
@@ -111,8 +111,10 @@ def short_gangs(gangs: Mapping[str, Gang], plan: ScaleUpPlan,
 
 
 def plan_all_or_nothing(plan_pods: PlanPods, snapshot: Snapshot, config: PlannerConfig,
-                        pods: Optional[Sequence[PodInfo]] = None) -> ScaleUpPlan:
-    """`plan_pods` with every gang's minimum planned as one unit (see the module docstring)."""
+                        pods: Optional[Sequence[PodInfo]] = None, *, memos: Optional[PlannerMemos] = None
+                        ) -> ScaleUpPlan:
+    """`plan_pods` with every gang's minimum planned as one unit (see the module docstring). `memos`: the caller's
+    (their lasting requests), a fresh one without it."""
     pending = list(snapshot.pending_pods() if pods is None else pods)
     gangs = find_gangs(snapshot, pending)
     if not gangs:
@@ -130,7 +132,8 @@ def plan_all_or_nothing(plan_pods: PlanPods, snapshot: Snapshot, config: Planner
         candidate = plan_pods(snapshot, config, [p for p in pending if gang_of(p) not in trial])
         if not short_gangs({k: g for k, g in gangs.items() if k not in trial}, candidate):
             dropped, plan = trial, candidate
-    return _with_dropped(plan, pending, gangs, dropped, snapshot)
+    lasting = memos.requests if memos is not None else None
+    return _with_dropped(plan, pending, gangs, dropped, snapshot, RequestCache(lasting))
 
 
 def _reason(gang: Gang, count: int) -> str:
@@ -151,9 +154,8 @@ def gpus_in_cluster(snapshot: Snapshot) -> int:
     return on_nodes + sum(sum(p.free.values()) for p in snapshot.pools)
 
 
-def gang_gpus(gang: Gang, pending: Sequence[PodInfo], snapshot: Snapshot) -> int:
+def gang_gpus(gang: Gang, pending: Sequence[PodInfo], snapshot: Snapshot, cache: RequestCache) -> int:
     """GPUs the gang's members still needed for its minimum ask for (the first ones in scheduling order)."""
-    cache = RequestCache()
     members = {p.key: p for p in pending}
     resources = sorted({g.gpu_resource for g in snapshot.groups} | {n.gpu_resource for n in snapshot.nodes}) or [
         "nvidia.com/gpu"]
@@ -162,14 +164,14 @@ def gang_gpus(gang: Gang, pending: Sequence[PodInfo], snapshot: Snapshot) -> int
 
 
 def _with_dropped(plan: ScaleUpPlan, pending: Sequence[PodInfo], gangs: Mapping[str, Gang],
-                  dropped: Mapping[str, str], snapshot: Snapshot) -> ScaleUpPlan:
+                  dropped: Mapping[str, str], snapshot: Snapshot, cache: RequestCache) -> ScaleUpPlan:
     """The plan with a decision for every member of the gangs left out, in the order the pods were given."""
     if not dropped:
         return plan
     by_pod = {d.pod: d for d in plan.decisions}
     total = gpus_in_cluster(snapshot)
     for key, reason in dropped.items():
-        need = gang_gpus(gangs[key], pending, snapshot)
+        need = gang_gpus(gangs[key], pending, snapshot, cache)
         refusal = GANG_INCOMPLETE
         if need > total:
             reason = (f"gang {key} needs {need} GPU(s) for its {gangs[key].needed} pod(s) still to run at once, more "
@@ -227,15 +229,15 @@ class AfterCut(Generic[Taken]):
 
 def whole_gangs_after_cut(plan: ScaleUpPlan, cut: Callable[[ScaleUpPlan], tuple[ScaleUpPlan, Optional[Taken]]],
                           replan: Callable[[Sequence[PodInfo]], ScaleUpPlan], snapshot: Snapshot,
-                          pods: Sequence[PodInfo], describe: Callable[[Taken], str] = lambda t: t.message
-                          ) -> AfterCut[Taken]:
+                          pods: Sequence[PodInfo], describe: Callable[[Taken], str] = lambda t: t.message, *,
+                          memos: Optional[PlannerMemos] = None) -> AfterCut[Taken]:
     """`cut(plan)` with the all-or-nothing rule kept: a gang `plan` served whole that the cut leaves short is dropped.
 
     `cut` returns the plan it leaves and what it took (None when it took nothing); `replan(pods)` plans `pods` as the
     plan was planned. Both are pure. With a gang dropped, the rest is planned again without it and cut again — the cut
     may take less, or more, from the new plan — until no gang the plans served whole falls short; each round drops at
     least one gang, so there are at most as many rounds as gangs. Without gangs, or when the cut takes nothing, it is
-    `cut(plan)` alone."""
+    `cut(plan)` alone. `memos`: the caller's (their lasting requests), a fresh one without it."""
     cut_plan, taken = cut(plan)
     pending = [p for p in pods if p.node_name is None]
     gangs = find_gangs(snapshot, pending)
@@ -253,7 +255,8 @@ def whole_gangs_after_cut(plan: ScaleUpPlan, cut: Callable[[ScaleUpPlan], tuple[
             dropped[gang.key] = _cut_reason(gang, count, lacking)
         plan = replan([p for p in pending if gang_of(p) not in dropped])
         cut_plan, taken = cut(plan)
-    return AfterCut(_with_dropped(cut_plan, pending, gangs, dropped, snapshot), taken, dropped)
+    return AfterCut(_with_dropped(cut_plan, pending, gangs, dropped, snapshot,
+                                  RequestCache(memos.requests if memos is not None else None)), taken, dropped)
 
 
 def _cut_reason(gang: Gang, count: int, lacking: str) -> str:
@@ -261,32 +264,3 @@ def _cut_reason(gang: Gang, count: int, lacking: str) -> str:
     served = f"at most {count}" if count else "none"
     return (f"gang {gang.key} needs {gang.min_member} pod(s) at once{running}, but {served} of the {gang.needed} "
             f"still needed would get capacity: {lacking}; so nothing is attached or added for it (all or nothing)")
-
-
-@dataclass(frozen=True)
-class NodesNotEquipped:
-    """What `equip_every_group` took: the new nodes of one or more groups the pools cannot equip."""
-
-    pods: tuple[str, ...]
-    message: str
-
-
-def equip_every_group(snapshot: Snapshot, plan: ScaleUpPlan) -> tuple[ScaleUpPlan, Optional[NodesNotEquipped]]:
-    """The plan's new nodes, each group's cut to what its pool can equip (dds/planner/equip.py), with no attaches:
-    the cut of a plan that only adds nodes (the loop's nodes for pods with ResourceClaims). Every pod of a group
-    whose nodes were cut is named as having lost its capacity (no live attach makes up for it on this path)."""
-    from dds.planner.equip import without_unequipped_nodes
-
-    kept, taken = [], []
-    for step in plan.new_nodes:
-        group = snapshot.group(step.group)
-        if group is None:
-            continue
-        equipped, unequipped = without_unequipped_nodes(snapshot, replace(plan, new_nodes=(step,), attaches=()), group)
-        kept.extend(equipped.new_nodes)
-        if unequipped is not None:
-            taken.append(unequipped)
-    cut = replace(plan, new_nodes=tuple(kept), attaches=())
-    if not taken:
-        return cut, None
-    return cut, NodesNotEquipped(tuple(p for u in taken for p in u.pods), "; ".join(u.message for u in taken))

@@ -17,11 +17,12 @@ from typing import Iterable, Optional, Sequence
 
 from dds.model.groups import NodeGroupSpec
 from dds.planner.nodes import group_slots
-from dds.planner.plan import Attach, PlannerConfig
+from dds.model.plan import Attach, PlannerConfig
 from dds.planner.refusals import selected_models
+from dds.planner.memos import PlannerMemos
 from dds.planner.requests import RequestCache, effective_requests
-from dds.planner.scale_down import gpu_usage
-from dds.planner.snapshot import NodeInfo, PodInfo, Snapshot
+from dds.planner.usage import gpu_usage
+from dds.model.snapshot import NodeInfo, PodInfo, Snapshot
 
 
 def warm_target(group: NodeGroupSpec, config: PlannerConfig) -> int:
@@ -57,11 +58,13 @@ class WarmBudget:
         return keep
 
 
-def plan_warm_refill(snapshot: Snapshot, config: PlannerConfig, hungry: frozenset[str]) -> tuple[Attach, ...]:
-    """Attaches that bring each group back to its warm headroom from what its pool has free."""
+def plan_warm_refill(snapshot: Snapshot, config: PlannerConfig, hungry: frozenset[str], *,
+                     memos: Optional[PlannerMemos] = None) -> tuple[Attach, ...]:
+    """Attaches that bring each group back to its warm headroom from what its pool has free. `memos`: the caller's
+    (their lasting requests), a fresh one without it."""
     if not any(warm_target(group, config) > 0 for group in snapshot.groups):
         return ()  # the usual case: no group keeps warm GPUs, and nothing below is worth a walk over every pod
-    cache = RequestCache()
+    cache = RequestCache(memos.requests if memos is not None else None)
     pods_on: dict[str, list[PodInfo]] = {}
     for pod in snapshot.pods:
         if pod.node_name:

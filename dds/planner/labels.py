@@ -13,7 +13,7 @@ from typing import Optional
 
 from dds.model.groups import NodeGroupSpec
 from dds.planner.nodes import node_model
-from dds.planner.snapshot import NodeInfo
+from dds.model.snapshot import NodeInfo
 
 
 def attached_gpu_label(node: NodeInfo, group: Optional[NodeGroupSpec], model_label: str) -> Optional[str]:

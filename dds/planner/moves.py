@@ -14,8 +14,8 @@ had an idle GPU, instead of the fuller node). `plan_room_headroom` keeps, on eve
 left for one more GPU pod of a shape the cluster runs or waits for, idle GPUs for that one pod, attached from the
 free pool: the scheduler then chooses among all the nodes with room, as the planner would with attaches, and the
 pod starts without one. Never from a pool a pending pod waits on (the pods first), never past a node's slots.
-`dds simulate` runs it after every scale pass when moves are on, and the control loop in a pass that attaches
-nothing else when `move_idle_gpus` is on (dds/controller/loop.py).
+The control loop and `dds simulate` run it in a pass that attaches nothing else when `move_idle_gpus` is on (one
+decision pass for both: dds/planner/passes.py).
 
 Pure: `plan_scale_up` is passed in (no import cycle), results are tuples of detaches or attaches for the edge.
 """
@@ -25,19 +25,23 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
+from dds.planner.device_modes import nodes_held_by_load
 from dds.planner.nodes import group_slots
-from dds.planner.plan import Attach, Detach, PlannerConfig, ScaleUpPlan, Verdict
+from dds.model.plan import Attach, Detach, PlannerConfig, ScaleUpPlan, Verdict
 from dds.planner.refusals import selected_models
+from dds.planner.memos import PlannerMemos
 from dds.planner.requests import RequestCache
-from dds.planner.snapshot import Device, NodeInfo, PodInfo, PoolInfo, Snapshot
+from dds.model.snapshot import Device, NodeInfo, PodInfo, PoolInfo, Snapshot
 
 PlanFn = Callable[[Snapshot, PlannerConfig, Optional[Sequence[PodInfo]]], ScaleUpPlan]
 _UNSERVED = (Verdict.NEEDS_NODE, Verdict.UNSCHEDULABLE)
 
 
-def idle_devices(snapshot: Snapshot, skip: frozenset[str] = frozenset()) -> dict[str, tuple[Device, ...]]:
-    """Per DDS node not in `skip`, the attached devices no bound pod uses (newest attached first)."""
-    cache = RequestCache()
+def idle_devices(snapshot: Snapshot, skip: frozenset[str] = frozenset(), *,
+                 memos: Optional[PlannerMemos] = None) -> dict[str, tuple[Device, ...]]:
+    """Per DDS node not in `skip`, the attached devices no bound pod uses (newest attached first). `memos`: the
+    caller's (their lasting requests), a fresh one without it."""
+    cache = RequestCache(memos.requests if memos is not None else None)
     used: dict[str, int] = {}
     resource = {n.name: n.gpu_resource for n in snapshot.nodes}
     for pod in snapshot.pods:
@@ -55,12 +59,15 @@ def idle_devices(snapshot: Snapshot, skip: frozenset[str] = frozenset()) -> dict
 
 
 def plan_moves(snapshot: Snapshot, config: PlannerConfig, plan: ScaleUpPlan, plan_fn: PlanFn,
-               pods: Optional[Sequence[PodInfo]] = None) -> tuple[Detach, ...]:
+               pods: Optional[Sequence[PodInfo]] = None, *, memos: Optional[PlannerMemos] = None
+               ) -> tuple[Detach, ...]:
     """Idle GPUs to release now because pods `plan` left unserved would get them (see the module docstring)."""
     unserved = {d.pod for d in plan.decisions if d.verdict in _UNSERVED}
     if not unserved:
         return ()
-    idle = idle_devices(snapshot, frozenset(a.node for a in plan.attaches))
+    # Not from a device-plugin node with GPU load: the operator would refuse the detach until the node is idle.
+    held = nodes_held_by_load(snapshot, config, RequestCache(memos.requests if memos is not None else None))
+    idle = idle_devices(snapshot, frozenset(a.node for a in plan.attaches) | held, memos=memos)
     if not idle:
         return ()
     what_if = _with_idle_in_pools(snapshot, idle)
@@ -124,18 +131,21 @@ def _release(idle: dict[str, tuple[Device, ...]], needed: dict[tuple[str, str], 
 
 
 def plan_room_headroom(snapshot: Snapshot, hungry: frozenset[str] = frozenset(),
-                       skip: frozenset[str] = frozenset()) -> tuple[Attach, ...]:
+                       skip: frozenset[str] = frozenset(), *, memos: Optional[PlannerMemos] = None
+                       ) -> tuple[Attach, ...]:
     """Attaches from the free pool so that every node with room for one more GPU pod holds idle GPUs for it.
 
     A node's room is its allocatable cpu, memory and pods less what its bound pods request; the pods it could take are
     the shapes (cpu, memory, GPUs, models) of the pods bound or pending now, so the rule follows the workload without
     knowing how long anything runs. A node wants the GPUs of the largest such pod that fits its room, counting the
     idle GPUs it holds. Nodes in `skip` (reserved, or with an operation under way) and pools in `hungry` (a pending
-    pod waits for their devices) are left alone."""
-    shapes = _gpu_pod_shapes(snapshot)
+    pod waits for their devices) are left alone. `memos`: the caller's (their lasting requests), a fresh one without
+    it."""
+    cache = RequestCache(memos.requests if memos is not None else None)
+    shapes = _gpu_pod_shapes(snapshot, cache)
     if not shapes:
         return ()
-    idle = idle_devices(snapshot, skip)
+    idle = idle_devices(snapshot, skip, memos=memos)
     free = {p.name: dict(p.free) for p in snapshot.pools}
     attaches: list[Attach] = []
     for node in sorted(snapshot.nodes, key=lambda n: n.name):
@@ -146,7 +156,7 @@ def plan_room_headroom(snapshot: Snapshot, hungry: frozenset[str] = frozenset(),
         pool = free.get(group.fabric_pool, {})
         if model is None or pool.get(model, 0) <= 0:
             continue
-        wanted = _one_more_pod(node, snapshot, shapes.get(node.gpu_resource, set()), model)
+        wanted = _one_more_pod(node, snapshot, shapes.get(node.gpu_resource, set()), model, cache)
         present = max(node.allocatable.get(node.gpu_resource), len(node.devices))
         slots = group_slots(group, snapshot.pool(group.fabric_pool)) - present
         count = min(wanted - len(idle.get(node.name, ())), pool[model], slots)
@@ -167,9 +177,8 @@ def _may_take_headroom(node: NodeInfo, skip: frozenset[str]) -> bool:
 _Shape = tuple[int, int, int, frozenset[str]]
 
 
-def _gpu_pod_shapes(snapshot: Snapshot) -> dict[str, set[_Shape]]:
+def _gpu_pod_shapes(snapshot: Snapshot, cache: RequestCache) -> dict[str, set[_Shape]]:
     """Per GPU resource, the shapes of the pods bound or pending that ask for it."""
-    cache = RequestCache()
     resources = {n.gpu_resource for n in snapshot.nodes}
     shapes: dict[str, set[_Shape]] = {}
     for pod in snapshot.pods:
@@ -182,9 +191,8 @@ def _gpu_pod_shapes(snapshot: Snapshot) -> dict[str, set[_Shape]]:
     return shapes
 
 
-def _one_more_pod(node: NodeInfo, snapshot: Snapshot, shapes: set[_Shape], model: str) -> int:
+def _one_more_pod(node: NodeInfo, snapshot: Snapshot, shapes: set[_Shape], model: str, cache: RequestCache) -> int:
     """The GPUs of the largest pod of `shapes` (accepting `model`) that the node's free cpu and memory still take."""
-    cache = RequestCache()
     bound = snapshot.pods_on(node.name)
     if node.allocatable.pods and len(bound) >= node.allocatable.pods:
         return 0

@@ -13,7 +13,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 from dds.model.groups import LABEL_GPU_MODEL, NodeGroupSpec, Taint
 from dds.model.resources import PODS, Resources
 from dds.planner.requests import HOSTNAME_TOPOLOGY, PodRequest
-from dds.planner.snapshot import HostPort, NodeInfo, PodInfo, PoolInfo, Snapshot
+from dds.model.snapshot import HostPort, NodeInfo, PodInfo, PoolInfo, Snapshot
 
 
 @dataclass(frozen=True, slots=True)

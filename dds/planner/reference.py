@@ -15,11 +15,12 @@ from dds.planner.existing import MAX_REJECTS, Explanation
 from dds.planner.filters import FILTERS, first_reject, term_matches_pod
 from dds.planner.gangs import plan_all_or_nothing
 from dds.planner.nodes import SimNode, sim_node
-from dds.planner.plan import PlannerConfig, Reject, ScaleUpPlan
+from dds.model.plan import PlannerConfig, Reject, ScaleUpPlan
+from dds.planner.memos import PlannerMemos
 from dds.planner.requests import PodRequest, RequestCache
 from dds.planner.scale_up import drive, pending_requests
 from dds.planner.scoring import check_policy, rank
-from dds.planner.snapshot import PodAffinityTerm, PodInfo, Snapshot
+from dds.model.snapshot import PodAffinityTerm, PodInfo, Snapshot
 from dds.planner.state import Choice
 from dds.planner.virtual import candidates_for, commit_on, model_order
 
@@ -164,14 +165,21 @@ class NaiveExisting:
                            counts=tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0]))))
 
 
-def plan_scale_up_reference(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]] = None
-                            ) -> ScaleUpPlan:
-    """The greedy scale-up plan, computed naively (no batch solver); gangs as in `plan_scale_up`."""
+def plan_scale_up_reference(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]] = None, *,
+                            memos: Optional[PlannerMemos] = None) -> ScaleUpPlan:
+    """The greedy scale-up plan, computed naively (no batch solver); gangs as in `plan_scale_up`. `memos`: the
+    caller's (their lasting requests), a fresh one without it."""
     check_policy(config.policy)
-    return plan_all_or_nothing(_plan_pods, snapshot, config, pods)
+    memos = memos if memos is not None else PlannerMemos()  # one for every plan of this call (gangs plan again)
+
+    def plan_pods(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]]) -> ScaleUpPlan:
+        return _plan_pods(snapshot, config, pods, memos)
+
+    return plan_all_or_nothing(plan_pods, snapshot, config, pods, memos=memos)
 
 
-def _plan_pods(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]]) -> ScaleUpPlan:
-    cache = RequestCache()
+def _plan_pods(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]],
+               memos: PlannerMemos) -> ScaleUpPlan:
+    cache = RequestCache(memos.requests)
     reqs, notes = pending_requests(snapshot, pods, cache)
     return drive(snapshot, config, reqs, NaiveExisting(snapshot, config, cache), notes)

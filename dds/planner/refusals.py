@@ -15,9 +15,9 @@ from dataclasses import replace
 
 from dds.model.groups import ANN_GPU_API, DEFAULT_GPU_RESOURCE, NodeGroupSpec, is_dra_gpu_resource
 from dds.planner.nodes import group_slots
-from dds.planner.plan import PodDecision, ScaleUpPlan, Verdict
+from dds.model.plan import PodDecision, ScaleUpPlan, Verdict
 from dds.planner.requests import effective_requests
-from dds.planner.snapshot import PodInfo, PoolInfo, Snapshot
+from dds.model.snapshot import PodInfo, PoolInfo, Snapshot
 
 NO_SUCH_MODEL = "NoMatchingGPU"
 TOO_MANY_GPUS = "TooManyGPUs"

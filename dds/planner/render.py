@@ -6,7 +6,7 @@ from dataclasses import asdict
 from enum import Enum
 from typing import Any
 
-from dds.planner.plan import ScaleDownPlan, ScaleUpPlan, Verdict
+from dds.model.plan import ScaleDownPlan, ScaleUpPlan, Verdict
 
 MAX_REJECTS_SHOWN = 4
 
@@ -67,7 +67,7 @@ def _plain(value: Any) -> Any:
 
 
 def plan_to_dict(plan: ScaleUpPlan | ScaleDownPlan) -> dict[str, Any]:
-    """A plan as plain JSON-ready data (field names as in dds/planner/plan.py, enums as their values)."""
+    """A plan as plain JSON-ready data (field names as in dds/model/plan.py, enums as their values)."""
     data = _plain(asdict(plan))
     if isinstance(plan, ScaleUpPlan):
         data.update(gpus=plan.gpus, nodes=plan.nodes)

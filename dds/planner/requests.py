@@ -10,10 +10,11 @@ counts toward the app total and toward every init container that starts after it
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from dds.model.resources import Resources
 from dds.planner.selectors import unsupported_operators
-from dds.planner.snapshot import PodInfo
+from dds.model.snapshot import PodInfo
 
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 DAEMON_OWNERS = frozenset({"DaemonSet", "Node"})  # DaemonSet pods and mirror (static) pods are not "work"
@@ -103,7 +104,8 @@ class LastingRequests:
     changes, so a pass computes requests only for the pods that changed since the last one, instead of for the whole
     cluster. Each entry holds the pod itself, so an id reused by a new object is never mistaken for the old pod; the
     table is cleared whole when it outgrows `limit` (pods gone from the cluster are forgotten that way). A pure memo:
-    the same pod always gives the same requests, whichever pass computed them.
+    the same pod always gives the same requests, whichever pass computed them. Held by its user, never by this module:
+    the planner's in PlannerMemos (dds/planner/memos.py), the observer's by the observer.
     """
 
     def __init__(self, limit: int = 500_000) -> None:
@@ -121,18 +123,17 @@ class LastingRequests:
         return requests
 
 
-LASTING_REQUESTS = LastingRequests()
-
-
 class RequestCache:
     """Per planning pass: each pod's PodRequest (pods being placed), computed once; effective requests come from the
-    lasting memo. Pods are frozen, so the object identity is the key (the snapshot keeps them alive for the pass)."""
+    lasting memo (`lasting`, a caller's that outlives the pass; else one of its own). Pods are frozen, so the object
+    identity is the key (the snapshot keeps them alive for the pass)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lasting: Optional[LastingRequests] = None) -> None:
         self._placing: dict[int, PodRequest] = {}
+        self.lasting = lasting if lasting is not None else LastingRequests()
 
     def requests(self, pod: PodInfo) -> Resources:
-        return LASTING_REQUESTS.get(pod)
+        return self.lasting.get(pod)
 
     def get(self, pod: PodInfo) -> PodRequest:
         found = self._placing.get(id(pod))

@@ -43,9 +43,10 @@ from dds.planner.filters import STATIC_FILTERS, first_reject
 from dds.planner.gangs import gang_of
 from dds.planner.nodes import gpu_facts, sim_node
 from dds.planner.nodes import group_slots
-from dds.planner.plan import Attach, Detach, Keep, ScaleDownPlan
+from dds.model.plan import Attach, Detach, Keep, ScaleDownPlan
+from dds.planner.memos import PlannerMemos
 from dds.planner.requests import RequestCache, scheduling_order
-from dds.planner.snapshot import NodeInfo, PodAffinityTerm, PodInfo, Snapshot, Toleration
+from dds.model.snapshot import NodeInfo, PodAffinityTerm, PodInfo, Snapshot, Toleration
 
 RESERVATION_TAINT_KEY = "dds.cdi.dev/reserved-for"
 CLAIM_TAINT_KEY = "dds.cdi.dev/gpus-claimed-by"
@@ -141,13 +142,15 @@ class _NoPods:
         return False
 
 
-def plan_reservations(snapshot: Snapshot, config: ReservationConfig = ReservationConfig()) -> ReservationPlan:
-    """Which nodes are reserved for which pending pods after this pass, and the GPUs to move towards them."""
+def plan_reservations(snapshot: Snapshot, config: ReservationConfig = ReservationConfig(), *,
+                      memos: Optional[PlannerMemos] = None) -> ReservationPlan:
+    """Which nodes are reserved for which pending pods after this pass, and the GPUs to move towards them. `memos`:
+    the caller's (their lasting requests), a fresh one without it."""
     shown = tuple(sorted((n.name, t) for n in snapshot.nodes if (t := claimed_token(n)) is not None))
     if not config.enabled:
         return ReservationPlan(released=tuple(n.name for n in snapshot.nodes if reserved_token(n) is not None),
                                claims_changed=bool(shown))
-    cache = RequestCache()
+    cache = RequestCache(memos.requests if memos is not None else None)
     pending = {pod_token(p): p for p in snapshot.pending_pods()}
     kept, released = _existing(snapshot, pending, cache)
     new = _new_reservations(snapshot, config, pending, kept, cache)

@@ -8,20 +8,26 @@
   its node cooldown not reached), loses the GPUs idle for the group's GPU cooldown.
 - A GPU in use is never detached unless the group allows force-detach. Device choice is deterministic: newest
   attached first.
+- A node whose GPUs the CDI operator serves in DEVICE_PLUGIN mode loses its idle GPUs only once none of its GPUs is in
+  use: the operator refuses (and retries) any unforced detach from a node with GPU load (dds/planner/device_modes.py).
+  Until then they are kept, with the reason in `kept`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from dds.model.groups import NodeGroupSpec
+from dds.planner.device_modes import IDLE_NODE_ONLY, detaches_only_from_idle_node, held_by_node_load, held_reason
 from dds.planner.existing import FastExisting
-from dds.planner.plan import Detach, IdlePastCooldown, Keep, PlannerConfig, RemoveNode, ScaleDownPlan
+from dds.planner.headroom import WarmBudget
+from dds.model.plan import Detach, IdlePastCooldown, Keep, PlannerConfig, RemoveNode, ScaleDownPlan
 from dds.planner.requests import RequestCache, is_work, scheduling_order
 from dds.planner.scoring import check_policy
-from dds.planner.snapshot import Device, NodeInfo, PodInfo, Snapshot
+from dds.model.snapshot import Device, NodeInfo, PodInfo, Snapshot
 from dds.planner.state import ClusterState
+from dds.planner.memos import PlannerMemos
+from dds.planner.usage import GpuUsage, gpu_usage
 
 
 def duration_text(seconds: float) -> str:
@@ -33,28 +39,6 @@ def duration_text(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-@dataclass(frozen=True)
-class _Gpus:
-    """A node's fabric devices split into in use and idle (idle ones newest attached first)."""
-
-    devices: tuple[Device, ...]  # attached and not detaching
-    idle: tuple[Device, ...]
-    in_use: int
-
-
-def gpu_usage(node: NodeInfo, pods: Sequence[PodInfo], cache: RequestCache) -> _Gpus:
-    """The node's fabric devices: which are attached, which of them idle (newest first), how many in use."""
-    leaving = set(node.detaching)
-    active = tuple(d for d in node.devices if d.id not in leaving)
-    used = sum(cache.requests(p).get(node.gpu_resource) for p in pods)
-    present = max(node.allocatable.get(node.gpu_resource), len(node.devices)) - len(leaving & {d.id for d in
-                                                                                            node.devices})
-    idle_count = min(len(active), max(0, present - used))
-    # A device allocated to a ResourceClaim is in use whatever the counts say: never among the idle.
-    newest_first = sorted((d for d in active if not d.in_claim), key=lambda d: (d.attached_at, d.id), reverse=True)
-    return _Gpus(active, tuple(newest_first[:idle_count]), min(used, len(active)))
-
-
 def _ids(devices: Sequence[Device]) -> tuple[str, ...]:
     return tuple(d.id for d in devices)
 
@@ -64,14 +48,14 @@ def _gpus(count: int) -> str:
 
 
 class _ScaleDown:
-    def __init__(self, snapshot: Snapshot, config: PlannerConfig, hungry_pools: frozenset[str] = frozenset()) -> None:
-        from dds.planner.headroom import WarmBudget  # headroom builds on this module's gpu_usage
-
+    def __init__(self, snapshot: Snapshot, config: PlannerConfig, hungry_pools: frozenset[str] = frozenset(),
+                 memos: Optional[PlannerMemos] = None) -> None:
         self.snapshot = snapshot
         self.config = config
         self.warm = WarmBudget(snapshot, config, hungry_pools)
-        self.cache = RequestCache()
-        self.state = ClusterState(snapshot, self.cache, None)
+        memos = memos if memos is not None else PlannerMemos()
+        self.cache = RequestCache(memos.requests)
+        self.state = ClusterState(snapshot, self.cache, None, memos=memos)
         self.live = FastExisting(self.state, config.policy)
         self.nodes = {n.name: n for n in snapshot.nodes}
         self.size: dict[str, int] = {}
@@ -89,7 +73,7 @@ class _ScaleDown:
     def group(self, node: NodeInfo) -> Optional[NodeGroupSpec]:
         return self.snapshot.group(node.group_id) if node.group_id else None
 
-    def usage(self, node: NodeInfo) -> _Gpus:
+    def usage(self, node: NodeInfo) -> GpuUsage:
         return gpu_usage(node, self.snapshot.pods_on(node.name), self.cache)
 
     def work(self, node: NodeInfo) -> list[PodInfo]:
@@ -110,11 +94,15 @@ class _ScaleDown:
         the group's min size or its node cooldown must not hold pool devices it does not use."""
         self.kept.append(Keep(node, reason))
 
-    def remove(self, node: NodeInfo, group: NodeGroupSpec, usage: _Gpus, reason: str) -> None:
+    def remove(self, node: NodeInfo, group: NodeGroupSpec, usage: GpuUsage, reason: str) -> None:
         """Release the node's devices first, then remove it. In-use GPUs go only with force-detach; otherwise they are
         released once the pods have moved (the node is being deleted then, and idle GPUs go at once)."""
         if usage.in_use and not group.force_detach:
-            if usage.idle:
+            if self.held(node, usage):
+                # In the removal's reason, not a Keep: a kept candidate is untainted, and this node goes.
+                reason += (f"; its {_gpus(len(usage.idle))} idle now {'stays' if len(usage.idle) == 1 else 'stay'} "
+                           f"until its pods have moved ({IDLE_NODE_ONLY})")
+            elif usage.idle:
                 self.detaches.append(Detach(node.name, _ids(usage.idle), reason=(
                     f"{node.name} is being removed: its {_gpus(len(usage.idle))} idle now are released first")))
             reason += (f"; its {_gpus(usage.in_use)} in use are released once its pods have moved (force-detach is off "
@@ -129,10 +117,47 @@ class _ScaleDown:
             self.size[group.id] = self.size.get(group.id, 0) - 1
         self.done.add(node.name)
 
-    def release_idle(self, node: NodeInfo, usage: _Gpus, why: str) -> None:
-        if usage.idle:
-            self.detaches.append(Detach(node.name, _ids(usage.idle), reason=(
-                f"{why}: releasing its {_gpus(len(usage.idle))} idle (newest attached first)")))
+    def release_idle(self, node: NodeInfo, usage: GpuUsage, why: str) -> None:
+        """Detach the node's idle GPUs, unless the operator would refuse it while other GPUs of the node are busy
+        (device-plugin mode): then they are kept, and say why."""
+        if not usage.idle:
+            return
+        if self.held(node, usage):
+            self.note_held(node, usage)
+            return
+        self.detaches.append(Detach(node.name, _ids(usage.idle), reason=(
+            f"{why}: releasing its {_gpus(len(usage.idle))} idle (newest attached first)")))
+
+    def held(self, node: NodeInfo, usage: GpuUsage) -> bool:
+        """Idle GPUs the operator would refuse to detach now: a device-plugin node with GPU load
+        (dds/planner/device_modes.py)."""
+        return bool(usage.idle) and held_by_node_load(self.config, self.group(node), usage.in_use)
+
+    def idle_fate(self, node: NodeInfo, usage: GpuUsage) -> str:
+        """The end of a kept candidate's reason: what becomes of its idle GPUs."""
+        if self.held(node, usage):
+            return held_reason(usage.in_use, len(usage.idle))
+        return "only its idle GPUs are released"
+
+    def note_held(self, node: NodeInfo, usage: GpuUsage) -> None:
+        """Say why the node's idle GPUs stay: in the node's Keep when this plan keeps it for another reason already
+        (one Keep per node, as the Events show them), else in a Keep of its own."""
+        text = held_reason(usage.in_use, len(usage.idle))
+        for index, keep in enumerate(self.kept):
+            if keep.node == node.name:
+                if IDLE_NODE_ONLY not in keep.reason:
+                    self.kept[index] = Keep(node.name, f"{keep.reason}; {text}")
+                return
+        self.kept.append(Keep(node.name, text))
+
+    def idle_since(self, node: NodeInfo, group: NodeGroupSpec) -> float:
+        """Since when the node's idle GPUs count as idle. The node's idle clock starts with its first idle GPU; on a
+        device-plugin node that GPU was held while others were busy, so the GPUs freed last would go the moment the
+        work ends. Their cooldown counts from when the node's work ended (`empty_since`), where DDS knows it."""
+        assert node.gpus_idle_since is not None
+        if detaches_only_from_idle_node(self.config, group) and node.empty_since is not None:
+            return max(node.gpus_idle_since, node.empty_since)
+        return node.gpus_idle_since
 
     # --- case 3: nodes CA asked to delete ---
     def candidate(self, name: str) -> None:
@@ -147,7 +172,7 @@ class _ScaleDown:
         usage = self.usage(node)
         why_not = self._why_not_removable(node, group)
         if why_not:
-            self.keep(name, f"CA asked to remove it; it stays: {why_not}; only its idle GPUs are released")
+            self.keep(name, f"CA asked to remove it; it stays: {why_not}; {self.idle_fate(node, usage)}")
             self.release_idle(node, usage, f"CA asked to remove {name}, which stays")
             return
         work = self.work(node)
@@ -190,9 +215,10 @@ class _ScaleDown:
             if choice is None:
                 summary = self.live.explain(req, with_gpus=False).summary()
                 state.revert(mark)
+                usage = self.usage(node)
                 self.keep(node.name, f"CA asked to remove it; it stays: pod {pod.key} fits no other node ({summary}); "
-                                     f"only its idle GPUs are released")
-                self.release_idle(node, self.usage(node), f"CA asked to remove {node.name}, which stays")
+                                     f"{self.idle_fate(node, usage)}")
+                self.release_idle(node, usage, f"CA asked to remove {node.name}, which stays")
                 return None
             self.live.commit(req, choice)
             moves.append(f"{pod.key} -> {self.live.node_name(choice)}")
@@ -240,13 +266,13 @@ class _ScaleDown:
                 continue
             if node.gpus_idle_since is None:
                 continue
-            waited, cooldown = now - node.gpus_idle_since, group.gpu_idle_cooldown_seconds
+            waited, cooldown = now - self.idle_since(node, group), group.gpu_idle_cooldown_seconds
             if waited >= cooldown:
                 warm = self.warm.reserve(group, len(usage.idle))
                 if warm:  # idle is newest first: the oldest stay warm
                     self.kept.append(Keep(node.name, f"keeps {_gpus(warm)} idle as warm headroom of {group.id}"))
-                    usage = _Gpus(usage.devices, usage.idle[:len(usage.idle) - warm], usage.in_use)
-                if usage.idle:
+                    usage = GpuUsage(usage.devices, usage.idle[:len(usage.idle) - warm], usage.in_use)
+                if usage.idle and not self.held(node, usage):
                     self.idle_past_cooldown.append(IdlePastCooldown(node.name, group.id, len(usage.idle)))
                 self.release_idle(node, usage, f"GPUs idle on {node.name} for {duration_text(waited)} (cooldown "
                                                f"{duration_text(cooldown)}, {_gpus(usage.in_use)} in use stay"
@@ -254,10 +280,12 @@ class _ScaleDown:
 
 
 def plan_scale_down(snapshot: Snapshot, config: PlannerConfig, candidates: Optional[Sequence[str]] = None,
-                    hungry_pools: frozenset[str] = frozenset()) -> ScaleDownPlan:
-    """`hungry_pools`: pools a pending pod waits on (dds/planner/headroom.py): no warm headroom is kept from them."""
+                    hungry_pools: frozenset[str] = frozenset(), *, memos: Optional[PlannerMemos] = None
+                    ) -> ScaleDownPlan:
+    """`hungry_pools`: pools a pending pod waits on (dds/planner/headroom.py): no warm headroom is kept from them.
+    `memos`: what an earlier decision derived (PlannerMemos, dds/planner/memos.py); a fresh one without it."""
     check_policy(config.policy)
-    run = _ScaleDown(snapshot, config, hungry_pools)
+    run = _ScaleDown(snapshot, config, hungry_pools, memos)
     for name in dict.fromkeys(candidates or ()):
         run.candidate(name)
     if config.node_removal_enabled:

@@ -16,9 +16,9 @@ from typing import Optional, Sequence
 
 from dds.planner.existing import ExistingCapacity, Explanation
 from dds.planner.nodes import SimNode
-from dds.planner.plan import Attach, NewNodes, PlannerConfig, PodDecision, ScaleUpPlan, Verdict
+from dds.model.plan import Attach, NewNodes, PlannerConfig, PodDecision, ScaleUpPlan, Verdict
 from dds.planner.requests import PodRequest, RequestCache, scheduling_order
-from dds.planner.snapshot import PodInfo, Snapshot
+from dds.model.snapshot import PodInfo, Snapshot
 from dds.planner.virtual import NewNodePlanner, NewNodeResult, best_on, commit_on, upcoming_nodes
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from dds.planner.snapshot import LabelSelector, NodeSelectorTerm, PodInfo, SelectorRequirement
+from dds.model.snapshot import LabelSelector, NodeSelectorTerm, PodInfo, SelectorRequirement
 
 NODE_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
 LABEL_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})

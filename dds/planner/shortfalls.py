@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from dds.planner.requests import effective_requests
-from dds.planner.snapshot import NodeInfo, Snapshot
+from dds.model.snapshot import NodeInfo, Snapshot
 
 REMOVAL_TAINTS = ("dds.cdi.dev/removing", "ToBeDeletedByClusterAutoscaler")  # DDS's and CA's, on nodes going away
 

@@ -12,212 +12,22 @@ same taints and flags) share one row.
 from __future__ import annotations
 
 import math
-import threading
 from collections import defaultdict
-from itertools import chain
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from dds.model.resources import CPU, EPHEMERAL_STORAGE, MEMORY, PODS, STANDARD, Resources
+from dds.model.resources import CPU, EPHEMERAL_STORAGE, MEMORY, PODS, STANDARD
 from dds.planner.filters import (AFFINITY_UNMET, ANTI_AFFINITY_UNMET, EXISTING_ANTI_AFFINITY, FILTERS, PORTS_TAKEN,
                                  STATIC_FILTERS, first_reject, ports_conflict, term_matches_pod)
-from dds.planner.nodes import GpuFacts, effective_labels, gpu_facts, group_allowed
-from dds.planner.plan import Reject
-from dds.planner.requests import LASTING_REQUESTS, PodRequest, RequestCache
-from dds.planner.snapshot import HostPort, NodeInfo, PodAffinityTerm, PodInfo, Snapshot
+from dds.planner.memos import BoundPods, NodeLoad, PlannerMemos
+from dds.planner.nodes import effective_labels
+from dds.model.plan import Reject
+from dds.planner.requests import PodRequest, RequestCache
+from dds.model.snapshot import HostPort, NodeInfo, PodAffinityTerm, PodInfo, Snapshot
 
 UNLIMITED = np.int64(2**62)  # free amount of a resource a filter never checks on that node
-
-
-@dataclass(frozen=True)
-class _NodeLoad:
-    """What a node's bound pods add up to, derived from the snapshot's tuple of them (`Snapshot.pods_on`)."""
-
-    pods: tuple[PodInfo, ...]  # what it was derived from, compared by identity
-    milli_cpu: int
-    memory: int
-    ephemeral_storage: int
-    scalar: dict[str, int]  # extended resources summed (a node's own GPU resource among them)
-    ruled: tuple[PodInfo, ...]  # pods holding host ports or required anti-affinity: the placement filters read them
-
-    @classmethod
-    def of(cls, pods: tuple[PodInfo, ...]) -> "_NodeLoad":
-        lasting = LASTING_REQUESTS.get
-        cpu = memory = storage = 0
-        scalar: dict[str, int] = {}
-        for pod in pods:
-            r = lasting(pod)
-            cpu += r.milli_cpu
-            memory += r.memory
-            storage += r.ephemeral_storage
-            for name, amount in r.scalar.items():
-                scalar[name] = scalar.get(name, 0) + amount
-        ruled = tuple(p for p in pods if p.host_ports or p.required_pod_anti_affinity)
-        return cls(pods, cpu, memory, storage, scalar, ruled)
-
-
-class _NodeLoads:
-    """Each node's load from the last snapshot that showed it, by node name. The observer hands every snapshot the same
-    tuple for a node whose pods did not change (dds/controller/observe.py), so a decision sums only the nodes whose
-    pods changed: summing tens of thousands of pods per decision is the cost this saves. Entries are compared by
-    the identity of the tuple they hold, so a snapshot that differs (another observer, a simulation) is never served
-    another's sums, only recomputed."""
-
-    def __init__(self) -> None:
-        self._by_node: dict[str, _NodeLoad] = {}
-
-    def get(self, name: str, pods: tuple[PodInfo, ...]) -> _NodeLoad:
-        found = self._by_node.get(name)
-        if found is None or found.pods is not pods:
-            found = _NodeLoad.of(pods)
-            self._by_node[name] = found  # one dict write: safe beside the other thread planning on its snapshot
-        return found
-
-    def forget_others(self, names: Sequence[str]) -> None:
-        """Drop the nodes gone from the cluster, once they are many (a few stale entries cost nothing)."""
-        if len(self._by_node) > 2 * len(names) + 64:
-            keep = set(names)
-            self._by_node = {n: load for n, load in list(self._by_node.items()) if n in keep}
-
-
-_NODE_LOADS = _NodeLoads()
-
-
-class _NodeFacts:
-    """Each node's GPU facts from the last state built with it, by node name. The observer hands every snapshot the
-    same NodeInfo for a node that did not change, so a decision derives facts only for the nodes that did. What the
-    facts read beyond the node itself (its group, its pool's limits and models, the pass's groups, the model label)
-    is the entry's context, compared too: an entry is served only for the same node in the same context."""
-
-    def __init__(self) -> None:
-        self._by_node: dict[str, tuple[NodeInfo, tuple, GpuFacts]] = {}
-        self._contexts: dict[Optional[str], tuple] = {}
-
-    def of(self, nodes: Sequence[NodeInfo], snapshot: Snapshot, config_groups: Optional[Sequence[str]]
-           ) -> tuple[GpuFacts, ...]:
-        contexts: dict[Optional[str], tuple] = {}
-        by_node, out = self._by_node, []
-        for node in nodes:
-            context = contexts.get(node.group_id)
-            if context is None:
-                context = contexts[node.group_id] = self._context(node.group_id, snapshot, config_groups)
-            found = by_node.get(node.name)
-            if found is None or found[0] is not node or found[1] is not context:
-                found = (node, context, gpu_facts(node, snapshot, config_groups))
-                by_node[node.name] = found  # one dict write: safe beside the other thread planning on its snapshot
-            out.append(found[2])
-        if len(by_node) > 2 * len(nodes) + 64:
-            keep = {node.name for node in nodes}
-            self._by_node = {name: entry for name, entry in list(by_node.items()) if name in keep}
-        return tuple(out)
-
-    def _context(self, group_id: Optional[str], snapshot: Snapshot, config_groups: Optional[Sequence[str]]) -> tuple:
-        """What gpu_facts reads of the snapshot for a node of this group; the same object while it does not change,
-        so an entry is checked by identity."""
-        group = snapshot.group(group_id) if group_id else None
-        pool = snapshot.pool(group.fabric_pool) if group is not None else None
-        pool_key = None if pool is None else (pool.name, pool.max_slots_per_node, tuple(sorted(pool.free)))
-        allowed = group is not None and group_allowed(config_groups, group.id)
-        context = (group_id, group, snapshot.gpu_model_label, pool_key, allowed)
-        last = self._contexts.get(group_id)
-        if last is not None and last == context:
-            return last
-        self._contexts[group_id] = context
-        return context
-
-
-_NODE_FACTS = _NodeFacts()
-
-
-class _LastColumns:
-    """Arrays with one column per node (`items`: the nodes, or their loads), kept from the last state built with
-    everything else they read (`key`). The next state with the same key over as many items copies them and fills
-    again only the columns whose item changed (by identity: the observer hands over the same NodeInfo, and _NodeLoads
-    the same load, for a node that did not change), while those are few; otherwise they are built whole."""
-
-    def __init__(self) -> None:
-        self._last: Optional[tuple[tuple, tuple, tuple[np.ndarray, ...]]] = None
-
-    def of(self, key: tuple, items: tuple, build: Callable[[], tuple[np.ndarray, ...]],
-           refill: Callable[[tuple[np.ndarray, ...], int], None]) -> tuple[np.ndarray, ...]:
-        last = self._last
-        changed: Optional[list[int]] = None
-        if last is not None and last[0] == key and len(last[1]) == len(items):
-            changed = [i for i, (old, new) in enumerate(zip(last[1], items)) if old is not new]
-        if changed is not None and len(changed) * 4 < len(items) + 4:
-            arrays = tuple(array.copy() for array in last[2])  # type: ignore[index]
-            for i in changed:
-                refill(arrays, i)
-        else:
-            arrays = build()
-        for array in arrays:
-            array.setflags(write=False)  # shared with the next state: read only
-        self._last = (key, items, arrays)  # one assignment: safe beside the other thread planning
-        return arrays
-
-
-_LAST_CAPACITY = _LastColumns()  # allocatable per resource row and node
-_LAST_SUMS = _LastColumns()  # bound pods' requests per resource row and node, and their GPUs per node
-
-
-@dataclass
-class _BoundPods:
-    """The pods bound to a snapshot's live nodes, as a ClusterState reads them; shared by the states built on one
-    snapshot (a pass plans several times on it), with their request sums per (resource rows, GPU names)."""
-
-    loads: list[_NodeLoad]  # per live node, in the state's node order
-    unbound_requests: list[Resources]
-    sums: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    _pods: Optional[tuple[list[PodInfo], list[int]]] = None
-    _scalar_names: Optional[frozenset[str]] = None
-
-    def pods_and_nodes(self) -> tuple[list[PodInfo], list[int]]:
-        """Every bound pod, and the index of its node."""
-        if self._pods is None:
-            pods = list(chain.from_iterable(load.pods for load in self.loads))
-            counts = np.fromiter((len(load.pods) for load in self.loads), dtype=np.int64, count=len(self.loads))
-            self._pods = pods, np.repeat(np.arange(len(self.loads), dtype=np.int64), counts).tolist()
-        return self._pods
-
-    def scalar_names(self) -> frozenset[str]:
-        """Every extended resource a bound or pending pod asks for."""
-        if self._scalar_names is None:
-            names: set[str] = set()
-            for load in self.loads:
-                names.update(load.scalar)
-            for requests in self.unbound_requests:
-                names.update(requests.scalar)
-            self._scalar_names = frozenset(names)
-        return self._scalar_names
-
-
-class _BoundPodsMemo:
-    """The last few snapshots' bound pods, by snapshot identity (the entry holds the snapshot, so a reused id is never
-    mistaken for another). Snapshots are frozen, so an entry never goes stale; CA's calls and the loop plan on
-    different snapshots at the same time, hence a few entries and a lock."""
-
-    def __init__(self, size: int = 4) -> None:
-        self._size = size
-        self._entries: dict[int, tuple[Snapshot, tuple[str, ...], _BoundPods]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, snapshot: Snapshot, names: tuple[str, ...]) -> Optional[_BoundPods]:
-        with self._lock:
-            found = self._entries.get(id(snapshot))
-        if found is None or found[0] is not snapshot or found[1] != names:
-            return None
-        return found[2]
-
-    def put(self, snapshot: Snapshot, names: tuple[str, ...], bound: _BoundPods) -> None:
-        with self._lock:
-            if len(self._entries) >= self._size:
-                self._entries.pop(next(iter(self._entries)))
-            self._entries[id(snapshot)] = (snapshot, names, bound)
-
-
-_BOUND_PODS = _BoundPodsMemo()
 
 
 @dataclass(frozen=True)
@@ -279,13 +89,14 @@ class ClusterState:
     """Live nodes of a snapshot as mutable arrays. Node i is the i-th node in name order."""
 
     def __init__(self, snapshot: Snapshot, cache: RequestCache, config_groups: Optional[Sequence[str]],
-                 extra_pods: Sequence[PodInfo] = ()) -> None:
+                 extra_pods: Sequence[PodInfo] = (), *, memos: Optional[PlannerMemos] = None) -> None:
         self.snapshot = snapshot
+        self.memos = memos if memos is not None else PlannerMemos()
         self.cache = cache
         self.label = snapshot.gpu_model_label
         self.nodes: tuple[NodeInfo, ...] = tuple(sorted(snapshot.nodes, key=lambda n: n.name))
         self.index = {n.name: i for i, n in enumerate(self.nodes)}
-        self.facts = _NODE_FACTS.of(self.nodes, snapshot, config_groups)
+        self.facts = self.memos.node_facts.of(self.nodes, snapshot, config_groups)
         self._init_models_and_pools()
         self._init_resources(extra_pods)
         self._init_gpus()
@@ -333,8 +144,8 @@ class ClusterState:
             scalars.update(self.cache.requests(pod).scalar)
         self.resource_names: tuple[str, ...] = STANDARD + tuple(sorted(scalars - set(STANDARD)))
         self.resource_row = {r: i for i, r in enumerate(self.resource_names)}
-        self.capacity = _LAST_CAPACITY.of((self.resource_names,), self.nodes, self._all_capacity,
-                                          lambda arrays, i: self._capacity_column(arrays[0], i))[0]
+        self.capacity = self.memos.capacity.of((self.resource_names,), self.nodes, self._all_capacity,
+                                              lambda arrays, i: self._capacity_column(arrays[0], i))[0]
         self.free = self.capacity.copy()
         self.gpu_names = tuple(sorted({node.gpu_resource for node in self.nodes}))
         gpu_name_index = {g: i for i, g in enumerate(self.gpu_names)}
@@ -361,19 +172,20 @@ class ClusterState:
                 self.preferred[i] = self.model_index[f.allowed_models[0]]
 
     def _collect_bound_pods(self) -> None:
-        """The pods bound to live nodes, summed per node (`_NODE_LOADS` keeps the sums of nodes whose pods did not
+        """The pods bound to live nodes, summed per node (`PlannerMemos.node_loads` keeps the sums of nodes whose pods did not
         change since an earlier snapshot), and the requests of the pending pods (any of them may be planned).
         Everything else about bound pods is built from these with vector steps, or lazily when a pod's rules need it:
         a pass touches tens of thousands of them."""
         snapshot = self.snapshot
         names = tuple(node.name for node in self.nodes)
-        found = _BOUND_PODS.get(snapshot, names)
+        memos = self.memos
+        found = memos.bound_pods.get(snapshot, names)
         if found is None:
-            loads = [_NODE_LOADS.get(name, snapshot.pods_on(name)) for name in names]
-            _NODE_LOADS.forget_others(names)
-            lasting = LASTING_REQUESTS.get
-            found = _BoundPods(loads, [lasting(pod) for pod in snapshot.pending_pods()])
-            _BOUND_PODS.put(snapshot, names, found)
+            loads = [memos.node_loads.get(name, snapshot.pods_on(name), memos.requests) for name in names]
+            memos.node_loads.forget_others(names)
+            lasting = memos.requests.get
+            found = BoundPods(loads, [lasting(pod) for pod in snapshot.pending_pods()])
+            memos.bound_pods.put(snapshot, names, found)
         self._bound = found
 
     def _init_pods(self) -> None:
@@ -429,14 +241,14 @@ class ClusterState:
             # The node's GPU resource is judged by the GPU arrays (attaches change it), never by this row.
             capacity[gpu_row, i] = UNLIMITED
 
-    def _bound_request_sums(self, loads: Sequence[_NodeLoad], key: tuple) -> tuple[np.ndarray, np.ndarray]:
+    def _bound_request_sums(self, loads: Sequence[NodeLoad], key: tuple) -> tuple[np.ndarray, np.ndarray]:
         """Bound pods' requests summed per node (resource rows x nodes, and GPUs per node) from the nodes' loads;
-        from the last state's sums when only a few loads changed (_LastColumns)."""
-        used, gpus_used = _LAST_SUMS.of(key, tuple(loads), lambda: self._all_sums(loads),
-                                        lambda arrays, i: self._refill_load(arrays, i, loads[i]))
+        from the last state's sums when only a few loads changed (LastColumns)."""
+        used, gpus_used = self.memos.sums.of(key, tuple(loads), lambda: self._all_sums(loads),
+                                             lambda arrays, i: self._refill_load(arrays, i, loads[i]))
         return used, gpus_used
 
-    def _all_sums(self, loads: Sequence[_NodeLoad]) -> tuple[np.ndarray, np.ndarray]:
+    def _all_sums(self, loads: Sequence[NodeLoad]) -> tuple[np.ndarray, np.ndarray]:
         n, row = len(loads), self.resource_row
         used = np.zeros_like(self.free)
         gpus_used = np.zeros(n, dtype=np.int64)
@@ -449,7 +261,7 @@ class ClusterState:
                 self._add_scalars(used, gpus_used, i, load)
         return used, gpus_used
 
-    def _refill_load(self, arrays: tuple[np.ndarray, ...], i: int, load: _NodeLoad) -> None:
+    def _refill_load(self, arrays: tuple[np.ndarray, ...], i: int, load: NodeLoad) -> None:
         used, gpus_used = arrays
         row = self.resource_row
         used[:, i] = 0
@@ -460,7 +272,7 @@ class ClusterState:
         used[row[PODS], i] = len(load.pods)
         self._add_scalars(used, gpus_used, i, load)
 
-    def _add_scalars(self, used: np.ndarray, gpus_used: np.ndarray, i: int, load: _NodeLoad) -> None:
+    def _add_scalars(self, used: np.ndarray, gpus_used: np.ndarray, i: int, load: NodeLoad) -> None:
         own_gpu = self.nodes[i].gpu_resource
         for name, amount in load.scalar.items():
             if name == own_gpu:  # a node's own GPU resource is judged by the GPU arrays, never by its row

@@ -16,10 +16,10 @@ from dds.model.groups import NodeGroupSpec
 from dds.model.resources import CPU, MEMORY, PODS
 from dds.planner.filters import FILTERS, ClusterView, first_reject
 from dds.planner.nodes import SimNode, group_allowed, template_node
-from dds.planner.plan import PlannerConfig, Reject
+from dds.model.plan import PlannerConfig, Reject
 from dds.planner.requests import PodRequest
 from dds.planner.scoring import Candidates, rank
-from dds.planner.snapshot import Snapshot
+from dds.model.snapshot import Snapshot
 
 PoolFree = dict[tuple[str, str], int]  # (pool, model) -> free devices left in this plan
 

@@ -9,6 +9,9 @@ thousands of calls a scan added seconds of DDS's Python to CA's loop (docs/scale
 It is rebuilt only when either changes: the cluster view returns the same tuple object until the watch cache shows a
 change (ObservedClusterView, StaticClusterView.set_nodes), and the groups are compared by value (the catalog builds a
 new tuple on every Refresh even when nothing changed). Every lookup is then a dict read, whatever the cluster's size.
+
+It also holds each spec-fixed group's *companion* (`CompanionGroup`, id `<group id>#live`): the node group CA is told a
+spec-fixed group's live nodes belong to, so that CA caches the answer for them (docs/scale.md, "The companion group").
 """
 
 from __future__ import annotations
@@ -18,8 +21,58 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Protocol, Sequence
 
 from dds.groups.labels import node_group_label_value
-from dds.model.groups import NodeGroupSpec
+from dds.model.groups import NodeGroupSpec, TemplateMode
 from dds.scaling.requests import LiveNode
+
+# Why '#': a group id is a MachineSet's `MachineSet/<namespace>/<name>` (no Kubernetes name holds '#') or a file
+# entry's id (which the group parser refuses with '#'), so `<id>#live` can never be a served group's id. CA itself
+# treats node-group ids as opaque strings: map keys, Prometheus label values, YAML in its status ConfigMap, the
+# priority expander's regexps; nothing in 1.35.2 or 1.36.1 splits or validates them.
+COMPANION_SEPARATOR = "#"
+COMPANION_SUFFIX = f"{COMPANION_SEPARATOR}live"
+
+
+def companion_id(group_id: str) -> str:
+    return f"{group_id}{COMPANION_SUFFIX}"
+
+
+def companion_parent(node_group_id: str) -> Optional[str]:
+    """The spec-fixed group a companion id names, or None when `node_group_id` is not a companion id."""
+    if not node_group_id.endswith(COMPANION_SUFFIX):
+        return None
+    parent = node_group_id[:-len(COMPANION_SUFFIX)]
+    return parent or None
+
+
+@dataclass(frozen=True)
+class CompanionGroup:
+    """`G#live`: the live nodes of spec-fixed group G, as one node group cluster-autoscaler caches and never scales.
+
+    min = max = target = its live nodes: CA's scale-up skips it ("max node group size reached"), its scale-down
+    pre-filter skips its nodes ("min size reached") before asking anything per node, and G keeps no live node, so G's
+    template stays its TemplateNodeInfo with every GPU slot filled."""
+
+    group: NodeGroupSpec
+    nodes: tuple[LiveNode, ...]
+
+    @property
+    def id(self) -> str:
+        return companion_id(self.group.id)
+
+    @property
+    def size(self) -> int:
+        return len(self.nodes)
+
+    # The names GroupView uses: min = max = target = its live nodes.
+    min_size = max_size = target_size = size
+
+    def provider_ids(self) -> list[str]:
+        return [node.provider_id for node in self.nodes if node.provider_id]
+
+    def debug(self) -> str:
+        return (f"the {self.size} live node(s) of spec-fixed group {self.group.id}, held at their number: "
+                f"cluster-autoscaler adds capacity through {self.group.id} (template with "
+                f"{self.group.max_gpus_per_node} GPU(s)) and DDS removes these nodes itself")
 
 
 class NodeSource(Protocol):
@@ -33,13 +86,15 @@ class GroupSource(Protocol):
 @dataclass(frozen=True)
 class Membership:
     """One consistent reading: live nodes by providerID and by name, groups by id and by node-group label value, and
-    each group's live nodes (in the cluster view's order)."""
+    each group's live nodes (in the cluster view's order), and the companion of every spec-fixed group with live nodes
+    (by the group's id)."""
 
     by_provider_id: Mapping[str, LiveNode]
     by_name: Mapping[str, LiveNode]
     groups_by_id: Mapping[str, NodeGroupSpec]
     groups_by_label: Mapping[str, NodeGroupSpec]
     nodes_of_group: Mapping[str, tuple[LiveNode, ...]]
+    companions: Mapping[str, CompanionGroup]
 
     @classmethod
     def build(cls, nodes: Sequence[LiveNode], groups: Sequence[NodeGroupSpec]) -> "Membership":
@@ -60,8 +115,10 @@ class Membership:
         groups_by_id: dict[str, NodeGroupSpec] = {}
         for group in groups:
             groups_by_id.setdefault(group.id, group)
-        return cls(by_provider_id, by_name, groups_by_id, groups_by_label,
-                   {group_id: tuple(found) for group_id, found in members.items()})
+        nodes_of_group = {group_id: tuple(found) for group_id, found in members.items()}
+        companions = {group.id: CompanionGroup(group, nodes_of_group[group.id]) for group in groups_by_id.values()
+                      if group.template_mode == TemplateMode.SPEC_FIXED and nodes_of_group.get(group.id)}
+        return cls(by_provider_id, by_name, groups_by_id, groups_by_label, nodes_of_group, companions)
 
     def live(self, name: str, provider_id: str) -> Optional[LiveNode]:
         """The live node with this providerID, else with this name."""
@@ -89,8 +146,12 @@ class MembershipIndex:
         nodes, groups = self._nodes.nodes(), self._groups.groups()
         with self._lock:
             built = self._built_from
+            if built is not None and built[0] is nodes and built[1] is groups:
+                return self._membership
             if built is None or built[0] is not nodes or built[1] != groups:
                 self._membership = Membership.build(nodes, groups)
-                self._built_from = (nodes, groups)
                 self.builds += 1
+            # Keep the tuple just compared: the next call finds it by identity instead of comparing every spec's fields
+            # again (the catalog hands out a new tuple of equal specs after each Refresh).
+            self._built_from = (nodes, groups)
             return self._membership

@@ -1,9 +1,12 @@
 """What DDS tells cluster-autoscaler about its node groups: membership, sizes and in-flight instances.
 
 DDS node groups are normally *spec-fixed*: CA must always simulate a new node with the template (max GPUs), never
-with the shape of a live node (which has only the GPUs attached now). CA prefers a live "good" node of a group as its
-template and caches it for good, so the only way to make it use the template is to never map a live node to the
-group. DDS then owns those nodes' scale-down, and the group's size as CA sees it is only the work still in flight.
+with the shape of a live node (which has only the GPUs attached now). CA takes the first ready live node it maps to a
+group as that group's template, so a spec-fixed group G never has a live node mapped to it: its live nodes are mapped
+to G's *companion* `G#live` instead (dds/provider/membership.py `CompanionGroup`), a group held at exactly its live
+nodes that CA never scales. CA caches a non-empty NodeGroupForNode answer for its whole scan, where an empty one ("not
+autoscaled") cost a round trip at each of its 6-8 lookups per node (docs/scale.md, "CA's calls per scan"). DDS owns
+those nodes' scale-down; G's size as CA sees it is only the work still in flight.
 
 Node membership (`group_for_node`):
 
@@ -11,19 +14,23 @@ Node membership (`group_for_node`):
 |-------------------------------------------------------------------------|------------------------|
 | name or providerID is an instance DDS lists                             | that instance's group  |
 | CA placeholder (fake-node-reason annotation, or an instance-id name) of a served group, instance already gone | that group |
-| live node of a spec-fixed group (cluster view, else the node-group label) | "" (not autoscaled)  |
+| live node of a spec-fixed group G (cluster view)                        | `G#live`               |
 | live node of an observed group                                          | the group              |
+| node labelled with an observed group's node-group label, not yet in the cluster view | that group |
 | anything else                                                           | "" (not autoscaled)    |
 
 Sizes (what CA's arithmetic needs: target + delta <= max, and every unit of target is listed):
 
-| mode       | TargetSize                          | minSize           | maxSize                                  |
-|------------|-------------------------------------|-------------------|------------------------------------------|
-| spec-fixed | listed instances                    | 0                 | max(0, max_size - live nodes of the group) |
-| observed   | live nodes + listed instances       | configured min    | configured max                           |
+| group            | TargetSize                    | minSize             | maxSize                                    |
+|------------------|-------------------------------|---------------------|--------------------------------------------|
+| spec-fixed G     | listed instances              | 0                   | max(0, max_size - live nodes of the group) |
+| `G#live`         | live nodes of G               | live nodes of G     | live nodes of G                            |
+| observed         | live nodes + listed instances | configured min      | configured max                             |
 
-NodeGroupNodes lists the in-flight instances (state creating, errorInfo when failed) and, for observed groups, the
-live nodes (running, id = the node's providerID).
+NodeGroups lists `G#live` only while G has live nodes; its id is answered whenever G is a served spec-fixed group (a
+node leaving between CA's NodeGroups and TargetSize must not turn into an error, which would abort CA's loop).
+NodeGroupNodes lists the in-flight instances (state creating, errorInfo when failed) and, for observed groups and
+companions, the live nodes (running, id = the node's providerID).
 """
 
 from __future__ import annotations
@@ -36,8 +43,8 @@ from typing import Callable, Optional, Protocol, Sequence
 from dds.model.groups import LABEL_NODE_GROUP, NodeGroupSpec, TemplateMode
 from dds.scaling.instances import InstanceRecord, InstanceTracker, group_of_instance_id
 from dds.scaling.requests import DeleteTarget, LiveNode, Placeholder, RequestNode
-from dds.groups.sources import NodeGroupCatalog
-from dds.provider.membership import Membership, MembershipIndex
+from dds.groups.catalog import NodeGroupCatalog
+from dds.provider.membership import CompanionGroup, MembershipIndex, companion_parent
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +97,10 @@ class GroupView:
     target_size: int
     live_nodes: int
 
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
     def debug(self) -> str:
         spec = self.spec
         gpus = f"{spec.initial_gpus}..{spec.max_gpus_per_node} {spec.gpu_resource}"
@@ -99,6 +110,15 @@ class GroupView:
 
 
 Reconciler = Callable[[Sequence[NodeGroupSpec]], None]
+
+
+def companion_refusal(companion: CompanionGroup, action: str) -> PreconditionFailed:
+    """Why CA may not change a companion: it is always at its max (and its min), and its nodes are DDS's to remove."""
+    group = companion.group.id
+    return PreconditionFailed(
+        f"{action} {companion.id} refused: it is the {companion.size} live node(s) of spec-fixed group {group}, held at "
+        f"min = max = target = {companion.size}; cluster-autoscaler adds capacity through {group}, and DDS scales "
+        f"{group}'s live nodes down itself (idle GPUs detached, empty nodes removed: case 4)")
 
 
 class Registry:
@@ -146,9 +166,30 @@ class Registry:
             return GroupView(group, 0, max(0, group.max_size - live_count), in_flight, live_count)
         return GroupView(group, group.min_size, group.max_size, live_count + in_flight, live_count)
 
-    def views(self) -> list[GroupView]:
+    def views(self) -> list[GroupView | CompanionGroup]:
+        """What NodeGroups lists: every served group, each spec-fixed group with live nodes followed by its companion."""
         membership = self.membership.current()
-        return [self.view(group, membership.live_count(group.id)) for group in self.groups()]
+        listed: list[GroupView | CompanionGroup] = []
+        for group in self.groups():
+            listed.append(self.view(group, membership.live_count(group.id)))
+            companion = membership.companions.get(group.id)
+            if companion is not None:
+                listed.append(companion)
+        return listed
+
+    def companion(self, node_group_id: str) -> Optional[CompanionGroup]:
+        """The companion `node_group_id` names (empty while its group has no live node), or None when it names none.
+        Raises UnknownGroup for a companion id whose group is not a served spec-fixed group."""
+        parent_id = companion_parent(node_group_id)
+        if parent_id is None:
+            return None
+        membership = self.membership.current()
+        parent = membership.groups_by_id.get(parent_id)
+        if parent is None or parent.template_mode != TemplateMode.SPEC_FIXED:
+            what = "not served by DDS" if parent is None else f"in {parent.template_mode.value} mode"
+            raise UnknownGroup(f"node group {node_group_id!r} is not served by DDS: a '#live' group stands for the "
+                               f"live nodes of a spec-fixed group, and {parent_id!r} is {what}")
+        return membership.companions.get(parent_id) or CompanionGroup(parent, ())
 
     def live_nodes(self, group: NodeGroupSpec) -> list[LiveNode]:
         return list(self.membership.current().nodes_of_group.get(group.id, ()))
@@ -157,7 +198,7 @@ class Registry:
         return self.tracker.list(group.id)
 
     # --- membership ---
-    def group_for_node(self, node: RequestNode) -> Optional[NodeGroupSpec]:
+    def group_for_node(self, node: RequestNode) -> Optional[NodeGroupSpec | CompanionGroup]:
         if not node.name and not node.provider_id:
             raise InvalidRequest("node has neither a name nor a providerID")
         membership = self.membership.current()
@@ -167,7 +208,16 @@ class Registry:
         placeholder_group = self._placeholder_group_id(node)
         if placeholder_group is not None:
             return membership.groups_by_id.get(placeholder_group)
-        group = self._group_of_live(node, membership)
+        live = membership.live(node.name, node.provider_id)
+        if live is not None:
+            group = membership.groups_by_id.get(live.group_id) if live.group_id else None
+            if group is not None and group.template_mode == TemplateMode.SPEC_FIXED:
+                return membership.companions.get(group.id)
+            return group
+        label = node.labels.get(LABEL_NODE_GROUP)
+        group = membership.groups_by_label.get(label) if label else None
+        # A spec-fixed node the cluster view does not show yet is in no companion (its target counts the view's nodes
+        # only, and every unit of a target must be listed): "" until the view catches up.
         if group is None or group.template_mode == TemplateMode.SPEC_FIXED:
             return None
         return group
@@ -188,14 +238,6 @@ class Registry:
 
     def _live(self, node: RequestNode) -> Optional[LiveNode]:
         return self.membership.current().live(node.name, node.provider_id)
-
-    @staticmethod
-    def _group_of_live(node: RequestNode, membership: Membership) -> Optional[NodeGroupSpec]:
-        live = membership.live(node.name, node.provider_id)
-        if live is not None:
-            return membership.groups_by_id.get(live.group_id) if live.group_id else None
-        label = node.labels.get(LABEL_NODE_GROUP)
-        return membership.groups_by_label.get(label) if label else None
 
     # --- scaling checks ---
     def check_increase(self, group: NodeGroupSpec, delta: int) -> GroupView:

@@ -3,8 +3,8 @@
 | RPC                          | answered from                     | notes                                                      |
 |------------------------------|-----------------------------------|------------------------------------------------------------|
 | Refresh                      | registry.refresh()                | start of every CA loop; never fails (last good groups kept) |
-| NodeGroups                   | registry.views()                  | cached by CA until the next Refresh                         |
-| NodeGroupForNode             | registry.group_for_node()         | id "" = not autoscaled (every live node of a spec-fixed group) |
+| NodeGroups                   | registry.views()                  | cached by CA until the next Refresh; spec-fixed G with live nodes adds `G#live` |
+| NodeGroupForNode             | registry.group_for_node()         | a spec-fixed group's live node: `G#live`; id "" = not autoscaled |
 | NodeGroupTargetSize          | registry.view()                   | an error here aborts CA's loop: only for unknown groups     |
 | NodeGroupIncreaseSize        | registry check, ScaleUpDecider    | answers within CA's deadline; TargetSize includes it at once |
 | NodeGroupDeleteNodes         | registry check, ScaleDownDecider  | placeholders drop their instance                            |
@@ -15,6 +15,11 @@
 | GPULabel, GetAvailableGPUTypes | LABEL_ATTACHED_GPU, the models | cached by CA for its lifetime                               |
 | PricingNodePrice, PricingPodPrice | -                            | UNIMPLEMENTED: the only code CA reads as "not provided"     |
 | Cleanup                      | flushes the instance store        | CA is shutting down                                         |
+
+A companion `G#live` (the live nodes of spec-fixed group G, registry.py) answers TargetSize and NodeGroupNodes with
+those nodes, TemplateNodeInfo with G's template, GetOptions UNIMPLEMENTED (CA's own defaults, MaxNodeStartupTime
+included, which the protocol cannot carry), and refuses IncreaseSize, DecreaseTargetSize and DeleteNodes with
+FAILED_PRECONDITION: it is always at its min and max, and DDS removes those nodes itself.
 
 Error codes (`status_for`): unknown group NOT_FOUND, bad argument INVALID_ARGUMENT (also a payload that is not the
 method's request message: see `add_to_server`), a node of another group or a decrease below the registered nodes
@@ -42,7 +47,9 @@ from dds.scaling.requests import ScaleDownDecider, ScaleUpDecider, ScaleUpRefuse
 from dds.provider.gen.externalgrpc import externalgrpc_pb2 as pb
 from dds.provider.gen.externalgrpc import externalgrpc_pb2_grpc as pb_grpc
 from dds.scaling.instances import InstanceRecord, InstanceState
-from dds.provider.registry import InvalidRequest, PreconditionFailed, Registry, RegistryError, UnknownGroup
+from dds.provider.membership import CompanionGroup
+from dds.provider.registry import (InvalidRequest, PreconditionFailed, Registry, RegistryError, UnknownGroup,
+                                   companion_refusal)
 from dds.scaling.requests import Placeholder, RequestNode
 from dds.provider.template import build_template_node
 
@@ -202,7 +209,8 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     @_rpc
     def NodeGroups(self, request: pb.NodeGroupsRequest, context: grpc.ServicerContext) -> pb.NodeGroupsResponse:
         return pb.NodeGroupsResponse(nodeGroups=[
-            pb.NodeGroup(id=v.spec.id, minSize=v.min_size, maxSize=v.max_size, debug=v.debug())
+            _companion_message(v) if isinstance(v, CompanionGroup)
+            else pb.NodeGroup(id=v.spec.id, minSize=v.min_size, maxSize=v.max_size, debug=v.debug())
             for v in self.registry.views()])
 
     @_rpc
@@ -213,6 +221,8 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
         group = self.registry.group_for_node(_request_node(request.node))
         if group is None:
             return pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id=""))
+        if isinstance(group, CompanionGroup):
+            return pb.NodeGroupForNodeResponse(nodeGroup=_companion_message(group))
         view = self.registry.view(group)
         return pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(
             id=group.id, minSize=view.min_size, maxSize=view.max_size, debug=view.debug()))
@@ -233,12 +243,18 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     @_rpc
     def NodeGroupTargetSize(self, request: pb.NodeGroupTargetSizeRequest,
                             context: grpc.ServicerContext) -> pb.NodeGroupTargetSizeResponse:
+        companion = self.registry.companion(request.id)
+        if companion is not None:
+            return pb.NodeGroupTargetSizeResponse(targetSize=companion.size)
         group = self.registry.require(request.id)
         return pb.NodeGroupTargetSizeResponse(targetSize=self.registry.view(group).target_size)
 
     @_rpc
     def NodeGroupIncreaseSize(self, request: pb.NodeGroupIncreaseSizeRequest,
                               context: grpc.ServicerContext) -> pb.NodeGroupIncreaseSizeResponse:
+        companion = self.registry.companion(request.id)
+        if companion is not None:
+            raise companion_refusal(companion, f"size increase by {request.delta} of")
         group = self.registry.require(request.id)
         key = self._new_request_key()
         with self.registry.scale_lock:
@@ -254,6 +270,10 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     @_rpc
     def NodeGroupDeleteNodes(self, request: pb.NodeGroupDeleteNodesRequest,
                              context: grpc.ServicerContext) -> pb.NodeGroupDeleteNodesResponse:
+        companion = self.registry.companion(request.id)
+        if companion is not None:
+            raise companion_refusal(companion, f"deleting {_first(_request_node(n).describe() for n in request.nodes)}"
+                                               " from")
         group = self.registry.require(request.id)
         nodes = [_request_node(n) for n in request.nodes]
         targets = self.registry.resolve_deletions(group, nodes)
@@ -268,6 +288,9 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     @_rpc
     def NodeGroupDecreaseTargetSize(self, request: pb.NodeGroupDecreaseTargetSizeRequest,
                                     context: grpc.ServicerContext) -> pb.NodeGroupDecreaseTargetSizeResponse:
+        companion = self.registry.companion(request.id)
+        if companion is not None:
+            raise companion_refusal(companion, f"target size decrease by {-request.delta} of")
         group = self.registry.require(request.id)
         with self.registry.scale_lock:
             removed = self.registry.decrease_target(group, request.delta)
@@ -278,19 +301,23 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     @_rpc
     def NodeGroupNodes(self, request: pb.NodeGroupNodesRequest,
                        context: grpc.ServicerContext) -> pb.NodeGroupNodesResponse:
+        companion = self.registry.companion(request.id)
+        if companion is not None:
+            return pb.NodeGroupNodesResponse(instances=_running(companion.provider_ids()))
         group = self.registry.require(request.id)
         instances = [_instance(r) for r in self.registry.instances(group)]
         if group.template_mode == TemplateMode.OBSERVED:
-            instances += [pb.Instance(id=n.provider_id,
-                                      status=pb.InstanceStatus(instanceState=pb.InstanceStatus.instanceRunning))
-                          for n in self.registry.live_nodes(group) if n.provider_id]
+            instances += _running(n.provider_id for n in self.registry.live_nodes(group) if n.provider_id)
         return pb.NodeGroupNodesResponse(instances=instances)
 
     # --- optional RPCs ---
     @_rpc
     def NodeGroupTemplateNodeInfo(self, request: pb.NodeGroupTemplateNodeInfoRequest,
                                   context: grpc.ServicerContext) -> pb.NodeGroupTemplateNodeInfoResponse:
-        group = self.registry.require(request.id)
+        companion = self.registry.companion(request.id)
+        # CA asks a companion only when none of its nodes is ready to copy; it never scales it up, so G's own template
+        # (every GPU slot filled) is as good an answer as any and keeps one shape per group.
+        group = companion.group if companion is not None else self.registry.require(request.id)
         node = build_template_node(group, self.gpu_model_label, next(self._template_names))
         response = pb.NodeGroupTemplateNodeInfoResponse(nodeBytes=node.SerializeToString(deterministic=True))
         response.nodeInfo.CopyFrom(node)  # the same Node for 1.34.0/1.34.1, which read only field 1
@@ -299,6 +326,12 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
     @_rpc
     def NodeGroupGetOptions(self, request: pb.NodeGroupAutoscalingOptionsRequest,
                             context: grpc.ServicerContext) -> pb.NodeGroupAutoscalingOptionsResponse:
+        companion = self.registry.companion(request.id)
+        if companion is not None:
+            # CA's own defaults, in full: echoing the request's would set MaxNodeStartupTime to 0 (externalgrpc's
+            # options carry no such field), and CA would count a companion node that is not ready yet as unready at
+            # once. G's overrides do not matter: CA never scales a companion down (its size is its min size).
+            raise NotProvided(f"{companion.id} has no options of its own: cluster-autoscaler's defaults apply")
         group = self.registry.require(request.id)
         if not request.HasField("defaults"):
             raise InvalidRequest(f"options of {group.id}: the request carries no defaults to apply overrides to")
@@ -319,6 +352,15 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
         log.info("cluster-autoscaler is shutting down (Cleanup)")
         self.registry.tracker.flush()
         return pb.CleanupResponse()
+
+
+def _companion_message(companion: CompanionGroup) -> pb.NodeGroup:
+    return pb.NodeGroup(id=companion.id, minSize=companion.size, maxSize=companion.size, debug=companion.debug())
+
+
+def _running(provider_ids: Iterable[str]) -> list[pb.Instance]:
+    return [pb.Instance(id=provider_id, status=pb.InstanceStatus(instanceState=pb.InstanceStatus.instanceRunning))
+            for provider_id in provider_ids]
 
 
 def _instance(record: InstanceRecord) -> pb.Instance:

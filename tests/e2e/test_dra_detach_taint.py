@@ -18,7 +18,7 @@ import yaml
 from kubernetes import client, watch
 
 from dds.model.groups import ANN_GPU_API, GpuApi
-from dds.planner.dra import device_name
+from dds.model.dra_devices import device_name
 from harness.stack import ROOT, WORKLOAD_NAMESPACE, Stack, StackOptions, is_ready, start_stack
 from harness.versions import KubernetesProfile, active_profile
 from tests.e2e.cluster_facts import dds_events, describe, fabric_facts, pods_running

@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from dds.planner.gangs import GANG_INCOMPLETE, GANG_LARGER_THAN_CLUSTER, POD_GROUP_LABEL
+from dds.planner.gangs import GANG_INCOMPLETE, GANG_LARGER_THAN_CLUSTER
+from dds.model.snapshot import POD_GROUP_LABEL
 from harness import versions
 from harness.stack import Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
 from tests.e2e.cluster_facts import GROUP, dds_events, describe, fabric_facts, log_lines, machineset_replicas, \

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from dds.planner.plan import Case
+from dds.model.plan import Case
 from harness.stack import (WORKLOAD_NAMESPACE, Stack, StackOptions, gpus_allocatable, is_ready, pod,
                                start_stack)
 

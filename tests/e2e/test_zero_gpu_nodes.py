@@ -17,10 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+import yaml
 
 from dds.model.groups import ANN_CAPI_MAX, LABEL_ATTACHED_GPU
 from harness.stack import Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
-from tests.e2e.cluster_facts import dds_events, describe, machineset_replicas, pods_running
+from tests.e2e.cluster_facts import GROUP, dds_events, describe, machineset_replicas, pods_running
 
 pytestmark = pytest.mark.e2e
 
@@ -124,3 +125,46 @@ def test_dds_labels_gpus_and_explains_each_change(cluster: Cluster):
     assert len(detached) >= WORKERS  # each worker's idle boot GPU went back to the pool
     log = cluster.stack.dds.log_path.read_text()
     assert f"removed {LABEL_ATTACHED_GPU}" in log and f"set {LABEL_ATTACHED_GPU}=A30" in log
+
+
+def ca_status_groups(stack: Stack) -> dict[str, dict]:
+    """CA's status ConfigMap (cluster-autoscaler-status, in the namespace it runs in): each node group's health (sizes
+    and node counts), by name."""
+    config_map = stack.core.read_namespaced_config_map("cluster-autoscaler-status", "dds-system")
+    document = yaml.safe_load((config_map.data or {}).get("status") or "{}") or {}
+    return {group["name"]: group.get("health") or {} for group in document.get("nodeGroups") or ()}
+
+
+def rpc_count(stack: Stack, method: str) -> float:
+    return stack.dds.metrics().get(f'dds_grpc_request_duration_seconds_count{{method="{method}"}}', 0.0)
+
+
+def test_ca_holds_the_live_workers_in_the_groups_companion_and_asks_once_per_node(cluster: Cluster):
+    """The workers at 0 GPUs are, for CA, the live nodes of `<group>#live` (docs/scale.md, "The companion group"):
+    held at min = max = target, healthy, while the group itself keeps only its room to grow; and because CA caches
+    that answer, it asks DDS about each node about once a scan (6-8 times when DDS answered "not autoscaled")."""
+    stack = cluster.stack
+    live = len(stack.nodes())
+    companion = f"{GROUP}#live"
+
+    def settled() -> dict[str, dict]:
+        groups = ca_status_groups(stack)
+        shown = groups.get(companion, {})
+        return groups if shown.get("cloudProviderTarget") == live and GROUP in groups else {}
+
+    groups = stack.wait_for(f"CA's status ConfigMap showing {companion} with {live} node(s)", settled, 60.0,
+                            lambda: f"{describe(stack)}; status groups {ca_status_groups(stack)}")
+    shown, group = groups[companion], groups[GROUP]
+    assert (shown["minSize"], shown["maxSize"]) == (live, live), shown
+    assert shown["status"] == "Healthy" and shown["nodeCounts"]["registered"]["total"] == live
+    assert (group["minSize"], group["maxSize"], group["cloudProviderTarget"]) == (0, 6 - live, 0), group
+
+    refreshes, lookups = rpc_count(stack, "Refresh"), rpc_count(stack, "NodeGroupForNode")
+    stack.wait_for("three more CA scans", lambda: rpc_count(stack, "Refresh") >= refreshes + 3, 60.0)
+    scans = rpc_count(stack, "Refresh") - refreshes
+    per_node = (rpc_count(stack, "NodeGroupForNode") - lookups) / scans / live
+    assert per_node <= 1.5, f"{per_node:.2f} NodeGroupForNode calls per node per scan over {scans:.0f} scans"
+    refused = [line for line in cluster.ca_log_since_zero().splitlines()
+               if "group size not found" in line or "Failed to get node group" in line
+               or ("#live" in line and ("rror" in line or "refused" in line))]
+    assert refused == [], "\n".join(refused[:10])

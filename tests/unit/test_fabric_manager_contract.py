@@ -78,6 +78,9 @@ def _conforms(value: Any, go_type: str, structs: dict[str, list[GoField]], where
     if go_type == "string":
         if not isinstance(value, str):
             yield f"{where}: want a string, got {value!r}"
+    elif go_type == "bool":
+        if not isinstance(value, bool):
+            yield f"{where}: want a boolean, got {value!r}"
     elif go_type in ("int", "int64"):
         if not isinstance(value, int) or isinstance(value, bool):
             yield f"{where}: want an integer ({go_type}), got {value!r}"

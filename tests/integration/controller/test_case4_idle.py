@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from dds.controller import loop
-from dds.controller.loop import REMOVAL_TAINT
+from dds.controller.removals import REMOVAL_TAINT
+from dds.kube import nodes
 from dds.kube.nodes import add_taint
 from dds.fabric.base import OperationKind
 from tests.integration.controller.harness import ControllerHarness
@@ -109,7 +109,7 @@ def test_a_pod_arriving_between_cordon_and_removal_keeps_the_node(dds: Controlle
         if key == REMOVAL_TAINT:
             dds.create_pod("late", bind_to=name)
 
-    monkeypatch.setattr(loop, "add_taint", cordon_then_a_pod_arrives)
+    monkeypatch.setattr(nodes, "add_taint", cordon_then_a_pod_arrives)  # the one node write every taint goes through
     dds.run_once()
     dds.clock.advance(COOLDOWN + 1)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dds.controller.loop import REMOVAL_TAINT
+from dds.controller.removals import REMOVAL_TAINT
 from tests.integration.controller.harness import CA_TAINT, ControllerHarness
 
 pytestmark = pytest.mark.integration
@@ -34,7 +34,8 @@ class DiesBeforeRemoving:
 
 
 def cordon_then_die(dds: ControllerHarness) -> None:
-    dds.app.controller.executor.provisioner = DiesBeforeRemoving(dds.app.controller.executor.provisioner)
+    node_actions = dds.app.controller.executor.nodes  # the applier's node port (dds/scaling/node_actions.py)
+    node_actions.provisioner = DiesBeforeRemoving(node_actions.provisioner)
     dds.run_once()
     dds.clock.advance(COOLDOWN + 1)
     with pytest.raises(ProcessDied):

@@ -1,28 +1,32 @@
-"""The CDI operator's DEVICE_PLUGIN mode at the pinned commit, as it runs: why DDS is tested with it in DRA mode only.
+"""The CDI operator's DEVICE_PLUGIN mode at the pinned commit, as it runs: through the FTI cluster manager (CM API) it
+attaches and detaches; through the fabric manager (FM API) it cannot (upstream's bug, pinned here).
 
-With `CDI_PROVIDER_TYPE=FTI_CDI`, `FTI_CDI_API_TYPE=FM` and `DEVICE_RESOURCE_TYPE=DEVICE_PLUGIN` (which requires
-`FTI_CDI_CLUSTER_ID`), the fabric-manager client finds a node's machine through the Node's `machine.openshift.io/machine`
-annotation and a Metal3Machine, a type the operator's scheme does not register (docs/composability.md, "Known issues":
-the file:line path). Everything the operator would need is in place here — the node's Metal3 chain (Node annotation ->
-Metal3Machine -> BareMetalHost with the fabric machine's uuid, harness/gpu_node_agent.py), the fabric manager, the
-ClusterPolicy, RBAC — and the attach still fails before any fabric call. This test pins that: when an upstream update
-makes it fail because the GPU *was* attached, run tests/e2e/test_cdi_operator.py in DEVICE_PLUGIN mode too.
+`DEVICE_RESOURCE_TYPE=DEVICE_PLUGIN` needs `FTI_CDI_CLUSTER_ID`; the operator then finds a node's machine through the
+Node's `machine.openshift.io/machine` annotation. With `FTI_CDI_API_TYPE=CM` (harness/cluster_manager.py) that chain
+is OpenShift Machine -> BareMetalHost -> the CM machine uuid, and an attach is: a resize POST, a requeue of 30 s (the
+CM client's ErrWaitingDeviceAttaching), the device taken from the machine's ADD_COMPLETE devices, then seen by
+`nvidia-smi` in the node's driver pod (harness/gpu_node_agent.py plays the node: driver pod, nvidia-smi, capacity
+`nvidia.com/gpu`). With `FTI_CDI_API_TYPE=FM` the client reads a Metal3Machine, a type the operator's scheme does not
+register, and every attach fails before any fabric call (docs/composability.md, "Known issues").
 
-A control plane of its own (as test_cdi_operator_process.py): the operator reconciles every request in its cluster."""
+A control plane of its own (as test_cdi_operator_process.py): the operator reconciles every request in its cluster.
+One operator at a time (its webhook port is fixed), so each test starts and stops its own."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client
 
 from harness.cdi_operator import CdiOperator, DeviceResourceType, FabricManagerAccess
+from harness.cluster_manager import ClusterManagerEmulator
 from harness.controlplane import KWOK_NODE_ANNOTATION, ControlPlane, ensure_binaries, start_control_plane
 from harness.fabric_manager import FabricManagerEmulator
-from harness.gpu_node_agent import DeviceMode, GpuNodeAgent
+from harness.gpu_node_agent import GPU_RESOURCE, DeviceMode, GpuNodeAgent
 
 pytestmark = pytest.mark.integration
 
@@ -30,8 +34,11 @@ GROUP, VERSION = "cro.hpsys.ibm.ie.com", "v1alpha1"
 MODEL = "A100"
 CLUSTER_ID = "6d0c3c9e-3f5e-4a7b-9f1e-2b8c4d5e6f70"
 UPSTREAM_ERROR = "no kind is registered for the type v1beta1.Metal3Machine"
-SETTLE_TIMEOUT_S = 90.0
+# The operator looks at the CM again 30 s after each resize: an attach takes that, a failed one about twice that plus
+# the CM's memory of the failure. The bounds only keep a broken run from hanging.
+SETTLE_TIMEOUT_S = 150.0
 PORT_WAIT_S = 300.0  # another module's operator may hold the fixed webhook port for a while
+FAILED_ADD_VISIBLE_S = 35.0  # > the operator's 30 s requeue: it sees the failure before the CM forgets it
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +47,170 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
         yield started
 
 
+@pytest.fixture(scope="module")
+def api(plane: ControlPlane) -> Iterator[Any]:
+    with plane.api_client() as api_client:
+        yield api_client
 
-def test_device_plugin_mode_fails_every_attach_on_the_unregistered_metal3machine(plane: ControlPlane) -> None:
-    with FabricManagerEmulator({MODEL: 2}) as fm, plane.api_client() as api:
+
+class DevicePluginCluster:
+    """One CM emulator, the node agent in device-plugin mode and the operator in DEVICE_PLUGIN + CM mode."""
+
+    def __init__(self, plane: ControlPlane, api: Any, manager: ClusterManagerEmulator) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.manager = manager
+        self.agent = GpuNodeAgent(api, manager, mode=DeviceMode.DEVICE_PLUGIN).start()
+        self.operator = CdiOperator(plane, FabricManagerAccess.of(manager),
+                                    device_resource_type=DeviceResourceType.DEVICE_PLUGIN)
+
+    def close(self) -> None:
+        self.operator.stop()
+        self.agent.stop()
+
+    def add_node(self) -> tuple[str, str]:
+        name = f"gpu-node-{uuid.uuid4().hex[:6]}"
+        key, value = KWOK_NODE_ANNOTATION
+        self.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
+                                                                                "annotations": {key: value}}})
+        return name, self.agent.add_node(name)
+
+    def request(self, node: str, size: int) -> str:
+        name = f"gpus-{node}"
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ComposabilityRequest", "metadata": {"name": name},
+                "spec": {"resource": {"type": "gpu", "model": MODEL, "size": size, "allocation_policy": "samenode",
+                                      "target_node": node}}}
+        self.custom.create_cluster_custom_object(GROUP, VERSION, "composabilityrequests", body)
+        return name
+
+    def resize(self, request: str, size: int) -> None:
+        self.custom.patch_cluster_custom_object(GROUP, VERSION, "composabilityrequests", request,
+                                                {"spec": {"resource": {"size": size}}})
+
+    def resources(self, node: str) -> list[dict[str, Any]]:
+        items = self.custom.list_cluster_custom_object(GROUP, VERSION, "composableresources")["items"]
+        return [item for item in items if item["spec"].get("target_node") == node]
+
+    def capacity(self, node: str) -> str:
+        return (self.core.read_node(node).status.capacity or {}).get(GPU_RESOURCE, "0")
+
+    def wait(self, what: str, predicate: Callable[[], Any], timeout: float = SETTLE_TIMEOUT_S) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            assert time.monotonic() < deadline, (f"not reached in {timeout:.0f} s: {what}; fabric: "
+                                                 f"{self.manager.attachments()}\n{self.operator.log_tail(60)}")
+            time.sleep(0.5)
+
+
+@pytest.fixture
+def cluster(plane: ControlPlane, api: Any) -> Iterator[DevicePluginCluster]:
+    with ClusterManagerEmulator({MODEL: 3}, attach_latency_s=(1.0, 2.0), detach_latency_s=1.0,
+                                failed_add_visible_s=FAILED_ADD_VISIBLE_S) as manager:
+        started = DevicePluginCluster(plane, api, manager)
+        try:
+            started.operator.start_when_port_free(PORT_WAIT_S)
+            yield started
+        finally:
+            started.close()
+
+
+def online(resources: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in resources if (r.get("status") or {}).get("state") == "Online"
+            and not r["metadata"].get("deletionTimestamp")]
+
+
+def test_device_plugin_mode_attaches_and_detaches_through_the_cluster_manager(cluster: DevicePluginCluster) -> None:
+    node, machine = cluster.add_node()
+    request = cluster.request(node, 2)
+    attached = cluster.wait("two ComposableResources Online", lambda: len(online(cluster.resources(node))) == 2
+                            and online(cluster.resources(node)))
+    # Each resource holds one of the devices the CM attached to the node's machine: its device_id is the GPU's UUID,
+    # which the operator saw in nvidia-smi on the node; the device plugin's capacity shows both.
+    serials = sorted(cluster.manager.attachments()[machine])
+    assert sorted(r["status"]["device_id"] for r in attached) == serials
+    assert cluster.capacity(node) == "2"
+    increases = [c for c in cluster.manager.resize_calls() if c.status == 202]
+    assert len(increases) == 2  # one resize per device, nothing attached twice
+
+    # Detach one: the CM removes the device the operator chose, the node loses it, the resource goes.
+    cluster.resize(request, 1)
+    cluster.wait("one ComposableResource left", lambda: len(cluster.resources(node)) == 1)
+    [left] = cluster.resources(node)
+    assert cluster.manager.attachments()[machine] == [left["status"]["device_id"]]
+    cluster.wait("the node's capacity down to 1", lambda: cluster.capacity(node) == "1")
+    assert cluster.manager.free_count(MODEL) == 2
+
+    cluster.resize(request, 0)
+    cluster.wait("no ComposableResource left", lambda: not cluster.resources(node))
+    assert not cluster.manager.attachments().get(machine) and cluster.capacity(node) == "0"
+
+
+def test_device_plugin_mode_refuses_a_detach_while_any_gpu_of_the_node_is_busy(cluster: DevicePluginCluster) -> None:
+    """The operator's in-use check in DEVICE_PLUGIN mode covers every GPU of the node (composableresource_controller.go
+    handleDetachingState: CheckNoGPULoads with no target GPU), not only the one going: DDS sees a detach of an idle GPU
+    refused while another GPU of the node runs a pod (DeviceInUse), and the detach goes once the node is idle."""
+    node, machine = cluster.add_node()
+    request = cluster.request(node, 2)
+    cluster.wait("two ComposableResources Online", lambda: len(online(cluster.resources(node))) == 2)
+    cluster.core.create_namespaced_pod("default", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"busy-{node}"},
+        "spec": {"nodeName": node, "tolerations": [{"operator": "Exists"}],
+                 "containers": [{"name": "train", "image": "train",
+                                 "resources": {"limits": {GPU_RESOURCE: "1"}}}]}})
+    cluster.wait("the pod's process on a GPU (nvidia-smi)", lambda: cluster.agent.node_state(node)["processes"])
+    busy = cluster.agent.node_state(node)["processes"][0]["gpu_uuid"]
+    idle = next(r for r in cluster.resources(node) if r["status"]["device_id"] != busy)
+    # DDS's way of choosing the device: the annotation the operator removes first, then the size.
+    cluster.custom.patch_cluster_custom_object(GROUP, VERSION, "composableresources", idle["metadata"]["name"],
+                                               {"metadata": {"annotations": {"cohdi.io/delete-device": "true"}}})
+    cluster.resize(request, 1)
+
+    def refused() -> str:
+        current = [r for r in cluster.resources(node) if r["metadata"]["name"] == idle["metadata"]["name"]]
+        return next(((r.get("status") or {}).get("error", "") for r in current
+                     if "found gpu load" in (r.get("status") or {}).get("error", "")), "")
+
+    error = cluster.wait("the idle GPU's detach refused for the other GPU's load", refused)
+    assert busy in error, error
+    assert sorted(cluster.manager.attachments()[machine]) == sorted(
+        [busy, idle["status"]["device_id"]]), "the fabric let a GPU go that the operator refused to detach"
+
+    cluster.core.delete_namespaced_pod(f"busy-{node}", "default", grace_period_seconds=0)
+    cluster.wait("the idle GPU detached once the node is idle", lambda: len(cluster.resources(node)) == 1)
+    assert cluster.manager.attachments()[machine] == [busy]
+    cluster.resize(request, 0)
+    cluster.wait("no ComposableResource left", lambda: not cluster.resources(node))
+
+
+def test_a_failed_add_is_the_resources_error_and_the_operators_retry_attaches(cluster: DevicePluginCluster) -> None:
+    node, machine = cluster.add_node()
+    cluster.manager.fail_next_attaches(1, message="switch port 7 did not come up")
+    request = cluster.request(node, 1)
+
+    def error() -> str:
+        return next(((r.get("status") or {}).get("error", "") for r in cluster.resources(node)
+                     if (r.get("status") or {}).get("error")), "")
+
+    seen = cluster.wait("the CM's ADD_FAILED reason in the resource's status.error", error)
+    assert "switch port 7 did not come up" in seen, seen
+    assert not cluster.manager.attachments().get(machine), "a failed add left a device attached"
+    [resource] = cluster.wait("the operator's retry attaching once the CM forgot the failure",
+                              lambda: online(cluster.resources(node)))
+    assert cluster.manager.attachments()[machine] == [resource["status"]["device_id"]]
+    assert not (resource.get("status") or {}).get("error")
+    cluster.resize(request, 0)
+    cluster.wait("no ComposableResource left", lambda: not cluster.resources(node))
+
+
+def test_fabric_manager_api_still_fails_every_attach_on_the_unregistered_metal3machine(plane: ControlPlane,
+                                                                                       api: Any) -> None:
+    """Upstream's bug at 38251b7: with FTI_CDI_API_TYPE=FM the DEVICE_PLUGIN path reads a Metal3Machine the manager's
+    scheme never registers. When this starts failing because a GPU *was* attached, the FM API works in this mode."""
+    with FabricManagerEmulator({MODEL: 2}) as fm:
         operator = CdiOperator(plane, FabricManagerAccess.of(fm, cluster_id=CLUSTER_ID),
                                device_resource_type=DeviceResourceType.DEVICE_PLUGIN).start_when_port_free(PORT_WAIT_S)
         try:
@@ -64,7 +232,8 @@ def test_device_plugin_mode_fails_every_attach_on_the_unregistered_metal3machine
                     assert time.monotonic() < deadline, (f"no {UPSTREAM_ERROR!r} after {SETTLE_TIMEOUT_S:.0f} s; "
                                                          f"errors seen: {errors}\n{operator.log_tail()}")
                     items = custom.list_cluster_custom_object(GROUP, VERSION, "composableresources")["items"]
-                    errors = [(item.get("status") or {}).get("error", "") for item in items]
+                    errors = [(item.get("status") or {}).get("error", "") for item in items
+                              if item["spec"].get("target_node") == node]
                     time.sleep(0.5)
                 # The Metal3 chain the client would follow is there: only the scheme stops it.
                 annotations = client.CoreV1Api(api).read_node(node).metadata.annotations or {}

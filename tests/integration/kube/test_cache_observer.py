@@ -10,6 +10,7 @@ import pytest
 from dds.controller.observe import ClusterObserver, Observation
 from dds.controller.idle import IdleTracker
 from dds.fabric.base import OperationKind
+from dds.kube.controller_ports import KubeClusterReader
 from dds.kube.requests import instrument
 from dds.scaling.instances import InstanceKind
 from tests.integration.controller.harness import ControllerHarness
@@ -69,8 +70,8 @@ def test_the_cached_snapshot_is_the_one_a_list_gives(dds: ControllerHarness) -> 
     dds.wait_unschedulable("train-0")
     dds.wait_running("small")
     cached = dds.app.controller.observer
-    listing = ClusterObserver(dds.dds_api, dds.app.fabric, dds.app.catalog.groups, dds.clock, IdleTracker(),
-                              dds.settings.gpu_label, dds.settings.machineset_namespaces)
+    listing = ClusterObserver(KubeClusterReader(dds.dds_api, dds.settings.machineset_namespaces), dds.app.fabric,
+                              dds.app.catalog.groups, dds.clock, IdleTracker(), dds.settings.gpu_label)
     wait_for("the cached snapshot to equal the listed one",
              lambda: comparable(cached.observe()) == comparable(listing.observe()), timeout=30)
 
@@ -88,7 +89,7 @@ def test_a_node_dds_has_just_asked_for_counts_before_the_watch_brings_the_machin
     observer = dds.app.controller.observer
     assert observer.observe().snapshot.upcoming_nodes.get(group.id, 0) == 0
 
-    dds.app.controller.executor.provisioner.add_nodes(group, 1, "ca-request-1")
+    dds.app.controller.executor.nodes.provisioner.add_nodes(group, 1, "ca-request-1")
 
     assert observer.machineset_replicas()[group.id] == 2
     assert observer.observe().snapshot.upcoming_nodes.get(group.id, 0) == 1

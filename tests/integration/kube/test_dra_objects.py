@@ -13,7 +13,7 @@ from kubernetes import client
 from dds.kube.cache import cluster_cache
 from dds.kube.dra import DraReader
 from dds.kube.resourceslices import ResourceSlicePublisher, slice_name
-from dds.planner.dra import DEVICE_CLASS, DRIVER, gpu_device
+from dds.model.dra_devices import DEVICE_CLASS, DRIVER, gpu_device
 from harness.stack import ROOT
 
 pytestmark = pytest.mark.integration

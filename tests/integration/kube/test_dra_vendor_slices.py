@@ -19,9 +19,9 @@ from dds.kube.dra import DraReader
 from dds.model.groups import DraDriverConfig, GpuApi, NodeGroupSpec, SourceRef, dra_gpu_resource
 from dds.planner import plan_scale_up
 from dds.planner.dra import lower_claims
-from dds.planner.dra_records import DraState
-from dds.planner.plan import PlannerConfig, Verdict
-from dds.planner.snapshot import Device, NodeInfo, PoolInfo, Snapshot
+from dds.model.dra_records import DraState
+from dds.model.plan import PlannerConfig, Verdict
+from dds.model.snapshot import Device, NodeInfo, PoolInfo, Snapshot
 from dds.model.resources import Resources
 
 pytestmark = pytest.mark.integration

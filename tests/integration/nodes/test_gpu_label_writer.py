@@ -15,8 +15,9 @@ from kubernetes import client
 from dds.config import SimulatedFabricSettings
 from dds.controller.gpu_label import GpuLabelKeeper
 from dds.fabric.simulated import SimulatedFabric
+from dds.kube.nodes import KubeNodeWriter
 from dds.model.groups import LABEL_ATTACHED_GPU
-from dds.planner.plan import Detach
+from dds.model.plan import Detach
 from tests.integration.nodes.harness import wait_for
 from tests.unit.planner.builders import make_node, make_snapshot
 
@@ -34,7 +35,7 @@ def node(control_plane: Any) -> Iterator[tuple[client.CoreV1Api, str]]:
 
 @pytest.fixture
 def keeper(dds_api: Any) -> Iterator[GpuLabelKeeper]:
-    keeper = GpuLabelKeeper(dds_api, SimulatedFabric(SimulatedFabricSettings(), clock=time.monotonic))
+    keeper = GpuLabelKeeper(KubeNodeWriter(dds_api), SimulatedFabric(SimulatedFabricSettings(), clock=time.monotonic))
     keeper.start()
     yield keeper
     keeper.stop()

@@ -104,6 +104,10 @@ def test_device_plugin_node_shows_what_the_fabric_attached(api: Any, fabric: Fab
         bmh_namespace, bmh_name = m3m["metadata"]["annotations"][BMH_ANNOTATION].split("/")
         bmh = custom.get_namespaced_custom_object("metal3.io", "v1alpha1", bmh_namespace, "baremetalhosts", bmh_name)
         assert bmh["metadata"]["annotations"][FM_MACHINE_ANNOTATION] == machine
+        # the same reference names OpenShift's Machine, which the cluster-manager client follows instead
+        ocp_machine = custom.get_namespaced_custom_object("machine.openshift.io", "v1beta1", m3m_namespace,
+                                                          "machines", m3m_name)
+        assert ocp_machine["metadata"]["annotations"][BMH_ANNOTATION] == f"{bmh_namespace}/{bmh_name}"
 
         driver_pod = agent.driver_pod_name(kwok_node)
         wait_for("the driver pod Running and Ready", lambda: ready_pod(core, namespace, driver_pod))

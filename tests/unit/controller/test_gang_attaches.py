@@ -8,8 +8,8 @@ from dataclasses import replace
 
 from dds.controller.gang_attaches import GangAttaches
 from dds.fabric.base import FabricError, ErrorCode, Operation, OperationKind, OperationState
-from dds.planner.gangs import POD_GROUP_LABEL
-from dds.planner.plan import Attach, Case
+from dds.model.snapshot import POD_GROUP_LABEL
+from dds.model.plan import Attach, Case
 from tests.unit.planner.builders import make_node, make_pod, make_snapshot
 
 TIMEOUT = 300.0

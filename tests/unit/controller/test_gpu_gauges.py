@@ -10,9 +10,9 @@ from prometheus_client import REGISTRY
 
 from dds.controller.gpu_gauges import GpuGauges
 from dds.planner import plan_scale_down
-from dds.planner.plan import PlannerConfig
+from dds.model.plan import PlannerConfig
 from dds.planner.reservations import keep_reserved
-from dds.planner.snapshot import Device, Snapshot
+from dds.model.snapshot import Device, Snapshot
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_snapshot
 
 NOW = 10_000.0

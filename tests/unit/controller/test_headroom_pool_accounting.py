@@ -3,8 +3,8 @@ as it will be once room headroom's attaches are started, so the two never count 
 
 from __future__ import annotations
 
-from dds.controller.loop import _with_attaches
-from dds.planner.plan import Attach
+from dds.planner.passes import with_attaches as _with_attaches
+from dds.model.plan import Attach
 from tests.unit.planner.builders import make_node, make_pool, make_snapshot
 
 

@@ -16,8 +16,9 @@ from dds.controller.devices import devices_by_node
 from dds.fabric.base import AttachRequest, DeviceState
 from dds.fabric.simulated import SimulatedFabric
 from dds.nodes.memory import MemoryProvisioner
+from tests.unit.controller.node_writes import NodesInMemory
 from dds.planner.shortfalls import gpu_shortfalls
-from dds.planner.snapshot import PoolInfo, Snapshot
+from dds.model.snapshot import PoolInfo, Snapshot
 from tests.unit.planner.builders import make_group, make_node, make_pod
 
 
@@ -51,7 +52,7 @@ def test_a_failed_gpu_is_detached_replaced_and_counted():
 
     executor = Executor(fabric, MemoryProvisioner(clock), events)
     watcher = OperationWatcher(fabric, events, clock)
-    repair = DeviceRepair(fabric, Actions(executor, watcher), events, clock)
+    repair = DeviceRepair(fabric, Actions(executor, watcher, NodesInMemory()), events, clock)
     before = metrics.FABRIC_ERRORS.labels("simulated", "device", DEVICE_FAILED)._value.get()
 
     def observe() -> Observation:
@@ -84,7 +85,8 @@ def test_a_node_short_of_gpus_for_another_reason_is_left_alone():
     fabric = SimulatedFabric(SimulatedFabricSettings(pools=[PoolSpec(name="pool-a", devices={"A30": 4})]),
                              clock=clock, persist=False)
     watcher = OperationWatcher(fabric, events, clock)
-    repair = DeviceRepair(fabric, Actions(Executor(fabric, MemoryProvisioner(clock), events), watcher), events, clock)
+    actions = Actions(Executor(fabric, MemoryProvisioner(clock), events), watcher, NodesInMemory())
+    repair = DeviceRepair(fabric, actions, events, clock)
     snapshot = Snapshot(now=clock.now, groups=(make_group(),), nodes=(make_node("w1", gpus=0),),
                         pods=(make_pod("ds", gpus=1, node="w1", owner="DaemonSet"),),
                         pools=(PoolInfo("pool-a", {"A30": 4}),))

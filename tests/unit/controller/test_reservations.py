@@ -8,7 +8,7 @@ from dataclasses import replace
 from dds.controller.journal import DecisionJournal
 from dds.controller.reservations import Reservations
 from dds.kube.errors import ApiError
-from dds.planner.plan import Case
+from dds.model.plan import Case
 from dds.planner.reservations import (CLAIM_TAINT_KEY, RESERVATION_TAINT_KEY, ReservationConfig, claim_taint,
                                       reservation_taint)
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot

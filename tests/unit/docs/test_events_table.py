@@ -2,7 +2,8 @@
 
 The reasons are read from dds/'s source, not from a list kept beside it:
 - the reason argument of every `emit(involved, type, reason, message)` call (dds/model/events.py's EventRecorder) and
-  of the helpers that forward one (`tell(pod, reason, message)`, `_tell(type, reason, message, nodes, pods)`);
+  of the helpers that forward one (`tell(pod, reason, message)`, `_tell(type, reason, message, nodes, pods)` and the
+  GPU-instance retries' `outcomes.tell(type, reason, message, nodes, pods)`);
 - the "cannot help" reasons, which travel in `PodDecision.refusal` / `CannotServe.reason` before they reach `tell`:
   the constants assigned to `refusal` or passed to `CannotServe(...)`.
 A reason must be a string literal or a module-level constant (one f-string is expanded below); anything else fails here
@@ -22,8 +23,8 @@ from dds.fabric.base import OperationKind
 ROOT = Path(__file__).resolve().parents[3]
 SOURCE = ROOT / "dds"
 OPERATIONS = ROOT / "docs" / "operations.md"
-# Callee name -> (positional arguments of an Event call, index of the reason among them).
-REASON_ARGUMENT = {"emit": (4, 2), "tell": (3, 1), "_tell": (5, 1)}
+# Callee name -> {positional arguments of an Event call: index of the reason among them}.
+REASON_ARGUMENT = {"emit": {4: 2}, "tell": {3: 1, 5: 1}, "_tell": {5: 1}}
 # Fields that carry a refusal reason chosen elsewhere (PodDecision.refusal, the DRA demand's and pod's refusal_reason,
 # CannotServe.reason as `found.reason`): where they are read, the reasons are those collected where they are set.
 REFUSAL_FIELDS = {"refusal", "refusal_reason", "dra_refusal_reason"}
@@ -88,9 +89,9 @@ def reason_sites() -> tuple[list[Site], list[Site]]:
             if not isinstance(node, ast.Call):
                 continue
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-            shape = REASON_ARGUMENT.get(name or "")
-            if shape and len(node.args) == shape[0]:
-                reason = node.args[shape[1]]
+            index = REASON_ARGUMENT.get(name or "", {}).get(len(node.args))
+            if index is not None:
+                reason = node.args[index]
                 # A reason that is the function's own parameter is being forwarded: its callers are scanned.
                 if not (isinstance(reason, ast.Name) and reason.id in parameters(functions.get(node))):
                     events.append(Site(path, node.lineno, reason))

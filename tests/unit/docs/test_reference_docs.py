@@ -1,5 +1,5 @@
 """The README and docs/ as a user reads them: every setting, annotation, flag and metric the code has is documented,
-the annotation table is the one dds/groups/sources.py holds, and every relative link and anchor resolves.
+the annotation table is the one dds/groups/schema.py holds, and every relative link and anchor resolves.
 
 These fail when code grows a setting, flag or metric that nobody wrote down, or when a doc links to a heading that
 was renamed.
@@ -21,7 +21,7 @@ from dds import metrics
 from dds.cli import build_parser
 from dds.config import Settings
 from dds.model import groups
-from dds.groups import sources
+from dds.groups import schema
 
 ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
@@ -108,16 +108,16 @@ def test_every_nested_section_is_listed_at_the_top_level() -> None:
 
 # --- annotations ---
 
-def test_the_annotation_table_is_the_one_in_sources_py() -> None:
-    table = [line for line in (sources.__doc__ or "").splitlines() if line.startswith("|")]
+def test_the_annotation_table_is_the_one_in_schema_py() -> None:
+    table = [line for line in (schema.__doc__ or "").splitlines() if line.startswith("|")]
     assert len(table) > 10
     documented = text(CONFIGURATION)
-    assert "\n".join(table) in documented, "docs/configuration.md must carry dds/groups/sources.py's table unchanged"
+    assert "\n".join(table) in documented, "docs/configuration.md must carry dds/groups/schema.py's table unchanged"
 
 
 def annotation_keys() -> list[str]:
     keys = [value for name, value in vars(groups).items() if name.startswith("ANN_") and not name.endswith("_PREFIX")]
-    keys += [value for name, value in vars(sources).items() if name.startswith("CAP_") and isinstance(value, str)]
+    keys += [value for name, value in vars(schema).items() if name.startswith("CAP_") and isinstance(value, str)]
     return sorted(set(keys))
 
 
@@ -126,7 +126,7 @@ def test_every_annotation_key_is_explained(key: str) -> None:
     assert f"`{key}`" in text(CONFIGURATION)
 
 
-@pytest.mark.parametrize("option", sorted(v.removeprefix(groups.ANN_OPTIONS_PREFIX) for k, v in vars(sources).items()
+@pytest.mark.parametrize("option", sorted(v.removeprefix(groups.ANN_OPTIONS_PREFIX) for k, v in vars(schema).items()
                                           if k.startswith("OPT_")))
 def test_every_autoscaling_option_is_explained(option: str) -> None:
     assert f"| `{option}` |" in text(CONFIGURATION)

@@ -20,7 +20,7 @@ from dds.fabric.base import AttachRequest, DetachRequest, ErrorCode, FabricError
 from dds.fabric.redfish import LOGIN_BACKOFF_BASE_SECONDS, RedfishFabric
 from dds.fabric.state import InMemoryFabricStateStore
 from dds.nodes.memory import MemoryProvisioner
-from dds.planner.plan import Attach, Case
+from dds.model.plan import Attach, Case
 from harness.redfish_emulator import (COMPOSE_ACTION, SESSIONS, TASK_MONITORS, EmulatedSystem, EmulatorConfig,
                                       RedfishEmulator, mockup_path)
 from tests.unit.fabric.contract import MODEL, NODE_A, POOL

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dds.kube import decode
 from dds.kube.resourceslices import slice_devices, slice_name
-from dds.planner.dra import DRIVER, gpu_device
-from dds.planner.dra_records import ALL, AllocatedDeviceInfo, PodClaimRef
+from dds.model.dra_devices import DRIVER, gpu_device
+from dds.model.dra_records import ALL, AllocatedDeviceInfo, PodClaimRef
 
 CLAIM = {
     "metadata": {"name": "train-gpu", "namespace": "demo"},

@@ -10,7 +10,7 @@ import pytest
 from dds.kube import resourceslices
 from dds.kube.decode import resource_slice
 from dds.kube.resourceslices import DETACHING_TAINT, ResourceSlicePublisher, slice_devices
-from dds.planner.dra import device_name
+from dds.model.dra_devices import device_name
 
 
 @pytest.fixture

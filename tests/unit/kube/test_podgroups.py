@@ -11,8 +11,8 @@ from dds.kube import convert, decode
 from dds.kube.podgroups import (COSCHEDULING, PODGROUPS_V1ALPHA2, PodGroupReader, PodGroups, gang_min_counts,
                                 kinds_to_read, min_member, namespaces_to_read, scheduling_group_min_count,
                                 served_gang_apis, snapshot_with_groups)
-from dds.planner.gangs import POD_GROUP_LABEL, gang_of
-from dds.planner.snapshot import PodInfo, Snapshot, WorkloadRef
+from dds.model.snapshot import POD_GROUP_LABEL, PodInfo, Snapshot, WorkloadRef
+from dds.planner.gangs import gang_of
 
 WORKLOAD = {
     "apiVersion": "scheduling.k8s.io/v1alpha1", "kind": "Workload",

@@ -10,8 +10,8 @@ from typing import Mapping, Optional, Sequence
 
 from dds.model.groups import NodeGroupSpec, SourceRef, Taint
 from dds.model.resources import Resources
-from dds.planner.snapshot import (ContainerRequests, Device, HostPort, LabelSelector, NodeInfo, NodeSelectorTerm,
-                                  PodAffinityTerm, PodInfo, PoolInfo, SelectorRequirement, Snapshot, Toleration)
+from dds.model.snapshot import (ContainerRequests, Device, HostPort, LabelSelector, NodeInfo, NodeSelectorTerm,
+                                PodAffinityTerm, PodInfo, PoolInfo, SelectorRequirement, Snapshot, Toleration)
 
 GiB = 2**30
 GPU = "nvidia.com/gpu"

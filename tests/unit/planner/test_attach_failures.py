@@ -13,8 +13,8 @@ from dds.planner import plan_scale_up
 from dds.planner.attach_failures import (ATTACH_ATTEMPTS, ERROR_CLASS_OTHER, ERROR_CLASS_OUT_OF_RESOURCES, Action,
                                          after_attach_failure, retry_delay)
 from dds.planner.equip import equip_new_nodes, nodes_without_gpus, without_unequipped_nodes
-from dds.planner.plan import NewNodes, PlannerConfig
-from dds.planner.snapshot import PoolInfo, Snapshot
+from dds.model.plan import NewNodes, PlannerConfig
+from dds.model.snapshot import PoolInfo, Snapshot
 from tests.unit.planner.builders import make_group, make_node, make_pod
 
 

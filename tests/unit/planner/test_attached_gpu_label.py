@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dds.model.resources import Resources
 from dds.planner.labels import attached_gpu_label
-from dds.planner.snapshot import Device, NodeInfo
+from dds.model.snapshot import Device, NodeInfo
 
 LABEL = "nvidia.com/gpu.product"
 

@@ -6,7 +6,7 @@ import pytest
 
 from dds.planner import plan_scale_up
 from dds.planner.batch import at_least_as_good, fragmentation
-from dds.planner.plan import PlannerConfig, Verdict
+from dds.model.plan import PlannerConfig, Verdict
 from tests.unit.planner.builders import make_node, make_pod, make_snapshot, same_host
 
 

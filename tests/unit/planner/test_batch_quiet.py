@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 from dds.planner import plan_scale_up
-from dds.planner.plan import PlannerConfig
+from dds.model.plan import PlannerConfig
 from tests.unit.planner.test_batch import _order_trap
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,7 +22,7 @@ FIRST_PLAN = textwrap.dedent("""
     import sys
     print("before the plan", flush=True)
     from dds.planner import plan_scale_up
-    from dds.planner.plan import PlannerConfig
+    from dds.model.plan import PlannerConfig
     from tests.unit.planner.test_batch import _order_trap
     plan = plan_scale_up(_order_trap(), PlannerConfig(policy="spread", batch_solver="milp"))
     print(f"solver={plan.solver} nodes={plan.nodes} gpus={plan.gpus}", flush=True)

@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 
 from dds.planner import plan_scale_down, plan_scale_up
-from dds.planner.dra import (DEVICE_CLASS, DRIVER, claim_demand, device_name, evaluate, gpu_device, lower_claims,
-                             request_mismatch)
-from dds.planner.dra_records import (ALL, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraState,
-                                     PodClaimRef, ResourceClaimInfo, ResourceClaimTemplateInfo)
-from dds.planner.plan import PlannerConfig, Verdict
+from dds.model.dra_devices import DEVICE_CLASS, DRIVER, device_name, gpu_device
+from dds.planner.dra import claim_demand, evaluate, lower_claims, request_mismatch
+from dds.model.dra_records import (ALL, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraState, PodClaimRef,
+                                   ResourceClaimInfo, ResourceClaimTemplateInfo)
+from dds.model.plan import PlannerConfig, Verdict
 from dds.planner.refusals import NO_MATCHING_DEVICE
 from dds.model.groups import DRA_GPU_RESOURCE, GpuApi, NodeGroupSpec
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
@@ -235,7 +235,8 @@ def test_a_dra_pod_no_live_node_holds_is_the_loops_to_add_a_node_for() -> None:
 # --- pool mode ------------------------------------------------------------------------------------------------------
 
 def slot_claim(name: str, device: str, node: str = "w1", attached: bool = False) -> ResourceClaimInfo:
-    from dds.planner.dra import ATTACHED, dra_pool_name
+    from dds.planner.dra import ATTACHED
+    from dds.model.dra_devices import dra_pool_name
 
     return replace(claim(name, allocated=(AllocatedDeviceInfo("gpu", DRIVER, dra_pool_name("default"), device),)),
                    uid=f"uid-{name}", allocated_node=node, allocated_at="t1",

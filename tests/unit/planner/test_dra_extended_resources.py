@@ -8,9 +8,10 @@ from dataclasses import replace
 
 from dds.kube.decode import device_class, pod_claims
 from dds.planner import plan_scale_down, plan_scale_up
-from dds.planner.dra import (DRIVER, IMPLICIT_CLASS_PREFIX, device_name, extended_resource_classes, lower_claims)
-from dds.planner.dra_records import AllocatedDeviceInfo, DeviceClassInfo, PodClaimRef
-from dds.planner.plan import Verdict
+from dds.model.dra_devices import DRIVER, device_name
+from dds.planner.dra import IMPLICIT_CLASS_PREFIX, extended_resource_classes, lower_claims
+from dds.model.dra_records import AllocatedDeviceInfo, DeviceClassInfo, PodClaimRef
+from dds.model.plan import Verdict
 from dds.planner.refusals import NO_GROUP_FOR_API
 from dds.model.groups import DEFAULT_GPU_RESOURCE, DRA_GPU_RESOURCE
 from tests.unit.planner.builders import make_group, make_node, make_pod

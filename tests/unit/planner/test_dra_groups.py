@@ -10,13 +10,13 @@ import pytest
 
 from dds.config import Settings
 from dds.controller.dra_binding import pool_mode_groups
-from dds.groups.sources import GroupInput, parse_group
+from dds.groups.schema import GroupInput, parse_group
 from dds.model.groups import (ANN_GPU_API, ANN_GPU_RESOURCE, DRA_GPU_RESOURCE, LABEL_ATTACHED_GPU, GpuApi,
                               SourceRef)
 from dds.nodes.kwok import node_capacity
 from dds.planner import plan_scale_up
 from dds.planner.dra import lower_claims
-from dds.planner.plan import Verdict
+from dds.model.plan import Verdict
 from dds.planner.refusals import NO_GROUP_FOR_API
 from dds.provider.template import build_template_node
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool

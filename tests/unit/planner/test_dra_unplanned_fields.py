@@ -16,9 +16,10 @@ from dataclasses import replace
 
 from dds.kube.decode import device_requests, resource_slice
 from dds.planner import plan_scale_up, render_scale_up
-from dds.planner.dra import DRIVER, claim_demand, gpu_device, lower_claims, partitions_of
-from dds.planner.dra_records import DeviceTaintInfo, DraDevice
-from dds.planner.plan import Verdict
+from dds.model.dra_devices import DRIVER, gpu_device
+from dds.planner.dra import claim_demand, lower_claims, partitions_of
+from dds.model.dra_records import DeviceTaintInfo, DraDevice
+from dds.model.plan import Verdict
 from dds.planner.refusals import CLAIM_NOT_PLANNED, NO_MATCHING_DEVICE
 from tests.unit.planner.test_dra import (A30, A100, CLASS, GREEDY, claim, decision, dra_node, dra_pod, model_is,
                                          request, snapshot_with)

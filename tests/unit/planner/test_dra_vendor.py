@@ -13,9 +13,9 @@ from dds.model.groups import (ANN_DRA_DEVICE_ATTRIBUTES, ANN_DRA_DRIVER, ANN_DRA
                               NodeGroupSpec, dra_gpu_resource)
 from dds.planner import plan_scale_down, plan_scale_up
 from dds.planner.dra import lower_claims, lower_observed
-from dds.planner.dra_records import (AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraDevice, DraState,
-                                     ResourceClaimInfo, ResourceSliceInfo)
-from dds.planner.plan import Verdict
+from dds.model.dra_records import (AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraDevice, DraState,
+                                   ResourceClaimInfo, ResourceSliceInfo)
+from dds.model.plan import Verdict
 from dds.planner.refusals import NO_MATCHING_DEVICE
 from tests.unit.planner.builders import make_pod, make_pool, make_snapshot
 from tests.unit.planner.test_dra import (CLASS, GREEDY, claim, decision, dra_group, dra_node, dra_pod, model_is,

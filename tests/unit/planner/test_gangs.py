@@ -7,8 +7,9 @@ from dataclasses import replace
 import pytest
 
 from dds.planner import plan_scale_up
-from dds.planner.gangs import GANG_INCOMPLETE, GANG_LARGER_THAN_CLUSTER, POD_GROUP_LABEL, find_gangs, gang_of
-from dds.planner.plan import PlannerConfig, Verdict
+from dds.planner.gangs import GANG_INCOMPLETE, GANG_LARGER_THAN_CLUSTER, find_gangs, gang_of
+from dds.model.snapshot import POD_GROUP_LABEL
+from dds.model.plan import PlannerConfig, Verdict
 from dds.planner.reference import plan_scale_up_reference
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
 

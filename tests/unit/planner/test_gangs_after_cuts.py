@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dds.planner import plan_scale_up
 from dds.planner.equip import equip_new_nodes
-from dds.planner.gangs import GANG_INCOMPLETE, GANG_LARGER_THAN_CLUSTER, equip_every_group, find_gangs, \
-    placed_pods, whole_gangs_after_cut
-from dds.planner.plan import PlannerConfig, ScaleUpPlan, Verdict
+from dds.planner.gangs import GANG_INCOMPLETE, GANG_LARGER_THAN_CLUSTER, find_gangs, placed_pods, whole_gangs_after_cut
+from dds.planner.equip import equip_every_group
+from dds.model.plan import PlannerConfig, ScaleUpPlan, Verdict
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
 
 CONFIG = PlannerConfig(policy="best-fit", batch_solver="greedy", groups=("gpu",))

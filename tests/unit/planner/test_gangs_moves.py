@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dds.planner import plan_scale_up
 from dds.planner.moves import plan_moves
-from dds.planner.plan import PlannerConfig
+from dds.model.plan import PlannerConfig
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
 
 CONFIG = PlannerConfig(policy="best-fit", batch_solver="greedy", allow_new_nodes=False)

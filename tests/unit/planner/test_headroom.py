@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from dds.planner import plan_scale_down
 from dds.planner.headroom import hungry_pools, plan_warm_refill, warm_target
-from dds.planner.plan import PlannerConfig
+from dds.model.plan import PlannerConfig
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
 
 NOW = 1000.0

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from dds.planner.moves import plan_room_headroom
-from dds.planner.plan import Attach
-from dds.planner.snapshot import NodeInfo, PodInfo, Snapshot
+from dds.model.plan import Attach
+from dds.model.snapshot import NodeInfo, PodInfo, Snapshot
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dds.cli import main
-from dds.planner.snapshot_io import SnapshotFormatError, dump_snapshot, load_snapshot
+from dds.commands.snapshot_file import SnapshotFormatError, dump_snapshot, load_snapshot
 from tests.bench import planner as bench
 from tests.unit.planner.builders import demo_snapshot, make_node, make_pod, make_snapshot, same_host, term
 

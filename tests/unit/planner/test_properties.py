@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from dds.planner import plan_scale_down, plan_scale_up
 from dds.planner.batch import cost
 from dds.planner.nodes import gpu_facts
-from dds.planner.plan import PlannerConfig, Verdict
+from dds.model.plan import PlannerConfig, Verdict
 from dds.planner.reference import plan_scale_up_reference
 from tests.bench.synthetic import Shape, random_snapshot
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from dds.planner import existing, plan_scale_up
-from dds.planner.plan import PlannerConfig
+from dds.model.plan import PlannerConfig
 from dds.planner.scoring import Candidates, rank
-from dds.planner.snapshot import Snapshot
+from dds.model.snapshot import Snapshot
 from dds.planner.state import _unique_rows
 from tests.bench.synthetic import Shape, random_snapshot
 

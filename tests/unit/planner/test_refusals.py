@@ -4,7 +4,7 @@ than a node takes, an empty pool. `dds plan`, the logs and the pod's Event all p
 from __future__ import annotations
 
 from dds.planner import plan_scale_up
-from dds.planner.plan import PlannerConfig, Verdict
+from dds.model.plan import PlannerConfig, Verdict
 from dds.planner.refusals import (FITS_NOWHERE, NO_SUCH_MODEL, POOL_EMPTY, TOO_MANY_GPUS, UNSUPPORTED, cannot_serve,
                                   selected_models)
 from tests.unit.planner.builders import PRODUCT, make_group, make_node, make_pod, make_pool, make_snapshot, term

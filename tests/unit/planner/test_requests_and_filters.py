@@ -14,7 +14,7 @@ from dds.planner.filters import (gpus_fit, host_ports_free, node_affinity_satisf
                                  pod_anti_affinity_satisfied, resources_fit, taints_tolerated)
 from dds.planner.nodes import sim_node
 from dds.planner.requests import pod_request
-from dds.planner.snapshot import NodeSelectorTerm, SelectorRequirement, Toleration
+from dds.model.snapshot import NodeSelectorTerm, SelectorRequirement, Toleration
 from tests.unit.planner.builders import GiB, GPU, make_node, make_pod, make_snapshot, same_host, term
 
 CPU1 = Resources(milli_cpu=1000, memory=GiB)

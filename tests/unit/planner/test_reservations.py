@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from dds.planner.plan import Detach, ScaleDownPlan
+from dds.model.plan import Detach, ScaleDownPlan
 from dds.planner.reservations import (CLAIM_TAINT_KEY, ReservationConfig, keep_reserved, plan_reservations,
                                       reservation_taint)
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot

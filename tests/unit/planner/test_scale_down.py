@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dds.planner import plan_scale_down, render_scale_down
-from dds.planner.plan import PlannerConfig
+from dds.model.plan import PlannerConfig
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_snapshot
 
 CONFIG = PlannerConfig()

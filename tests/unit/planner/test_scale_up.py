@@ -8,8 +8,8 @@ import pytest
 
 from dds.model.groups import Taint
 from dds.planner import plan_scale_up, render_scale_up
-from dds.planner.plan import PlannerConfig, ScaleUpPlan, Verdict
-from dds.planner.snapshot import Toleration
+from dds.model.plan import PlannerConfig, ScaleUpPlan, Verdict
+from dds.model.snapshot import Toleration
 from tests.unit.planner.builders import (demo_snapshot, make_group, make_node, make_pod, make_pool, make_snapshot,
                                          same_host)
 

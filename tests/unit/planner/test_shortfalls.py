@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dds.model.groups import Taint
 from dds.planner.shortfalls import Restore, gpu_shortfalls
-from dds.planner.snapshot import PoolInfo, Snapshot
+from dds.model.snapshot import PoolInfo, Snapshot
 from tests.unit.planner.builders import make_group, make_node, make_pod
 
 

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from dds.planner import plan_scale_down, plan_scale_up, state
-from dds.planner.plan import PlannerConfig
+from dds.model.plan import PlannerConfig
+from dds.planner.memos import PlannerMemos
 from dds.planner.requests import RequestCache
-from dds.planner.snapshot import Snapshot
+from dds.model.snapshot import Snapshot
 from tests.bench.synthetic import Shape, random_snapshot
 
 ARRAYS = ("capacity", "free", "gpu_capacity", "gpu_free", "free_slots", "attachable", "target", "model", "pool",
@@ -44,28 +45,36 @@ def next_snapshot(first: Snapshot, by_node: dict, seed: int) -> tuple[Snapshot, 
     return indexed(dataclasses.replace(first, nodes=tuple(nodes), pods=pods), by_node), by_node
 
 
-def forget_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state, "_NODE_FACTS", state._NodeFacts())
-    monkeypatch.setattr(state, "_NODE_LOADS", state._NodeLoads())
-    monkeypatch.setattr(state, "_LAST_CAPACITY", state._LastColumns())
-    monkeypatch.setattr(state, "_LAST_SUMS", state._LastColumns())
-    monkeypatch.setattr(state, "_BOUND_PODS", state._BoundPodsMemo())
-
-
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_state_built_on_the_last_ones_equals_one_built_from_nothing(seed: int, monkeypatch) -> None:
+def test_a_state_built_on_the_last_ones_equals_one_built_from_nothing(seed: int) -> None:
     first = random_snapshot(seed, Shape(nodes=40, pending=8, slots=8, pools=2))
     by_node = {n.name: first.pods_on(n.name) for n in first.nodes}
     first = indexed(dataclasses.replace(first), by_node)
     second, _ = next_snapshot(first, by_node, seed)
-    state.ClusterState(first, RequestCache(), None)
-    reused = state.ClusterState(second, RequestCache(), None)
+    memos = PlannerMemos()  # kept from the first state to the second, as the Controller keeps its own
+    state.ClusterState(first, RequestCache(memos.requests), None, memos=memos)
+    reused = state.ClusterState(second, RequestCache(memos.requests), None, memos=memos)
     config = PlannerConfig(batch_solver="greedy")
-    plans = plan_scale_up(second, config), plan_scale_down(second, config)
-    forget_everything(monkeypatch)
-    fresh = state.ClusterState(second, RequestCache(), None)
+    plans = plan_scale_up(second, config, memos=memos), plan_scale_down(second, config, memos=memos)
+    fresh = state.ClusterState(second, RequestCache(), None)  # no memos: derived from nothing
     for name in ARRAYS:
         assert np.array_equal(getattr(reused, name), getattr(fresh, name)), name
     assert reused.facts == fresh.facts
-    forget_everything(monkeypatch)
     assert (plan_scale_up(second, config), plan_scale_down(second, config)) == plans
+
+
+def test_memos_are_reused_only_by_the_objects_they_were_derived_from() -> None:
+    """A memo is the caller's: a state built with it reuses the columns of the nodes that did not change, and one built
+    without it (or with another) reuses nothing."""
+    first = random_snapshot(4, Shape(nodes=40, pending=8, slots=8, pools=2))
+    by_node = {n.name: first.pods_on(n.name) for n in first.nodes}
+    first = indexed(dataclasses.replace(first), by_node)
+    second, _ = next_snapshot(first, by_node, 4)
+    memos = PlannerMemos()
+    built = state.ClusterState(first, RequestCache(memos.requests), None, memos=memos)
+    again = state.ClusterState(second, RequestCache(memos.requests), None, memos=memos)
+    unshared = state.ClusterState(second, RequestCache(), None)
+    unchanged = [node.name for node, before in zip(second.nodes, first.nodes) if node is before]
+    assert unchanged
+    assert all(again.facts[again.index[name]] is built.facts[built.index[name]] for name in unchanged)
+    assert not any(unshared.facts[unshared.index[name]] is built.facts[built.index[name]] for name in unchanged)

@@ -20,7 +20,9 @@ from dds.scaling.instances import InstanceFactory, InstanceRecord, InstanceTrack
 from dds.scaling.requests import DeleteTarget, LiveNode
 from dds.provider.registry import Registry, StaticClusterView
 from dds.provider.server import ProviderServer, build_server
-from dds.groups.sources import GroupInput, NodeGroupCatalog, SourceRead, parse_group
+from dds.groups.schema import GroupInput, parse_group
+from dds.groups.catalog import NodeGroupCatalog
+from dds.groups.sources import SourceRead
 from dds.model.groups import SourceRef
 
 

@@ -3,7 +3,7 @@ per CA call, and never stale after a change (a node joins, leaves or moves group
 
 from __future__ import annotations
 
-from dds.groups.sources import NodeGroupCatalog
+from dds.groups.catalog import NodeGroupCatalog
 from dds.provider.gen.externalgrpc import externalgrpc_pb2 as pb
 from dds.provider.membership import Membership
 from dds.provider.registry import Registry, StaticClusterView
@@ -53,9 +53,9 @@ def test_a_node_that_joins_leaves_or_moves_group_is_answered_from_the_new_view()
     assert registry.view(registry.require(CPU)).live_nodes == 2
     cluster.set_nodes([LiveNode("cpu-2", "kwok://cpu-2", GPU, True)])  # cpu-1 gone, cpu-2 now in a spec-fixed group
     assert group_id_for(registry, asked("cpu-1", "kwok://cpu-1")) == ""
-    assert group_id_for(registry, asked("cpu-2", "kwok://cpu-2")) == ""  # spec-fixed live nodes: not autoscaled
+    assert group_id_for(registry, asked("cpu-2", "kwok://cpu-2")) == f"{GPU}#live"  # spec-fixed: its companion
     assert registry.view(registry.require(CPU)).live_nodes == 0
-    assert [v.max_size for v in registry.views() if v.spec.id == GPU] == [3]  # max 4 minus the one live node
+    assert [(v.id, v.max_size) for v in registry.views() if v.id.startswith(GPU)] == [(GPU, 3), (f"{GPU}#live", 1)]
     assert registry.membership.builds == 3
 
 

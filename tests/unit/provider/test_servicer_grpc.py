@@ -50,13 +50,13 @@ def provider(provider_factory):
 def test_node_groups_report_spec_fixed_and_observed_limits(provider):
     answer = provider.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5)
     limits = {g.id: (g.minSize, g.maxSize) for g in answer.nodeGroups}
-    # spec-fixed: min 0, max = 4 - 1 live node; observed: as configured
-    assert limits == {GROUP: (0, 3), OBSERVED: (1, 3)}
+    # spec-fixed: min 0, max = 4 - 1 live node, and its companion holds that node; observed: as configured
+    assert limits == {GROUP: (0, 3), f"{GROUP}#live": (1, 1), OBSERVED: (1, 3)}
     assert all(g.debug for g in answer.nodeGroups)
 
 
 @pytest.mark.parametrize("request_node, expected", [
-    pytest.param(node("gpu-1", "kwok://gpu-1"), "", id="live-node-of-spec-fixed-group-is-not-autoscaled"),
+    pytest.param(node("gpu-1", "kwok://gpu-1"), f"{GROUP}#live", id="live-node-of-spec-fixed-group-is-in-its-companion"),
     pytest.param(node("cpu-1", "kwok://cpu-1"), OBSERVED, id="live-node-of-observed-group"),
     pytest.param(node("other-1", "kwok://other-1"), "", id="node-of-no-group"),
     pytest.param(node("unknown", "aws:///i-123"), "", id="unknown-node"),
@@ -101,7 +101,7 @@ def test_refresh_keeps_last_good_groups_when_the_source_fails(provider):
     provider.source.result = SourceUnavailable("apiserver unreachable")
     provider.stub.Refresh(pb.RefreshRequest(), timeout=5)  # no error: CA's loop must go on
     ids = [g.id for g in provider.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5).nodeGroups]
-    assert sorted(ids) == sorted([GROUP, OBSERVED])
+    assert sorted(ids) == sorted([GROUP, f"{GROUP}#live", OBSERVED])
 
 
 # --- sizes ---

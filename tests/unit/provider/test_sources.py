@@ -10,8 +10,9 @@ from kubernetes import client
 from dds import metrics
 from dds.kube.machinesets import MachineSetLister, machineset_from_object
 from dds.model.groups import SourceRef, TemplateMode
-from dds.groups.sources import (FileSource, GroupInput, MachineSetSource, NodeGroupCatalog, SourceRead,
-                                SourceUnavailable, parse_duration, parse_group)
+from dds.groups.sources import FileSource, MachineSetSource, SourceRead, SourceUnavailable
+from dds.groups.schema import GroupInput, parse_duration, parse_group
+from dds.groups.catalog import NodeGroupCatalog
 
 from .conftest import RecordingEvents, StaticSource, annotations, make_group
 

@@ -22,9 +22,11 @@ from dds.kube.machinesets import MachineSetObject
 from dds.model import groups as g
 from dds.model.groups import SourceRef
 from dds.model.quantity import QuantityError, to_int, to_milli
-from dds.groups import sources as s
+from dds.groups import schema as s
 from dds.provider.gen.externalgrpc import externalgrpc_pb2 as pb
-from dds.groups.sources import FileSource, GroupInput, MachineSetSource, NodeGroupCatalog, parse_group
+from dds.groups.sources import FileSource, MachineSetSource
+from dds.groups.schema import GroupInput, parse_group
+from dds.groups.catalog import NodeGroupCatalog
 from dds.provider.template import build_template_node
 from tests.unit.provider.conftest import RecordingEvents, annotations, start_provider
 from tests.unit.reliability import figures

@@ -43,6 +43,8 @@ GROUPS = (SPEC_FIXED, OBSERVED, FULL)
 LIVE = (LiveNode("gpu-1", "kwok://gpu-1", SPEC_FIXED, True), LiveNode("cpu-1", "kwok://cpu-1", OBSERVED, True),
         LiveNode("full-1", "kwok://full-1", FULL, True), LiveNode("other-1", "kwok://other-1", None, True))
 MAX = {SPEC_FIXED: 3, OBSERVED: 3, FULL: 0}  # what NodeGroups reports as maxSize
+# The companions of the two spec-fixed groups (dds/provider/membership.py): their one live node each, min = max = 1.
+COMPANIONS = {f"{SPEC_FIXED}#live": "kwok://gpu-1", f"{FULL}#live": "kwok://full-1"}
 LIVE_IN = {SPEC_FIXED: 0, OBSERVED: 1, FULL: 0}  # live nodes counted in TargetSize (observed groups only)
 INT32 = (-2**31, 2**31 - 1)
 INT64 = (-2**63, 2**63 - 1)
@@ -285,11 +287,13 @@ class ProviderMachine(RuleBasedStateMachine):
             assert error is not None and "neither a name nor a providerID" in message, message
             return
         assert error is None, message
-        assert answer.nodeGroup.id in ("", *GROUPS)
+        assert answer.nodeGroup.id in ("", *GROUPS, *COMPANIONS)
         owner = self.tracked().get(node.providerID) or self.tracked().get(node.name)
         if owner is not None:  # a listed instance always maps to its group, whatever else the node carries
             assert answer.nodeGroup.id == owner
-        if answer.nodeGroup.id:
+        if answer.nodeGroup.id in COMPANIONS:
+            assert answer.nodeGroup.minSize == answer.nodeGroup.maxSize == 1
+        elif answer.nodeGroup.id:
             assert answer.nodeGroup.maxSize == MAX[answer.nodeGroup.id]
 
     @rule(group_id=group_ids)
@@ -347,7 +351,14 @@ class ProviderMachine(RuleBasedStateMachine):
     @invariant()
     def sizes_and_listings_agree(self) -> None:
         served = {g.id: g for g in self.checks.NodeGroups(pb.NodeGroupsRequest(), timeout=TIMEOUT).nodeGroups}
-        assert set(served) == set(GROUPS)
+        assert set(served) == set(GROUPS) | set(COMPANIONS)
+        for companion_id, provider_id in COMPANIONS.items():
+            target = self.checks.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id=companion_id),
+                                                     timeout=TIMEOUT).targetSize
+            listed = self.checks.NodeGroupNodes(pb.NodeGroupNodesRequest(id=companion_id), timeout=TIMEOUT).instances
+            assert served[companion_id].minSize == served[companion_id].maxSize == target == 1
+            assert [(i.id, i.status.instanceState) for i in listed] == [(provider_id,
+                                                                          pb.InstanceStatus.instanceRunning)]
         for group_id in GROUPS:
             target = self.checks.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id=group_id),
                                                      timeout=TIMEOUT).targetSize
@@ -433,7 +444,7 @@ def _still_serving(provider: Provider) -> None:
         status = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=TIMEOUT).status
         assert status == health_pb2.HealthCheckResponse.SERVING
     served = provider.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=TIMEOUT).nodeGroups
-    assert {g.id for g in served} == set(GROUPS)
+    assert {g.id for g in served} == set(GROUPS) | set(COMPANIONS)
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.cdi_operator import (MISSING_RBAC_RULES, OPERATOR_NAMESPACE, SERVICE_ACCOUNT, CdiOperator,
-                                  CdiOperatorError, DeviceResourceType, FabricManagerAccess, OperatorRelease,
+                                  CdiOperatorError, DeviceResourceType, FabricManagerAccess, FtiApi, OperatorRelease,
                                   missing_rbac)
 from tests.unit.fabric.test_cdi_operator_crds import REPO, _pinned
 
@@ -83,6 +83,32 @@ def test_device_plugin_mode_needs_the_cluster_id() -> None:
                                  password="p", client_id="c", client_secret="s", realm="r")
     with pytest.raises(CdiOperatorError, match="DEVICE_PLUGIN mode needs .*cluster_id"):
         CdiOperator(None, fabric, device_resource_type=DeviceResourceType.DEVICE_PLUGIN)  # type: ignore[arg-type]
+
+
+def test_the_cluster_manager_api_is_chosen_by_its_emulator_and_needs_a_cluster_id(tmp_path: Path) -> None:
+    from harness.cluster_manager import ClusterManagerEmulator
+    from harness.fabric_manager import FabricManagerEmulator
+
+    with ClusterManagerEmulator({"A100": 1}, state_dir=tmp_path / "cm") as cm, \
+            FabricManagerEmulator({"A100": 1}, state_dir=tmp_path / "fm") as fm:
+        assert (FabricManagerAccess.of(cm).api, FabricManagerAccess.of(cm).cluster_id) == (FtiApi.CM, cm.cluster_uuid)
+        assert (FabricManagerAccess.of(fm).api, FabricManagerAccess.of(fm).cluster_id) == (FtiApi.FM, "")
+    no_cluster = FabricManagerAccess(endpoint="127.0.0.1:1", ca_file=Path("/nonexistent"), tenant_id="t",
+                                     username="u", password="p", client_id="c", client_secret="s", realm="r",
+                                     api=FtiApi.CM)
+    with pytest.raises(CdiOperatorError, match="cluster-manager API .*needs .*cluster_id"):
+        CdiOperator(None, no_cluster)  # type: ignore[arg-type]
+
+
+def test_the_shipped_role_grants_what_device_plugin_mode_reads_through_the_cluster_manager(bin_dir: Path) -> None:
+    """DEVICE_PLUGIN + CM: the node's OpenShift Machine (unstructured Get), its BareMetalHost (through the cache),
+    nvidia-smi in the driver pod, the GPU operator's DaemonSets restarted. None of it is in MISSING_RBAC_RULES."""
+    shipped = [rule for obj in OperatorRelease.locate(bin_dir).rbac() if obj["kind"] == "ClusterRole"
+               for rule in obj.get("rules", [])]
+    needed = [("machine.openshift.io", "machines", "get"), ("metal3.io", "baremetalhosts", "get"),
+              ("metal3.io", "baremetalhosts", "list"), ("metal3.io", "baremetalhosts", "watch"),
+              ("", "pods/exec", "create"), ("apps", "daemonsets", "update")]
+    assert [n for n in needed if not _granted(shipped, *n)] == []
 
 
 def _granted(rules: list[dict], group: str, resource: str, verb: str) -> bool:

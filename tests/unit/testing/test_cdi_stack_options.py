@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from dds.groups.sources import group_input_from_machineset, parse_group
+from dds.groups.sources import group_input_from_machineset
+from dds.groups.schema import parse_group
 from dds.kube.machinesets import machineset_from_object
 from dds.nodes.kwok import build_machine, build_node, is_kwok_machine
 from harness.cdi_operator import DRA_FEATURE_GATES, DRA_RUNTIME_CONFIG
@@ -43,3 +44,20 @@ def test_machines_and_their_nodes_carry_the_fabric_machine_id_the_operator_reads
     spec, _ = parse_group(group_input_from_machineset(machineset_from_object(obj)))
     assert spec is not None
     assert build_node(spec, obj, machine, "nvidia.com/gpu.product")["spec"]["providerID"] == provider_id
+
+
+def test_device_plugin_mode_is_an_extended_resource_group_through_the_cluster_manager() -> None:
+    from dds.model.groups import GpuApi
+    from harness.cdi_stack import MODEL, CdiDevicePluginFabricSide
+    from harness.gpu_node_agent import DeviceMode
+
+    options = cdi_options(StackOptions(dds_settings={"loop_interval_seconds": 2}), device_mode=DeviceMode.DEVICE_PLUGIN)
+    assert options.fabric_side is CdiDevicePluginFabricSide
+    assert CdiDevicePluginFabricSide.device_mode is DeviceMode.DEVICE_PLUGIN
+    assert CdiFabricSide.device_mode is DeviceMode.DRA
+    assert options.provider_ids == FSAS_CDI_PROVIDER_IDS  # the node agent registers nodes by it in both modes
+    assert not options.feature_gates and not options.controller_manager  # no DRA in this mode
+    assert options.dds_settings == {"fabric": "composability-request", "loop_interval_seconds": 2}
+    spec, errors = parse_group(group_input_from_machineset(machineset_from_object(machineset(options))))
+    assert spec is not None, errors
+    assert spec.gpu_api is GpuApi.EXTENDED_RESOURCE and spec.gpu_models == (MODEL,)

@@ -175,3 +175,14 @@ def test_history_counts_what_the_workload_made_dds_do():
                                                       ()), nodes=(node("n1"), node("n3")), pods=())
     history.observe(released, now=3.0)
     assert history.activity == {"gpus_attached": 1, "gpus_detached": 2, "nodes_added": 1, "nodes_removed": 1}
+
+
+def test_a_spec_fixed_groups_companion_lists_live_nodes_and_is_not_work_in_flight():
+    companion = CaGroupView(f"{GROUP}#live", 2, ("kwok://n1", "kwok://n2"), 0)
+    reading = replace(healthy(), ca=(*healthy().ca, companion))
+    assert instant_violations(reading) == []
+    at_rest = replace(reading, fabric=FabricReading((), ()), pools={}, nodes=(node("n1"), node("n2")),
+                      ca=(CaGroupView(GROUP, 0, (), 0), companion), stored_instances=frozenset())
+    assert check_settled(at_rest) == []
+    wrong = replace(reading, ca=(healthy().ca[0], CaGroupView(f"{GROUP}#live", 1, ("dds://g/gpu/1",), 0)))
+    assert [v.subject for v in instant_violations(wrong)] == [f"{GROUP}#live"]

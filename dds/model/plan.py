@@ -166,4 +166,9 @@ class PlannerConfig:
     # Warm headroom per pool: idle GPUs each group of the pool keeps attached unless the group sets its own
     # (NodeGroupSpec.warm_gpus); see dds/planner/headroom.py.
     warm_gpus_by_pool: Mapping[str, int] = field(default_factory=dict)
+    # The GPUs are attached by CoHDI's composable-resource-operator (fabric `composability-request`). Its device mode
+    # follows from each group's GPU API: an extended-resource group is served by its DEVICE_PLUGIN mode, which
+    # detaches a GPU only from a node where no GPU is busy (dds/planner/device_modes.py); a DRA group by its DRA mode,
+    # which checks the GPU being detached only.
+    cdi_operator: bool = False
     extra: dict = field(default_factory=dict)

@@ -46,8 +46,8 @@ from dds.model.groups import NodeGroupSpec, SourceRef, Taint
 from dds.model.quantity import QuantityError, to_int, to_milli
 from dds.model.resources import Resources
 from dds.planner.selectors import LABEL_OPERATORS, NODE_OPERATORS
-from dds.planner.snapshot import (ContainerRequests, Device, HostPort, LabelSelector, NodeInfo, NodeSelectorTerm,
-                                  PodAffinityTerm, PodInfo, PoolInfo, SelectorRequirement, Snapshot, Toleration)
+from dds.model.snapshot import (ContainerRequests, Device, HostPort, LabelSelector, NodeInfo, NodeSelectorTerm,
+                                PodAffinityTerm, PodInfo, PoolInfo, SelectorRequirement, Snapshot, Toleration)
 
 T = TypeVar("T")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")

@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Optional, Sequence
 
+from dds.model.dra_records import DraState, PodClaimRef
 from dds.model.groups import NodeGroupSpec, Taint
 from dds.model.resources import Resources
-from dds.planner.dra_records import DraState, PodClaimRef
 
+# The coscheduling plugin's label naming a pod's gang (PodGroup): read by the decoder and the planner alike.
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 
 
 def _empty() -> Mapping[str, str]:

@@ -1,0 +1,109 @@
+"""The observer (dds/controller/observe.py) driven through a fake `ClusterReader` port, no watch cache and no
+apiserver: what it reads becomes the snapshot the planner sees — nodes linked to their MachineSet group through their
+Machines, the nodes still on their way, the pods waiting — and without Cluster API no node is DDS's. The same observer
+on a real apiserver, cached and listing: tests/integration/kube/test_cache_observer.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+from dds.controller.idle import IdleTracker
+from dds.controller.observe import ClusterObserver
+from dds.fabric.base import FabricDevice, Operation, PoolState
+from dds.kube.decode import NodeRecord, PodRecord
+from dds.model.dra_records import DraState
+from dds.model.resources import Resources
+from tests.unit.planner.builders import make_group, make_pod
+
+GROUP = "MachineSet/default/workers"
+GiB = 1024 ** 3
+
+
+def machine(name: str, node: Optional[str]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "default",
+                         "ownerReferences": [{"kind": "MachineSet", "name": "workers"}]},
+            "spec": {"providerID": f"kwok://{node}" if node else ""},
+            "status": {"nodeRef": {"name": node}} if node else {}}
+
+
+def node_record(name: str) -> NodeRecord:
+    return NodeRecord(name=name, provider_id=f"kwok://{name}", labels={}, taints=(), unschedulable=False, ready=True,
+                      allocatable=Resources(milli_cpu=8000, memory=32 * GiB, pods=110), created_at=0.0,
+                      marked_for_deletion=False)
+
+
+@dataclass
+class ClusterInMemory:
+    """The ClusterReader port over objects held here; counts each read (every one would be a LIST)."""
+
+    machines_: list[dict[str, Any]] = field(default_factory=list)
+    machinesets_: list[dict[str, Any]] = field(default_factory=list)
+    pods: list[PodRecord] = field(default_factory=list)
+    nodes: list[NodeRecord] = field(default_factory=list)
+    reads: list[str] = field(default_factory=list)
+
+    def machines(self) -> Sequence[Mapping[str, Any]]:
+        self.reads.append("machines")
+        return self.machines_
+
+    def machinesets(self) -> Sequence[Mapping[str, Any]]:
+        self.reads.append("machinesets")
+        return self.machinesets_
+
+    def pod_records(self) -> Sequence[PodRecord]:
+        self.reads.append("pods")
+        return self.pods
+
+    def node_records(self) -> Sequence[NodeRecord]:
+        self.reads.append("nodes")
+        return self.nodes
+
+    def dra(self) -> DraState:
+        self.reads.append("dra")
+        return DraState()
+
+
+class OneGpuFabric:
+    def devices(self, node: Optional[str] = None) -> tuple[FabricDevice, ...]:
+        attached = (FabricDevice(id="w1-gpu-0", model="A30", pool="pool-a", node="w1", attached_at=1.0),)
+        return tuple(d for d in attached if node is None or d.node == node)
+
+    def operations(self) -> tuple[Operation, ...]:
+        return ()
+
+    def pools(self) -> tuple[PoolState, ...]:
+        return (PoolState("pool-a", {"A30": 4}, {"A30": 3}),)
+
+
+def observer(cluster: ClusterInMemory) -> ClusterObserver:
+    return ClusterObserver(cluster, OneGpuFabric(), lambda: (make_group(GROUP),),  # type: ignore[arg-type]
+                           lambda: 100.0, IdleTracker(), "nvidia.com/gpu.product")
+
+
+def test_what_the_reader_gives_becomes_the_snapshot() -> None:
+    cluster = ClusterInMemory(
+        machines_=[machine("workers-a", "w1"), machine("workers-b", None)],
+        machinesets_=[{"metadata": {"name": "workers", "namespace": "default"}, "spec": {"replicas": 3}}],
+        pods=[PodRecord(make_pod("train", gpus=1), terminal=False, unschedulable_since=50.0),
+              PodRecord(make_pod("web", node="w1"), terminal=False, unschedulable_since=None),
+              PodRecord(make_pod("done", node="w1"), terminal=True, unschedulable_since=None)],
+        nodes=[node_record("w1"), node_record("elsewhere")])
+    observation = observer(cluster).observe()
+    snapshot = observation.snapshot
+    by_name = {n.name: n for n in snapshot.nodes}
+    assert by_name["w1"].group_id == GROUP and [d.id for d in by_name["w1"].devices] == ["w1-gpu-0"]
+    assert by_name["elsewhere"].group_id is None
+    # A Machine without its Node, and a replica without its Machine: both nodes on their way.
+    assert snapshot.upcoming_nodes == {GROUP: 2}
+    assert sorted(p.name for p in snapshot.pods) == ["train", "web"]  # a finished pod holds nothing
+    assert observation.unschedulable_since == {"default/train": 50.0}
+    assert [(m.name, m.node_name) for m in observation.machines] == [("workers-a", "w1"), ("workers-b", None)]
+    assert sorted(cluster.reads) == ["dra", "machines", "machinesets", "nodes", "pods"]  # one read of each
+
+
+def test_without_cluster_api_no_node_is_dds_s() -> None:
+    cluster = ClusterInMemory(nodes=[node_record("w1")])  # the reader answers no Machines and no MachineSets
+    observation = observer(cluster).observe()
+    assert [n.group_id for n in observation.snapshot.nodes] == [None]
+    assert observation.machines == () and observation.replicas == {}
