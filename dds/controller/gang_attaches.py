@@ -95,6 +95,11 @@ class GangAttaches:
         """`pods` without the members of gangs being rolled back (they are planned whole again after it)."""
         return [p for p in pods if gang_of(p) not in self._held]
 
+    def holds_any(self, pods: Sequence[PodInfo]) -> bool:
+        """Whether a gang of `pods` is held now: a plan made for them before the latest reconcile must not be acted on
+        (more GPUs for a gang whose set already failed would complete it just before its rollback detaches them)."""
+        return any(gang_of(p) in self._held for p in pods)
+
     def _roll_back(self, snapshot: Snapshot, gang: str, work: _GangWork, why: str) -> None:
         """Detach the gang's GPUs that no pod uses (in use ones stay: a member that did start keeps its GPUs)."""
         del self._gangs[gang]

@@ -261,7 +261,9 @@ class Controller:
             reservations = self.reservations.apply(decisions.reservations, observation.snapshot)
             self.removals.resume(observation)
             self._attach_initial_gpus(observation)
-            if self.executor.generation != generation:  # something started since the snapshot: decide on it
+            # Decide again on what changed since the snapshot: something started, or a gang this plan serves is now
+            # held for its rollback (the plan was made before the reconcile that held it).
+            if self.executor.generation != generation or self.gangs.holds_any(decisions.waiting):
                 observation = self.observer.observe()
                 decisions = self._decide(observation, reservations)
             # Before acting: a pass that fails while acting still shows the idle GPUs it meant to release.

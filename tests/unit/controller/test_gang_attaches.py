@@ -129,3 +129,16 @@ def test_a_failure_waits_for_the_gangs_other_attaches_and_holds_the_gang_back_me
     assert gangs.not_held(snapshot.pending_pods()) == [], "the pass that rolls back sees the GPUs as still there"
     gangs.reconcile(snapshot)
     assert len(gangs.not_held(snapshot.pending_pods())) == 2, "planned whole again on the next pass"
+
+
+def test_a_plan_made_before_the_gang_was_held_is_not_acted_on():
+    """The loop plans before it reconciles: a plan for the members of a gang the reconcile then holds (its set
+    failed) must be made again, or more GPUs would complete the gang just before its rollback detaches them."""
+    clock, fabric, actions, events, gangs, snapshot = setup()
+    planned_for = gangs.not_held(snapshot.pending_pods())
+    assert not gangs.holds_any(planned_for)
+    fabric.finish("k1", "n1", (), OperationState.RUNNING)
+    fabric.finish("k2", "n2", (), OperationState.FAILED, FabricError(ErrorCode.BACKEND, "switch port down"))
+    gangs.reconcile(snapshot)
+    assert gangs.holds_any(planned_for), "the plan serves a gang now held: plan again"
+    assert not gangs.holds_any([make_pod("solo", gpus=1)])
