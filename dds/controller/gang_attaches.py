@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 
 from dds import metrics
 from dds.controller.apply import Actions
-from dds.controller.executor import pod_ref
+from dds.scaling.node_actions import pod_ref
 from dds.fabric.base import Fabric, OperationState
 from dds.model.events import WARNING, EventRecorder
 from dds.planner.gangs import find_gangs, gang_of

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Iterable
 
-from dds.controller.executor import pod_ref
+from dds.scaling.node_actions import pod_ref
 from dds.model.events import WARNING, EventRecorder
 from dds.planner.gangs import GANG_INCOMPLETE
 from dds.model.plan import ScaleUpPlan

@@ -38,7 +38,7 @@ from typing import Callable, Iterable, Optional, Protocol
 
 from dds import metrics
 from dds.controller.apply import Actions
-from dds.controller.executor import node_ref
+from dds.scaling.node_actions import node_ref
 from dds.controller.observe import Observation
 from dds.crashpoints import crashpoint
 from dds.fabric.base import Operation

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 from dds import metrics
 from dds.controller.apply import Actions
-from dds.controller.executor import node_ref
+from dds.scaling.node_actions import node_ref
 from dds.controller.observe import Observation
 from dds.fabric.base import DeviceState, Fabric, FabricDevice, FabricError, Operation, OperationState
 from dds.model.events import WARNING, EventRecorder

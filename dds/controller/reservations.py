@@ -30,7 +30,7 @@ from typing import Optional, Protocol, Sequence
 
 from dds import metrics
 from dds.controller.apply import Actions
-from dds.controller.executor import node_ref, pod_ref
+from dds.scaling.node_actions import node_ref, pod_ref
 from dds.controller.journal import DecisionJournal
 from dds.kube.errors import ApiError
 from dds.model.events import NORMAL, EventRecorder
