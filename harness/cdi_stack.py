@@ -34,13 +34,14 @@ import threading
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from dds.model.groups import (ANN_DRA_DEVICE_ATTRIBUTES, ANN_DRA_DRIVER, ANN_DRA_MODELS, ANN_GPU_API, ANN_GPU_MODELS,
                               GpuApi)
+from dds.kube.composability import NODE_FINALIZER
 from dds.nodes.kwok import ProviderIds
 from harness.cdi_operator import (DRA_FEATURE_GATES, DRA_RUNTIME_CONFIG, CdiOperator, DeviceResourceType,
                                   FabricManagerAccess, OperatorRelease)
@@ -207,3 +208,34 @@ def fabric_side(stack: Stack) -> CdiFabricSide:
     if not isinstance(side, CdiFabricSide):
         raise TypeError("this stack runs no CDI operator: start it with harness.cdi_stack.cdi_options(...)")
     return side
+
+
+class ReclaimWatch(Protocol):
+    """What `delete_node_holding_devices` needs of an e2e run: its CoreV1Api, the Events it sees, and its wait."""
+
+    core: client.CoreV1Api
+
+    def events(self, reason: str, involved: str = "") -> list[Any]: ...
+
+    def wait_for(self, what: str, predicate: Callable[[], Any], timeout: float) -> Any: ...
+
+
+def delete_node_holding_devices(run: ReclaimWatch, node: str, *, event_timeout: float, gone_timeout: float) -> None:
+    """Delete `node`, which holds devices DDS attached, and wait for what a user sees: DDS's DetachingGPU Event saying
+    it returns them to the pool before the node goes (its finalizer keeps the Node meanwhile), then the Node gone.
+    What happened in the fabric is the caller's to check: each emulator counts its own calls."""
+    assert NODE_FINALIZER in (run.core.read_node(node).metadata.finalizers or []), f"{node} carries no DDS finalizer"
+    uid = run.core.read_node(node).metadata.uid
+    run.core.delete_node(node)
+    said = run.wait_for(f"DDS's DetachingGPU Event for the deleted {node}",
+                        lambda: [e for e in run.events("DetachingGPU", node) if "being deleted" in e.message],
+                        event_timeout)
+    assert "returning them to the pool before it goes" in said[0].message, said[0].message
+
+    def gone() -> bool:
+        try:
+            return run.core.read_node(node).metadata.uid != uid
+        except ApiException as exc:
+            return exc.status == 404
+
+    run.wait_for(f"{node} deleted once its devices are detached", gone, gone_timeout)

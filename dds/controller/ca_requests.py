@@ -139,8 +139,8 @@ class PlannerScaleUp:
                           request_key: str) -> list[InstanceRecord]:
         """Units of CA's scale-up that only GPU-less nodes could serve: listed to CA as failed (OutOfResources) at
         once, so it backs off or tries another group instead of waiting for nodes that would not help."""
-        records = [self.tracker.add(self.new_instance(group, InstanceKind.NODE, unequipped.message, request_key))
-                   for _ in range(count)]
+        records = self.tracker.add_all([self.new_instance(group, InstanceKind.NODE, unequipped.message, request_key)
+                                        for _ in range(count)])
         for record in records:
             self._fail(record, ErrorCode.OUT_OF_RESOURCES, unequipped.message, klass=ERROR_CLASS_OUT_OF_RESOURCES)
         message = f"no node added: {unequipped.message}; cluster-autoscaler is told OutOfResources"
@@ -169,14 +169,13 @@ class PlannerScaleUp:
         if nodes_wanted:
             pods = tuple(p for n in plan.new_nodes for p in n.pods)
             reason = "; ".join(n.reason for n in plan.new_nodes)
-            for _ in range(nodes_wanted):
-                instances.append(self.tracker.add(self.new_instance(group, InstanceKind.NODE, reason, request_key)))
+            instances += self.tracker.add_all([self.new_instance(group, InstanceKind.NODE, reason, request_key)
+                                               for _ in range(nodes_wanted)])
             crashpoint("scale-up.node-instance-recorded")
             self.ports.actions.add_nodes(NewNodes(group=group.id, count=nodes_wanted, pods=pods, reason=reason),
                                               group, key=instances[0].id, case=Case.SCALE_UP)
-        gpu_instances = [self.tracker.add(self.new_instance(
-            group, InstanceKind.GPU, "; ".join(a.reason for a in plan.attaches) or "capacity already on its way",
-            request_key)) for _ in range(gpu_slots)]
+        gpu_instances = self.tracker.add_all([self.new_instance(group, InstanceKind.GPU, reason, request_key)
+                                              for reason in _gpu_instance_reasons(plan.attaches, gpu_slots)])
         instances += gpu_instances
         if gpu_instances:
             crashpoint("scale-up.gpu-instance-recorded")
@@ -197,7 +196,7 @@ class PlannerScaleUp:
                               instances: Sequence[InstanceRecord]) -> None:
         """The plan's attaches, shared out over CA's GPU instances, started at once (a burst is one fabric
         transaction where the fabric has them); an instance whose attach the fabric refuses fails with its error."""
-        owners = [instances[index % len(instances)] for index in range(len(attaches))]
+        owners = [instances[_owner_index(index, len(instances))] for index in range(len(attaches))]
         keyed = [(step, f"{owner.id}#{index}") for index, (step, owner) in enumerate(zip(attaches, owners))]
         for (step, key), owner in zip(keyed, owners):
             self.gpu_instances.expect(owner.id, key, step)
@@ -310,6 +309,21 @@ class PlannerScaleUp:
         log.warning("instance %s of %s failed: %s: %s", record.id, record.group_id, code.value, message)
 
 
+def _owner_index(attach_index: int, instances: int) -> int:
+    """Which of CA's GPU instances carries the plan's attach `attach_index`: dealt out in turn."""
+    return attach_index % instances
+
+
+def _gpu_instance_reasons(attaches: Sequence[Attach], instances: int) -> list[str]:
+    """Each GPU instance's reason: the attaches it carries (`_owner_index`), not the whole plan's (a hundred instances
+    of a 500-pod plan each repeating every attach's reason made their ConfigMap too large to store)."""
+    carried: list[list[str]] = [[] for _ in range(instances)]
+    for index, attach in enumerate(attaches):
+        carried[_owner_index(index, instances)].append(attach.reason)
+    shared = f"shares this scale-up's {len(attaches)} attach(es), carried by the others"
+    return ["; ".join(reasons) or (shared if attaches else "capacity already on its way") for reasons in carried]
+
+
 def _outcome(plan: ScaleUpPlan, group: NodeGroupSpec) -> str:
     nodes = any(n.group == group.id for n in plan.new_nodes)
     return "mixed" if plan.attaches and nodes else "node" if nodes else "gpu"
@@ -368,7 +382,7 @@ class PlannerScaleDown:
                 self._untaint(keep.node)
                 metrics.DECISIONS.labels(Case.SCALE_DOWN.value, "gpu").inc()
                 self.ports.events.emit(node_ref(keep.node), NORMAL, "KeptNode",
-                                            f"CA asked to remove it; only idle GPUs are released: {keep.reason}")
+                                       f"CA asked to remove it; DDS keeps the node: {keep.reason}")
 
     def _untaint(self, node_name: str) -> None:
         """CA tainted the node it asked to delete (and cordoned it, with --cordon-node-before-terminating); DDS keeps

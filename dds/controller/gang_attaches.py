@@ -22,7 +22,8 @@ from dds.scaling.node_actions import pod_ref
 from dds.fabric.base import Fabric, OperationState
 from dds.model.events import WARNING, EventRecorder
 from dds.planner.gangs import find_gangs, gang_of
-from dds.model.plan import Attach, Case, Detach
+from dds.model.plan import Attach, Case, Detach, PlannerConfig
+from dds.planner.device_modes import held_by_node_load, held_reason
 from dds.planner.memos import PlannerMemos
 from dds.planner.requests import RequestCache
 from dds.planner.usage import gpu_usage
@@ -40,8 +41,11 @@ class _GangWork:
 
 class GangAttaches:
     def __init__(self, actions: Actions, fabric: Fabric, events: EventRecorder, timeout_seconds: float,
-                 clock: Callable[[], float], memos: Optional[PlannerMemos] = None) -> None:
+                 clock: Callable[[], float], memos: Optional[PlannerMemos] = None,
+                 planner: PlannerConfig = PlannerConfig()) -> None:
         self._actions = actions
+        # Which nodes the CDI operator detaches from only once idle (dds/planner/device_modes.py).
+        self._planner = planner
         # The controller's planner memos: a rollback reads the pods' requests from the ones they already hold.
         self._memos = memos if memos is not None else PlannerMemos()
         self._fabric = fabric
@@ -111,16 +115,27 @@ class GangAttaches:
                 attached.setdefault(op.node, set()).update(op.devices)
         cache = RequestCache(self._memos.requests)
         released = 0
+        stay: list[str] = []
         for node in snapshot.nodes:
             mine = attached.get(node.name)
             if not mine:
                 continue
-            idle = [d.id for d in gpu_usage(node, snapshot.pods_on(node.name), cache).idle if d.id in mine]
-            if idle:
-                step = Detach(node.name, tuple(idle), reason=f"gang {gang} cannot start: {why}")
-                if self._actions.detach(step, f"gang-rollback/{uuid.uuid4().hex[:8]}", Case.GANG_ROLLBACK):
-                    released += len(idle)
+            usage = gpu_usage(node, snapshot.pods_on(node.name), cache)
+            idle = [d.id for d in usage.idle if d.id in mine]
+            if not idle:
+                continue
+            group = snapshot.group(node.group_id) if node.group_id else None
+            if held_by_node_load(self._planner, group, usage.in_use):
+                # Asked now, the detach would only sit in the operator's retries; scale-down releases them once the
+                # node's GPU pods are gone.
+                stay.append(f"{node.name}: {held_reason(usage.in_use, len(idle))}")
+                continue
+            step = Detach(node.name, tuple(idle), reason=f"gang {gang} cannot start: {why}")
+            if self._actions.detach(step, f"gang-rollback/{uuid.uuid4().hex[:8]}", Case.GANG_ROLLBACK):
+                released += len(idle)
         message = f"gang {gang} cannot start: {why}; {released} GPU(s) attached for it released"
+        if stay:
+            message += f"; kept for now: {'; '.join(stay)}"
         log.warning(message)
         metrics.DECISIONS.labels(Case.GANG_ROLLBACK.value, "gpu").inc()
         for pod in snapshot.pods:

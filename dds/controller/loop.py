@@ -161,7 +161,7 @@ class Controller:
         # sharing it between their concurrent decisions is safe).
         self.memos = PlannerMemos()
         self.gangs = GangAttaches(self.actions, fabric, events, config.gang_start_timeout_seconds, clock,
-                                  memos=self.memos)
+                                  memos=self.memos, planner=config.planner)
         self.reservations = Reservations(cluster.reservation_writes, self.actions, events, self.journal,
                                          config.reservations)
         # DRA pool mode, for the groups annotated dds.cdi.dev/gpu-api: dra-pool (none: it writes nothing).

@@ -34,8 +34,6 @@ from dds.planner.requests import LastingRequests, is_work
 from dds.model.snapshot import NodeInfo, PodInfo, PoolInfo, Snapshot
 
 log = logging.getLogger(__name__)
-# The observed pods' effective requests, kept across observes (the planner keeps its own in PlannerMemos).
-_OBSERVED_REQUESTS = LastingRequests()
 
 
 class ClusterReader(Protocol):
@@ -112,9 +110,10 @@ class NodePods:
         return found
 
     @classmethod
-    def of(cls, records: Sequence[PodRecord], pods: Optional[Sequence[PodInfo]] = None) -> "NodePods":
+    def of(cls, records: Sequence[PodRecord], lasting_requests: LastingRequests,
+           pods: Optional[Sequence[PodInfo]] = None) -> "NodePods":
         infos = tuple(r.info for r in records if not r.terminal) if pods is None else tuple(pods)
-        lasting = _OBSERVED_REQUESTS.get
+        lasting = lasting_requests.get
         requests = [lasting(pod) for pod in infos]
         return cls(records, infos, tuple(r for r in requests if r.scalar), any(is_work(pod) for pod in infos),
                    any(pod.resource_claims for pod in infos))
@@ -127,12 +126,12 @@ def _attach_order(device: Any) -> tuple:
     return device.attached_at, device.id
 
 
-def _grouped_by_node(pods: Sequence[PodInfo]) -> dict[str, NodePods]:
+def _grouped_by_node(pods: Sequence[PodInfo], lasting_requests: LastingRequests) -> dict[str, NodePods]:
     by_node: dict[str, list[PodInfo]] = {}
     for pod in pods:
         if pod.node_name:
             by_node.setdefault(pod.node_name, []).append(pod)
-    return {name: NodePods.of((), on) for name, on in by_node.items()}
+    return {name: NodePods.of((), lasting_requests, on) for name, on in by_node.items()}
 
 
 class ClusterObserver:
@@ -148,6 +147,8 @@ class ClusterObserver:
         self._gpu_model_label = gpu_model_label
         # Each node's pods and what is derived from them, by node, from the last observe (see _pods_on_nodes).
         self._node_pods: dict[str, NodePods] = {}
+        # The observed pods' effective requests, kept across observes (the planner keeps its own in PlannerMemos).
+        self._requests = LastingRequests()
         # Each node's NodeInfo from the last observe, with what it was built from (see _node_infos).
         self._last_nodes: dict[str, tuple[tuple, NodeInfo]] = {}
         # The Machines as references, kept until the cache's Machines change (thousands of them, rarely changing).
@@ -202,7 +203,7 @@ class ClusterObserver:
                 continue
             entry = last.get(name)
             if entry is None or entry.records is not records:
-                entry = NodePods.of(records)
+                entry = NodePods.of(records, self._requests)
             memo[name] = entry
         self._node_pods = memo
         return memo
@@ -267,7 +268,7 @@ class ClusterObserver:
         if lowered is not pods and any(a is not b for a, b in zip(lowered, pods)):
             # Claims became requests: what was derived per node is derived again from the pods as lowered.
             pods = lowered
-            on_nodes = _grouped_by_node(pods)
+            on_nodes = _grouped_by_node(pods, self._requests)
             pending = tuple(p for p in pods if p.node_name is None)
         unschedulable = {r.info.key: r.unschedulable_since for r in waiting if r.unschedulable_since is not None}
 

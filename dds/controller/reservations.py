@@ -36,8 +36,8 @@ from dds.kube.errors import ApiError
 from dds.model.events import NORMAL, EventRecorder
 from dds.model.plan import Case
 from dds.planner.reservations import (CLAIM_TAINT_KEY, RESERVATION_EFFECT, RESERVATION_TAINT_KEY, Reservation,
-                                      ReservationConfig, ReservationPlan, claimed_token, plan_reservations)
-from dds.model.snapshot import PodInfo, Snapshot, Toleration
+                                      ReservationConfig, ReservationPlan, claimed_token)
+from dds.model.snapshot import Snapshot, Toleration
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +60,10 @@ class Reservations:
         self._events = events
         self._journal = journal
         self._config = config
-        self.nodes: frozenset[str] = frozenset()  # reserved now: scale-down keeps their idle GPUs
-        self._pods: frozenset[str] = frozenset()  # pods with a reservation in force: their GPUs are gathered here
 
     @property
     def config(self) -> ReservationConfig:
         return self._config
-
-    def reconcile(self, snapshot: Snapshot) -> ReservationPlan:
-        """Plan the pass's reservations and carry the plan out."""
-        return self.apply(plan_reservations(snapshot, self._config), snapshot)
 
     def apply(self, plan: ReservationPlan, snapshot: Snapshot) -> ReservationPlan:
         """Carry out `plan`, planned on `snapshot` (the control loop's pass plans it: dds/planner/passes.py)."""
@@ -80,13 +74,7 @@ class Reservations:
             self._set_claims(snapshot, plan.claimed)
         if made:  # GPUs gathered on a node not fenced yet would go to the first small pod; they move once it is
             self._move_gpus(plan)
-        self.nodes = plan.nodes
-        self._pods = frozenset(r.pod for r in plan.reservations)
         return plan
-
-    def not_reserved(self, pods: Sequence[PodInfo]) -> list[PodInfo]:
-        """`pods` without those a reservation serves: their GPUs are gathered by it, not attached by the fast path."""
-        return [p for p in pods if p.key not in self._pods]
 
     def _reserve(self, reservation: Reservation) -> bool:
         """Toleration first, then the taint: the other way round the pod would be shut out of its own node."""

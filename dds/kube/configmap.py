@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from kubernetes import client
 
-from dds.kube.errors import retrying
+from dds.kube.errors import ApiError, retrying
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class ConfigMapDocument:
         except client.ApiException as exc:
             if exc.status == 404:
                 return None, None
-            raise StateStoreError(f"{self.describe()}: read failed: {exc.status} {exc.reason}") from exc
+            raise StateStoreError(f"{self.describe()}: read failed: {_answer(exc)}") from exc
         except OSError as exc:
             raise StateStoreError(f"{self.describe()}: read failed: {exc}") from exc
         version = config_map.metadata.resource_version
@@ -88,7 +88,7 @@ class ConfigMapDocument:
         except client.ApiException as exc:
             if exc.status == 409:
                 raise StateConflict(f"{self.describe()}: changed by another writer") from exc
-            raise StateStoreError(f"{self.describe()}: write failed: {exc.status} {exc.reason}") from exc
+            raise StateStoreError(f"{self.describe()}: write failed: {_answer(exc)}") from exc
         except OSError as exc:
             raise StateStoreError(f"{self.describe()}: write failed: {exc}") from exc
         return written.metadata.resource_version
@@ -124,3 +124,9 @@ class ConfigMapDocument:
     @_with_retries
     def _replace(self, body: client.V1ConfigMap) -> client.V1ConfigMap:
         return self._core.replace_namespaced_config_map(self.name, self.namespace, body)
+
+
+def _answer(exc: client.ApiException) -> str:
+    """The status, and the apiserver's own words when it sent them (a 422 says which limit the ConfigMap broke)."""
+    said = ApiError.of(exc).message
+    return f"{exc.status} {exc.reason}" + (f": {said}" if said else "")

@@ -104,7 +104,8 @@ def plan_pass(snapshot: Snapshot, inputs: PassInputs, settings: PassSettings,
     """Everything one pass does, planned on `snapshot` in production's order (see the module docstring). `memos`: the
     caller's PlannerMemos, kept from pass to pass (dds/planner/memos.py); without it, one for this pass's plans."""
     memos = memos if memos is not None else PlannerMemos()
-    reservations = inputs.reservations or plan_reservations(snapshot, settings.reservations, memos=memos)
+    reservations = inputs.reservations or plan_reservations(snapshot, settings.reservations, planner=settings.planner,
+                                                            memos=memos)
     reserved_pods = frozenset(r.pod for r in reservations.reservations)
     reserved_nodes = reservations.nodes
     waiting = tuple(p for p in inputs.waiting if p.key not in reserved_pods)

@@ -39,11 +39,12 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Optional, Sequence
 
 from dds.model.groups import Taint
+from dds.planner.device_modes import held_by_node_load
 from dds.planner.filters import STATIC_FILTERS, first_reject
 from dds.planner.gangs import gang_of
 from dds.planner.nodes import gpu_facts, sim_node
 from dds.planner.nodes import group_slots
-from dds.model.plan import Attach, Detach, Keep, ScaleDownPlan
+from dds.model.plan import Attach, Detach, Keep, PlannerConfig, ScaleDownPlan
 from dds.planner.memos import PlannerMemos
 from dds.planner.requests import RequestCache, scheduling_order
 from dds.model.snapshot import NodeInfo, PodAffinityTerm, PodInfo, Snapshot, Toleration
@@ -143,9 +144,11 @@ class _NoPods:
 
 
 def plan_reservations(snapshot: Snapshot, config: ReservationConfig = ReservationConfig(), *,
+                      planner: PlannerConfig = PlannerConfig(),
                       memos: Optional[PlannerMemos] = None) -> ReservationPlan:
-    """Which nodes are reserved for which pending pods after this pass, and the GPUs to move towards them. `memos`:
-    the caller's (their lasting requests), a fresh one without it."""
+    """Which nodes are reserved for which pending pods after this pass, and the GPUs to move towards them. `planner`:
+    the pass's planner settings (which nodes the CDI operator detaches from only once idle); `memos`: the caller's
+    (their lasting requests), a fresh one without it."""
     shown = tuple(sorted((n.name, t) for n in snapshot.nodes if (t := claimed_token(n)) is not None))
     if not config.enabled:
         return ReservationPlan(released=tuple(n.name for n in snapshot.nodes if reserved_token(n) is not None),
@@ -155,7 +158,7 @@ def plan_reservations(snapshot: Snapshot, config: ReservationConfig = Reservatio
     kept, released = _existing(snapshot, pending, cache)
     new = _new_reservations(snapshot, config, pending, kept, cache)
     reservations = kept + new
-    gathered = _gather(snapshot, reservations, cache)
+    gathered = _gather(snapshot, reservations, cache, planner)
     claimed = tuple(sorted(gathered.claimed))
     return ReservationPlan(reservations=reservations, new=new, released=released,
                            attaches=tuple(gathered.attaches), detaches=tuple(gathered.detaches), claimed=claimed,
@@ -277,14 +280,19 @@ class _Gathered:
     notes: list[str]
 
 
-def _gather(snapshot: Snapshot, reservations: Sequence[Reservation], cache: RequestCache) -> _Gathered:
+def _gather(snapshot: Snapshot, reservations: Sequence[Reservation], cache: RequestCache, planner: PlannerConfig
+            ) -> _Gathered:
     """Free pool devices first, then idle GPUs of unreserved nodes of the same pool, then claims on the GPUs other
-    nodes' pods still use, up to each reserved node's shortfall."""
+    nodes' pods still use, up to each reserved node's shortfall. A busy device-plugin node gives no idle GPU now (the
+    operator would refuse the detach until the node is idle): it can only be claimed, and then gives all of its GPUs
+    once its pods end."""
     nodes = {n.name: n for n in snapshot.nodes}
     reserved = {r.node for r in reservations}
     pool_free = {(p.name, m): max(0, int(c)) for p in snapshot.pools for m, c in p.free.items()}
     used = _gpus_in_use(snapshot, cache)
-    idle = _idle_devices(snapshot, used, reserved)
+    held = {n.name for n in snapshot.nodes if held_by_node_load(
+        planner, snapshot.group(n.group_id) if n.group_id else None, used.get(n.name, 0))}
+    idle = _idle_devices(snapshot, used, reserved | held)
     out = _Gathered([], [], [], [])
     claimed: set[str] = set()
     for r in reservations:
@@ -316,7 +324,8 @@ def _gather(snapshot: Snapshot, reservations: Sequence[Reservation], cache: Requ
                 break
             claimed.add(other.name)
             out.claimed.append((other.name, r.token))
-            still -= min(used.get(other.name, 0), sum(1 for d in other.devices if d.model == model))
+            of_model = sum(1 for d in other.devices if d.model == model)
+            still -= of_model if other.name in held else min(used.get(other.name, 0), of_model)
         if still > 0:
             out.notes.append(f"{r.node} (reserved for {r.pod}) lacks {still} GPU(s) the pool cannot supply")
     return out

@@ -22,6 +22,7 @@ from cryptography.x509.oid import NameOID
 log = logging.getLogger(__name__)
 
 SETTING = "grpc_allowed_clients"
+_KNOWN_CERTIFICATES = 64  # allowed client certificates remembered (a few per CA replica and rotation)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class CallerGate(grpc.ServerInterceptor):
         self._allowed = frozenset(allowed)
         self._refused_seen: set[CallerIdentity] = set()
         self._lock = threading.Lock()
+        # The verdict per certificate: CA sends the same one on every call of a connection (thousands a scan), and
+        # parsing it was most of what a call cost. Only allowed ones are kept, and at most _KNOWN_CERTIFICATES of them.
+        self._allowed_certificates: dict[bytes, CallerIdentity] = {}
 
     def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
                           handler_call_details: grpc.HandlerCallDetails) -> Any:
@@ -76,8 +80,11 @@ class CallerGate(grpc.ServerInterceptor):
     def _check(self, context: grpc.ServicerContext) -> None:
         """Abort the call unless the peer's certificate names an allowed identity."""
         pem = next(iter(context.auth_context().get("x509_pem_cert", ())), None)
+        if pem is not None and pem in self._allowed_certificates:
+            return
         identity = self._identity(pem)
         if identity is not None and self._allowed.intersection(identity.names):
+            self._remember(pem, identity)  # type: ignore[arg-type]  # an identity comes only from a certificate
             return
         seen = identity.describe() if identity is not None else "no client certificate"
         self._log_refusal(identity, context.peer(), seen)
@@ -85,6 +92,12 @@ class CallerGate(grpc.ServerInterceptor):
                       f"caller not allowed: its certificate names {seen}; DDS accepts only "
                       f"{', '.join(sorted(self._allowed))} (add one of the caller's names to the DDS setting "
                       f"{SETTING} to let it call)")
+
+    def _remember(self, pem: bytes, identity: CallerIdentity) -> None:
+        with self._lock:
+            if len(self._allowed_certificates) >= _KNOWN_CERTIFICATES:
+                self._allowed_certificates.clear()  # rotations piled up: start over rather than grow
+            self._allowed_certificates[pem] = identity
 
     @staticmethod
     def _identity(pem: Optional[bytes]) -> Optional[CallerIdentity]:

@@ -138,20 +138,24 @@ class MembershipIndex:
         self._nodes = nodes
         self._groups = groups
         self._lock = threading.Lock()
-        self._built_from: Optional[tuple[Sequence[LiveNode], tuple[NodeGroupSpec, ...]]] = None
-        self._membership = Membership.build((), ())
+        self._built: Optional[tuple[Sequence[LiveNode], tuple[NodeGroupSpec, ...], Membership]] = None
         self.builds = 0  # how many times it was rebuilt: the unit tests' measure of "not per call"
 
     def current(self) -> Membership:
         nodes, groups = self._nodes.nodes(), self._groups.groups()
+        # CA asks thousands of times a scan: when nothing changed, one read of an attribute holding the inputs and
+        # their membership together (consistent without the lock) answers it.
+        built = self._built
+        if built is not None and built[0] is nodes and built[1] is groups:
+            return built[2]
         with self._lock:
-            built = self._built_from
-            if built is not None and built[0] is nodes and built[1] is groups:
-                return self._membership
+            built = self._built
             if built is None or built[0] is not nodes or built[1] != groups:
-                self._membership = Membership.build(nodes, groups)
+                membership = Membership.build(nodes, groups)
                 self.builds += 1
+            else:
+                membership = built[2]
             # Keep the tuple just compared: the next call finds it by identity instead of comparing every spec's fields
             # again (the catalog hands out a new tuple of equal specs after each Refresh).
-            self._built_from = (nodes, groups)
-            return self._membership
+            self._built = (nodes, groups, membership)
+            return membership

@@ -33,9 +33,10 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
-from typing import Any, Callable, Iterable, Mapping, MutableMapping, Optional, Protocol
+from typing import Any, Callable, Iterable, Mapping, MutableMapping, Optional, Protocol, Sequence
 
 from dds import metrics
 from dds.model.groups import NodeGroupSpec
@@ -145,8 +146,24 @@ def group_of_instance_id(value: str) -> Optional[str]:
     return parts[0]
 
 
+# What a record keeps of its reason and of its error message. Every in-flight record lives in one ConfigMap (at most
+# 1 MiB), and one IncreaseSize may record a hundred of them: a reason naming every attach of a 500-pod plan (20 KB)
+# copied into each made the document too large to store at 5,000 nodes.
+MAX_REASON_CHARS = 400
+MAX_ERROR_MESSAGE_CHARS = 1000
+
+
+def bounded_text(text: str, limit: int) -> str:
+    """`text`, cut to `limit` characters with a note of how long it was."""
+    if len(text) <= limit:
+        return text
+    tail = f"... ({len(text)} characters in all)"
+    return text[:max(0, limit - len(tail))] + tail
+
+
 class InstanceFactory:
-    """Makes new records: `factory(group, kind, reason, request_key)`, ids from a short uuid, times from `clock`."""
+    """Makes new records: `factory(group, kind, reason, request_key)`, ids from a short uuid, times from `clock`; the
+    reason is kept to MAX_REASON_CHARS."""
 
     def __init__(self, clock: Callable[[], float], short_id: Callable[[], str] = lambda: uuid.uuid4().hex[:10]) -> None:
         self._clock = clock
@@ -154,7 +171,8 @@ class InstanceFactory:
 
     def __call__(self, group: NodeGroupSpec, kind: InstanceKind, reason: str, request_key: str) -> InstanceRecord:
         return InstanceRecord(id=instance_id(group.id, kind, self._short_id()), group_id=group.id, kind=kind,
-                              created_at=self._clock(), reason=reason, request_key=request_key)
+                              created_at=self._clock(), reason=bounded_text(reason, MAX_REASON_CHARS),
+                              request_key=request_key)
 
 
 # --- persistence ---
@@ -243,12 +261,22 @@ class InstanceTracker:
 
     # --- changes ---
     def add(self, record: InstanceRecord) -> InstanceRecord:
+        return self.add_all([record])[0]
+
+    def add_all(self, records: Sequence[InstanceRecord]) -> list[InstanceRecord]:
+        """Track new records, in one write of the store (one IncreaseSize may record a hundred). All or none: an id
+        already tracked, or twice among them, raises before any is added."""
+        records = list(records)
         with self._lock:
-            if record.id in self._records:
-                raise ValueError(f"instance {record.id} is already tracked")
-            self._records[record.id] = record
-            self._persist(upsert=record)
-        return record
+            counts = Counter(r.id for r in records)
+            taken = sorted(i for i, n in counts.items() if n > 1 or i in self._records)
+            if taken:
+                raise ValueError(f"instance(s) {', '.join(taken)} already tracked")
+            for record in records:
+                self._records[record.id] = record
+            if records:
+                self._persist(upserts=tuple(records))
+        return records
 
     def complete(self, instance_id: str) -> Optional[InstanceRecord]:
         """The work is done (node up, GPUs attached): stop listing it."""
@@ -275,7 +303,8 @@ class InstanceTracker:
         """Keep listing it, with errorInfo: CA records a failed scale-up, backs off and deletes the placeholder."""
         if not code:
             raise ValueError(f"instance {instance_id}: a failure needs a non-empty error code")
-        return self._move(instance_id, InstanceEvent.FAIL, error_code=code, error_message=message, error_class=klass)
+        return self._move(instance_id, InstanceEvent.FAIL, error_code=code,
+                          error_message=bounded_text(message, MAX_ERROR_MESSAGE_CHARS), error_class=klass)
 
     def set_state(self, instance_id: str, state: InstanceState) -> Optional[InstanceRecord]:
         """Only to `deleting` (the table's start-deleting); any other state is an IllegalTransition."""
@@ -306,7 +335,7 @@ class InstanceTracker:
                 raise RuntimeError(f"instance {instance_id}: {event.value} stored {record.phase.value!r}, "
                                    f"the table says {target.value!r}")
             self._records[instance_id] = record
-            self._persist(upsert=record)
+            self._persist(upserts=(record,))
         return record
 
     def _end(self, instance_id: str, event: InstanceEvent) -> Optional[InstanceRecord]:
@@ -320,9 +349,9 @@ class InstanceTracker:
             self._persist(deletes=(record,))
         return record
 
-    def _persist(self, upsert: Optional[InstanceRecord] = None, deletes: tuple[InstanceRecord, ...] = ()) -> None:
+    def _persist(self, upserts: tuple[InstanceRecord, ...] = (), deletes: tuple[InstanceRecord, ...] = ()) -> None:
         """Called with the lock held."""
-        resync = self._unsynced or (upsert is None and not deletes)
+        resync = self._unsynced or (not upserts and not deletes)
         snapshot = {r.id: r.to_json() for r in self._records.values()}
 
         def mutate(document: Document) -> None:
@@ -330,7 +359,7 @@ class InstanceTracker:
                 document.clear()
                 document.update(snapshot)
                 return
-            if upsert is not None:
+            for upsert in upserts:
                 document[upsert.id] = upsert.to_json()
             for delete in deletes:
                 document.pop(delete.id, None)
@@ -341,7 +370,7 @@ class InstanceTracker:
         except Exception as exc:  # the store is an edge (apiserver): never fail the caller for it, retry later
             self._unsynced = True
             log.error("could not save in-flight instances (kept in memory, retried on the next change): %s", exc)
-        groups = {r.group_id for r in (upsert, *deletes) if r is not None}
+        groups = {r.group_id for r in (*upserts, *deletes)}
         self._update_gauges(groups)
 
     def _update_gauges(self, group_ids: set[str]) -> None:

@@ -37,8 +37,8 @@ class AddNodesDecider:
 
     def increase(self, group: NodeGroupSpec, delta: int, request_key: str) -> Sequence[InstanceRecord]:
         reason = f"cluster-autoscaler asked for {delta} node(s); this decider adds whole nodes"
-        records = [self._tracker.add(self._new_instance(group, InstanceKind.NODE, reason, request_key))
-                   for _ in range(delta)]
+        records = self._tracker.add_all([self._new_instance(group, InstanceKind.NODE, reason, request_key)
+                                         for _ in range(delta)])
         try:
             self._nodes.add_nodes(NewNodes(group=group.id, count=delta, pods=(), reason=reason), group,
                                   key=request_key, case=Case.SCALE_UP)

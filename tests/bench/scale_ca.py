@@ -155,8 +155,27 @@ def run_mode(workdir: Path, plane: ControlPlane, size: Size, mode: str, window: 
         "first_scale_up_s": float("nan") if first is None else first,
     }
     figures.update({f"calls.{method}": count / per_scan for method, count in sorted(calls.items()) if count})
+    figures.update(call_latencies(dds_window, per_scan))
     figures.update(ca_steps(ca_window))
     return figures
+
+
+# CA's per-node calls: where DDS's share of the scan goes.
+HOT_METHODS = ("NodeGroupForNode", "NodeGroupGetOptions")
+
+
+def call_latencies(dds_window: dict[str, float], per_scan: float) -> dict[str, float]:
+    """DDS's per-call p50/p99 of CA's per-node calls (bucket-interpolated) and how many calls a scan took over 1 ms:
+    a mean per call far above the p50 is a tail of calls that waited for a core or the interpreter."""
+    out = {}
+    for method in HOT_METHODS:
+        for q in (0.5, 0.99):
+            out[f"dds_{method}_p{round(q * 100)}_ms"] = 1000 * quantile(dds_window, DDS_LATENCY, q, method=method)
+    slow = sum(value for key, value in dds_window.items() if key.startswith(f"{DDS_LATENCY}_count{{"))
+    slow -= sum(value for key, value in dds_window.items()
+                if key.startswith(f"{DDS_LATENCY}_bucket{{") and labels_of(key).get("le") == "0.001")
+    out["dds_calls_over_1ms_per_scan"] = slow / per_scan
+    return out
 
 
 def ca_steps(ca_window: dict[str, float]) -> dict[str, float]:
@@ -172,7 +191,7 @@ def ca_steps(ca_window: dict[str, float]) -> dict[str, float]:
 
 def line(size: Size, mode: str, figures: dict[str, float]) -> str:
     return (f"bench-scale-ca nodes={size.nodes} pods={size.pods} mode={mode} "
-            + " ".join(f"{k}={v:.4f}" if k.endswith(("_s", "_per_scan", "share")) and not k.startswith("calls")
+            + " ".join(f"{k}={v:.4f}" if k.endswith(("_s", "_ms", "_per_scan", "share")) and not k.startswith("calls")
                        else f"{k}={v:.1f}" for k, v in figures.items()))
 
 

@@ -22,8 +22,7 @@ import pytest
 from kubernetes import client
 
 from dds import crashpoints
-from dds.kube.composability import NODE_FINALIZER
-from harness.cdi_stack import MODEL, CdiFabricSide, fabric_side
+from harness.cdi_stack import MODEL, CdiFabricSide, delete_node_holding_devices, fabric_side
 from harness.demo import DemoOptions, DemoResult, Entry, pod_state
 from harness.demo_cdi import CdiDemo, cdi_demo_options
 from harness.demo_dra import dra_pod
@@ -276,25 +275,11 @@ def test_a_node_deleted_with_devices_attached_gets_them_detached_before_it_goes(
     node = sorted(run.workers())[0]
     machine = run.side.machine_of(node)
     assert run.side.devices_on(node), f"{node} holds no device to begin with"
-    uid = run.core.read_node(node).metadata.uid
-    assert NODE_FINALIZER in (run.core.read_node(node).metadata.finalizers or [])
     busy = [p.metadata.name for p in run.core.list_namespaced_pod(WORKLOAD_NAMESPACE).items
             if p.spec.node_name == node and p.status.phase == "Running"]
     assert busy, f"no pod runs on {node}: its GPU would not need the forced detach"
     detaches_before = _fabric_detaches(run, machine)
-    run.core.delete_node(node)
-    said = run.wait_for(f"DDS's DetachingGPU Event for the deleted {node}",
-                        lambda: [e for e in run.events("DetachingGPU", node) if "being deleted" in e.message],
-                        SERVE_TIMEOUT_S)
-    assert "returning them to the pool before it goes" in said[0].message, said[0].message
-
-    def node_gone() -> bool:
-        try:
-            return run.core.read_node(node).metadata.uid != uid
-        except client.ApiException as exc:
-            return exc.status == 404
-
-    run.wait_for(f"{node} deleted once its devices are detached", node_gone, SETTLE_TIMEOUT_S)
+    delete_node_holding_devices(run, node, event_timeout=SERVE_TIMEOUT_S, gone_timeout=SETTLE_TIMEOUT_S)
     assert not run.side.emulator.attachments().get(machine), "the deleted node's devices stayed in the fabric"
     assert _fabric_detaches(run, machine) > detaches_before, "the devices left without a fabric detach"
     attached = sum(len(s) for s in run.side.emulator.attachments().values())

@@ -27,8 +27,7 @@ import pytest
 from kubernetes import client
 
 from dds import crashpoints
-from dds.kube.composability import NODE_FINALIZER
-from harness.cdi_stack import MODEL, CdiFabricSide, cdi_options, fabric_side
+from harness.cdi_stack import MODEL, CdiFabricSide, cdi_options, delete_node_holding_devices, fabric_side
 from harness.cluster_manager import ClusterManagerEmulator
 from harness.gpu_node_agent import DeviceMode
 from harness.stack import GPU, WORKLOAD_NAMESPACE, Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
@@ -302,21 +301,8 @@ def test_a_node_deleted_with_devices_attached_gets_them_detached_before_it_goes(
     node = run.running_on("retry-0")
     machine = run.side.machine_of(node)
     assert run.side.devices_on(node), f"{node} holds no device to begin with"
-    assert NODE_FINALIZER in (run.core.read_node(node).metadata.finalizers or [])
-    uid = run.core.read_node(node).metadata.uid
     removals_before = len([c for c in run.cm.resize_calls() if machine in c.path])
-    run.core.delete_node(node)
-    said = run.wait_for(f"DDS's DetachingGPU Event for the deleted {node}",
-                        lambda: [e for e in run.events("DetachingGPU", node) if "being deleted" in e.message])
-    assert "returning them to the pool before it goes" in said[0].message, said[0].message
-
-    def node_gone() -> bool:
-        try:
-            return run.core.read_node(node).metadata.uid != uid
-        except client.ApiException as exc:
-            return exc.status == 404
-
-    run.wait_for(f"{node} deleted once its devices are detached", node_gone, SETTLE_TIMEOUT_S)
+    delete_node_holding_devices(run, node, event_timeout=SERVE_TIMEOUT_S, gone_timeout=SETTLE_TIMEOUT_S)
     assert not run.cm.attachments().get(machine), "the deleted node's devices stayed in the fabric"
     assert len([c for c in run.cm.resize_calls() if machine in c.path]) > removals_before
     attached = sum(len(s) for s in run.cm.attachments().values())

@@ -41,6 +41,26 @@ def test_a_gpu_only_plan_attaches_to_a_live_node_and_its_instance_ends_with_the_
     assert dds.events("Node", node, "AttachedGPU")
 
 
+def test_each_gpu_instance_says_which_attach_it_stands_for_also_after_a_restart(dds: ControllerHarness):
+    """CA's GPU instances each carry their share of the plan's attaches, and their reason names that share only: a
+    reason repeating every attach of a large plan in every instance made the in-flight ConfigMap too large (1 MiB) to
+    store at 5,000 nodes. Restarted, DDS lists the same instances with the same reasons."""
+    group = dds.create_group("workers", replicas=2)
+    for name in ("train-a", "train-b"):  # 40Gi each on 64Gi nodes: one per node, 2 GPUs each
+        dds.create_pod(name, gpus=2, memory="40Gi")
+        dds.wait_unschedulable(name)
+
+    instances = dds.app.scale_up.increase(group, 2, "ca-request-1")
+
+    assert [i.kind for i in instances] == [InstanceKind.GPU, InstanceKind.GPU]
+    reasons = sorted(i.reason for i in instances)
+    assert len(dds.operations()) == 2
+    assert "train-a" in reasons[0] and "train-b" not in reasons[0], reasons
+    assert "train-b" in reasons[1] and "train-a" not in reasons[1], reasons
+    restarted = dds.restart_dds()
+    assert sorted(r.reason for r in restarted.tracker.list(group.id)) == reasons
+
+
 def test_a_pod_no_live_node_can_hold_even_with_gpus_gets_a_node_through_the_machineset(dds: ControllerHarness):
     group = dds.create_group("workers", replicas=1)
     [first] = dds.node_names()

@@ -142,3 +142,40 @@ def test_a_plan_made_before_the_gang_was_held_is_not_acted_on():
     gangs.reconcile(snapshot)
     assert gangs.holds_any(planned_for), "the plan serves a gang now held: plan again"
     assert not gangs.holds_any([make_pod("solo", gpus=1)])
+
+
+def test_on_a_busy_device_plugin_node_the_gangs_idle_gpu_stays_and_the_event_says_why():
+    """The CDI operator in DEVICE_PLUGIN mode detaches from a node only once no GPU of it is busy: a rollback detach
+    there would only sit in its retries. The GPU stays (scale-down releases it once the node is idle); the others go."""
+    from dds.model.plan import PlannerConfig
+    from tests.unit.planner.builders import make_group
+
+    clock, fabric, actions, events = [1000.0], Fabric(), Actions(), Events()
+    gangs = GangAttaches(actions, fabric, events, TIMEOUT, lambda: clock[0], planner=PlannerConfig(cdi_operator=True))
+    pods = [gang_pod("w-0"), gang_pod("w-1"), make_pod("train", gpus=1, node="n1")]
+    # n1 held one GPU for "train" and got a second for the gang; n2 got one.
+    snapshot = make_snapshot([make_node("n1", gpus=2), make_node("n2", gpus=1)], pods, groups=[make_group()])
+    gangs.started(snapshot, [Attach("n1", "pool-a", "A30", 1, ("default/w-0",), "gang"),
+                             Attach("n2", "pool-a", "A30", 1, ("default/w-1",), "gang")], ["k1", "k2"])
+    fabric.finish("k1", "n1", ("n1-gpu-1",))
+    fabric.finish("k2", "n2", ("n2-gpu-0",))
+    clock[0] += TIMEOUT + 1
+    gangs.reconcile(snapshot)
+    assert actions.detached == [("n2", ("n2-gpu-0",), Case.GANG_ROLLBACK)]
+    message = events.told[0][2]
+    assert "1 GPU(s) attached for it released" in message
+    assert "kept for now: n1: device-plugin node: the operator detaches only from an idle node" in message
+
+
+def test_with_another_fabric_the_same_rollback_detaches_from_the_busy_node_too():
+    from tests.unit.planner.builders import make_group
+
+    clock, fabric, actions, events = [1000.0], Fabric(), Actions(), Events()
+    gangs = GangAttaches(actions, fabric, events, TIMEOUT, lambda: clock[0])
+    pods = [gang_pod("w-0"), make_pod("train", gpus=1, node="n1")]
+    snapshot = make_snapshot([make_node("n1", gpus=2)], pods, groups=[make_group()])
+    gangs.started(snapshot, [Attach("n1", "pool-a", "A30", 1, ("default/w-0",), "gang")], ["k1"])
+    fabric.finish("k1", "n1", ("n1-gpu-1",))
+    clock[0] += TIMEOUT + 1
+    gangs.reconcile(snapshot)
+    assert actions.detached == [("n1", ("n1-gpu-1",), Case.GANG_ROLLBACK)]

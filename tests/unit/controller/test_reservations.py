@@ -10,7 +10,7 @@ from dds.controller.reservations import Reservations
 from dds.kube.errors import ApiError
 from dds.model.plan import Case
 from dds.planner.reservations import (CLAIM_TAINT_KEY, RESERVATION_TAINT_KEY, ReservationConfig, claim_taint,
-                                      reservation_taint)
+                                      plan_reservations, reservation_taint)
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
 
 GROUP = make_group(replicas=2, max_size=2, max_gpus=8)
@@ -61,23 +61,27 @@ def keeper(writes=None):
     return Reservations(writes, actions, events, DecisionJournal(lambda: 0.0), CONFIG), writes, actions, events
 
 
+def reconcile(reservations: Reservations, snapshot):
+    """What the loop's pass does with its reservations: plan them (dds/planner/passes.py), carry the plan out."""
+    return reservations.apply(plan_reservations(snapshot, CONFIG), snapshot)
+
+
 def test_the_pod_tolerates_before_the_node_is_tainted_and_gpus_are_gathered():
     reservations, writes, actions, events = keeper()
     nodes = [make_node("w1", gpus=2), make_node("w2", gpus=5)]
     pods = [make_pod("busy", gpus=2, node="w2"), make_pod("big", gpus=8, created=0.0)]
-    reservations.reconcile(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=1)]))
+    plan = reconcile(reservations, make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=1)]))
     assert writes.done == [("tolerate", "default/big", "uid-big"), ("taint", "w2", RESERVATION_TAINT_KEY, "uid-big")]
     assert actions.attached == [("w2", 1, Case.RESERVATION)]
     assert actions.detached == [("w1", 2, Case.RESERVATION)]
     assert ("pod/big", "GPUsReserved") in events.told and ("node/w2", "ReservedForPod") in events.told
-    assert reservations.nodes == {"w2"}
-    assert [p.name for p in reservations.not_reserved(pods)] == ["busy"]
+    assert plan.nodes == {"w2"} and [r.pod for r in plan.reservations] == ["default/big"]
 
 
 def test_a_refused_toleration_taints_nothing_and_moves_no_gpu():
     reservations, writes, actions, events = keeper(Writes(refuse=True))
     pods = [make_pod("big", gpus=8, created=0.0)]
-    reservations.reconcile(make_snapshot([make_node("w1", gpus=2)], pods, groups=[GROUP], pools=[make_pool(A30=6)]))
+    reconcile(reservations, make_snapshot([make_node("w1", gpus=2)], pods, groups=[GROUP], pools=[make_pool(A30=6)]))
     assert writes.done == [] and events.told == []
     assert actions.attached == [], "GPUs gathered on a node nobody fences would go to the first small pod"
 
@@ -86,7 +90,7 @@ def test_claims_follow_the_plan_and_the_taint_goes_when_the_pod_is_bound():
     reservations, writes, _, events = keeper()
     nodes = [make_node("w1", gpus=4), make_node("w2", gpus=4)]
     pods = [make_pod("a", gpus=4, node="w1"), make_pod("b", gpus=3, node="w2"), make_pod("big", gpus=8)]
-    reservations.reconcile(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=0)]))
+    reconcile(reservations, make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=0)]))
     assert ("taint", "w1", CLAIM_TAINT_KEY, "uid-big") in writes.done
     assert ("node/w1", "GPUsClaimed") in events.told
 
@@ -94,6 +98,6 @@ def test_claims_follow_the_plan_and_the_taint_goes_when_the_pod_is_bound():
     reserved = replace(make_node("w2", gpus=8), taints=(reservation_taint("uid-big"),))
     claimed = replace(make_node("w1", gpus=0), taints=(claim_taint("uid-big"),))
     bound = [make_pod("big", gpus=8, node="w2")]
-    reservations.reconcile(make_snapshot([claimed, reserved], bound, groups=[GROUP], pools=[make_pool(A30=4)]))
+    plan = reconcile(reservations, make_snapshot([claimed, reserved], bound, groups=[GROUP], pools=[make_pool(A30=4)]))
     assert set(writes.done) == {("untaint", "w2", RESERVATION_TAINT_KEY), ("untaint", "w1", CLAIM_TAINT_KEY)}
-    assert reservations.nodes == frozenset()
+    assert plan.nodes == frozenset()

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from dds.model.plan import Detach, ScaleDownPlan
+from dds.model.plan import Detach, PlannerConfig, ScaleDownPlan
 from dds.planner.reservations import (CLAIM_TAINT_KEY, ReservationConfig, keep_reserved, plan_reservations,
                                       reservation_taint)
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
@@ -42,6 +42,21 @@ def test_gpus_other_pods_still_use_are_claimed_by_fencing_their_node():
     assert [r.node for r in plan.new] == ["w2"]  # as many GPUs as w1, fewer of them in use
     assert plan.claimed == (("w1", "uid-big"),)  # its 4 busy GPUs are the rest; nothing is idle to take now
     assert plan.detaches == ()
+
+
+@pytest.mark.parametrize("operator", [False, True])
+def test_a_busy_device_plugin_node_is_claimed_whole_instead_of_giving_its_idle_gpus(operator: bool):
+    """The CDI operator in DEVICE_PLUGIN mode detaches from a node only once none of its GPUs is busy: w1's idle GPUs
+    cannot be gathered while its small pod runs, so w1 is fenced and gives all three once the pod ends. Any other
+    fabric takes the two idle ones at once and claims only the busy one."""
+    nodes = [make_node("w1", gpus=3), make_node("w2", gpus=5)]
+    pods = [make_pod("small", gpus=1, node="w1"), make_pod("busy", gpus=2, node="w2"), make_pod("big", gpus=8)]
+    snapshot = make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=0)])
+    plan = plan_reservations(snapshot, planner=PlannerConfig(cdi_operator=operator))
+    assert [r.node for r in plan.new] == ["w2"]
+    assert plan.claimed == (("w1", "uid-big"),)
+    assert [(d.node, len(d.device_ids)) for d in plan.detaches] == ([] if operator else [("w1", 2)])
+    assert plan.notes == ()
 
 
 def test_a_reservation_ends_when_its_pod_is_bound():

@@ -147,6 +147,19 @@ def test_a_certificate_of_another_identity_signed_by_the_same_ca_is_refused(prov
     assert "grpc_allowed_clients" in error.details() and "cluster-autoscaler" in error.details()
 
 
+def test_callers_keep_their_verdicts_call_after_call_with_both_connected(provider_factory, volume, channels):
+    """The gate remembers an allowed certificate (CA sends the same one thousands of times a scan); an intruder on a
+    connection beside it is refused on every call all the same."""
+    bundle = server_bundle()
+    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.ca.cert_pem)
+    provider = provider_factory([make_group()], settings=volume.settings())
+    allowed = channels(provider, credentials(bundle.ca, bundle.client))
+    intruder = channels(provider, credentials(bundle.ca, client_certificate(bundle.ca, "batch-job")))
+    for _ in range(5):
+        assert node_groups(allowed) == ["MachineSet/default/gpu-workers"]
+        assert refusal(intruder).code() == grpc.StatusCode.PERMISSION_DENIED
+
+
 def test_the_health_service_is_refused_to_an_unknown_caller_too(provider_factory, volume, channels):
     bundle = server_bundle()
     volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.ca.cert_pem)

@@ -68,9 +68,13 @@ def test_an_increase_of_the_group_counts_in_the_group_not_in_its_companion(provi
 
 
 def test_a_node_joining_or_leaving_moves_the_companion_and_the_groups_max_at_once(provider):
+    assert group_of(provider, node("gpu-1", "kwok://gpu-1")).maxSize == 2
     provider.cluster.set_nodes([gpu_node(1), gpu_node(2), gpu_node(3)])
     assert served(provider)[LIVE] == (3, 3) and served(provider)[GROUP] == (0, 1)
     assert group_of(provider, node("gpu-3", "kwok://gpu-3")).id == LIVE
+    # The answer CA caches per node carries the new sizes at once (it is built once per change, not per call).
+    assert (group_of(provider, node("gpu-1", "kwok://gpu-1")).minSize,
+            group_of(provider, node("gpu-1", "kwok://gpu-1")).maxSize) == (3, 3)
     provider.cluster.set_nodes([])
     assert LIVE not in served(provider) and served(provider)[GROUP] == (0, 4)
     assert group_of(provider, node("gpu-3", "kwok://gpu-3")).id == ""

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dds.scaling.instances import (ERROR_CLASS_OTHER, InstanceFactory, InstanceKind, InstanceState, InstanceTracker,
+from dds.scaling.instances import (ERROR_CLASS_OTHER, MAX_ERROR_MESSAGE_CHARS, MAX_REASON_CHARS, InstanceFactory,
+                                   InstanceKind, InstanceState, InstanceTracker,
                                    MemoryStateStore, group_of_instance_id)
 
 from .conftest import FakeClock, make_group
@@ -124,3 +125,43 @@ def test_instances_ended_together_are_written_once_and_stay_ended_after_a_restar
     assert CountingStore.writes == before + 1
     restarted = InstanceTracker(store)
     assert [r.id for r in restarted.list()] == [records[1].id, records[3].id]
+
+
+def test_instances_recorded_together_are_written_once_and_all_or_none():
+    class CountingStore(MemoryStateStore):
+        writes = 0
+
+        def update(self, mutate):
+            CountingStore.writes += 1
+            super().update(mutate)
+
+    store = CountingStore()
+    tracker = InstanceTracker(store)
+    records = new_records(125)
+    tracker.add_all(records)
+    assert CountingStore.writes == 1 and len(InstanceTracker(store).list()) == 125
+
+    again = new_records(2)  # the same ids as the first two: refused whole
+    with pytest.raises(ValueError, match="already tracked"):
+        tracker.add_all(again)
+    twice = [records[0], records[0]]
+    with pytest.raises(ValueError, match="already tracked"):
+        InstanceTracker(MemoryStateStore()).add_all(twice)
+    assert CountingStore.writes == 1 and len(tracker.list()) == 125
+
+
+def test_a_records_reason_and_error_are_kept_short_enough_for_a_hundred_to_fit_one_configmap():
+    """Every in-flight record lives in one ConfigMap (1 MiB at most): a 500-pod plan's reasons (tens of KB) must not
+    be stored whole in each of the hundred records one IncreaseSize may make."""
+    factory = InstanceFactory(FakeClock())
+    plan_reason = "; ".join(f"3 A30 GPUs from pool default so bench/wait-{i:05d} fit on bench-w-{i:05d}"
+                            for i in range(167))
+    record = factory(make_group(), InstanceKind.GPU, plan_reason, "increase/k1")
+    assert len(record.reason) <= MAX_REASON_CHARS and record.reason.startswith("3 A30 GPUs from pool default")
+    assert f"({len(plan_reason)} characters in all)" in record.reason
+    tracker = InstanceTracker(MemoryStateStore())
+    tracker.add(record)
+    failed = tracker.fail(record.id, "FabricError", "x" * 100_000, ERROR_CLASS_OTHER)
+    assert len(failed.error_message) <= MAX_ERROR_MESSAGE_CHARS
+    short = factory(make_group(), InstanceKind.GPU, "1 A30 GPU so gpu-job-1 fits on gpu-1", "increase/k2")
+    assert short.reason == "1 A30 GPU so gpu-job-1 fits on gpu-1"
