@@ -87,30 +87,28 @@ class ObservedClusterView:
         self._clock = clock
         self._max_age = max_age_seconds
         self._lock = threading.Lock()
-        self._nodes: tuple[LiveNode, ...] = ()
-        self._read_at: Optional[float] = None
-        self._fresh: Optional[tuple[float, tuple[LiveNode, ...]]] = None  # (read at, nodes): the lock-free answer
+        # (read at, nodes), one attribute: CA's thousands of calls a scan read it whole, without the lock, while fresh.
+        self._view: Optional[tuple[float, tuple[LiveNode, ...]]] = None
         # node name -> (the record it was built from, its group, the LiveNode): the watch cache hands over the same
         # record until the node changes, so a view over thousands of nodes builds again only the changed ones.
         self._built: dict[str, tuple[object, Optional[str], LiveNode]] = {}
 
     def nodes(self) -> Sequence[LiveNode]:
-        fresh = self._fresh  # one attribute read: CA's thousands of calls a scan take no lock while it is fresh
-        if fresh is not None and self._clock() - fresh[0] < self._max_age:
-            return fresh[1]
+        view = self._view
+        if view is not None and self._clock() - view[0] < self._max_age:
+            return view[1]
         with self._lock:
-            now = self._clock()
-            if self._read_at is None or now - self._read_at >= self._max_age:
+            view, now = self._view, self._clock()
+            if view is None or now - view[0] >= self._max_age:
+                last = view[1] if view is not None else ()
                 try:
-                    self._nodes = self._read()
-                    self._read_at = now
-                    self._fresh = (now, self._nodes)
+                    view = self._view = (now, self._read(last))
                 except Exception as exc:  # keep the last good view: an apiserver blip must not fail CA's loop
                     log.warning("cannot list nodes and machines, serving the view from %s: %s",
-                                "never" if self._read_at is None else f"{now - self._read_at:.0f}s ago", exc)
-            return self._nodes
+                                "never" if view is None else f"{now - view[0]:.0f}s ago", exc)
+            return view[1] if view is not None else ()
 
-    def _read(self) -> tuple[LiveNode, ...]:
+    def _read(self, last_nodes: tuple[LiveNode, ...]) -> tuple[LiveNode, ...]:
         machines = self._observer.machines()
         group_of_provider = {m.provider_id: m.group_id for m in machines if m.provider_id}
         group_of_node = {m.node_name: m.group_id for m in machines if m.node_name}
@@ -127,9 +125,9 @@ class ObservedClusterView:
             built[node.name] = (node, group_id, live)
             out.append(live)
         self._built = built
-        if len(out) == len(self._nodes) and all(new is old for new, old in zip(out, self._nodes)):
+        if len(out) == len(last_nodes) and all(new is old for new, old in zip(out, last_nodes)):
             # Nothing changed: the same tuple, so the registry's membership index built from it stays valid.
-            return self._nodes
+            return last_nodes
         return tuple(out)
 
 

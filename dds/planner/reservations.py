@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Optional, Sequence
 
 from dds.model.groups import Taint
-from dds.planner.device_modes import held_by_node_load
+from dds.planner.device_modes import nodes_held_by_load
 from dds.planner.filters import STATIC_FILTERS, first_reject
 from dds.planner.gangs import gang_of
 from dds.planner.nodes import gpu_facts, sim_node
@@ -290,8 +290,7 @@ def _gather(snapshot: Snapshot, reservations: Sequence[Reservation], cache: Requ
     reserved = {r.node for r in reservations}
     pool_free = {(p.name, m): max(0, int(c)) for p in snapshot.pools for m, c in p.free.items()}
     used = _gpus_in_use(snapshot, cache)
-    held = {n.name for n in snapshot.nodes if held_by_node_load(
-        planner, snapshot.group(n.group_id) if n.group_id else None, used.get(n.name, 0))}
+    held = nodes_held_by_load(snapshot, planner, cache)
     idle = _idle_devices(snapshot, used, reserved | held)
     out = _Gathered([], [], [], [])
     claimed: set[str] = set()

@@ -44,6 +44,7 @@ from google.protobuf.message import DecodeError
 
 from dds import metrics
 from dds.model.groups import LABEL_ATTACHED_GPU, NodeGroupSpec, TemplateMode
+from dds.model.text import bounded_text
 from dds.scaling.requests import ScaleDownDecider, ScaleUpDecider, ScaleUpRefused
 from dds.provider.gen.externalgrpc import externalgrpc_pb2 as pb
 from dds.provider.gen.externalgrpc import externalgrpc_pb2_grpc as pb_grpc
@@ -146,9 +147,9 @@ def _rpc(method: Callable[..., Any]) -> Callable[..., Any]:
             code = status_for(exc)
             if code == grpc.StatusCode.INTERNAL:
                 log.exception("%s failed unexpectedly", name)
-                message = _bounded(f"{name} failed inside DDS: {type(exc).__name__}: {exc}")
+                message = bounded_text(f"{name} failed inside DDS: {type(exc).__name__}: {exc}", MAX_MESSAGE_CHARS)
             else:
-                message = _bounded(str(exc))
+                message = bounded_text(str(exc), MAX_MESSAGE_CHARS)
                 log.log(logging.DEBUG if code == grpc.StatusCode.UNIMPLEMENTED else logging.WARNING,
                         "%s refused (%s): %s", name, code.name, message)
         finally:
@@ -167,12 +168,6 @@ def _first(items: Iterable[str], limit: int = 20) -> str:
     items = list(items)
     shown = ", ".join(items[:limit])
     return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
-
-
-def _bounded(message: str) -> str:
-    if len(message) <= MAX_MESSAGE_CHARS:
-        return message
-    return f"{message[:MAX_MESSAGE_CHARS - 40]}... ({len(message)} characters in all)"
 
 
 def _one_line(request: Any) -> str:

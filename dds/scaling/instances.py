@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterable, Mapping, MutableMapping, Optional, P
 from dds import metrics
 from dds.model.groups import NodeGroupSpec
 from dds.model.lifecycle import IllegalTransition, Lifecycle, Transition
+from dds.model.text import bounded_text
 
 log = logging.getLogger(__name__)
 
@@ -151,14 +152,6 @@ def group_of_instance_id(value: str) -> Optional[str]:
 # copied into each made the document too large to store at 5,000 nodes.
 MAX_REASON_CHARS = 400
 MAX_ERROR_MESSAGE_CHARS = 1000
-
-
-def bounded_text(text: str, limit: int) -> str:
-    """`text`, cut to `limit` characters with a note of how long it was."""
-    if len(text) <= limit:
-        return text
-    tail = f"... ({len(text)} characters in all)"
-    return text[:max(0, limit - len(tail))] + tail
 
 
 class InstanceFactory:

@@ -9,8 +9,8 @@ from dataclasses import replace
 from dds.controller.gang_attaches import GangAttaches
 from dds.fabric.base import FabricError, ErrorCode, Operation, OperationKind, OperationState
 from dds.model.snapshot import POD_GROUP_LABEL
-from dds.model.plan import Attach, Case
-from tests.unit.planner.builders import make_node, make_pod, make_snapshot
+from dds.model.plan import Attach, Case, PlannerConfig
+from tests.unit.planner.builders import make_group, make_node, make_pod, make_snapshot
 
 TIMEOUT = 300.0
 
@@ -147,9 +147,6 @@ def test_a_plan_made_before_the_gang_was_held_is_not_acted_on():
 def test_on_a_busy_device_plugin_node_the_gangs_idle_gpu_stays_and_the_event_says_why():
     """The CDI operator in DEVICE_PLUGIN mode detaches from a node only once no GPU of it is busy: a rollback detach
     there would only sit in its retries. The GPU stays (scale-down releases it once the node is idle); the others go."""
-    from dds.model.plan import PlannerConfig
-    from tests.unit.planner.builders import make_group
-
     clock, fabric, actions, events = [1000.0], Fabric(), Actions(), Events()
     gangs = GangAttaches(actions, fabric, events, TIMEOUT, lambda: clock[0], planner=PlannerConfig(cdi_operator=True))
     pods = [gang_pod("w-0"), gang_pod("w-1"), make_pod("train", gpus=1, node="n1")]
@@ -168,8 +165,6 @@ def test_on_a_busy_device_plugin_node_the_gangs_idle_gpu_stays_and_the_event_say
 
 
 def test_with_another_fabric_the_same_rollback_detaches_from_the_busy_node_too():
-    from tests.unit.planner.builders import make_group
-
     clock, fabric, actions, events = [1000.0], Fabric(), Actions(), Events()
     gangs = GangAttaches(actions, fabric, events, TIMEOUT, lambda: clock[0])
     pods = [gang_pod("w-0"), make_pod("train", gpus=1, node="n1")]

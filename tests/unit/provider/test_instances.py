@@ -12,6 +12,18 @@ from dds.scaling.instances import (ERROR_CLASS_OTHER, MAX_ERROR_MESSAGE_CHARS, M
 from .conftest import FakeClock, make_group
 
 
+class CountingStore(MemoryStateStore):
+    """Counts the tracker's writes (one `update` each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def update(self, mutate):
+        self.writes += 1
+        super().update(mutate)
+
+
 def new_records(count, kind=InstanceKind.GPU, clock=None):
     clock = clock or FakeClock()
     ids = iter(range(1000))
@@ -105,41 +117,27 @@ def test_reload_takes_over_what_another_process_tracked():
 
 
 def test_instances_ended_together_are_written_once_and_stay_ended_after_a_restart():
-    class CountingStore(MemoryStateStore):
-        writes = 0
-
-        def update(self, mutate):
-            CountingStore.writes += 1
-            super().update(mutate)
-
     store = CountingStore()
     tracker = InstanceTracker(store)
     records = new_records(4)
     for record in records:
         tracker.add(record)
-    before = CountingStore.writes
+    before = store.writes
 
     ended = tracker.complete_all([records[0].id, records[2].id, "dds://MachineSet/default/gpu-workers/gpu/gone"])
 
     assert [r.id for r in ended] == [records[0].id, records[2].id]
-    assert CountingStore.writes == before + 1
+    assert store.writes == before + 1
     restarted = InstanceTracker(store)
     assert [r.id for r in restarted.list()] == [records[1].id, records[3].id]
 
 
 def test_instances_recorded_together_are_written_once_and_all_or_none():
-    class CountingStore(MemoryStateStore):
-        writes = 0
-
-        def update(self, mutate):
-            CountingStore.writes += 1
-            super().update(mutate)
-
     store = CountingStore()
     tracker = InstanceTracker(store)
     records = new_records(125)
     tracker.add_all(records)
-    assert CountingStore.writes == 1 and len(InstanceTracker(store).list()) == 125
+    assert store.writes == 1 and len(InstanceTracker(store).list()) == 125
 
     again = new_records(2)  # the same ids as the first two: refused whole
     with pytest.raises(ValueError, match="already tracked"):
@@ -147,7 +145,7 @@ def test_instances_recorded_together_are_written_once_and_all_or_none():
     twice = [records[0], records[0]]
     with pytest.raises(ValueError, match="already tracked"):
         InstanceTracker(MemoryStateStore()).add_all(twice)
-    assert CountingStore.writes == 1 and len(tracker.list()) == 125
+    assert store.writes == 1 and len(tracker.list()) == 125
 
 
 def test_a_records_reason_and_error_are_kept_short_enough_for_a_hundred_to_fit_one_configmap():
