@@ -116,12 +116,16 @@ class Mismatch:
 
 
 def evaluate(expression: str, device: DraDevice) -> tuple[bool, str]:
-    """(matches, error): an error never matches (kube-scheduler aborts the allocation on one)."""
+    """(matches, error): an error never matches (kube-scheduler aborts the allocation on one). Whatever the
+    evaluation raises is that selector's error, never the caller's: a tenant's valid but expensive selector exhausts
+    the evaluator's iteration budget (RuntimeError), and that must refuse its claim, not stop the pass."""
     try:
         value = compile_selector(expression).eval(data={"device": cel_device(device, expression)})
+        plain = value.plain_value()
     except SelectorError as exc:
         return False, str(exc)
-    plain = value.plain_value()
+    except Exception as exc:  # the evaluator's own errors (RuntimeError, value conversions) are the selector's
+        return False, f"an evaluation error ({exc})"
     if isinstance(plain, bool):
         return plain, ""
     return False, f"a non-boolean result ({plain!r})"

@@ -295,3 +295,27 @@ def test_each_api_is_served_by_its_own_groups_nodes() -> None:
     assert decision(plan, "dra-new").verdict == Verdict.FITS_NOW and decision(plan, "dra-new").node == "d1"
     assert decision(plan, "ext-new").verdict == Verdict.FITS_AFTER_GPUS
     assert [(a.node, a.count) for a in plan.attaches] == [("e1", 1)]
+
+
+# --- a tenant's selector cannot stop the planner ---------------------------------------------------------------------
+
+HUNDRED = "[" + ",".join(str(i) for i in range(100)) + "]"
+# Valid, far under the apiserver's cost limit, and over the evaluator's iteration budget (issue 37's outage).
+EXPENSIVE = f"{HUNDRED}.all(x, {HUNDRED}.all(y, x + y >= 0))"
+
+
+def test_a_selector_over_the_evaluators_budget_is_an_error_that_never_matches() -> None:
+    ok, error = evaluate(EXPENSIVE, A30)
+    assert not ok and "Iteration budget exceeded" in error
+
+
+def test_an_expensive_selector_refuses_its_claim_and_the_other_pods_are_planned() -> None:
+    snapshot = snapshot_with([dra_pod("hostile", "bad"), dra_pod("train", "c")],
+                             [claim("bad", request("gpu", EXPENSIVE)), claim("c", request("gpu", model_is("A100")))],
+                             nodes=[dra_node("w1", gpus=0)])
+    lowered = lower_claims(snapshot)
+    hostile = next(p for p in lowered.pods if p.name == "hostile")
+    assert hostile.dra_refusal is not None and "Iteration budget exceeded" in hostile.dra_refusal
+    plan = plan_scale_up(lowered, GREEDY)
+    assert decision(plan, "hostile").verdict == Verdict.UNSUPPORTED
+    assert [(a.node, a.model, a.count) for a in plan.attaches] == [("w1", "A100", 1)]
