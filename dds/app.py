@@ -52,6 +52,7 @@ from dds.nodes.factory import build_node_backend
 from dds.nodes.kwok import KwokInfrastructure
 from dds.ops.http import OpsServer, build_ops_server, check_metrics_settings
 from dds.planner import plan_scale_up
+from dds.planner.dra import CelLimits
 from dds.model.plan import Detach, PlannerConfig
 from dds.scaling.instances import InstanceFactory, InstanceTracker
 from dds.provider.leadership import LeaderGate
@@ -73,6 +74,11 @@ def planner_config(settings: Settings) -> PlannerConfig:
                          solver_time_budget_seconds=settings.solver_time_budget_seconds,
                          warm_gpus_by_pool={p.name: p.warm_gpus for p in settings.simulated_fabric.pools},
                          cdi_operator=settings.fabric == FabricBackend.COMPOSABILITY_REQUEST)
+
+
+def cel_limits(settings: Settings) -> CelLimits:
+    return CelLimits(max_expression_length=settings.cel_max_expression_length,
+                     evaluations_per_pass=settings.cel_evaluations_per_pass)
 
 
 class ObservedClusterView:
@@ -347,7 +353,7 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     nodes = build_node_backend(settings, clock=clock, api_client=api, on_written=cache.assume if cache else None)
     groups = fresh_groups(catalog, clock, settings.loop_interval_seconds)
     observer = ClusterObserver(KubeClusterReader(api, settings.machineset_namespaces, cache), fabric, groups, clock,
-                               IdleTracker(), settings.gpu_label, cache=cache)
+                               IdleTracker(), settings.gpu_label, cache=cache, cel_limits=cel_limits(settings))
     tracker = InstanceTracker(ConfigMapStateStore(api, settings.namespace, INSTANCES_CONFIGMAP))
     registry = Registry(catalog, ObservedClusterView(observer, api, clock), tracker)
     executor = Executor(fabric, nodes.provisioner, events)

@@ -62,6 +62,7 @@ def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
     as idle yet."""
     import time
 
+    from dds.app import cel_limits
     from dds.controller.idle import IdleTracker
     from dds.controller.observe import ClusterObserver
     from dds.kube.cache import cluster_cache
@@ -86,7 +87,8 @@ def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
         fabric = read_only_fabric(settings, api)
         try:
             observer = ClusterObserver(KubeClusterReader(api, settings.machineset_namespaces, cache), fabric,
-                                       catalog.groups, time.time, IdleTracker(), settings.gpu_label, cache=cache)
+                                       catalog.groups, time.time, IdleTracker(), settings.gpu_label, cache=cache,
+                                       cel_limits=cel_limits(settings))
             observation = observer.observe()
         finally:
             fabric.close()

@@ -26,7 +26,7 @@ from dds.kube.cache import ClusterCache
 from dds.kube.decode import NodeRecord, PodRecord
 from dds.model.dra_records import DraState
 from dds.model.groups import NodeGroupSpec
-from dds.planner.dra import lower_observed, mark_claimed
+from dds.planner.dra import CelLimits, lower_observed, mark_claimed
 from dds.model.resources import Resources
 # The planner owns kube-scheduler's request rule and remembers it per pod object: with the watch cache the same
 # PodInfo comes back every observe until the pod changes, so only changed pods are computed again.
@@ -137,8 +137,9 @@ def _grouped_by_node(pods: Sequence[PodInfo], lasting_requests: LastingRequests)
 class ClusterObserver:
     def __init__(self, reader: ClusterReader, fabric: Fabric, groups: Callable[[], Sequence[NodeGroupSpec]],
                  clock: Callable[[], float], idle: IdleTracker, gpu_model_label: str,
-                 cache: Optional[ClusterCache] = None) -> None:
+                 cache: Optional[ClusterCache] = None, cel_limits: CelLimits = CelLimits()) -> None:
         self._reader = reader
+        self._cel_limits = cel_limits
         self.cache = cache
         self._fabric = fabric
         self._groups = groups
@@ -264,7 +265,8 @@ class ClusterObserver:
         fabric_models = {d.serial: d.model for d in fabric_devices if d.serial}
         fabric_ids = {d.serial: d.id for d in fabric_devices if d.serial}
         lowered = lower_observed(pods, dra, {m for p in self._fabric.pools() for m in p.total},
-                                 self._gpu_model_label, groups=groups, fabric_models=fabric_models) if claims else pods
+                                 self._gpu_model_label, groups=groups, fabric_models=fabric_models,
+                                 limits=self._cel_limits) if claims else pods
         if lowered is not pods and any(a is not b for a, b in zip(lowered, pods)):
             # Claims became requests: what was derived per node is derived again from the pods as lowered.
             pods = lowered

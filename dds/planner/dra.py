@@ -32,17 +32,18 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from dds.model.dra_devices import DRIVER, device_name, dra_pool_name, gpu_device
 from dds.model.groups import ANN_DRA_MODELS, DraDriverConfig, GpuApi, NodeGroupSpec, dra_gpu_resource
 from dds.model.quantity import to_int
 from dds.model.resources import Resources
+from dds.model.text import bounded_text
 from dds.model.dra_records import (ALL, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraDevice, DraState,
                                    PodClaimRef, ResourceClaimInfo, ResourceSliceInfo)
 from dds.model.plan import ScaleUpPlan, Verdict
-from dds.planner.refusals import CLAIM_NOT_PLANNED, NO_MATCHING_DEVICE
+from dds.planner.refusals import CLAIM_NOT_PLANNED, NO_MATCHING_DEVICE, NOT_READABLE, SELECTOR_BUDGET_SPENT
 from dds.planner.requests import effective_requests
 from dds.model.snapshot import ContainerRequests, NodeInfo, NodeSelectorTerm, PodInfo, SelectorRequirement, Snapshot
 
@@ -112,7 +113,11 @@ class Mismatch:
 
     def text(self) -> str:
         outcome = f"fails with {self.error}" if self.error else "is false"
-        return f"{self.source} {self.kind} `{self.selector}` {outcome} for {self.device}"
+        # A tenant's selector may be 10 KiB long: the refusal (an Event, `dds plan`) quotes its start.
+        return f"{self.source} {self.kind} `{bounded_text(self.selector, SELECTOR_QUOTED)}` {outcome} for {self.device}"
+
+
+SELECTOR_QUOTED = 160  # characters of a selector a refusal quotes
 
 
 def evaluate(expression: str, device: DraDevice) -> tuple[bool, str]:
@@ -128,11 +133,60 @@ def evaluate(expression: str, device: DraDevice) -> tuple[bool, str]:
         return False, f"an evaluation error ({exc})"
     if isinstance(plain, bool):
         return plain, ""
-    return False, f"a non-boolean result ({plain!r})"
+    return False, f"a non-boolean result ({bounded_text(repr(plain), SELECTOR_QUOTED)})"
+
+
+Judge = Callable[[str, DraDevice], tuple[bool, str]]  # `evaluate`, or a pass's CelBudget.evaluate
+
+
+# resource.k8s.io/v1 CELSelectorExpressionMaxLength: the apiserver admits no longer selector.
+CEL_MAX_EXPRESSION_LENGTH = 10 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CelLimits:
+    """How much CEL one selector and one pass may cost DDS (settings `cel_max_expression_length`,
+    `cel_evaluations_per_pass`). The evaluator bounds each evaluation itself (its iteration budget: an expression
+    over it fails with an error, which refuses the claim); the apiserver bounds a selector's worst-case cost when it
+    admits it (CELSelectorExpressionMaxCost)."""
+
+    max_expression_length: int = CEL_MAX_EXPRESSION_LENGTH
+    evaluations_per_pass: int = 20_000
+
+
+class CelBudgetSpent(Exception):
+    """The pass's selector evaluations are used up: the claims not judged yet are refused, not evaluated."""
+
+
+class CelBudget:
+    """One pass's selector evaluations. The same selector on the same offered device is evaluated once a pass (many
+    claims of one template share their selectors); past `evaluations_per_pass` distinct evaluations the remaining
+    claims are refused (CelBudgetSpent) and judged again next pass, so no tenant's selectors make a pass unbounded."""
+
+    def __init__(self, limits: CelLimits = CelLimits()) -> None:
+        self.limits = limits
+        self.evaluations = 0
+        self._results: dict[tuple[str, int], tuple[DraDevice, tuple[bool, str]]] = {}
+
+    def evaluate(self, expression: str, device: DraDevice) -> tuple[bool, str]:
+        limit = self.limits.max_expression_length
+        if len(expression) > limit:
+            return False, f"a selector of {len(expression)} characters, over the {limit} DDS evaluates"
+        key = (expression, id(device))  # the device is kept with its result, so its id is not reused in the pass
+        found = self._results.get(key)
+        if found is not None:
+            return found[1]
+        if self.evaluations >= self.limits.evaluations_per_pass:
+            raise CelBudgetSpent(f"this pass evaluated its {self.limits.evaluations_per_pass} CEL selectors "
+                                 f"(cel_evaluations_per_pass) before reaching it; it is judged again next pass")
+        self.evaluations += 1
+        result = evaluate(expression, device)
+        self._results[key] = (device, result)
+        return result
 
 
 def request_mismatch(request: DeviceRequestInfo, classes: Mapping[str, DeviceClassInfo], device: DraDevice,
-                     label: str = "") -> Optional[Mismatch]:
+                     label: str = "", judge: Judge = evaluate) -> Optional[Mismatch]:
     """None when `device` serves `request`, else the first selector that rejects it (the class's first). `label`
     names the device in the explanation (default: "device <name>")."""
     label = label or f"device {device.name}"
@@ -142,7 +196,7 @@ def request_mismatch(request: DeviceRequestInfo, classes: Mapping[str, DeviceCla
                         error=f"DeviceClass {request.device_class!r} does not exist")
     for source, selectors in ((f"DeviceClass {cls.name}", cls.selectors), ("request", request.selectors)):
         for expression in selectors:
-            ok, error = evaluate(expression, device)
+            ok, error = judge(expression, device)
             if not ok:
                 return Mismatch(request.name, label, expression, source, error)
     return capacity_mismatch(request, device, label)
@@ -318,7 +372,8 @@ def _as_offer(item: Offer | DraDevice) -> Offer:
 
 
 def accepted_by(request: DeviceRequestInfo, classes: Mapping[str, DeviceClassInfo],
-                offers: Sequence[Offer | DraDevice]) -> tuple[dict[str, frozenset[str]], tuple[str, ...]]:
+                offers: Sequence[Offer | DraDevice], judge: Judge = evaluate
+                ) -> tuple[dict[str, frozenset[str]], tuple[str, ...]]:
     """Per driver, the models whose offered device serves `request`; and why each other offer does not."""
     good: dict[str, set[str]] = {}
     why: list[str] = []
@@ -326,7 +381,7 @@ def accepted_by(request: DeviceRequestInfo, classes: Mapping[str, DeviceClassInf
         if offer.device is None:
             why.append(offer.why_not)
             continue
-        found = request_mismatch(request, classes, offer.device, label=offer.label)
+        found = request_mismatch(request, classes, offer.device, label=offer.label, judge=judge)
         if found is None:
             good.setdefault(offer.driver, set()).add(offer.model)
         else:
@@ -376,27 +431,28 @@ def _shared_devices(request: DeviceRequestInfo, accepted: Mapping[str, frozenset
 
 
 def _partition_match(request: DeviceRequestInfo, classes: Mapping[str, DeviceClassInfo],
-                     partitions: Sequence[DraDevice]) -> Optional[DraDevice]:
+                     partitions: Sequence[DraDevice], judge: Judge = evaluate) -> Optional[DraDevice]:
     """A published partition (a device drawing on a GPU's shared counters, not a whole GPU) serving `request`."""
-    return next((d for d in partitions if request_mismatch(request, classes, d) is None), None)
+    return next((d for d in partitions if request_mismatch(request, classes, d, judge=judge) is None), None)
 
 
 def claim_demand(claim: ResourceClaimInfo, classes: Mapping[str, DeviceClassInfo],
                  offers: Sequence[Offer | DraDevice], group_classes: Sequence[str] = (),
-                 partitions: Sequence[DraDevice] = ()) -> Demand:
+                 partitions: Sequence[DraDevice] = (), judge: Judge = evaluate) -> Demand:
     """An unallocated claim: the devices it needs and the models (per driver) that give them, or why none can.
     `group_classes`: the DeviceClasses the DRA groups' GPUs come under, named in a refusal for a request of another.
     `partitions`: the published devices that are partitions of a GPU (they consume its shared counters): a request
-    only they serve is refused as such, not as one for no device at all."""
+    only they serve is refused as such, not as one for no device at all. `judge` evaluates the selectors (a pass's
+    CelBudget)."""
     choices: Optional[dict[str, frozenset[str]]] = None
     gpus = 0
     for request in claim.requests:
         unplanned = _unplanned_field(claim, request)
         if unplanned is not None:
             return unplanned
-        accepted, why = accepted_by(request, classes, offers)
+        accepted, why = accepted_by(request, classes, offers, judge)
         if not accepted:
-            partition = _partition_match(request, classes, partitions)
+            partition = _partition_match(request, classes, partitions, judge)
             if partition is not None:
                 return _not_planned(claim, f"request {request.name!r} is served by partitions of a GPU (device "
                                            f"{partition.name} of {partition.driver} pool {partition.pool} draws on "
@@ -447,10 +503,12 @@ class _World:
     drivers: frozenset[str]
     group_classes: tuple[str, ...] = ()  # the DeviceClasses of the DRA groups (none: no DRA group to name)
     partitions: tuple[DraDevice, ...] = ()  # published GPU partitions of the groups' drivers (shared counters)
+    budget: CelBudget = field(default_factory=CelBudget)  # the pass's selector evaluations
 
     @classmethod
     def build(cls, state: DraState, models: Iterable[str], configs: Sequence[DraDriverConfig],
-              fabric_models: Optional[Mapping[str, str]] = None, group_classes: Sequence[str] = ()) -> "_World":
+              fabric_models: Optional[Mapping[str, str]] = None, group_classes: Sequence[str] = (),
+              limits: CelLimits = CelLimits()) -> "_World":
         templates = {f"{t.namespace}/{t.name}": ResourceClaimInfo(t.namespace, t.name, t.requests,
                                                                   constraints=t.constraints)
                      for t in state.templates}
@@ -460,7 +518,7 @@ class _World:
         return cls(claims={c.key: c for c in state.claims}, templates=templates,
                    classes={c.name: c for c in state.classes}, offers=offers,
                    drivers=frozenset(c.driver for c in configs), group_classes=group_classes,
-                   partitions=partitions_of(state.slices, configs))
+                   partitions=partitions_of(state.slices, configs), budget=CelBudget(limits))
 
     def all_models(self) -> dict[str, frozenset[str]]:
         """Per driver, every model an attach may bring (described or not): a claim accepting fewer is restricted."""
@@ -511,9 +569,22 @@ def pod_demand(pod: PodInfo, world: _World, charged: set[str]) -> Demand:
             part = Demand(claims=(claim.key,))  # another pending pod of the same claim asks for its devices
         else:
             charged.add(claim.key)
-            part = claim_demand(claim, world.classes, world.offers, world.group_classes, world.partitions)
+            part = claim_demand(claim, world.classes, world.offers, world.group_classes, world.partitions,
+                                world.budget.evaluate)
         total = _merge(total, part)
     return total
+
+
+def _guarded_demand(pod: PodInfo, world: _World, charged: set[str]) -> Demand:
+    """pod_demand, with whatever stops judging this pod's claims (the pass's CEL budget spent, an error in a
+    tenant's claim or DeviceClass) as the pod's refusal: the other pods of the pass are planned all the same."""
+    try:
+        return pod_demand(pod, world, charged)
+    except CelBudgetSpent as spent:
+        return Demand(refusal=f"its ResourceClaims were not evaluated: {spent}", refusal_reason=SELECTOR_BUDGET_SPENT)
+    except Exception as exc:  # one object's error: the pod is refused with it, the pass goes on
+        return Demand(refusal=f"DDS could not judge its ResourceClaims ({type(exc).__name__}: "
+                              f"{bounded_text(str(exc), SELECTOR_QUOTED)})", refusal_reason=NOT_READABLE)
 
 
 def _chosen_driver(choices: Mapping[str, frozenset[str]]) -> str:
@@ -627,25 +698,26 @@ def extended_resource_claims(pods: Sequence[PodInfo], state: DraState, groups: S
 
 
 def lower_pods(pods: Sequence[PodInfo], state: DraState, models: Iterable[str], model_label: str,
-               groups: Sequence[NodeGroupSpec] = (), fabric_models: Optional[Mapping[str, str]] = None
-               ) -> tuple[PodInfo, ...]:
+               groups: Sequence[NodeGroupSpec] = (), fabric_models: Optional[Mapping[str, str]] = None,
+               limits: CelLimits = CelLimits()) -> tuple[PodInfo, ...]:
     """Every pod with resource claims rewritten as the GPU requests they amount to (see the module docstring); other
     pods are returned as they are (the same objects). Bound pods are charged first, so a claim shared by a running
     and a pending pod is never asked for twice. `groups` give the DRA drivers to judge claims against (none: DDS's
     own); `fabric_models` (GPU UUID -> model of the fabric's devices) lets a vendor's published devices teach their
-    model's shape. Extended resources a DeviceClass serves are claims too (`extended_resource_claims`)."""
+    model's shape. Extended resources a DeviceClass serves are claims too (`extended_resource_claims`). `limits`
+    bound the pass's CEL (CelBudget). An error judging one pod's claims refuses that pod, never the others."""
     pods, state = extended_resource_claims(pods, state, groups)
     if not any(p.resource_claims and not p.claims_lowered for p in pods):
         return tuple(pods)
     world = _World.build(state, models, dra_drivers(groups), fabric_models,
-                         [g.dra.device_class for g in groups if g.gpu_api.dra])
+                         [g.dra.device_class for g in groups if g.gpu_api.dra], limits)
     all_models = world.all_models()
     charged: set[str] = set()
     lowered: dict[str, PodInfo] = {}
     ordered = sorted((p for p in pods if p.resource_claims and not p.claims_lowered),
                      key=lambda p: (p.node_name is None, -p.priority, p.created_at, p.key))
     for pod in ordered:
-        lowered[pod.key] = _with_demand(pod, pod_demand(pod, world, charged), model_label, all_models)
+        lowered[pod.key] = _with_demand(pod, _guarded_demand(pod, world, charged), model_label, all_models)
     return tuple(lowered.get(p.key, p) if p.resource_claims else p for p in pods)
 
 
@@ -743,11 +815,11 @@ def lower_claims(snapshot: Snapshot, driver: str = DRIVER, fabric_ids: Optional[
 
 
 def lower_observed(pods: Sequence[PodInfo], state: DraState, models: Iterable[str], model_label: str,
-                   groups: Sequence[NodeGroupSpec] = (), fabric_models: Optional[Mapping[str, str]] = None
-                   ) -> tuple[PodInfo, ...]:
+                   groups: Sequence[NodeGroupSpec] = (), fabric_models: Optional[Mapping[str, str]] = None,
+                   limits: CelLimits = CelLimits()) -> tuple[PodInfo, ...]:
     """`lower_pods` for the observer, before anything reads the pods' GPU requests (idle tracking included). Without
     `groups`, claims are judged against DDS's own driver only."""
-    return lower_pods(pods, state, models, model_label, groups, fabric_models)
+    return lower_pods(pods, state, models, model_label, groups, fabric_models, limits)
 
 
 def pods_needing_nodes(plan: ScaleUpPlan, pods: Sequence[PodInfo]) -> tuple[PodInfo, ...]:

@@ -8,11 +8,12 @@ import pytest
 
 from dds.planner import plan_scale_down, plan_scale_up
 from dds.model.dra_devices import DEVICE_CLASS, DRIVER, device_name, gpu_device
-from dds.planner.dra import claim_demand, evaluate, lower_claims, request_mismatch
+from dds.planner.dra import (CelBudget, CelBudgetSpent, CelLimits, claim_demand, evaluate, lower_claims, lower_pods,
+                             request_mismatch)
 from dds.model.dra_records import (ALL, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraState, PodClaimRef,
                                    ResourceClaimInfo, ResourceClaimTemplateInfo)
 from dds.model.plan import PlannerConfig, Verdict
-from dds.planner.refusals import NO_MATCHING_DEVICE
+from dds.planner.refusals import NO_MATCHING_DEVICE, NOT_READABLE, SELECTOR_BUDGET_SPENT
 from dds.model.groups import DRA_GPU_RESOURCE, GpuApi, NodeGroupSpec
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
 
@@ -316,6 +317,49 @@ def test_an_expensive_selector_refuses_its_claim_and_the_other_pods_are_planned(
     lowered = lower_claims(snapshot)
     hostile = next(p for p in lowered.pods if p.name == "hostile")
     assert hostile.dra_refusal is not None and "Iteration budget exceeded" in hostile.dra_refusal
+    plan = plan_scale_up(lowered, GREEDY)
+    assert decision(plan, "hostile").verdict == Verdict.UNSUPPORTED
+    assert [(a.node, a.model, a.count) for a in plan.attaches] == [("w1", "A100", 1)]
+
+
+def test_a_selector_longer_than_the_limit_is_refused_unevaluated() -> None:
+    long_selector = model_is("A100") + " && true" * 40
+    snapshot = snapshot_with([dra_pod("hostile", "bad"), dra_pod("train", "c")],
+                             [claim("bad", request("gpu", long_selector)), claim("c", request("gpu", model_is("A100")))],
+                             nodes=[dra_node("w1", gpus=0)])
+    pods = {p.name: p for p in lower_pods(snapshot.pods, snapshot.dra, {"A30", "A100"}, snapshot.gpu_model_label,
+                                          limits=CelLimits(max_expression_length=100))}
+    assert f"a selector of {len(long_selector)} characters, over the 100 DDS evaluates" in pods["hostile"].dra_refusal
+    assert len(pods["hostile"].dra_refusal) < 1000  # the refusal quotes the selector's start only
+    assert pods["train"].dra_refusal is None
+
+
+def test_past_the_pass_budget_the_remaining_claims_are_refused_and_the_same_selector_is_evaluated_once() -> None:
+    pods = [dra_pod(f"p{i}", f"c{i}") for i in range(4)]
+    claims = [claim("c0", request("gpu", model_is("A100"))), claim("c1", request("gpu", model_is("A100"))),
+              claim("c2", request("gpu", model_is("A30"))), claim("c3", request("gpu", model_is("A30")))]
+    snapshot = snapshot_with(pods, claims)
+    # Two offers (A30, A100), one class selector and one request selector: c0 costs 4 evaluations, c1 none (the same
+    # selectors on the same offers), c2 two more, and c3 none; a budget of 5 refuses c2 (and c3, judged after it).
+    lowered = {p.name: p for p in lower_pods(snapshot.pods, snapshot.dra, {"A30", "A100"}, snapshot.gpu_model_label,
+                                             limits=CelLimits(evaluations_per_pass=5))}
+    assert lowered["p0"].dra_refusal is None and lowered["p1"].dra_refusal is None
+    assert lowered["p2"].dra_refusal_reason == SELECTOR_BUDGET_SPENT
+    assert "cel_evaluations_per_pass" in lowered["p2"].dra_refusal
+    budget = CelBudget(CelLimits(evaluations_per_pass=1))
+    assert budget.evaluate(model_is("A30"), A30) == budget.evaluate(model_is("A30"), A30) == (True, "")
+    with pytest.raises(CelBudgetSpent):
+        budget.evaluate(model_is("A30"), A100)
+
+
+def test_an_error_judging_one_pods_claims_refuses_that_pod_only() -> None:
+    # A claim whose request count is not a number (no decoder should let it through; the planner holds regardless).
+    broken = claim("bad", replace(request("gpu"), count="lots"))
+    snapshot = snapshot_with([dra_pod("hostile", "bad"), dra_pod("train", "c")],
+                             [broken, claim("c", request("gpu", model_is("A100")))], nodes=[dra_node("w1", gpus=0)])
+    lowered = lower_claims(snapshot)
+    hostile = next(p for p in lowered.pods if p.name == "hostile")
+    assert hostile.dra_refusal_reason == NOT_READABLE and "TypeError" in hostile.dra_refusal
     plan = plan_scale_up(lowered, GREEDY)
     assert decision(plan, "hostile").verdict == Verdict.UNSUPPORTED
     assert [(a.node, a.model, a.count) for a in plan.attaches] == [("w1", "A100", 1)]
