@@ -59,5 +59,9 @@ LOOP_LATENCY = Histogram("dds_control_loop_duration_seconds", "One pass of the c
                                   5, 10))
 LOOP_WAITED = Counter("dds_control_loop_waited_for_calls_seconds_total",
                       "Time the control loop waited for cluster-autoscaler's calls under way before its steps")
+OBJECTS_REFUSED = Counter("dds_objects_refused_total",
+                          "Objects DDS refused: pods it cannot help (told in an Event, once per pod and reason) and "
+                          "objects it cannot read (left out or refused, the rest planned), by kind and reason",
+                          ["kind", "reason"])
 APISERVER_REQUESTS = Counter("dds_apiserver_requests_total", "Requests DDS sent to the kube-apiserver, by verb (LIST "
                              "and WATCH are GETs of a collection)", ["verb"])

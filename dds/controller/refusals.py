@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Iterable
 
+from dds.metrics import OBJECTS_REFUSED
 from dds.scaling.node_actions import pod_ref
 from dds.model.events import WARNING, EventRecorder
 from dds.planner.gangs import GANG_INCOMPLETE
@@ -29,6 +30,7 @@ class RefusalReporter:
         if reason in told:
             return
         told.add(reason)
+        OBJECTS_REFUSED.labels("pods", reason).inc()
         log.info("pod %s: DDS cannot help (%s): %s", pod, reason, message, extra={"pod": pod, "reason": reason})
         self._events.emit(pod_ref(pod), WARNING, reason, message)
 

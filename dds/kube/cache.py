@@ -32,6 +32,9 @@ import orjson
 from kubernetes import client
 
 from dds.kube import decode, raw
+from dds.metrics import OBJECTS_REFUSED
+from dds.model.snapshot import NOT_READABLE
+from dds.model.text import bounded_text
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ PAGE_SIZE = 500
 WATCH_TIMEOUT_SECONDS = (240, 360)  # server-side watch length, randomized so reflectors do not renew in lockstep
 _READ_SLACK_SECONDS = 60.0  # bookmarks arrive about once a minute; a stream silent for longer than this is dead
 _BACKOFF_SECONDS = (0.2, 10.0)
+UNREADABLE_ERROR_CHARS = 300  # of a decoder's error, in the log and a refused pod's Event
 
 
 class Gone(Exception):
@@ -63,6 +67,14 @@ class Resource(Generic[T]):
     # Buckets the store also keeps its items in (the informer's indexer): pods by node name, so a reader asking "the
     # pods on each node" gets the same tuple back for every node whose pods did not change (Reflector.buckets).
     bucket: Optional[Callable[[T], str]] = None
+    # What stands for an object `decode` fails on (the error as text): a pod refused with it. None: the object is
+    # left out. Either way one object DDS cannot read never stops the collection (Reflector.decoded).
+    unreadable: Optional[Callable[[Obj, str], T]] = None
+
+    @property
+    def kind(self) -> str:
+        """The collection's plural ("pods", "resourceclaims"), a metric label."""
+        return self.path.rsplit("/", 1)[-1]
 
 
 @dataclass
@@ -208,7 +220,9 @@ class Reflector(Generic[T]):
                 query.append(("continue", continue_token))
             body = orjson.loads(self._get(query).data)
             for obj in body.get("items") or ():
-                items[decode.object_key(obj)] = self.resource.decode(obj)
+                value = self.decoded(obj)
+                if value is not None:
+                    items[decode.object_key(obj)] = value
             meta = body.get("metadata") or {}
             version = meta.get("resourceVersion") or version
             continue_token = meta.get("continue") or ""
@@ -260,7 +274,10 @@ class Reflector(Generic[T]):
             self._resource_version = version or self._resource_version
             return
         key = decode.object_key(obj)
-        value = self.resource.decode(obj) if kind in ("ADDED", "MODIFIED") else None
+        value = self.decoded(obj) if kind in ("ADDED", "MODIFIED") else None
+        if value is None and kind in ("ADDED", "MODIFIED"):  # unreadable: the store keeps what it had of it
+            self._resource_version = version or self._resource_version
+            return
         with self._lock:
             assumed = self._assumed.pop(key, None)
             if assumed is not None and kind != "DELETED":
@@ -279,6 +296,21 @@ class Reflector(Generic[T]):
             self._values = None
             self._resource_version = version or self._resource_version
             self.generation += 1
+
+    def decoded(self, obj: Obj) -> Optional[T]:
+        """The object as the store keeps it. An object DDS cannot read (a decoder's error on what a tenant wrote) is
+        that object's problem alone: the resource's `unreadable` record stands for it, else it is left out (a watch
+        keeps the version it had); logged and counted, and the rest of the collection is read as usual."""
+        try:
+            return self.resource.decode(obj)
+        except Exception as exc:  # any decoder error: one object's, never the collection's
+            error = bounded_text(f"{type(exc).__name__}: {exc}", UNREADABLE_ERROR_CHARS)
+            OBJECTS_REFUSED.labels(self.resource.kind, NOT_READABLE).inc()
+            standing_in = self.resource.unreadable
+            log.warning("%s %s: cannot read it (%s); %s", self.resource.kind, decode.object_key(obj), error,
+                        "refused with the error" if standing_in else "left out, the rest is read",
+                        extra={"object": decode.object_key(obj), "reason": NOT_READABLE})
+            return standing_in(obj, error) if standing_in is not None else None
 
     # --- the store's writes (under the lock): the items and their buckets together ---
     def _put(self, key: str, value: T) -> None:
@@ -352,7 +384,8 @@ def _lines(response: Any) -> Iterator[bytes]:
 # --- the collections DDS reads ---
 
 def pods() -> Resource[decode.PodRecord]:
-    return Resource("pods", "/api/v1/pods", decode.pod_record, bucket=pod_bucket)
+    return Resource("pods", "/api/v1/pods", decode.pod_record, bucket=pod_bucket,
+                    unreadable=decode.unreadable_pod_record)
 
 
 def pod_bucket(record: decode.PodRecord) -> str:

@@ -21,8 +21,8 @@ from dds.model.quantity import to_int
 from dds.model.dra_records import (EXACT_COUNT, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo,
                                    DeviceTaintInfo, DraDevice, PodClaimRef, ResourceClaimInfo,
                                    ResourceClaimTemplateInfo, ResourceSliceInfo)
-from dds.model.snapshot import (ContainerRequests, HostPort, LabelSelector, NodeSelectorTerm, PodAffinityTerm, PodInfo,
-                                SelectorRequirement, Toleration, WorkloadRef)
+from dds.model.snapshot import (NOT_READABLE, ContainerRequests, HostPort, LabelSelector, NodeSelectorTerm,
+                                PodAffinityTerm, PodInfo, SelectorRequirement, Toleration, WorkloadRef)
 
 Obj = Mapping[str, Any]
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -245,6 +245,18 @@ def pod_info(pod: Obj) -> PodInfo:
         scheduling_group=_scheduling_group(spec),
         resource_claims=pod_claims(pod),
     )
+
+
+def unreadable_pod_record(pod: Obj, error: str) -> PodRecord:
+    """A pod `pod_record` could not read, as the planner sees it: refused with the error (never promised a fit, an
+    Event tells its owner), named and placed as the apiserver has it."""
+    meta, spec = _meta(pod), pod.get("spec") or _EMPTY
+    why = f"DDS cannot read the pod's spec ({error})"
+    info = PodInfo(namespace=str(meta.get("namespace") or "default"), name=str(meta.get("name") or ""),
+                   uid=str(meta.get("uid") or ""), node_name=str(spec.get("nodeName") or "") or None,
+                   unsupported=(why,), dra_refusal=why, dra_refusal_reason=NOT_READABLE, claims_lowered=True)
+    return PodRecord(info=info, terminal=pod_is_terminal(pod), unschedulable_since=None,
+                     resource_version=resource_version(pod))
 
 
 def pod_is_terminal(pod: Obj) -> bool:

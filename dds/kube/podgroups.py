@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from kubernetes import client
 
-from dds.model.snapshot import POD_GROUP_LABEL, PodInfo, Snapshot
+from dds.metrics import OBJECTS_REFUSED
+from dds.model.snapshot import NOT_READABLE, POD_GROUP_LABEL, PodInfo, Snapshot
+from dds.model.text import bounded_text
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +112,30 @@ def _key(obj: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
+_READERS = {COSCHEDULING: min_member, WORKLOADS_V1ALPHA1: gang_min_counts,
+            PODGROUPS_V1ALPHA2: scheduling_group_min_count}
+
+
+def _each_read(kind: GangApi, items: Iterable[Mapping[str, Any]], reader: Callable[[Mapping[str, Any]], Any],
+               unread: set[str]) -> dict[str, Any]:
+    """`reader` on each object, by namespace/name. An object it fails on (a tenant's group with a minimum that is no
+    number, a spec of the wrong shape) is that object's problem: its namespace joins `unread`, so its gangs' minimum is
+    taken as every member seen, as for a group DDS could not list; logged and counted, the others read as usual."""
+    out: dict[str, Any] = {}
+    for item in items:
+        try:
+            out[_key(item)] = reader(item)
+        except Exception as exc:  # any error reading this one object
+            meta = item.get("metadata") if isinstance(item, Mapping) else None
+            namespace = str(meta.get("namespace") or "") if isinstance(meta, Mapping) else ""
+            unread.add(namespace)
+            OBJECTS_REFUSED.labels(kind.plural, NOT_READABLE).inc()
+            log.warning("cannot read %s %s/%s (%s): the minimum of its namespace's gangs is taken as every member seen",
+                        kind.name, namespace, meta.get("name") if isinstance(meta, Mapping) else "?",
+                        bounded_text(f"{type(exc).__name__}: {exc}", 300))
+    return out
+
+
 def served_gang_apis(api: client.ApiClient) -> tuple[GangApi, ...]:
     """The gang kinds the apiserver serves now (discovery, once at start): the watch cache watches those."""
     try:
@@ -135,14 +161,15 @@ class PodGroupReader:
 
     def read(self, namespaces: Iterable[str], kinds: Sequence[GangApi] = GANG_APIS) -> PodGroups:
         namespaces = sorted(set(namespaces))
-        items: dict[GangApi, list[Mapping[str, Any]]] = {}
+        read: dict[GangApi, dict[str, Any]] = {}
         unread: dict[GangApi, set[str]] = {}
         for kind in kinds:
-            items[kind], unread[kind] = self._objects(kind, namespaces)
+            items, unread[kind] = self._objects(kind, namespaces)
+            read[kind] = _each_read(kind, items, _READERS[kind], unread[kind])
         return PodGroups(
-            min_member={_key(i): min_member(i) for i in items.get(COSCHEDULING, ())},
-            workload_gangs={_key(i): gang_min_counts(i) for i in items.get(WORKLOADS_V1ALPHA1, ())},
-            scheduling_groups={_key(i): scheduling_group_min_count(i) for i in items.get(PODGROUPS_V1ALPHA2, ())},
+            min_member=read.get(COSCHEDULING, {}),
+            workload_gangs=read.get(WORKLOADS_V1ALPHA1, {}),
+            scheduling_groups=read.get(PODGROUPS_V1ALPHA2, {}),
             unread_podgroups=frozenset(unread.get(COSCHEDULING, ())),
             unread_workloads=frozenset(unread.get(WORKLOADS_V1ALPHA1, ())),
             unread_scheduling_groups=frozenset(unread.get(PODGROUPS_V1ALPHA2, ())))

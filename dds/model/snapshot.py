@@ -87,6 +87,11 @@ class ContainerRequests:
     restartable_init: bool = False  # a sidecar (init container with restartPolicy Always)
 
 
+# The Event reason for an object DDS cannot read or judge (a pod, one of its ResourceClaims, their DeviceClass): that
+# object is refused with the error, the rest is planned (dds/kube/cache.py, dds/planner/dra.py).
+NOT_READABLE = "CannotReadObject"
+
+
 @dataclass(frozen=True, slots=True)
 class PodInfo:
     """A pod as the scheduling simulation needs it. `node_name` set = bound."""

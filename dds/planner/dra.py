@@ -43,9 +43,10 @@ from dds.model.text import bounded_text
 from dds.model.dra_records import (ALL, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraDevice, DraState,
                                    PodClaimRef, ResourceClaimInfo, ResourceSliceInfo)
 from dds.model.plan import ScaleUpPlan, Verdict
-from dds.planner.refusals import CLAIM_NOT_PLANNED, NO_MATCHING_DEVICE, NOT_READABLE, SELECTOR_BUDGET_SPENT
+from dds.planner.refusals import CLAIM_NOT_PLANNED, NO_MATCHING_DEVICE, SELECTOR_BUDGET_SPENT
 from dds.planner.requests import effective_requests
-from dds.model.snapshot import ContainerRequests, NodeInfo, NodeSelectorTerm, PodInfo, SelectorRequirement, Snapshot
+from dds.model.snapshot import (NOT_READABLE, ContainerRequests, NodeInfo, NodeSelectorTerm, PodInfo,
+                                SelectorRequirement, Snapshot)
 
 
 # --- CEL ------------------------------------------------------------------------------------------------------------

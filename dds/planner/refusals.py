@@ -30,8 +30,6 @@ NO_MATCHING_DEVICE = "NoMatchingDevice"  # a ResourceClaim no GPU DDS can attach
 CLAIM_NOT_PLANNED = "ClaimNotPlanned"
 # A claim whose selectors this pass had no CEL budget left to evaluate (cel_evaluations_per_pass): judged next pass.
 SELECTOR_BUDGET_SPENT = "SelectorBudgetSpent"
-# A pod, claim or DeviceClass DDS could not read or plan (an error on that object alone): refused, the rest planned.
-NOT_READABLE = "CannotReadObject"
 NO_GROUP_FOR_API = "NoNodeGroupForGPUAPI"  # GPUs asked through an API (extended resource, claims) no group exposes
 
 

@@ -228,3 +228,44 @@ def test_a_relist_rebuilds_the_buckets_from_the_list_alone() -> None:
     r.relist()
     r.relist()
     assert keys_by_bucket(r) == {"w2": {"ns/b"}}
+
+
+# --- an object DDS cannot read is that object's problem (issue 37) --------------------------------------------------
+
+def hostile_pod(name: str, rv: str) -> dict[str, Any]:
+    broken = pod(name, rv)
+    broken["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "1e999"  # no Kubernetes quantity
+    return broken
+
+
+def test_a_pod_that_cannot_be_read_is_refused_with_the_error_and_the_rest_is_listed_and_watched() -> None:
+    r = Reflector(ScriptedApi([Response(page([hostile_pod("bad", "1"), pod("a", "2")], "5"))]), pods_resource())
+    r.relist()
+    assert r.synced and r.keys() == {"ns/a", "ns/bad"}
+    bad = r.get("ns/bad").info
+    assert bad.dra_refusal_reason == "CannotReadObject" and "quantity too large" in bad.dra_refusal
+    assert bad.unsupported == (bad.dra_refusal,)  # never promised a fit
+    r.apply(event("ADDED", hostile_pod("bad-2", "6")))
+    r.apply(event("ADDED", pod("b", "7")))
+    assert r.keys() == {"ns/a", "ns/b", "ns/bad", "ns/bad-2"} and r.resource_version == "7"
+
+
+def test_an_object_without_a_stand_in_is_left_out_and_a_watch_keeps_what_it_had_of_it() -> None:
+    def strict(obj: dict[str, Any]) -> decode.PodRecord:
+        if "broken" in (obj["metadata"].get("labels") or {}):
+            raise ValueError("unreadable")
+        return decode.pod_record(obj)
+
+    def broken(name: str, rv: str) -> dict[str, Any]:
+        obj = pod(name, rv)
+        obj["metadata"]["labels"] = {"broken": "yes"}
+        return obj
+
+    r = Reflector(ScriptedApi([Response(page([broken("bad", "1"), pod("a", "2")], "5"))]),
+                  Resource("pods", "/api/v1/pods", strict))
+    r.relist()
+    assert r.synced and r.keys() == {"ns/a"}
+    r.apply(event("MODIFIED", pod("a", "6", node="worker-1")))
+    a = r.get("ns/a")
+    r.apply(event("MODIFIED", broken("a", "7")))
+    assert r.get("ns/a") is a and r.resource_version == "7"

@@ -192,3 +192,12 @@ def test_the_served_gang_apis_are_found_by_discovery(monkeypatch):
 
     monkeypatch.setattr(client, "ApisApi", lambda api: Discovery())
     assert served_gang_apis(client.ApiClient()) == (COSCHEDULING, PODGROUPS_V1ALPHA2)
+
+
+def test_a_group_object_that_cannot_be_read_leaves_its_namespaces_minimum_unknown_and_the_others_read():
+    hostile = {"metadata": {"name": "evil", "namespace": "tenant"}, "spec": {"minMember": "lots"}}
+    fine = {"metadata": {"name": "ok", "namespace": "ml"}, "spec": {"minMember": 3}}
+    wrong_shape = {"metadata": {"name": "w", "namespace": "tenant"}, "spec": {"podGroups": "not a list"}}
+    groups = reader_with({"podgroups": [hostile, fine], "workloads": [wrong_shape, WORKLOAD]}).read(["ml", "tenant"])
+    assert groups.min_member == {"ml/ok": 3} and groups.unread_podgroups == frozenset({"tenant"})
+    assert groups.workload_gangs == {"ml/train": {"workers": 4}} and groups.unread_workloads == frozenset({"tenant"})

@@ -13,8 +13,9 @@ from dds.planner.dra import (CelBudget, CelBudgetSpent, CelLimits, claim_demand,
 from dds.model.dra_records import (ALL, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo, DraState, PodClaimRef,
                                    ResourceClaimInfo, ResourceClaimTemplateInfo)
 from dds.model.plan import PlannerConfig, Verdict
-from dds.planner.refusals import NO_MATCHING_DEVICE, NOT_READABLE, SELECTOR_BUDGET_SPENT
+from dds.planner.refusals import NO_MATCHING_DEVICE, SELECTOR_BUDGET_SPENT
 from dds.model.groups import DRA_GPU_RESOURCE, GpuApi, NodeGroupSpec
+from dds.model.snapshot import NOT_READABLE
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
 
 GREEDY = PlannerConfig(batch_solver="greedy")
