@@ -249,14 +249,23 @@ def pod_info(pod: Obj) -> PodInfo:
 
 def unreadable_pod_record(pod: Obj, error: str) -> PodRecord:
     """A pod `pod_record` could not read, as the planner sees it: refused with the error (never promised a fit, an
-    Event tells its owner), named and placed as the apiserver has it."""
-    meta, spec = _meta(pod), pod.get("spec") or _EMPTY
+    Event tells its owner), named and placed as the apiserver has it. Reads nothing but strings where it expects them:
+    the rest of the object may be of any shape."""
+    meta, spec, status = (_as_mapping(pod.get(k)) for k in ("metadata", "spec", "status"))
     why = f"DDS cannot read the pod's spec ({error})"
-    info = PodInfo(namespace=str(meta.get("namespace") or "default"), name=str(meta.get("name") or ""),
-                   uid=str(meta.get("uid") or ""), node_name=str(spec.get("nodeName") or "") or None,
+    info = PodInfo(namespace=_as_text(meta.get("namespace")) or "default", name=_as_text(meta.get("name")),
+                   uid=_as_text(meta.get("uid")), node_name=_as_text(spec.get("nodeName")) or None,
                    unsupported=(why,), dra_refusal=why, dra_refusal_reason=NOT_READABLE, claims_lowered=True)
-    return PodRecord(info=info, terminal=pod_is_terminal(pod), unschedulable_since=None,
-                     resource_version=resource_version(pod))
+    return PodRecord(info=info, terminal=status.get("phase") in ("Succeeded", "Failed"), unschedulable_since=None,
+                     resource_version=_as_text(meta.get("resourceVersion")))
+
+
+def _as_mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else _EMPTY
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def pod_is_terminal(pod: Obj) -> bool:

@@ -113,12 +113,13 @@ class Mismatch:
     kind: str = "selector"  # or "capacity request" (exactly.capacity.requests)
 
     def text(self) -> str:
-        outcome = f"fails with {self.error}" if self.error else "is false"
+        outcome = f"fails with {bounded_text(self.error, SELECTOR_ERROR_QUOTED)}" if self.error else "is false"
         # A tenant's selector may be 10 KiB long: the refusal (an Event, `dds plan`) quotes its start.
         return f"{self.source} {self.kind} `{bounded_text(self.selector, SELECTOR_QUOTED)}` {outcome} for {self.device}"
 
 
 SELECTOR_QUOTED = 160  # characters of a selector a refusal quotes
+SELECTOR_ERROR_QUOTED = 400  # and of its error (a compiler's error quotes the whole selector)
 
 
 def evaluate(expression: str, device: DraDevice) -> tuple[bool, str]:
