@@ -78,7 +78,8 @@ def planner_config(settings: Settings) -> PlannerConfig:
 
 def cel_limits(settings: Settings) -> CelLimits:
     return CelLimits(max_expression_length=settings.cel_max_expression_length,
-                     evaluations_per_pass=settings.cel_evaluations_per_pass)
+                     evaluations_per_pass=settings.cel_evaluations_per_pass,
+                     seconds_per_pass=settings.cel_seconds_per_pass)
 
 
 class ObservedClusterView:

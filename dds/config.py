@@ -165,10 +165,11 @@ class Settings(BaseSettings):
     # failure condition, so the scheduler allocates again at once (dds/controller/dra_binding.py, docs/dra.md).
     dra_binding_timeout_seconds: float = Field(default=600.0, ge=1)
     # Tenants' CEL selectors (ResourceClaims, DeviceClasses): a longer selector is refused unevaluated (the default is
-    # the apiserver's own limit, CELSelectorExpressionMaxLength); past this many distinct evaluations in one pass
-    # the claims not judged yet are refused and judged next pass (dds/planner/dra.py CelBudget).
+    # the apiserver's own limit, CELSelectorExpressionMaxLength); past this many distinct evaluations, or seconds of
+    # them, in one pass the claims not judged yet are refused and judged next pass (dds/planner/dra.py CelBudget).
     cel_max_expression_length: int = Field(default=10 * 1024, ge=1)
-    cel_evaluations_per_pass: int = Field(default=20_000, ge=1)
+    cel_evaluations_per_pass: int = Field(default=5_000, ge=1)
+    cel_seconds_per_pass: float = Field(default=1.0, gt=0)
     # Reservations (dds/controller/reservations.py, docs/reservations.md): a pending pod asking for more than
     # `reservation_large_fraction` of a node's GPU slots, unschedulable for `reservation_min_age_seconds`, gets a
     # node reserved (tainted, the pod tolerating it) and its GPUs gathered there. Off by default.

@@ -14,6 +14,7 @@ events; the price is a slow call during that window, never a wrong one.
 from __future__ import annotations
 
 import logging
+import time
 from itertools import chain
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence
@@ -266,7 +267,7 @@ class ClusterObserver:
         fabric_ids = {d.serial: d.id for d in fabric_devices if d.serial}
         lowered = lower_observed(pods, dra, {m for p in self._fabric.pools() for m in p.total},
                                  self._gpu_model_label, groups=groups, fabric_models=fabric_models,
-                                 limits=self._cel_limits) if claims else pods
+                                 limits=self._cel_limits, clock=time.monotonic) if claims else pods
         if lowered is not pods and any(a is not b for a, b in zip(lowered, pods)):
             # Claims became requests: what was derived per node is derived again from the pods as lowered.
             pods = lowered

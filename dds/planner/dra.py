@@ -148,12 +148,14 @@ CEL_MAX_EXPRESSION_LENGTH = 10 * 1024
 @dataclass(frozen=True, slots=True)
 class CelLimits:
     """How much CEL one selector and one pass may cost DDS (settings `cel_max_expression_length`,
-    `cel_evaluations_per_pass`). The evaluator bounds each evaluation itself (its iteration budget: an expression
-    over it fails with an error, which refuses the claim); the apiserver bounds a selector's worst-case cost when it
-    admits it (CELSelectorExpressionMaxCost)."""
+    `cel_evaluations_per_pass`, `cel_seconds_per_pass`). The evaluator bounds each evaluation itself (its iteration
+    budget: an expression over it fails with an error, which refuses the claim); the apiserver bounds a selector's
+    worst-case cost when it admits it (CELSelectorExpressionMaxCost). The seconds are measured on the caller's clock
+    (CelBudget), so a pass spends at most them plus one evaluation."""
 
     max_expression_length: int = CEL_MAX_EXPRESSION_LENGTH
-    evaluations_per_pass: int = 20_000
+    evaluations_per_pass: int = 5_000
+    seconds_per_pass: float = 1.0
 
 
 class CelBudgetSpent(Exception):
@@ -162,13 +164,25 @@ class CelBudgetSpent(Exception):
 
 class CelBudget:
     """One pass's selector evaluations. The same selector on the same offered device is evaluated once a pass (many
-    claims of one template share their selectors); past `evaluations_per_pass` distinct evaluations the remaining
+    claims of one template share their selectors); past `evaluations_per_pass` distinct evaluations, or
+    `seconds_per_pass` on `clock` (the caller's: the planner reads none itself; None: no time bound), the remaining
     claims are refused (CelBudgetSpent) and judged again next pass, so no tenant's selectors make a pass unbounded."""
 
-    def __init__(self, limits: CelLimits = CelLimits()) -> None:
+    def __init__(self, limits: CelLimits = CelLimits(), clock: Optional[Callable[[], float]] = None) -> None:
         self.limits = limits
         self.evaluations = 0
+        self._clock = clock
+        self._started = clock() if clock is not None else 0.0
         self._results: dict[tuple[str, int], tuple[DraDevice, tuple[bool, str]]] = {}
+
+    def _spent(self) -> Optional[str]:
+        limits = self.limits
+        if self.evaluations >= limits.evaluations_per_pass:
+            return f"this pass evaluated its {limits.evaluations_per_pass} CEL selectors (cel_evaluations_per_pass)"
+        if self._clock is not None and self._clock() - self._started >= limits.seconds_per_pass:
+            return (f"this pass spent its {limits.seconds_per_pass:g}s on CEL selectors (cel_seconds_per_pass) in "
+                    f"{self.evaluations} evaluations")
+        return None
 
     def evaluate(self, expression: str, device: DraDevice) -> tuple[bool, str]:
         limit = self.limits.max_expression_length
@@ -178,9 +192,9 @@ class CelBudget:
         found = self._results.get(key)
         if found is not None:
             return found[1]
-        if self.evaluations >= self.limits.evaluations_per_pass:
-            raise CelBudgetSpent(f"this pass evaluated its {self.limits.evaluations_per_pass} CEL selectors "
-                                 f"(cel_evaluations_per_pass) before reaching it; it is judged again next pass")
+        spent = self._spent()
+        if spent is not None:
+            raise CelBudgetSpent(f"{spent} before reaching it; it is judged again next pass")
         self.evaluations += 1
         result = evaluate(expression, device)
         self._results[key] = (device, result)
@@ -510,7 +524,7 @@ class _World:
     @classmethod
     def build(cls, state: DraState, models: Iterable[str], configs: Sequence[DraDriverConfig],
               fabric_models: Optional[Mapping[str, str]] = None, group_classes: Sequence[str] = (),
-              limits: CelLimits = CelLimits()) -> "_World":
+              limits: CelLimits = CelLimits(), clock: Optional[Callable[[], float]] = None) -> "_World":
         templates = {f"{t.namespace}/{t.name}": ResourceClaimInfo(t.namespace, t.name, t.requests,
                                                                   constraints=t.constraints)
                      for t in state.templates}
@@ -520,7 +534,7 @@ class _World:
         return cls(claims={c.key: c for c in state.claims}, templates=templates,
                    classes={c.name: c for c in state.classes}, offers=offers,
                    drivers=frozenset(c.driver for c in configs), group_classes=group_classes,
-                   partitions=partitions_of(state.slices, configs), budget=CelBudget(limits))
+                   partitions=partitions_of(state.slices, configs), budget=CelBudget(limits, clock))
 
     def all_models(self) -> dict[str, frozenset[str]]:
         """Per driver, every model an attach may bring (described or not): a claim accepting fewer is restricted."""
@@ -701,18 +715,19 @@ def extended_resource_claims(pods: Sequence[PodInfo], state: DraState, groups: S
 
 def lower_pods(pods: Sequence[PodInfo], state: DraState, models: Iterable[str], model_label: str,
                groups: Sequence[NodeGroupSpec] = (), fabric_models: Optional[Mapping[str, str]] = None,
-               limits: CelLimits = CelLimits()) -> tuple[PodInfo, ...]:
+               limits: CelLimits = CelLimits(), clock: Optional[Callable[[], float]] = None) -> tuple[PodInfo, ...]:
     """Every pod with resource claims rewritten as the GPU requests they amount to (see the module docstring); other
     pods are returned as they are (the same objects). Bound pods are charged first, so a claim shared by a running
     and a pending pod is never asked for twice. `groups` give the DRA drivers to judge claims against (none: DDS's
     own); `fabric_models` (GPU UUID -> model of the fabric's devices) lets a vendor's published devices teach their
     model's shape. Extended resources a DeviceClass serves are claims too (`extended_resource_claims`). `limits`
-    bound the pass's CEL (CelBudget). An error judging one pod's claims refuses that pod, never the others."""
+    bound the pass's CEL (CelBudget, its seconds on `clock`). An error judging one pod's claims refuses that pod,
+    never the others."""
     pods, state = extended_resource_claims(pods, state, groups)
     if not any(p.resource_claims and not p.claims_lowered for p in pods):
         return tuple(pods)
     world = _World.build(state, models, dra_drivers(groups), fabric_models,
-                         [g.dra.device_class for g in groups if g.gpu_api.dra], limits)
+                         [g.dra.device_class for g in groups if g.gpu_api.dra], limits, clock)
     all_models = world.all_models()
     charged: set[str] = set()
     lowered: dict[str, PodInfo] = {}
@@ -818,10 +833,11 @@ def lower_claims(snapshot: Snapshot, driver: str = DRIVER, fabric_ids: Optional[
 
 def lower_observed(pods: Sequence[PodInfo], state: DraState, models: Iterable[str], model_label: str,
                    groups: Sequence[NodeGroupSpec] = (), fabric_models: Optional[Mapping[str, str]] = None,
-                   limits: CelLimits = CelLimits()) -> tuple[PodInfo, ...]:
+                   limits: CelLimits = CelLimits(), clock: Optional[Callable[[], float]] = None
+                   ) -> tuple[PodInfo, ...]:
     """`lower_pods` for the observer, before anything reads the pods' GPU requests (idle tracking included). Without
-    `groups`, claims are judged against DDS's own driver only."""
-    return lower_pods(pods, state, models, model_label, groups, fabric_models, limits)
+    `groups`, claims are judged against DDS's own driver only. `clock` measures the pass's CEL seconds."""
+    return lower_pods(pods, state, models, model_label, groups, fabric_models, limits, clock)
 
 
 def pods_needing_nodes(plan: ScaleUpPlan, pods: Sequence[PodInfo]) -> tuple[PodInfo, ...]:

@@ -364,3 +364,19 @@ def test_an_error_judging_one_pods_claims_refuses_that_pod_only() -> None:
     plan = plan_scale_up(lowered, GREEDY)
     assert decision(plan, "hostile").verdict == Verdict.UNSUPPORTED
     assert [(a.node, a.model, a.count) for a in plan.attaches] == [("w1", "A100", 1)]
+
+
+def test_past_the_pass_seconds_the_remaining_claims_are_refused() -> None:
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.4  # each reading: 0.4 s more spent
+        return now[0]
+
+    snapshot = snapshot_with([dra_pod("p0", "c0"), dra_pod("p1", "c1")],
+                             [claim("c0", request("gpu", model_is("A100"))), claim("c1", request("gpu", model_is("A30")))])
+    lowered = {p.name: p for p in lower_pods(snapshot.pods, snapshot.dra, {"A30", "A100"}, snapshot.gpu_model_label,
+                                             limits=CelLimits(seconds_per_pass=1.0), clock=clock)}
+    # Two evaluations fit in the second (0.4 s and 0.8 s after the start); the third of p0's claim does not.
+    assert [lowered[p].dra_refusal_reason for p in ("p0", "p1")] == [SELECTOR_BUDGET_SPENT] * 2
+    assert "spent its 1s on CEL selectors (cel_seconds_per_pass) in 2 evaluations" in lowered["p0"].dra_refusal
