@@ -786,17 +786,20 @@ def mark_claimed(snapshot: Snapshot, driver: str = DRIVER, fabric_ids: Optional[
     publishes (a GPU the vendor lists is the node's, even one the fabric does not report)."""
     configs = _vendor_configs(snapshot.groups)
     held = claimed_devices(snapshot.dra, driver)
-    attached_for_claims = {d for c in snapshot.dra.claims if c.allocated is not None for d in c.fabric_devices}
+    # The annotation naming the devices DDS attached for a pool-mode claim is writable by whoever may update the
+    # claim: it keeps only devices on the node the scheduler allocated the claim to, never another node's GPUs.
+    annotated = {(c.allocated_node, d) for c in snapshot.dra.claims
+                 if c.allocated is not None and c.allocated_node for d in c.fabric_devices}
     ids = fabric_ids or {}
-    attached_for_claims |= {ids.get(u, u) for u in claimed_vendor_devices(snapshot.dra, configs)}
+    attached_for_claims = {ids.get(u, u) for u in claimed_vendor_devices(snapshot.dra, configs)}
     published = _published_gpus(snapshot.dra, configs) if configs else {}
-    if not held and not attached_for_claims and not published:
+    if not held and not annotated and not attached_for_claims and not published:
         return snapshot
     vendor_of = {g.id: g.dra.driver for g in snapshot.groups if g.gpu_api.dra and not g.dra.own}
 
     def marked(node: NodeInfo) -> NodeInfo:
         devices = tuple(replace(d, in_claim=True) if (node.name, device_name(d.id)) in held
-                        or d.id in attached_for_claims else d for d in node.devices)
+                        or (node.name, d.id) in annotated or d.id in attached_for_claims else d for d in node.devices)
         shown = published.get((vendor_of.get(node.group_id or ""), node.name), 0)
         allocatable = node.allocatable
         if shown > allocatable.get(node.gpu_resource):

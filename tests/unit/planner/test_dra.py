@@ -380,3 +380,11 @@ def test_past_the_pass_seconds_the_remaining_claims_are_refused() -> None:
     # Two evaluations fit in the second (0.4 s and 0.8 s after the start); the third of p0's claim does not.
     assert [lowered[p].dra_refusal_reason for p in ("p0", "p1")] == [SELECTOR_BUDGET_SPENT] * 2
     assert "spent its 1s on CEL selectors (cel_seconds_per_pass) in 2 evaluations" in lowered["p0"].dra_refusal
+
+
+def test_a_claims_fabric_devices_annotation_keeps_no_gpu_of_another_node() -> None:
+    # The annotation is the claim's metadata: a tenant who may update the claim could name any GPU in it.
+    w1, w2 = (replace(dra_node(name, gpus=1), gpus_idle_since=0.0) for name in ("w1", "w2"))
+    bound = replace(slot_claim("c", "default-a30-slot-000", attached=True), fabric_devices=("w1-gpu-0", "w2-gpu-0"))
+    lowered = lower_claims(snapshot_with([dra_pod("train", "c", node="w1")], [bound], nodes=[w1, w2]))
+    assert {n.name: [d.in_claim for d in n.devices] for n in lowered.nodes} == {"w1": [True], "w2": [False]}
