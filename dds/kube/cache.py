@@ -32,9 +32,6 @@ import orjson
 from kubernetes import client
 
 from dds.kube import decode, raw
-from dds.metrics import OBJECTS_REFUSED
-from dds.model.snapshot import NOT_READABLE
-from dds.model.text import bounded_text
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +42,6 @@ PAGE_SIZE = 500
 WATCH_TIMEOUT_SECONDS = (240, 360)  # server-side watch length, randomized so reflectors do not renew in lockstep
 _READ_SLACK_SECONDS = 60.0  # bookmarks arrive about once a minute; a stream silent for longer than this is dead
 _BACKOFF_SECONDS = (0.2, 10.0)
-UNREADABLE_ERROR_CHARS = 300  # of a decoder's error, in the log and a refused pod's Event
 
 
 class Gone(Exception):
@@ -304,12 +300,9 @@ class Reflector(Generic[T]):
         try:
             return self.resource.decode(obj)
         except Exception as exc:  # any decoder error: one object's, never the collection's
-            error = bounded_text(f"{type(exc).__name__}: {exc}", UNREADABLE_ERROR_CHARS)
-            OBJECTS_REFUSED.labels(self.resource.kind, NOT_READABLE).inc()
             standing_in = self.resource.unreadable
-            log.warning("%s %s: cannot read it (%s); %s", self.resource.kind, decode.object_key(obj), error,
-                        "refused with the error" if standing_in else "left out, the rest is read",
-                        extra={"object": decode.object_key(obj), "reason": NOT_READABLE})
+            error = decode.noted_unreadable(self.resource.kind, decode.object_key(obj), exc, "refused with the error"
+                                            if standing_in else "left out, the rest is read")
             return standing_in(obj, error) if standing_in is not None else None
 
     # --- the store's writes (under the lock): the items and their buckets together ---

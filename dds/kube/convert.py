@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Optional
 
 from dds.model.groups import Taint
-from dds.model.resources import Resources
+from dds.model.resources import Resources, check_pod_totals
 from dds.model.dra_records import PodClaimRef
 from dds.model.snapshot import (ContainerRequests, HostPort, LabelSelector, NodeSelectorTerm, PodAffinityTerm, PodInfo,
                                 SelectorRequirement, Toleration, WorkloadRef)
@@ -148,14 +148,17 @@ def pod_info(pod: Any) -> PodInfo:
                 affinity.pod_anti_affinity.required_during_scheduling_ignored_during_execution,
                 "pod anti-affinity", unsupported)
     owner_kind = _owner_kind(meta)
+    containers, init_containers = _containers(spec.containers), _containers(spec.init_containers, init=True)
+    overhead = Resources.parse(spec.overhead or {})
+    check_pod_totals([*(c.requests for c in containers + init_containers), overhead])
     return PodInfo(
         namespace=meta.namespace or "default",
         name=meta.name,
         uid=meta.uid or "",
         labels=dict(meta.labels or {}),
-        containers=_containers(spec.containers),
-        init_containers=_containers(spec.init_containers, init=True),
-        overhead=Resources.parse(spec.overhead or {}),
+        containers=containers,
+        init_containers=init_containers,
+        overhead=overhead,
         node_name=spec.node_name or None,
         node_selector=dict(spec.node_selector or {}),
         required_node_affinity=node_terms,

@@ -8,21 +8,26 @@ the same PodInfo for the same pod.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Optional
 
+from dds.metrics import OBJECTS_REFUSED
+from dds.model.text import bounded_text
 from dds.kube.convert import ANN_MIRROR, ANN_SAFE_TO_EVICT, HOSTNAME_TOPOLOGY, TAINT_TO_BE_DELETED
 from dds.model.groups import Taint
-from dds.model.resources import Resources
+from dds.model.resources import Resources, check_pod_totals
 from dds.model.quantity import to_int
 from dds.model.dra_records import (EXACT_COUNT, AllocatedDeviceInfo, DeviceClassInfo, DeviceRequestInfo,
                                    DeviceTaintInfo, DraDevice, PodClaimRef, ResourceClaimInfo,
                                    ResourceClaimTemplateInfo, ResourceSliceInfo)
 from dds.model.snapshot import (NOT_READABLE, ContainerRequests, HostPort, LabelSelector, NodeSelectorTerm,
                                 PodAffinityTerm, PodInfo, SelectorRequirement, Toleration, WorkloadRef)
+
+log = logging.getLogger(__name__)
 
 Obj = Mapping[str, Any]
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -220,14 +225,17 @@ def pod_info(pod: Obj) -> PodInfo:
     anti_affinity = _affinity_terms((affinity.get("podAntiAffinity") or _EMPTY).get(
         "requiredDuringSchedulingIgnoredDuringExecution"), "pod anti-affinity", unsupported)
     owner_kind = _owner_kind(meta)
+    containers, init_containers = _containers(spec.get("containers")), _containers(spec.get("initContainers"), True)
+    overhead = resources(spec.get("overhead"))
+    check_pod_totals([*(c.requests for c in containers + init_containers), overhead])
     return PodInfo(
         namespace=meta.get("namespace") or "default",
         name=meta.get("name", ""),
         uid=meta.get("uid") or "",
         labels=dict(meta.get("labels") or {}),
-        containers=_containers(spec.get("containers")),
-        init_containers=_containers(spec.get("initContainers"), init=True),
-        overhead=resources(spec.get("overhead")),
+        containers=containers,
+        init_containers=init_containers,
+        overhead=overhead,
         node_name=spec.get("nodeName") or None,
         node_selector=dict(spec.get("nodeSelector") or {}),
         required_node_affinity=node_terms,
@@ -245,6 +253,18 @@ def pod_info(pod: Obj) -> PodInfo:
         scheduling_group=_scheduling_group(spec),
         resource_claims=pod_claims(pod),
     )
+
+
+UNREADABLE_ERROR_CHARS = 300  # of a decoder's error, in the log and a refused pod's Event
+
+
+def noted_unreadable(kind: str, key: str, exc: Exception, outcome: str) -> str:
+    """Log and count an object of `kind` DDS cannot read (`outcome`: what becomes of it); the error as bounded text."""
+    error = bounded_text(f"{type(exc).__name__}: {exc}", UNREADABLE_ERROR_CHARS)
+    OBJECTS_REFUSED.labels(kind, NOT_READABLE).inc()
+    log.warning("%s %s: cannot read it (%s); %s", kind, key, error, outcome,
+                extra={"object": key, "reason": NOT_READABLE})
+    return error
 
 
 def unreadable_pod_record(pod: Obj, error: str) -> PodRecord:

@@ -11,7 +11,7 @@ from typing import Any
 from kubernetes import client
 
 from dds.kube import convert
-from dds.kube.decode import NodeRecord, PodRecord
+from dds.kube.decode import NodeRecord, PodRecord, noted_unreadable, unreadable_pod_record
 from dds.kube.errors import api_errors
 
 
@@ -19,7 +19,23 @@ def list_pod_records(api: client.ApiClient) -> tuple[PodRecord, ...]:
     """Every pod of every namespace, finished ones included (the record says which)."""
     with api_errors():
         pods = client.CoreV1Api(api).list_pod_for_all_namespaces().items
-    return tuple(pod_record(p) for p in pods)
+    return tuple(_guarded_pod_record(p) for p in pods)
+
+
+def _guarded_pod_record(pod: Any) -> PodRecord:
+    """`pod_record`, or for a pod it cannot read the stand-in the watch cache keeps for one (refused with the error):
+    one pod never fails the whole list."""
+    try:
+        return pod_record(pod)
+    except Exception as exc:  # any error reading this one pod
+        meta, spec, status = pod.metadata, pod.spec, pod.status
+        error = noted_unreadable("pods", f"{getattr(meta, 'namespace', '')}/{getattr(meta, 'name', '')}", exc,
+                                 "refused with the error")
+        return unreadable_pod_record({
+            "metadata": {"namespace": getattr(meta, "namespace", None), "name": getattr(meta, "name", None),
+                         "uid": getattr(meta, "uid", None), "resourceVersion": getattr(meta, "resource_version", None)},
+            "spec": {"nodeName": getattr(spec, "node_name", None)},
+            "status": {"phase": getattr(status, "phase", None)}}, error)
 
 
 def list_node_records(api: client.ApiClient) -> tuple[NodeRecord, ...]:

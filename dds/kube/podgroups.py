@@ -29,9 +29,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from kubernetes import client
 
-from dds.metrics import OBJECTS_REFUSED
-from dds.model.snapshot import NOT_READABLE, POD_GROUP_LABEL, PodInfo, Snapshot
-from dds.model.text import bounded_text
+from dds.kube.decode import noted_unreadable
+from dds.model.snapshot import POD_GROUP_LABEL, PodInfo, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +128,9 @@ def _each_read(kind: GangApi, items: Iterable[Mapping[str, Any]], reader: Callab
             meta = item.get("metadata") if isinstance(item, Mapping) else None
             namespace = str(meta.get("namespace") or "") if isinstance(meta, Mapping) else ""
             unread.add(namespace)
-            OBJECTS_REFUSED.labels(kind.plural, NOT_READABLE).inc()
-            log.warning("cannot read %s %s/%s (%s): the minimum of its namespace's gangs is taken as every member seen",
-                        kind.name, namespace, meta.get("name") if isinstance(meta, Mapping) else "?",
-                        bounded_text(f"{type(exc).__name__}: {exc}", 300))
+            name = meta.get("name") if isinstance(meta, Mapping) else "?"
+            noted_unreadable(kind.name, f"{namespace}/{name}", exc,
+                             "the minimum of its namespace's gangs is taken as every member seen")
     return out
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Iterable, Mapping, Optional
 
-from dds.model.quantity import format_milli, to_int, to_milli
+from dds.model.quantity import QuantityTooLarge, format_milli, to_int, to_milli
 
 CPU = "cpu"
 MEMORY = "memory"
@@ -92,3 +92,27 @@ class Resources:
                EPHEMERAL_STORAGE: str(self.ephemeral_storage), PODS: str(self.pods)}
         out.update({k: str(v) for k, v in self.scalar.items()})
         return out
+
+
+INT64_MAX = 2**63 - 1  # the planner counts resources in signed 64-bit arrays (numpy int64)
+
+
+def over_int64(parts: Iterable[Resources]) -> Optional[str]:
+    """The first resource whose amounts summed over `parts` (a pod's containers, init containers and overhead) exceed
+    a signed 64-bit count, else None. A tenant can write quantities that large; the planner cannot hold them."""
+    totals: dict[str, int] = {}
+    for part in parts:
+        for name, amount in ((CPU, part.milli_cpu), (MEMORY, part.memory), (EPHEMERAL_STORAGE, part.ephemeral_storage),
+                             (PODS, part.pods), *part.scalar.items()):
+            totals[name] = totals.get(name, 0) + abs(amount)
+            if totals[name] > INT64_MAX:
+                return name
+    return None
+
+
+def check_pod_totals(parts: Iterable[Resources]) -> None:
+    """Raises QuantityTooLarge when a pod asks for more of a resource in all (`parts`: its containers', init
+    containers' and overhead's requests) than the planner can count: the decoders refuse such a pod."""
+    name = over_int64(parts)
+    if name is not None:
+        raise QuantityTooLarge(f"the pod asks for more {name} in all than {INT64_MAX}")

@@ -269,3 +269,16 @@ def test_an_object_without_a_stand_in_is_left_out_and_a_watch_keeps_what_it_had_
     a = r.get("ns/a")
     r.apply(event("MODIFIED", broken("a", "7")))
     assert r.get("ns/a") is a and r.resource_version == "7"
+
+
+def test_a_pod_asking_for_more_than_the_planner_can_count_in_all_is_refused() -> None:
+    # Each quantity is a valid one (2^63-1); two containers' sum is more than a signed 64-bit count holds.
+    greedy = pod("greedy", "1")
+    greedy["spec"]["containers"] = [{"name": n, "resources": {"requests": {"nvidia.com/gpu": str(2**63 - 1)}}}
+                                    for n in ("a", "b")]
+    r = Reflector(ScriptedApi([Response(page([greedy, pod("a", "2")], "5"))]), pods_resource())
+    r.relist()
+    refused = r.get("ns/greedy").info
+    assert refused.dra_refusal_reason == "CannotReadObject"
+    assert "asks for more nvidia.com/gpu in all than 9223372036854775807" in refused.dra_refusal
+    assert r.get("ns/a").info.dra_refusal is None
