@@ -4,8 +4,8 @@ A tenant ServiceAccount that may only create pods and ResourceClaims in its own 
 TokenRequest token, nothing else) creates what stopped DDS's loop cluster-wide before:
 - a ResourceClaim whose CEL selector is valid and admitted by the apiserver (far under its cost limit) but over the
   CEL evaluator's iteration budget (two nested `.all()` over 100-element lists), and a pod naming it;
-- a pod with a hostile spec: the largest GPU count a quantity holds, a 60,000-character unicode annotation (200 kB) and a
-  long node affinity.
+- a pod with a hostile spec: the largest GPU count a quantity holds, a 120,000-character unicode annotation (220 kB)
+  and a long node affinity.
 Then another namespace's ordinary 1-GPU pod, on workers whose boot GPUs are busy, must be served as usual (DDS
 attaches a GPU, the pod runs), the tenant's pods get DDS's refusal Events saying why, and DDS's log shows no failed
 pass. DDS and CA run under the shipped RBAC, as in every e2e test.
@@ -85,7 +85,7 @@ def hostile_spec_pod() -> dict[str, Any]:
     body = pod("hostile-spec", memory_gib=1, namespace=TENANT)
     resources = body["spec"]["containers"][0]["resources"]
     resources["requests"]["nvidia.com/gpu"] = resources["limits"]["nvidia.com/gpu"] = LARGEST_QUANTITY
-    body["metadata"]["annotations"] = {"example.com/ünïcödé": "☃😀\u202e" * 20_000}
+    body["metadata"]["annotations"] = {"example.com/unicode": "ünïcödé ☃😀\u202e" * 10_000}  # keys are ASCII
     body["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": [{"key": f"example.com/k{i}", "operator": "NotIn",
                                                      "values": [f"v{j}" * 20 for j in range(20)]}]}

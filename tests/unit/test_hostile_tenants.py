@@ -6,8 +6,9 @@ What a namespace user can write is generated as raw API JSON: ResourceClaims and
 not boolean, that are longer than the limit), huge, negative and malformed quantities and counts; pods with such
 resource lists, thirty containers, long affinities, tolerations, host ports, unicode annotations and labels of 5,000
 characters, and claims; gang objects (custom resources, whose schema may be loose) of any JSON shape. The built-in
-kinds keep the types the apiserver's schema fixes, except a spec of the wrong shape as a whole. They pass through the cache's decoding (dds/kube/cache.py Reflector.decoded, the
-one place the observer decodes), DRA lowering with a small per-pass CEL budget (dds/planner/dra.py) and a scale-up plan.
+kinds keep the types the apiserver's schema fixes, except a spec of the wrong shape as a whole. They pass through the
+cache's decoding (dds/kube/cache.py Reflector.decoded, the one place the observer decodes), the gang reader, DRA
+lowering with a small per-pass CEL budget (dds/planner/dra.py) and a scale-up plan.
 """
 
 from __future__ import annotations
