@@ -13,10 +13,13 @@ COMPAT_PROFILE := $(shell sed -n 's/^DDS_COMPAT_K8S_PROFILE=//p' hack/versions.e
 COMPAT_TESTS := tests/e2e/test_demo.py tests/e2e/test_demo_dra.py tests/e2e/test_gangs_on_the_real_scheduler.py \
 	tests/e2e/test_dra_pool_mode.py
 
-.PHONY: demo demo-dra demo-cdi test test-compat unit setup setup-python binaries protos bench bench-cdi bench-scale soak lint
+.PHONY: demo demo-dra demo-cdi test test-compat unit setup setup-demo setup-python binaries protos bench bench-cdi bench-scale soak lint
 
 setup:  ## Python dependencies into .venv and the pinned binaries (control plane + cluster-autoscaler), built from source
 	bash hack/setup.sh
+
+setup-demo:  ## Python dependencies and only the binaries `make demo` runs (the default profile's control plane and cluster-autoscaler)
+	bash hack/setup.sh demo
 
 setup-python:  ## Python dependencies into .venv only: no Go, no binaries (enough for unit, lint, protos, bench)
 	bash hack/setup.sh python
@@ -24,8 +27,8 @@ setup-python:  ## Python dependencies into .venv only: no Go, no binaries (enoug
 binaries:  ## The default Kubernetes profile's binaries (DDS_K8S_PROFILE=<profile> for another; --all: every profile)
 	bash hack/build-binaries.sh
 
-demo: setup  ## The talk's demo end to end: control plane, DDS, the real cluster-autoscaler, simulated fabric, kwok nodes; its timeline drawn in demo-timeline.png beside its logs
-	$(PYTHON) -m harness.demo
+demo: setup-demo  ## The talk's demo end to end: control plane, DDS, the real cluster-autoscaler, simulated fabric, kwok nodes; its timeline drawn in demo-timeline.png beside its logs
+	DDS_BINARIES=demo $(PYTHON) -m harness.demo
 
 demo-dra: setup  ## The same demo with GPUs asked for through ResourceClaims (node-local DRA: docs/dra.md)
 	$(PYTHON) -m harness.demo --dra
