@@ -10,9 +10,16 @@ What a worker may not share with another, and how each is kept apart:
 - the CDI operator's admission webhook, fixed by the operator at port 9443 on all interfaces (no flag moves it): every
   test module that uses harness/cdi_operator.py (directly or through harness/cdi_stack.py) is put in the xdist group
   OPERATOR_GROUP, so those modules run one after another in one worker;
-- the whole-run RBAC record of harness/rbac_plugin.py: each worker writes its part at its end (`<parts>/gw<N>.json`),
+- the whole-run RBAC record of harness/rbac_plugin.py: each worker writes its part at its end (`rbac-gw<N>.json` in
+  the run's folder, a temporary folder the controller makes and removes),
   the tests marked `rbac_audit` are held back (group LAST_GROUP) until every other worker has finished and then read
   every part, and the controller merges the parts into the run's report.
+
+So a new test: takes its ports from `free_ports`/`free_port` (never a fixed one, never the kernel's port 0 handed on
+to a process started later), its files from `tmp_path`/`tmp_path_factory`, and keeps its state in its process; a
+test using something else one per machine (a fixed port, a fixed path) names it with
+`@pytest.mark.xdist_group("<what it holds>")` (tests in one group run in one worker, one after another) or, for
+a new module that starts the CDI operator, joins OPERATOR_MODULES.
 """
 
 from __future__ import annotations
@@ -135,11 +142,10 @@ class SuiteScheduling(LoadGroupScheduling):
         self._release_last()
 
     def remove_node(self, node: WorkerController) -> Optional[str]:
-        crashed = super().remove_node(node)
         if node is self._final:
-            self._final = None  # crashed: the group goes to whichever worker asks next
-        else:
-            self._release_last()
+            self._final = None  # it crashed: the group goes to whichever worker asks next
+        crashed = super().remove_node(node)
+        self._release_last()
         return crashed
 
     def _release_last(self) -> None:
@@ -168,9 +174,7 @@ def record_to_json(record: rbac_plugin.AuditRecord) -> dict[str, Any]:
     return {"dds_used": [[grant.verb, grant.resource, grant.subresource, grant.api_group, test]
                          for grant, test in record.dds_used.items()],
             "collected_files": sorted(record.collected_files), "deselected": record.deselected,
-            "failed": record.failed, "control_plane_ran": bool(audit.registered()),
-            # 403s read after the worker's last test: its own terminal summary is not shown under xdist
-            "late": None}
+            "failed": record.failed, "control_plane_ran": bool(audit.registered())}
 
 
 def merge_part(record: rbac_plugin.AuditRecord, part: dict[str, Any]) -> None:
@@ -216,6 +220,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if _is_worker(config):
         name = config.workerinput["workerid"]  # type: ignore[attr-defined]
         part = record_to_json(record)
+        # 403s read after the worker's last test: a worker's terminal summary is not shown, the controller's is
         part["late"] = config.stash.get(rbac_plugin._late_key, None)
         (config.stash[_run_dir_key] / f"rbac-{name}.json").write_text(json.dumps(part))
         return
