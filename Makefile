@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # make test and make test-compat run in parallel workers (pytest-xdist; harness/xdist_plugin.py says what each worker
 # keeps to itself): most of an e2e test is waiting on a latency, a scan interval or a cooldown, so more workers than
-# cores pay off. 0 runs in one process. Chosen by measurement on the 2-core machine (README, "How long things take").
+# cores pay off. 0 runs in one process. Chosen by measurement on the 2-core machine (README, "How long").
 DDS_TEST_WORKERS ?= 4
 PARALLEL := -n $(DDS_TEST_WORKERS) --dist loadgroup --durations=25
 # The compatibility run's Kubernetes profile (hack/versions.env; docs/versions.md): the previous minor, kept working.
