@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 # make test and make test-compat run in parallel workers (pytest-xdist; harness/xdist_plugin.py says what each worker
 # keeps to itself): most of an e2e test is waiting on a latency, a scan interval or a cooldown, so more workers than
 # cores pay off. 0 runs in one process. Chosen by measurement on the 2-core machine (README, "How long").
-DDS_TEST_WORKERS ?= 4
+DDS_TEST_WORKERS ?= 6
 PARALLEL := -n $(DDS_TEST_WORKERS) --dist loadgroup --durations=25
 # The compatibility run's Kubernetes profile (hack/versions.env; docs/versions.md): the previous minor, kept working.
 COMPAT_PROFILE := $(shell sed -n 's/^DDS_COMPAT_K8S_PROFILE=//p' hack/versions.env)

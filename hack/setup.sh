@@ -47,7 +47,10 @@ if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" ]] || ! "$venv/bin/python" -c
 fi
 if [[ "$what" == python ]]; then exit 0; fi
 # A total is printed only when something was built: a warm run stays silent.
-total() { (( SECONDS - began > 1 )) && say "ready in $(( (SECONDS - began) / 60 )) min $(( (SECONDS - began) % 60 )) s" || true; }
+total() {
+  local took=$(( SECONDS - began ))
+  (( took > 1 )) && say "ready in $(( took / 60 )) min $(( took % 60 )) s" || true
+}
 if [[ "$what" == demo ]]; then
   DDS_BINARIES=demo bash hack/build-binaries.sh >/dev/null
   total

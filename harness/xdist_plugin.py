@@ -1,4 +1,5 @@
-"""pytest plugin: the suite in parallel workers (pytest-xdist, `make test`: `-n $DDS_TEST_WORKERS --dist loadgroup`).
+"""pytest plugin: the suite in parallel workers (pytest-xdist; `make test`: `-n $DDS_TEST_WORKERS --dist loadgroup`,
+6 workers by default).
 
 Registered by tests/conftest.py only when pytest-xdist is installed; without `-n` it changes nothing.
 

@@ -59,7 +59,8 @@ def test_sees_the_whole_run(rbac_audit):
 @pytest.fixture(scope="module")
 def parallel_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.CompletedProcess[str], list]]:
     folder = tmp_path_factory.mktemp("xdist-run")
-    (folder / "conftest.py").write_text('pytest_plugins = ["harness.rbac_plugin", "harness.xdist_plugin"]\n' + RECORDING)
+    plugins = 'pytest_plugins = ["harness.rbac_plugin", "harness.xdist_plugin"]\n'
+    (folder / "conftest.py").write_text(plugins + RECORDING)
     (folder / "test_first.py").write_text(PLAIN)
     (folder / "test_second.py").write_text(PLAIN + "\ndef test_fails():\n    assert False\n")
     (folder / "test_op_a.py").write_text("from harness.cdi_operator import WEBHOOK_PORT\n" + PLAIN)
