@@ -3,15 +3,23 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# make test and make test-compat run in parallel workers (pytest-xdist; harness/xdist_plugin.py says what each worker
+# keeps to itself): most of an e2e test is waiting on a latency, a scan interval or a cooldown, so more workers than
+# cores pay off. 0 runs in one process. Chosen by measurement on the 2-core machine (README, "How long").
+DDS_TEST_WORKERS ?= 6
+PARALLEL := -n $(DDS_TEST_WORKERS) --dist loadgroup --durations=25
 # The compatibility run's Kubernetes profile (hack/versions.env; docs/versions.md): the previous minor, kept working.
 COMPAT_PROFILE := $(shell sed -n 's/^DDS_COMPAT_K8S_PROFILE=//p' hack/versions.env)
 COMPAT_TESTS := tests/e2e/test_demo.py tests/e2e/test_demo_dra.py tests/e2e/test_gangs_on_the_real_scheduler.py \
 	tests/e2e/test_dra_pool_mode.py
 
-.PHONY: demo demo-dra demo-cdi test test-compat unit setup setup-python binaries protos bench bench-cdi bench-scale soak lint
+.PHONY: demo demo-dra demo-cdi test test-compat unit setup setup-demo setup-python binaries protos bench bench-cdi bench-scale soak lint
 
 setup:  ## Python dependencies into .venv and the pinned binaries (control plane + cluster-autoscaler), built from source
 	bash hack/setup.sh
+
+setup-demo:  ## Python dependencies and only the binaries `make demo` runs (the default profile's control plane and cluster-autoscaler)
+	bash hack/setup.sh demo
 
 setup-python:  ## Python dependencies into .venv only: no Go, no binaries (enough for unit, lint, protos, bench)
 	bash hack/setup.sh python
@@ -19,8 +27,8 @@ setup-python:  ## Python dependencies into .venv only: no Go, no binaries (enoug
 binaries:  ## The default Kubernetes profile's binaries (DDS_K8S_PROFILE=<profile> for another; --all: every profile)
 	bash hack/build-binaries.sh
 
-demo: setup  ## The talk's demo end to end: control plane, DDS, the real cluster-autoscaler, simulated fabric, kwok nodes; its timeline drawn in demo-timeline.png beside its logs
-	$(PYTHON) -m harness.demo
+demo: setup-demo  ## The talk's demo end to end: control plane, DDS, the real cluster-autoscaler, simulated fabric, kwok nodes; its timeline drawn in demo-timeline.png beside its logs
+	DDS_BINARIES=demo $(PYTHON) -m harness.demo
 
 demo-dra: setup  ## The same demo with GPUs asked for through ResourceClaims (node-local DRA: docs/dra.md)
 	$(PYTHON) -m harness.demo --dra
@@ -30,10 +38,10 @@ demo-cdi: setup  ## The same demo through CoHDI's real CDI operator and the fabr
 
 test: setup  ## Every test: lint contracts, unit, integration (real apiserver), e2e (DDS driven by the real cluster-autoscaler); the long soak variants are `make soak`
 	$(VENV)/bin/lint-imports
-	$(PYTHON) -m pytest tests -m "not slow" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest tests -m "not slow" $(PARALLEL) $(PYTEST_ARGS)
 
 test-compat: setup  ## The compatibility run on the previous Kubernetes minor and its cluster-autoscaler: the demo, the DRA demo, gangs and DRA pool mode
-	DDS_K8S_PROFILE=$(COMPAT_PROFILE) $(PYTHON) -m pytest $(COMPAT_TESTS) -m "not slow" $(PYTEST_ARGS)
+	DDS_K8S_PROFILE=$(COMPAT_PROFILE) $(PYTHON) -m pytest $(COMPAT_TESTS) -m "not slow" $(PARALLEL) $(PYTEST_ARGS)
 
 unit: setup-python  ## The unit tests only: no control-plane binaries needed, none built
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)

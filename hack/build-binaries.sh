@@ -7,6 +7,14 @@
 #   bash hack/build-binaries.sh 1.35       that Kubernetes profile (hack/versions-1.35.env)
 #   bash hack/build-binaries.sh --all      every profile (hack/setup.sh); prints the default profile's directory
 #
+# DDS_BINARIES=demo builds only what `make demo` runs (etcd, kwok, kube-apiserver, kube-scheduler, cluster-autoscaler);
+# the default, all, adds kube-controller-manager and cro-manager (make test).
+#
+# Independent builds run at once, up to DDS_BUILD_JOBS (default 3) at a time, longest first: one downloads modules
+# while another compiles, and a Kubernetes link takes about 2 GiB. Each Kubernetes profile's binaries come from one
+# wrapper module (one module download for all of them); Go's build cache ($(go env GOCACHE)) is shared by every build
+# and every profile.
+#
 # A profile pins the control plane and the cluster-autoscaler of one Kubernetes minor (hack/versions-<profile>.env);
 # etcd, kwok and cro-manager are shared. Each profile's binaries are symlinked into $cache/k8s-<profile>; the default
 # profile's also into $cache/current.
@@ -38,6 +46,10 @@ if ! flock -n 9; then
 fi
 log() { echo "[build-binaries] $*" >&2; }
 die() { echo "[build-binaries] error: $*" >&2; exit 1; }
+binaries="${DDS_BINARIES:-all}"
+[[ "$binaries" == all || "$binaries" == demo ]] || die "DDS_BINARIES must be all or demo (it is '$binaries')"
+build_jobs="${DDS_BUILD_JOBS:-3}"
+[[ "$build_jobs" =~ ^[1-9][0-9]*$ ]] || die "DDS_BUILD_JOBS must be a positive number (it is '$build_jobs')"
 
 # profiles: every Kubernetes profile hack/ pins (versions-<profile>.env), one a line.
 profiles() { local f; for f in "$here"/versions-*.env; do f="${f##*/versions-}"; echo "${f%.env}"; done; }
@@ -80,10 +92,11 @@ run() {
   fi
 }
 
-# building NAME VERSION: the one progress line a build prints, and a fresh log.
+# building NAME [WHAT]: the one progress line a build prints, and a fresh log. NAME carries the version where two
+# profiles build the same program at once (each its own log).
 building() {
   : >"$logs/$1.log"
-  log "building $1 $2 (log: $logs/$1.log)"
+  log "building $1${2:+ $2} (log: $logs/$1.log)"
   step_start=$(date +%s)
 }
 built() { log "built $1 in $(( $(date +%s) - step_start )) s"; }
@@ -100,42 +113,42 @@ k8s_ldflags() {
   echo "-s -w$flags"
 }
 
+# The profile's Kubernetes binaries: kube-apiserver and kube-scheduler, and (DDS_BINARIES=all) kube-controller-manager,
+# which runs only its resourceclaim controller in the harness (ResourceClaims from templates, claims released when
+# their pods end: docs/dra.md). One wrapper module requires all three, so their modules are resolved and downloaded
+# once; one `go build` compiles what is missing (the packages they share once). The wrapper is kept, so a demo cache
+# that later needs kube-controller-manager builds only that binary.
 build_kubernetes() {
-  local out="$cache/kubernetes-$KUBERNETES_VERSION"
-  if [[ -x "$out/kube-apiserver" && -x "$out/kube-scheduler" ]]; then return; fi
-  building kubernetes "$KUBERNETES_VERSION"
+  local out="$cache/kubernetes-$KUBERNETES_VERSION" wanted=(kube-apiserver kube-scheduler) missing=() cmd
+  [[ "$binaries" == all ]] && wanted+=(kube-controller-manager)
+  # A cache of the earlier layout keeps kube-controller-manager in a folder of its own: adopted, not rebuilt.
+  local earlier="$cache/kube-controller-manager-$KUBERNETES_VERSION/kube-controller-manager"
+  if [[ -x "$earlier" && -d "$out" && ! -e "$out/kube-controller-manager" ]]; then
+    ln -s "$earlier" "$out/kube-controller-manager"
+  fi
+  for cmd in "${wanted[@]}"; do [[ -x "$out/$cmd" ]] || missing+=("$cmd"); done
+  (( ${#missing[@]} )) || return 0
+  local name="kubernetes-$KUBERNETES_VERSION"
+  building "$name" "(${missing[*]})"
   local w="$cache/wrappers/kubernetes-$KUBERNETES_VERSION"
-  rm -rf "$w"; mkdir -p "$w"; cd "$w"
-  run kubernetes go mod init dds.local/wrapper/kubernetes
-  run kubernetes go mod edit -go="$KUBERNETES_GO_DIRECTIVE" -godebug="default=$KUBERNETES_GODEBUG"
-  replace_staging_modules kubernetes
-  run kubernetes go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" \
-    "k8s.io/kubernetes/cmd/kube-scheduler@$KUBERNETES_VERSION"
-  mkdir -p "$out.tmp"
-  run kubernetes go build -trimpath -ldflags "$(k8s_ldflags "$KUBERNETES_VERSION")" -o "$out.tmp/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler
-  rm -rf "$out"; mv "$out.tmp" "$out"
-  built kubernetes
-}
-
-# kube-controller-manager runs only its resourceclaim controller in the harness (ResourceClaims from templates, claims
-# released when their pods end: docs/dra.md). Its own wrapper and output folder, so a cache holding the apiserver and
-# scheduler builds only this binary; the Go build cache shares every package it has in common with them.
-build_kube_controller_manager() {
-  local out="$cache/kube-controller-manager-$KUBERNETES_VERSION"
-  if [[ -x "$out/kube-controller-manager" ]]; then return; fi
-  building kube-controller-manager "$KUBERNETES_VERSION"
-  local w="$cache/wrappers/kube-controller-manager-$KUBERNETES_VERSION"
-  rm -rf "$w"; mkdir -p "$w"; cd "$w"
-  run kube-controller-manager go mod init dds.local/wrapper/kube-controller-manager
-  run kube-controller-manager go mod edit -go="$KUBERNETES_GO_DIRECTIVE" -godebug="default=$KUBERNETES_GODEBUG"
-  replace_staging_modules kube-controller-manager
-  run kube-controller-manager go get -tool "k8s.io/kubernetes/cmd/kube-controller-manager@$KUBERNETES_VERSION"
-  mkdir -p "$out.tmp"
-  run kube-controller-manager go build -trimpath -ldflags "$(k8s_ldflags "$KUBERNETES_VERSION")" -o "$out.tmp/" \
-    k8s.io/kubernetes/cmd/kube-controller-manager
-  rm -rf "$out"; mv "$out.tmp" "$out"
-  built kube-controller-manager
+  if [[ ! -f "$w/.complete" ]]; then
+    rm -rf "$w"; mkdir -p "$w"; cd "$w"
+    run "$name" go mod init dds.local/wrapper/kubernetes
+    run "$name" go mod edit -go="$KUBERNETES_GO_DIRECTIVE" -godebug="default=$KUBERNETES_GODEBUG"
+    replace_staging_modules "$name"
+    run "$name" go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" \
+      "k8s.io/kubernetes/cmd/kube-scheduler@$KUBERNETES_VERSION" \
+      "k8s.io/kubernetes/cmd/kube-controller-manager@$KUBERNETES_VERSION"
+    touch "$w/.complete"
+  fi
+  cd "$w"
+  rm -rf "$out.tmp"; mkdir -p "$out.tmp" "$out"
+  run "$name" go build -trimpath -ldflags "$(k8s_ldflags "$KUBERNETES_VERSION")" -o "$out.tmp/" \
+    "${missing[@]/#/k8s.io/kubernetes/cmd/}"
+  # Each binary moved in whole: a test resolving one meanwhile sees none or all of it.
+  for cmd in "${missing[@]}"; do mv -f "$out.tmp/$cmd" "$out/$cmd"; done
+  rm -rf "$out.tmp"
+  built "$name"
 }
 
 build_etcd() {
@@ -192,12 +205,13 @@ build_cluster_autoscaler() {
   local w="$cache/wrappers/cluster-autoscaler-$CLUSTER_AUTOSCALER_VERSION" dir
   rm -rf "$w"; mkdir -p "$w"
   dir="$(ca_source_dir "$w")"
-  building cluster-autoscaler "$CLUSTER_AUTOSCALER_VERSION"
+  local name="cluster-autoscaler-$CLUSTER_AUTOSCALER_VERSION"
+  building "$name"
   mkdir -p "$out.tmp"
-  (cd "$dir" && run cluster-autoscaler go build -trimpath -tags externalgrpc -ldflags "-s -w" \
+  (cd "$dir" && run "$name" go build -trimpath -tags externalgrpc -ldflags "-s -w" \
     -o "$out.tmp/cluster-autoscaler" .)
   rm -rf "$out" "$w"; mv "$out.tmp" "$out"
-  built cluster-autoscaler
+  built "$name"
 }
 
 # The CDI operator (CoHDI composable-resource-operator) for the composability tests (harness/cdi_operator.py), from the
@@ -236,7 +250,7 @@ link_profile() {
   ln -sf "$cache/kwok-$KWOK_VERSION/kwok" "$bin.tmp/kwok"
   ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/kube-apiserver" "$bin.tmp/kube-apiserver"
   ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/kube-scheduler" "$bin.tmp/kube-scheduler"
-  ln -sf "$cache/kube-controller-manager-$KUBERNETES_VERSION/kube-controller-manager" "$bin.tmp/kube-controller-manager"
+  ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/kube-controller-manager" "$bin.tmp/kube-controller-manager"
   ln -sf "$cache/cluster-autoscaler-$CLUSTER_AUTOSCALER_VERSION/cluster-autoscaler" "$bin.tmp/cluster-autoscaler"
   ln -sf "$cache/cro-manager-${CRO_COMMIT:0:7}/cro-manager" "$bin.tmp/cro-manager"
   echo "profile=$1 kubernetes=$KUBERNETES_VERSION cluster-autoscaler=$CLUSTER_AUTOSCALER_VERSION" >"$bin.tmp/PROFILE"
@@ -245,15 +259,24 @@ link_profile() {
   mv "$bin.tmp" "$bin"; rm -rf "$bin.old"
 }
 
-# build_profile PROFILE: builds that profile's binaries (and the shared ones) and links its bin dir; prints nothing.
-build_profile() {
+# start NAME FUNCTION: runs one build in the background, once fewer than DDS_BUILD_JOBS are running.
+pids=() names=()
+start() {
+  while (( $(jobs -rp | wc -l) >= build_jobs )); do wait -n || true; done
+  ( "$2" ) &
+  pids+=($!) names+=("$1")
+}
+
+# finish: waits for every build started; an error names each that failed (its log tail was shown above).
+finish() {
+  local i failed=()
+  for i in "${!pids[@]}"; do wait "${pids[$i]}" || failed+=("${names[$i]}"); done
+  (( ${#failed[@]} == 0 )) || die "these builds failed: ${failed[*]} (logs under $logs)"
+}
+
+# link PROFILE: links that profile's bin dir (and $cache/current for the default profile); prints nothing.
+link() {
   load_profile "$1"
-  build_etcd
-  build_kwok
-  build_kubernetes
-  build_kube_controller_manager
-  build_cluster_autoscaler
-  build_cro_manager
   local bin="$cache/k8s-$1"
   # A warm run relinks nothing: tests of another profile may be reading the directories right now.
   [[ "$(cat "$bin/PROFILE" 2>/dev/null)" == "profile=$1 kubernetes=$KUBERNETES_VERSION cluster-autoscaler=$CLUSTER_AUTOSCALER_VERSION" ]] ||
@@ -272,8 +295,17 @@ case "${1:-}" in
 esac
 [[ -f "$here/versions-$selected.env" ]] ||
   die "no Kubernetes profile '$selected' (DDS_K8S_PROFILE or the argument); known profiles: $(profiles | tr '\n' ' ')"
-start=$(date +%s)
-for profile in "${wanted[@]}"; do build_profile "$profile"; done
-elapsed=$(( $(date +%s) - start ))
+began=$(date +%s)
+# Longest first (the Kubernetes builds take minutes each), the shared binaries last.
+for profile in "${wanted[@]}"; do load_profile "$profile"; start "kubernetes $KUBERNETES_VERSION" build_kubernetes; done
+for profile in "${wanted[@]}"; do
+  load_profile "$profile"; start "cluster-autoscaler $CLUSTER_AUTOSCALER_VERSION" build_cluster_autoscaler
+done
+[[ "$binaries" == all ]] && start cro-manager build_cro_manager
+start etcd build_etcd
+start kwok build_kwok
+finish
+for profile in "${wanted[@]}"; do link "$profile"; done
+elapsed=$(( $(date +%s) - began ))
 (( elapsed > 1 )) && log "binaries ready in $elapsed s: $cache/k8s-$selected (profile $selected)"
 echo "$cache/k8s-$selected"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass, fields
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from harness import versions
+from harness.controlplane import free_ports
 
 ENV_BINARY = "DDS_CLUSTER_AUTOSCALER"
 _VERSION_LINE = re.compile(r"Cluster Autoscaler (\S+)")
@@ -74,9 +74,8 @@ def format_go_duration(seconds: float) -> str:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free loopback port (under pytest-xdist from the worker's own block: harness/controlplane.py `free_ports`)."""
+    return free_ports(1)[0]
 
 
 def pinned_version() -> str:

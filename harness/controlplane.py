@@ -34,6 +34,7 @@ import ctypes
 import datetime
 import errno
 import functools
+import itertools
 import logging
 import os
 import secrets
@@ -214,15 +215,67 @@ def _stop_all(processes: list[ManagedProcess], timeout: float = STOP_TIMEOUT_S) 
 
 # --- ports, files ---
 
+# Under pytest-xdist (`make test`) each worker picks its ports from a block of its own, below the kernel's ephemeral
+# range: a port one worker chose and released until its component binds it cannot be taken by another worker (nor by an
+# outgoing connection, which gets an ephemeral port). Within its block a worker goes round from a random start, so a
+# port it released a moment ago is the last it reuses. Outside xdist (the demo, a single pytest) the kernel picks.
+WORKER_PORT_BASE = 20000
+WORKER_PORT_BLOCK = 400
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+@functools.lru_cache(maxsize=1)
+def _worker_ports() -> Optional[Iterator[int]]:
+    """The endless round of this xdist worker's port block ("gw3": the fourth block), or None outside xdist or when
+    the block would reach into the ephemeral range."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return None
+    first = WORKER_PORT_BASE + int(worker[2:]) * WORKER_PORT_BLOCK
+    if first + WORKER_PORT_BLOCK > _ephemeral_low():
+        log.warning("xdist worker %s: no port block below the ephemeral range; the kernel picks its ports", worker)
+        return None
+    offset = secrets.randbelow(WORKER_PORT_BLOCK)
+    return (first + (offset + step) % WORKER_PORT_BLOCK for step in itertools.count())
+
+
+_worker_ports_lock = threading.Lock()
+
+
 def free_ports(count: int) -> list[int]:
-    """`count` distinct free loopback ports (held open together while choosing, so they differ)."""
+    """`count` distinct free loopback ports (held open together while choosing, so they differ); in a pytest-xdist
+    worker, from the worker's own block."""
     with contextlib.ExitStack() as stack:
         sockets = []
         for _ in range(count):
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind(("127.0.0.1", 0))
+            _bind_free(sock)
             sockets.append(sock)
         return [sock.getsockname()[1] for sock in sockets]
+
+
+def _bind_free(sock: socket.socket) -> None:
+    ports = _worker_ports()
+    if ports is None:
+        sock.bind(("127.0.0.1", 0))
+        return
+    with _worker_ports_lock:
+        for _ in range(WORKER_PORT_BLOCK):
+            port = next(ports)
+            try:
+                sock.bind(("127.0.0.1", port))  # no SO_REUSEADDR: a port still in TIME_WAIT is passed over too
+                return
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+    raise ControlPlaneError(f"no free port left in this xdist worker's block "
+                            f"({os.environ.get('PYTEST_XDIST_WORKER')}, {WORKER_PORT_BLOCK} ports)")
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if not audit.registered():
         return  # no control plane ran: nothing to report
+    write_report(session, record)
+
+
+def write_report(session: pytest.Session, record: AuditRecord) -> None:
+    """The record as JSON beside the session's tmp dir; its path is shown in the terminal summary. (Under pytest-xdist
+    the controller writes it from the workers' parts: harness/xdist_plugin.py.)"""
     factory = getattr(session.config, "_tmp_path_factory", None)
     base = Path(factory.getbasetemp()) if factory is not None else Path(str(session.config.rootpath))
     # Next to the session's tmp dir, not in it (a passed session's is removed at its end), named after it: other

@@ -104,6 +104,22 @@ def add_summary(name: str, lines: list[str]) -> None:
         SUMMARIES[name] = list(lines)
 
 
+def export() -> dict[str, Any]:
+    """This process's figures, plain enough for pytest-xdist to send from a worker to the controller (tests/conftest.py)."""
+    with _lock:
+        return {"requests": [[kind, name, n] for (kind, name), n in REQUESTS.items()], "summaries": dict(SUMMARIES)}
+
+
+def absorb(exported: Any) -> None:
+    """Add a worker's `export()` to this process's figures."""
+    if not exported:
+        return
+    with _lock:
+        for kind, name, n in exported["requests"]:
+            REQUESTS[(kind, name)] += n
+        SUMMARIES.update(exported["summaries"])
+
+
 def merge_section(path: Path, key: str, section: Any) -> None:
     """Set `key` in the JSON file at `path` to `section`, keeping the other campaigns' sections (fuzz, crash, ...)."""
     with _lock:

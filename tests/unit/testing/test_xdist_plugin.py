@@ -1,0 +1,122 @@
+"""harness/xdist_plugin.py and the per-worker ports of harness/controlplane.py, as a parallel run sees them: a test
+file's tests stay in one worker, the modules using the CDI operator (one webhook port per machine) run in one worker,
+the `rbac_audit` tests start only after every other test has ended and see the other workers' records, and each
+worker's ports come from its own block. Runs pytest with 3 workers on small test files in a child process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness import controlplane
+
+ROOT = Path(__file__).resolve().parents[3]
+
+RECORDING = '''
+import json, os, time
+import pytest
+
+@pytest.fixture(autouse=True)
+def record(request):
+    began = time.time()
+    yield
+    with open(os.environ["TEST_LOG"], "a") as log:
+        log.write(json.dumps({"test": request.node.nodeid.split("@")[0], "worker": os.environ["PYTEST_XDIST_WORKER"],
+                              "began": began, "ended": time.time()}) + "\\n")
+'''
+
+PLAIN = '''
+import time
+
+def test_one():
+    time.sleep(0.5)
+
+def test_two():
+    time.sleep(0.5)
+'''
+
+AUDIT = '''
+import json, os
+import pytest
+
+pytestmark = pytest.mark.rbac_audit
+
+def test_sees_the_whole_run(rbac_audit):
+    runs = [json.loads(line) for line in open(os.environ["TEST_LOG"])]
+    assert len(runs) == 9, runs
+    assert "test_second.py::test_fails (call)" in rbac_audit.failed, rbac_audit.failed
+    assert {"test_first.py", "test_second.py", "test_op_a.py", "test_op_b.py"} <= rbac_audit.collected_files
+'''
+
+
+@pytest.fixture(scope="module")
+def parallel_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.CompletedProcess[str], list]]:
+    folder = tmp_path_factory.mktemp("xdist-run")
+    plugins = 'pytest_plugins = ["harness.rbac_plugin", "harness.xdist_plugin"]\n'
+    (folder / "conftest.py").write_text(plugins + RECORDING)
+    (folder / "test_first.py").write_text(PLAIN)
+    (folder / "test_second.py").write_text(PLAIN + "\ndef test_fails():\n    assert False\n")
+    (folder / "test_op_a.py").write_text("from harness.cdi_operator import WEBHOOK_PORT\n" + PLAIN)
+    (folder / "test_op_b.py").write_text("from harness import cdi_stack\n" + PLAIN)
+    (folder / "test_zz_audit.py").write_text(AUDIT)
+    log = folder / "runs.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TEST_LOG": str(log)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3",
+                           "--dist", "loadgroup", f"--basetemp={folder / 'base'}"],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    yield done, [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def test_every_test_ran_and_the_failure_is_named(parallel_run: tuple[subprocess.CompletedProcess[str], list]) -> None:
+    done, runs = parallel_run
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 failed, 9 passed" in done.stdout, done.stdout
+    assert "FAILED test_second.py::test_fails" in done.stdout, done.stdout
+
+
+def test_a_files_tests_share_a_worker_and_so_do_the_operators_users(
+        parallel_run: tuple[subprocess.CompletedProcess[str], list]) -> None:
+    _, runs = parallel_run
+    workers: dict[str, set[str]] = {}
+    for run in runs:
+        workers.setdefault(run["test"].split("::")[0], set()).add(run["worker"])
+    assert all(len(used) == 1 for used in workers.values()), workers
+    assert workers["test_op_a.py"] == workers["test_op_b.py"], workers
+
+
+def test_the_audit_test_starts_after_every_other_test_ended(
+        parallel_run: tuple[subprocess.CompletedProcess[str], list]) -> None:
+    _, runs = parallel_run
+    audit = next(run for run in runs if "test_zz_audit" in run["test"])
+    others = [run for run in runs if run is not audit]
+    assert len(others) == 9
+    assert audit["began"] >= max(run["ended"] for run in others), runs
+
+
+@pytest.fixture
+def as_worker(monkeypatch: pytest.MonkeyPatch) -> Iterator[range]:
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")
+    controlplane._worker_ports.cache_clear()
+    first = controlplane.WORKER_PORT_BASE + 2 * controlplane.WORKER_PORT_BLOCK
+    yield range(first, first + controlplane.WORKER_PORT_BLOCK)
+    controlplane._worker_ports.cache_clear()
+
+
+def test_a_worker_picks_distinct_ports_from_its_own_block_and_passes_over_taken_ones(as_worker: range) -> None:
+    first = controlplane.free_ports(3)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        # The next port of the round, held by someone else: it must be passed over.
+        after = first[-1] + 1 if first[-1] + 1 in as_worker else as_worker.start
+        taken.bind(("127.0.0.1", after))
+        taken.listen()
+        second = controlplane.free_ports(3)
+    assert all(port in as_worker for port in first + second), (first, second)
+    assert len(set(first + second)) == 6, (first, second)
+    assert after not in second
