@@ -92,7 +92,10 @@ class RedfishSettings(_Section):
     password_file: Optional[Path] = None
     verify_tls: bool = True
     ca_file: Optional[Path] = None
-    timeout_seconds: float = 10.0
+    # The whole of one HTTP request (connecting, the headers and the body): a service that drips its answer is cut off.
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    # An answer larger than this is refused unread (a Redfish resource is a few KiB; a collection of thousands, ~1 MiB).
+    max_response_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
 
 
 class ComposabilitySettings(_Section):
