@@ -136,16 +136,16 @@ def refusal(channel: grpc.Channel) -> grpc.RpcError:
 
 def test_cluster_autoscalers_certificate_from_dds_certs_is_served(provider_factory, volume, channels):
     bundle = server_bundle()
-    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.ca.cert_pem)
+    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.client_ca.cert_pem)
     provider = provider_factory([make_group()], settings=volume.settings())
     assert node_groups(channels(provider, credentials(bundle.ca, bundle.client))) == ["MachineSet/default/gpu-workers"]
 
 
 def test_a_certificate_of_another_identity_signed_by_the_same_ca_is_refused(provider_factory, volume, channels):
     bundle = server_bundle()
-    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.ca.cert_pem)
+    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.client_ca.cert_pem)
     provider = provider_factory([make_group()], settings=volume.settings())
-    intruder = client_certificate(bundle.ca, "batch-job", [x509.DNSName("batch-job.default.svc")])
+    intruder = client_certificate(bundle.client_ca, "batch-job", [x509.DNSName("batch-job.default.svc")])
     error = refusal(channels(provider, credentials(bundle.ca, intruder)))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     # The message says who was seen and what to change.
@@ -157,10 +157,10 @@ def test_callers_keep_their_verdicts_call_after_call_with_both_connected(provide
     """The gate remembers an allowed certificate (CA sends the same one thousands of times a scan); an intruder on a
     connection beside it is refused on every call all the same."""
     bundle = server_bundle()
-    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.ca.cert_pem)
+    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.client_ca.cert_pem)
     provider = provider_factory([make_group()], settings=volume.settings())
     allowed = channels(provider, credentials(bundle.ca, bundle.client))
-    intruder = channels(provider, credentials(bundle.ca, client_certificate(bundle.ca, "batch-job")))
+    intruder = channels(provider, credentials(bundle.ca, client_certificate(bundle.client_ca, "batch-job")))
     for _ in range(5):
         assert node_groups(allowed) == ["MachineSet/default/gpu-workers"]
         assert refusal(intruder).code() == grpc.StatusCode.PERMISSION_DENIED
@@ -168,9 +168,9 @@ def test_callers_keep_their_verdicts_call_after_call_with_both_connected(provide
 
 def test_the_health_service_is_refused_to_an_unknown_caller_too(provider_factory, volume, channels):
     bundle = server_bundle()
-    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.ca.cert_pem)
+    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.client_ca.cert_pem)
     provider = provider_factory([make_group()], settings=volume.settings())
-    health = health_pb2_grpc.HealthStub(channels(provider, credentials(bundle.ca, client_certificate(bundle.ca, "x"))))
+    health = health_pb2_grpc.HealthStub(channels(provider, credentials(bundle.ca, client_certificate(bundle.client_ca, "x"))))
     with pytest.raises(grpc.RpcError) as info:
         health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -185,9 +185,9 @@ def test_the_health_service_is_refused_to_an_unknown_caller_too(provider_factory
 def test_each_kind_of_name_on_a_certificate_can_be_the_allowed_identity(provider_factory, volume, channels,
                                                                         allowed, sans):
     bundle = server_bundle()
-    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.ca.cert_pem)
+    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.client_ca.cert_pem)
     provider = provider_factory([make_group()], settings=volume.settings(allowed=[allowed]))
-    caller = client_certificate(bundle.ca, "autoscaler-client", sans)
+    caller = client_certificate(bundle.client_ca, "autoscaler-client", sans)
     assert node_groups(channels(provider, credentials(bundle.ca, caller))) == ["MachineSet/default/gpu-workers"]
     # and the client `dds certs` made is now the stranger
     assert refusal(channels(provider, credentials(bundle.ca, bundle.client))).code() == grpc.StatusCode.PERMISSION_DENIED
@@ -197,9 +197,9 @@ def test_each_kind_of_name_on_a_certificate_can_be_the_allowed_identity(provider
                                   pytest.param([x509.DNSName("other.example")], id="beside-other-sans")])
 def test_a_common_name_is_never_an_identity(provider_factory, volume, channels, sans):
     bundle = server_bundle()
-    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.ca.cert_pem)
+    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.client_ca.cert_pem)
     provider = provider_factory([make_group()], settings=volume.settings(allowed=["autoscaler-client"]))
-    error = refusal(channels(provider, credentials(bundle.ca, client_certificate(bundle.ca, "autoscaler-client", sans))))
+    error = refusal(channels(provider, credentials(bundle.ca, client_certificate(bundle.client_ca, "autoscaler-client", sans))))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "CN=autoscaler-client" in error.details() and "a subject CommonName is not an identity" in error.details()
 
@@ -213,9 +213,9 @@ def test_a_common_name_is_never_an_identity(provider_factory, volume, channels, 
 def test_a_certificate_not_made_for_clients_is_refused_whatever_it_names(provider_factory, volume, channels, usages,
                                                                          code):
     bundle = server_bundle()
-    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.ca.cert_pem)
+    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.client_ca.cert_pem)
     provider = provider_factory([make_group()], settings=volume.settings())
-    stranger = client_certificate(bundle.ca, certs.CLIENT_COMMON_NAME, [x509.DNSName(certs.CLIENT_COMMON_NAME)], usages)
+    stranger = client_certificate(bundle.client_ca, certs.CLIENT_COMMON_NAME, [x509.DNSName(certs.CLIENT_COMMON_NAME)], usages)
     error = refusal(channels(provider, credentials(bundle.ca, stranger)))
     assert error.code() == code
     if code == grpc.StatusCode.PERMISSION_DENIED:
@@ -227,9 +227,9 @@ def test_a_certificate_not_made_for_clients_is_refused_whatever_it_names(provide
 def test_a_caller_refused_again_and_again_is_refused_at_once_and_logged_once(provider_factory, volume, channels,
                                                                               caplog):
     bundle = server_bundle()
-    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.ca.cert_pem)
+    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.client_ca.cert_pem)
     provider = provider_factory([make_group()], settings=volume.settings())
-    channel = channels(provider, credentials(bundle.ca, client_certificate(bundle.ca, "batch-job",
+    channel = channels(provider, credentials(bundle.ca, client_certificate(bundle.client_ca, "batch-job",
                                                                            [x509.DNSName("batch-job")])))
     details = [refusal(channel).details() for _ in range(callers.DENIAL_BURST + 5)]
     assert all("batch-job" in d for d in details[:callers.DENIAL_BURST])
@@ -258,14 +258,14 @@ def test_an_empty_list_of_allowed_callers_is_a_settings_error(allowed: Optional[
 def test_a_rotated_certificate_is_used_by_new_connections_while_an_open_one_keeps_working(provider_factory, volume,
                                                                                           channels):
     before = server_bundle()
-    volume.update(before.server.cert_pem, before.server.key_pem, before.ca.cert_pem)
+    volume.update(before.server.cert_pem, before.server.key_pem, before.client_ca.cert_pem)
     provider = provider_factory([make_group()], settings=volume.settings())
     old_channel = channels(provider, credentials(before.ca, before.client))
     assert node_groups(old_channel) == ["MachineSet/default/gpu-workers"]
 
     # The Secret is replaced by one from a new CA: server pair, client CA, everything.
     after = server_bundle()
-    volume.update(after.server.cert_pem, after.server.key_pem, after.ca.cert_pem)
+    volume.update(after.server.cert_pem, after.server.key_pem, after.client_ca.cert_pem)
 
     # A new connection is served the new certificate: a client trusting only the new CA gets in...
     assert node_groups(channels(provider, credentials(after.ca, after.client))) == ["MachineSet/default/gpu-workers"]
@@ -277,30 +277,30 @@ def test_a_rotated_certificate_is_used_by_new_connections_while_an_open_one_keep
 
 def test_a_half_written_rotation_keeps_the_certificates_loaded_before(provider_factory, volume, channels, caplog):
     before = server_bundle()
-    volume.update(before.server.cert_pem, before.server.key_pem, before.ca.cert_pem)
+    volume.update(before.server.cert_pem, before.server.key_pem, before.client_ca.cert_pem)
     provider = provider_factory([make_group()], settings=volume.settings())
 
     after = server_bundle()
-    volume.update(after.server.cert_pem, before.server.key_pem, after.ca.cert_pem)  # new certificate, old key
+    volume.update(after.server.cert_pem, before.server.key_pem, after.client_ca.cert_pem)  # new certificate, old key
 
     assert node_groups(channels(provider, credentials(before.ca, before.client))) == ["MachineSet/default/gpu-workers"]
     assert any("do not load" in r.getMessage() and "is not the key of tls_cert" in r.getMessage()
                for r in caplog.records)
     # Once the whole Secret is there, the next connection gets it.
-    volume.update(after.server.cert_pem, after.server.key_pem, after.ca.cert_pem)
+    volume.update(after.server.cert_pem, after.server.key_pem, after.client_ca.cert_pem)
     assert node_groups(channels(provider, credentials(after.ca, after.client))) == ["MachineSet/default/gpu-workers"]
 
 
 def test_an_open_connection_of_a_client_the_rotated_client_ca_no_longer_trusts_is_closed_within_the_maximum_age(
         provider_factory, volume, channels):
     before = server_bundle()
-    volume.update(before.server.cert_pem, before.server.key_pem, before.ca.cert_pem)
+    volume.update(before.server.cert_pem, before.server.key_pem, before.client_ca.cert_pem)
     settings = volume.settings().model_copy(update={"grpc_max_connection_age_seconds": 1.0})
     provider = provider_factory([make_group()], settings=settings)
     open_channel = channels(provider, credentials(before.ca, before.client))
     assert node_groups(open_channel) == ["MachineSet/default/gpu-workers"]
 
-    revoked = server_bundle().ca  # the client CA is rotated: the old client certificate is no longer trusted
+    revoked = server_bundle().client_ca  # the client CA is rotated: the old client certificate is no longer trusted
     volume.update(before.server.cert_pem, before.server.key_pem, revoked.cert_pem)
     deadline = time.monotonic() + 60  # the bound is 1 s (+10 % jitter); the minute only absorbs a loaded machine
     while time.monotonic() < deadline:
