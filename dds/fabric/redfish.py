@@ -60,6 +60,7 @@ import requests
 import urllib3
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from dds import metrics
 from dds.config import PoolSpec, RedfishSettings
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, FabricDevice, FabricError, Operation,
                              OperationKind, OperationState, PoolState)
@@ -167,6 +168,7 @@ class RedfishFabric:
         self._origin = _origin_of(self._base)
         self._http = session or requests.Session()
         self._http.verify = str(settings.ca_file) if settings.ca_file else settings.verify_tls
+        _warn_if_unverified(settings, self._origin)
         self._http.headers.update({"Accept": "application/json", "OData-Version": "4.0"})
         self._password = read_password(settings) if password is None else password
         self._session_uri: Optional[str] = None
@@ -782,6 +784,18 @@ def _task_failure(response: requests.Response) -> Optional[RedfishHTTPError]:
         return RedfishHTTPError(response.status_code, str(messages[-1].get("MessageId", "")),
                                 str(messages[-1].get("Message") or f"the task ended {task['TaskState']}"))
     return None
+
+
+def _warn_if_unverified(settings: RedfishSettings, origin: tuple[str, str, Optional[int]]) -> None:
+    """Accept an unverified service, but loudly: a warning and the dds_redfish_tls_unverified gauge."""
+    unverified = origin[0] == "http" or (not settings.verify_tls and settings.ca_file is None)
+    metrics.REDFISH_TLS_UNVERIFIED.set(1 if unverified else 0)
+    if not unverified:
+        return
+    why = "an http:// endpoint" if origin[0] == "http" else "redfish.verify_tls is false"
+    sent = "its password and session token" if settings.username else "its requests"
+    log.warning("the Redfish service %s is NOT verified (%s): DDS sends %s to whoever answers at that address; set "
+                "redfish.ca_file to the service's CA instead", settings.endpoint, why, sent)
 
 
 def _origin_of(url: str) -> tuple[str, str, Optional[int]]:

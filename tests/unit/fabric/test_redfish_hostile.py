@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import REGISTRY
 
 from dds.config import RedfishSettings
 from dds.fabric.base import AttachRequest, ErrorCode, FabricError, OperationState
@@ -119,4 +120,12 @@ def test_a_dripped_answer_is_cut_off_at_the_timeout(h: RedfishHarness) -> None:
     assert refused.value.code == ErrorCode.TIMEOUT and "redfish.timeout_seconds" in refused.value.message
     assert time.monotonic() - started < 30  # far less than the dripped answer would take (a loose, load-proof bound)
     h.config.faults.drip_seconds = 0.0
+    fabric.close()
+
+
+def test_an_unverified_service_is_accepted_loudly(h: RedfishHarness, caplog: pytest.LogCaptureFixture) -> None:
+    fabric = fabric_for(h)  # the emulator serves http://: nothing tells DDS who answers
+    assert REGISTRY.get_sample_value("dds_redfish_tls_unverified") == 1
+    assert any("NOT verified" in r.getMessage() and "password" in r.getMessage() for r in caplog.records
+               if r.levelname == "WARNING")
     fabric.close()
