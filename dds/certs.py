@@ -2,8 +2,9 @@
 
 `generate_bundle` makes two private CAs — one signs DDS's server pair (SANs as given), the other cluster-autoscaler's
 client pair — and `write_bundle` writes them with a ready `cloud-config.yaml` and the two Kubernetes Secrets the
-manifests mount. `ca.crt` is the server CA (what cluster-autoscaler, Prometheus and curl trust); `client-ca.crt` the
-client CA (DDS's `tls_ca`, key `ca.crt` of Secret `dds-tls`).
+manifests mount. `ca.crt` is the server CA (what cluster-autoscaler, Prometheus and curl trust; key `ca.crt` of both
+Secrets, as cert-manager names the CA of `tls.crt`); `client-ca.crt` the client CA (DDS's `tls_ca`, key `client-ca.crt`
+of Secret `dds-tls`).
 
 Why these choices:
 - cluster-autoscaler verifies the server against the *host of the cloud-config address* (Go's crypto/tls ignores the
@@ -139,10 +140,11 @@ def cloud_config(options: CloudConfigOptions) -> dict[str, str]:
 
 
 def kubernetes_secrets(bundle: CertBundle, options: CloudConfigOptions, names: SecretNames) -> list[dict]:
-    """Two Secrets: the server pair and the client CA for DDS, the client pair, the server CA and the cloud-config for
+    """Two Secrets: the server pair, its CA and the client CA for DDS (the server CA under `ca.crt`, where a
+    ServiceMonitor reads what verifies DDS), the client pair, the server CA and the cloud-config for
     cluster-autoscaler."""
-    dds_data = {"tls.crt": bundle.server.cert_pem, "tls.key": bundle.server.key_pem,
-                "ca.crt": bundle.client_ca.cert_pem}
+    dds_data = {"tls.crt": bundle.server.cert_pem, "tls.key": bundle.server.key_pem, "ca.crt": bundle.ca.cert_pem,
+                CLIENT_CA_CERT: bundle.client_ca.cert_pem}
     ca_data = {
         CLOUD_CONFIG: yaml.safe_dump(cloud_config(options), sort_keys=False).encode(),
         CLIENT_CERT: bundle.client.cert_pem,

@@ -3,7 +3,7 @@
     dds certs --out ./tls --dns dds.dds-system.svc --ip 127.0.0.1
 
 writes ca.crt/ca.key (the server CA), server.crt/server.key (SANs: every --dns and --ip), client-ca.crt/client-ca.key
-(the client CA, DDS's tls_ca), client.crt/client.key (for cluster-autoscaler), cloud-config.yaml and secrets.yaml (the
+(the client CA, DDS's tls_ca: key client-ca.crt of Secret dds-tls), client.crt/client.key (for cluster-autoscaler), cloud-config.yaml and secrets.yaml (the
 Secrets `dds-tls` and `cluster-autoscaler-cloud-config` that manifests/ mount; `kubectl apply -f tls/secrets.yaml`).
 Keys and secrets.yaml are written 0600. A folder that already holds a CA is refused unless --force (a new CA breaks
 every certificate the old one signed); symlinks in it are never followed.

@@ -58,7 +58,7 @@ app.kubernetes.io/name: cluster-autoscaler
 {{- if .Values.tls.certManager.enabled }}
 {{- printf "%s-tls" (include "dds.fullname" .) }}
 {{- else }}
-{{- required "tls.existingSecret: name the Secret holding tls.crt, tls.key and ca.crt (made by `dds certs`), or set tls.certManager.enabled" .Values.tls.existingSecret }}
+{{- required "tls.existingSecret: name the Secret holding tls.crt, tls.key, ca.crt and client-ca.crt (made by `dds certs`), or set tls.certManager.enabled" .Values.tls.existingSecret }}
 {{- end }}
 {{- end }}
 
@@ -116,7 +116,7 @@ app.kubernetes.io/name: cluster-autoscaler
 {{- $_ := set $settings "listen" (printf "0.0.0.0:%d" (int .Values.service.grpcPort)) }}
 {{- $_ := set $settings "tls_cert" "/etc/dds/tls/tls.crt" }}
 {{- $_ := set $settings "tls_key" "/etc/dds/tls/tls.key" }}
-{{- $_ := set $settings "tls_ca" (ternary "/etc/dds/client-ca/ca.crt" "/etc/dds/tls/ca.crt" .Values.tls.certManager.enabled) }}
+{{- $_ := set $settings "tls_ca" (ternary "/etc/dds/client-ca/ca.crt" "/etc/dds/tls/client-ca.crt" .Values.tls.certManager.enabled) }}
 {{- $_ := set $settings "in_cluster" true }}
 {{- $_ := set $settings "namespace" .Release.Namespace }}
 {{- $_ := set $settings "metrics_listen" (printf "0.0.0.0:%d" (int .Values.service.metricsPort)) }}

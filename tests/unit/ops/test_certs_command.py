@@ -48,8 +48,8 @@ def test_each_leaf_is_signed_by_its_own_ca_only(out: Path, leaf: str, ca: str, o
 
 def test_dds_trusts_the_client_ca_and_cluster_autoscaler_the_server_ca(out: Path) -> None:
     dds_secret, ca_secret = yaml.safe_load_all((out / "secrets.yaml").read_text())
-    assert dds_secret["stringData"]["ca.crt"] == (out / "client-ca.crt").read_text()
-    assert ca_secret["stringData"]["ca.crt"] == (out / "ca.crt").read_text()
+    assert dds_secret["stringData"]["client-ca.crt"] == (out / "client-ca.crt").read_text()  # DDS's tls_ca
+    assert dds_secret["stringData"]["ca.crt"] == ca_secret["stringData"]["ca.crt"] == (out / "ca.crt").read_text()
 
 
 def test_a_folder_holding_a_ca_is_not_overwritten_without_force(tmp_path: Path,
