@@ -92,7 +92,10 @@ class RedfishSettings(_Section):
     password_file: Optional[Path] = None
     verify_tls: bool = True
     ca_file: Optional[Path] = None
-    timeout_seconds: float = 10.0
+    # The whole of one HTTP request (connecting, the headers and the body): a service that drips its answer is cut off.
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    # An answer larger than this is refused unread (a Redfish resource is a few KiB; a collection of thousands, ~1 MiB).
+    max_response_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
 
 
 class ComposabilitySettings(_Section):
@@ -121,11 +124,15 @@ class Settings(BaseSettings):
     tls_key: Optional[Path] = None
     tls_ca: Optional[Path] = None  # client CA: client certificates are required and verified
     insecure: bool = False  # plaintext, only when asked for explicitly
-    # Who may call (mutual TLS): a client certificate must name one of these as its subject CommonName, a SAN DNS name
-    # or a SAN URI, else the call is PERMISSION_DENIED (dds/provider/callers.py). The default is the client identity
+    # Who may call (mutual TLS): a client certificate (with the clientAuth usage) must name one of these as a SAN DNS
+    # name or a SAN URI, never its CommonName, else the call is PERMISSION_DENIED (dds/provider/callers.py). The default is the client identity
     # `dds certs` issues to cluster-autoscaler (dds/certs.py CLIENT_COMMON_NAME): any other holder of a certificate of
     # the same CA is refused.
     grpc_allowed_clients: list[str] = Field(default_factory=lambda: ["cluster-autoscaler"])
+    # Every gRPC connection is closed after this long (calls in progress get GRPC_MAX_CONNECTION_AGE_GRACE_SECONDS more)
+    # and the client reconnects through a new handshake: a client whose certificate a rotated tls_ca no longer trusts
+    # is out within this bound.
+    grpc_max_connection_age_seconds: float = Field(default=300.0, gt=0)
 
     # Where node groups come from: a YAML file, or MachineSets in the cluster (kubeconfig / in-cluster).
     node_groups_file: Optional[Path] = None
@@ -210,8 +217,8 @@ class Settings(BaseSettings):
     @classmethod
     def _some_caller_allowed(cls, value: list[str]) -> list[str]:
         if not value or not all(name.strip() for name in value):
-            raise ValueError("needs at least one non-empty identity, else no client could call DDS: list the subject "
-                             "CommonName, a SAN DNS name or a SAN URI of cluster-autoscaler's client certificate "
+            raise ValueError("needs at least one non-empty identity, else no client could call DDS: list a SAN DNS "
+                             "name or a SAN URI of cluster-autoscaler's client certificate "
                              "(`dds certs` issues cluster-autoscaler)")
         return value
 

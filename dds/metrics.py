@@ -45,6 +45,9 @@ NODE_GROUPS = Gauge("dds_node_groups", "Node groups served to cluster-autoscaler
 INSTANCES = Gauge("dds_inflight_instances", "In-flight instances reported to CA, by group, kind and state",
                   ["group", "kind", "state"])
 IS_LEADER = Gauge("dds_leader", "1 when this replica holds the leader lease")
+REDFISH_TLS_UNVERIFIED = Gauge("dds_redfish_tls_unverified",
+                               "1 when DDS sends its Redfish credentials without verifying who the service is "
+                               "(verify_tls: false, or an http:// endpoint)")
 EVENTS_DROPPED = Counter("dds_events_dropped_total",
                          "Kubernetes Events not written: queue_full (recorder backlog) or api_error (apiserver refused)",
                          ["reason"])

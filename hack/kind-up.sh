@@ -81,8 +81,9 @@ write_certs() {
   log "writing mTLS material to ${WORKDIR}/tls"
   mkdir -p "${WORKDIR}/tls"
   # The image's `dds certs`, so no local Python is needed. --files-dir: where cluster-autoscaler mounts the Secret.
+  # --force: a re-run replaces the CAs of the last one, and both Secrets are applied together below.
   docker run --rm --user "$(id -u):$(id -g)" --volume "${WORKDIR}/tls:/out" "${IMAGE}" \
-    certs --out /out --dns dds.dds-system.svc --dns dds.dds-system.svc.cluster.local --files-dir /config
+    certs --out /out --dns dds.dds-system.svc --dns dds.dds-system.svc.cluster.local --files-dir /config --force
   kube apply --filename "${ROOT}/manifests/dds/namespace.yaml"
   kube apply --filename "${WORKDIR}/tls/secrets.yaml"
 }

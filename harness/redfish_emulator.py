@@ -27,6 +27,13 @@ Faults for tests: `compose_http_errors` (the next N composition requests answer 
 service rolls the block back), `concurrent_writes` (the next N PATCHes find the system just changed by another client:
 412), `max_blocks_per_system` (400 ResourceExhaustion). Time comes from an injected clock; state advances lazily.
 
+Hostile faults, a service lying to its client (DDS must treat it as an untrusted peer, docs/redfish.md):
+`sessions_link` (the service root's `Links.Sessions` names another URI, "" removes it: no session service),
+`foreign_members` (absolute `@odata.id`s of another host listed among the Systems), `redirects` (a GET of a path, as
+asked, answers 307 to another URI), `refusal_chars` (the next composition is refused with a message this long),
+`padding_bytes` (the service root carries this much padding), `drip_seconds` (the service root's body is sent a byte
+at a time, this long apart). `CredentialTrap` is the other host: it records whatever reaches it.
+
 Standalone: `python -m harness.redfish_emulator --mockup DIR --listen HOST:PORT` (user admin, password password).
 """
 
@@ -158,6 +165,12 @@ class EmulatorFaults:
     failing_blocks: set[str] = field(default_factory=set)  # these blocks end composition Failed
     failing_tasks: set[str] = field(default_factory=set)  # composing these ends the task in Exception (rolled back)
     concurrent_writes: int = 0  # the next N PATCHes of a system find it changed by another client (412)
+    sessions_link: Optional[str] = None  # the service root's Links.Sessions: None as served, "" removed, else this
+    foreign_members: list[str] = field(default_factory=list)  # absolute @odata.ids added to the Systems collection
+    redirects: dict[str, str] = field(default_factory=dict)  # path -> where a GET of it is redirected (307)
+    refusal_chars: int = 0  # the next composition is refused (400) with a message of this many characters
+    padding_bytes: int = 0  # the service root carries an Oem padding of this many bytes
+    drip_seconds: float = 0.0  # the service root's body is sent one byte at a time, this long apart
 
 
 @dataclass
@@ -474,7 +487,7 @@ class RedfishEmulator:
 
     # --- request handling (called by the handler thread) ---
     def handle(self, method: str, path: str, headers: dict[str, str], body: Any) -> tuple[int, Any, dict[str, str]]:
-        path = _normal(path)
+        asked, path = path, _normal(path)
         with self._lock:
             self.requests.append((method, path))
             self._advance()
@@ -482,6 +495,8 @@ class RedfishEmulator:
                 return self._login(body)
             if path not in _PUBLIC:
                 self._authorize(headers)
+            if method == "GET" and asked in self.config.faults.redirects:  # the path exactly as asked
+                return 307, None, {"Location": self.config.faults.redirects[asked]}
             if method in ("GET", "HEAD"):
                 return self._read(path)
             if method == "PATCH":
@@ -579,7 +594,21 @@ class RedfishEmulator:
             return 200, self._metadata(), {"Content-Type": "application/xml"}
         body = self._get(path)
         headers = {"ETag": body["@odata.etag"]} if "@odata.etag" in body else {}
+        if path == ROOT:
+            self._lie_in_root(body)
+        elif path == SYSTEMS and self.config.faults.foreign_members:
+            body["Members"] += [{"@odata.id": uri} for uri in self.config.faults.foreign_members]
+            body["Members@odata.count"] = len(body["Members"])
         return 200, body, headers
+
+    def _lie_in_root(self, root: dict[str, Any]) -> None:
+        faults = self.config.faults
+        if faults.sessions_link == "":
+            root.get("Links", {}).pop("Sessions", None)
+        elif faults.sessions_link is not None:
+            root.setdefault("Links", {})["Sessions"] = {"@odata.id": faults.sessions_link}
+        if faults.padding_bytes:
+            root["Oem"] = {"Padding": "x" * faults.padding_bytes}
 
     def _get(self, path: str) -> dict[str, Any]:
         if path == "/redfish":
@@ -794,6 +823,9 @@ class RedfishEmulator:
     def _change(self, system: _System, wanted: list[str]) -> tuple[int, Any, dict[str, str]]:
         """Move `system`'s resource blocks to `wanted`; 202 and a task when slower than task_after_s."""
         self._check(system, wanted)
+        if self.config.faults.refusal_chars > 0:
+            size, self.config.faults.refusal_chars = self.config.faults.refusal_chars, 0
+            raise RedfishError(400, "ActionNotSupported", ("The composition was refused: " + "z" * size)[:size])
         if self.config.faults.compose_http_errors > 0:
             self.config.faults.compose_http_errors -= 1
             raise RedfishError(500, "InternalError", "The request failed due to an internal service error: "
@@ -909,8 +941,19 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("WWW-Authenticate", 'Basic realm="redfish"')
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        if method != "HEAD":
+        drip = self.emulator.config.faults.drip_seconds if _normal(self.path) == ROOT else 0.0
+        if method == "HEAD":
+            return
+        if not drip:
             self.wfile.write(data)
+            return
+        try:
+            for offset in range(len(data)):
+                self.wfile.write(data[offset:offset + 1])
+                self.wfile.flush()
+                time.sleep(drip)
+        except OSError:
+            return  # the client gave up: what a hostile service would not care about either
 
     def do_GET(self) -> None:
         self._serve("GET")
@@ -929,6 +972,58 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._serve("DELETE")
+
+
+class CredentialTrap:
+    """Another host, where a lying Redfish service points its client: it records every request (method, path,
+    headers, body) and answers as a session service would (201 with a token), so a client that trusts the lie goes
+    on sending."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.received: list[tuple[str, str, dict[str, str], bytes]] = []
+        trap = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def _record(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                trap.received.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                data = b"{}"
+                self.send_response(201 if self.command == "POST" else 200)
+                self.send_header("X-Auth-Token", "trap-token")
+                self.send_header("Location", "/redfish/v1/SessionService/Sessions/trap")
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = _record
+
+        self._server = ThreadingHTTPServer((host, 0), Handler)
+        threading.Thread(target=self._server.serve_forever, name="credential-trap", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def secrets_seen(self, *secrets_: str) -> list[str]:
+        """Which of `secrets_` reached this host, in a header or a body."""
+        seen = []
+        for secret in secrets_:
+            if any(secret in " ".join(headers.values()) or secret.encode() in body
+                   for _, _, headers, body in self.received):
+                seen.append(secret)
+        return seen
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 def _parse_gpus(values: list[str]) -> dict[str, dict[str, int]]:

@@ -119,7 +119,7 @@ def dds_settings(options: StackOptions, kubeconfig: Path, tls_dir: Path, grpc_po
         "metrics_listen": f"127.0.0.1:{metrics_port}",
         "tls_cert": str(tls_dir / certs.SERVER_CERT),
         "tls_key": str(tls_dir / certs.SERVER_KEY),
-        "tls_ca": str(tls_dir / certs.CA_CERT),
+        "tls_ca": str(tls_dir / certs.CLIENT_CA_CERT),
         "grpc_allowed_clients": [certs.CLIENT_COMMON_NAME],  # the client certificate `certs.generate_bundle` gives CA
         "kubeconfig": str(kubeconfig),
         "namespace": DDS_NAMESPACE,

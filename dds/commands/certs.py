@@ -2,15 +2,17 @@
 
     dds certs --out ./tls --dns dds.dds-system.svc --ip 127.0.0.1
 
-writes ca.crt/ca.key, server.crt/server.key (SANs: every --dns and --ip), client.crt/client.key (for
-cluster-autoscaler), cloud-config.yaml and secrets.yaml (the Secrets `dds-tls` and `cluster-autoscaler-cloud-config`
-that manifests/ mount; `kubectl apply -f tls/secrets.yaml`). Keys and secrets.yaml are written 0600.
+writes ca.crt/ca.key (the server CA), server.crt/server.key (SANs: every --dns and --ip), client-ca.crt/client-ca.key
+(the client CA, DDS's tls_ca: key client-ca.crt of Secret dds-tls), client.crt/client.key (for cluster-autoscaler), cloud-config.yaml and secrets.yaml (the
+Secrets `dds-tls` and `cluster-autoscaler-cloud-config` that manifests/ mount; `kubectl apply -f tls/secrets.yaml`).
+Keys and secrets.yaml are written 0600. A folder that already holds a CA is refused unless --force (a new CA breaks
+every certificate the old one signed); symlinks in it are never followed.
 
 The cloud-config `address` defaults to the first --dns name (else the first --ip) and port 8086; CA checks that host
 against the server certificate, so it must be one of the SANs. `--files-dir` is where CA will read the client files:
 /config in manifests/ (the Secret's mount point), the output directory otherwise.
 
-Exit codes: 0 when written, 2 for bad flags (nothing is written).
+Exit codes: 0 when written, 2 for bad flags or a folder that already holds a CA (nothing is written).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--files-dir", help="where cluster-autoscaler reads the client files (default: --out)")
     parser.add_argument("--grpc-timeout", default=certs.DEFAULT_GRPC_TIMEOUT,
                         help=f"cloud-config grpc_timeout, a Go duration (default {certs.DEFAULT_GRPC_TIMEOUT})")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a CA already in --out (every certificate it signed stops being trusted)")
     parser.add_argument("--namespace", default="dds-system",
                         help="namespace of both Secrets in secrets.yaml (default dds-system)")
     parser.set_defaults(func=run)
@@ -51,7 +55,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"dds certs: {error}", file=sys.stderr)
         return EXIT_USAGE
     names = certs.SecretNames(dds_namespace=args.namespace, autoscaler_namespace=args.namespace)
-    written = certs.write_bundle(args.out, bundle, options, names)
+    try:
+        written = certs.write_bundle(args.out, bundle, options, names, force=args.force)
+    except certs.ExistingCa as error:
+        print(f"dds {error}", file=sys.stderr)
+        return EXIT_USAGE
     for path in written:
         print(path)
     return 0

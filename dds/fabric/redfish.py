@@ -26,6 +26,14 @@ reads as SlotsFull. A refusal's Base registry message (`@Message.ExtendedInfo`) 
 the controller puts in the node's AttachFailed/DetachFailed Event. Redfish has no notion of a device being in use
 either, so `force` on detach has nothing to override.
 
+The service is an untrusted peer: its answers choose URIs and sizes, and DDS sends a password and a session token.
+Every request goes to the configured endpoint's origin (scheme, host, port) only: a link (`Links.Sessions`, an
+`@odata.id`, an action target, a task monitor) or a redirect to another origin is refused with an error naming it, never
+followed, so the password, basic credentials and `X-Auth-Token` reach no one else. Same-origin redirects of a GET are
+followed (at most `MAX_REDIRECTS`). One request, its body included, ends within `timeout_seconds` and an answer larger
+than `max_response_bytes` is refused; every message of the service DDS stores or shows (an operation's error, an Event)
+is cut to `MAX_MESSAGE_CHARS`, so a refusal of megabytes cannot overflow the operation log's ConfigMap.
+
 Read-only (`read_only=True`, what `dds plan` builds): queries read the service and the operation log and never drive
 an operation; attach and detach are refused. Nothing but GETs (and the session's login/logout) reaches the service.
 
@@ -41,18 +49,23 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Optional, Sequence
+from urllib.parse import urljoin, urlsplit
 
 import requests
+import urllib3
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from dds import metrics
 from dds.config import PoolSpec, RedfishSettings
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, FabricDevice, FabricError, Operation,
                              OperationKind, OperationState, PoolState)
 from dds.fabric.state import Document, FabricStateStore, StateConflict, StateStoreError
+from dds.model.text import bounded_text
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +81,11 @@ MAX_PRECONDITION_RETRIES = 3  # PATCHes refused 412 (a concurrent writer) before
 LOGIN_BACKOFF_BASE_SECONDS = 1.0  # after a failed re-login, the next waits 1, 2, 4, ... s
 LOGIN_BACKOFF_MAX_SECONDS = 60.0
 _ONLINE_STATES = {"Composed", "ComposedAndAvailable"}
+MAX_REDIRECTS = 3  # same-origin redirects of one GET
+MAX_MESSAGE_CHARS = 1024  # a service's message as DDS stores it (operation log) or shows it (Events, log lines)
+MAX_LINK_CHARS = 2048  # a URI the service names: it may be stored in the operation log
+_READ_CHUNK_BYTES = 64 * 1024
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 # Per-block progress inside an operation.
 PLANNED, REQUESTED, REJECTED = "planned", "requested", "rejected"
@@ -75,10 +93,23 @@ PLANNED, REQUESTED, REJECTED = "planned", "requested", "rejected"
 
 class RedfishHTTPError(Exception):
     def __init__(self, status: int, message_id: str, message: str):
+        message_id, message = bounded_text(message_id, 128), bounded_text(message, MAX_MESSAGE_CHARS)
         super().__init__(f"HTTP {status} {message_id}: {message}")
         self.status = status
         self.message_id = message_id
         self.message = message
+
+
+class ForeignOrigin(requests.RequestException):
+    """The service named, or redirected to, a URI outside the configured endpoint's origin: not followed."""
+
+
+class ResponseTooLarge(requests.RequestException):
+    """An answer over `max_response_bytes`: refused, the rest left unread."""
+
+
+class ResponseTooSlow(requests.Timeout):
+    """An answer not complete within `timeout_seconds` (a body dripped slowly): cut off."""
 
 
 @dataclass(frozen=True)
@@ -134,8 +165,10 @@ class RedfishFabric:
         self._store = store
         self._slots = {p.name: p.max_slots_per_node for p in pools if p.max_slots_per_node is not None}
         self._base = settings.endpoint.rstrip("/")
+        self._origin = _origin_of(self._base)
         self._http = session or requests.Session()
         self._http.verify = str(settings.ca_file) if settings.ca_file else settings.verify_tls
+        _warn_if_unverified(settings, self._origin)
         self._http.headers.update({"Accept": "application/json", "OData-Version": "4.0"})
         self._password = read_password(settings) if password is None else password
         self._session_uri: Optional[str] = None
@@ -223,7 +256,7 @@ class RedfishFabric:
     def close(self) -> None:
         if self._session_uri is not None:
             try:
-                self._http.delete(self._url(self._session_uri), timeout=self._settings.timeout_seconds)
+                self._exchange("DELETE", self._session_uri)
             except requests.RequestException as exc:
                 log.info("could not end the Redfish session %s: %s", self._session_uri, exc)
             self._session_uri = None
@@ -323,7 +356,7 @@ class RedfishFabric:
             if progress["attempts"] < MAX_ATTEMPTS:
                 log.warning("Redfish %s of %s: %s; will retry", op["kind"], block.id, exc)
                 return
-            progress.update(step=REJECTED, error=str(exc))
+            progress.update(step=REJECTED, error=bounded_text(str(exc), MAX_MESSAGE_CHARS))
             return
         progress["step"] = REQUESTED
         if monitor:
@@ -374,6 +407,10 @@ class RedfishFabric:
         monitor = progress["monitor"]
         try:
             response = self._request("GET", monitor)
+        except ForeignOrigin as exc:
+            del progress["monitor"]
+            log.warning("Redfish task monitor of %s not followed (%s); the block's state tells the outcome", uri, exc)
+            return True
         except requests.RequestException as exc:
             log.warning("Redfish task monitor %s of %s: %s; will poll again", monitor, uri, exc)
             return False
@@ -417,7 +454,8 @@ class RedfishFabric:
         if failed:
             code = ErrorCode.SLOTS_FULL if any(e.get("message_id", "").endswith("ResourceExhaustion")
                                                for e in errors) else ErrorCode.BACKEND
-            op.update(error_code=code.value, error_message="; ".join(e["error"] for e in errors))
+            op.update(error_code=code.value,
+                      error_message=bounded_text("; ".join(e["error"] for e in errors), MAX_MESSAGE_CHARS))
 
     def resync(self) -> None:
         """Read the operation log again: what another DDS process (the previous leader) recorded since this one loaded
@@ -520,8 +558,18 @@ class RedfishFabric:
         return block.system_uri is None and block.state == "Unused"
 
     # --- HTTP ---
-    def _url(self, path: str) -> str:
-        return path if path.startswith("http") else f"{self._base}{path}"
+    def _url(self, link: str) -> str:
+        """The URL of a link the service named: an absolute path under the configured endpoint, or an absolute URL of
+        the endpoint's own origin. Anything else is refused before a byte (or a credential) is sent."""
+        if len(link) > MAX_LINK_CHARS:
+            raise ForeignOrigin(f"the Redfish service named a link of {len(link)} characters "
+                                f"(at most {MAX_LINK_CHARS}): not followed")
+        url = link if urlsplit(link).scheme else f"{self._base}{link}"
+        if not link.startswith("/") and not urlsplit(link).scheme or _origin_of(url) != self._origin:
+            raise ForeignOrigin(f"the Redfish service named {_shown(link)}, outside the configured endpoint "
+                                f"{self._base}: DDS sends requests and credentials only to that origin (check "
+                                f"redfish.endpoint, or the service's links)")
+        return url
 
     def _login(self) -> None:
         """Log in through the service's session service; basic authentication when it has none."""
@@ -534,25 +582,30 @@ class RedfishFabric:
         self._http.auth = (self._settings.username, self._password)
 
     def _login_session(self) -> bool:
+        """Log in through the service root's `Links.Sessions`. Raises FabricError when that link leaves the configured
+        origin: the password goes nowhere else, and a service that names another host for it is misconfigured or
+        hostile, which DDS says rather than falling back to another way of sending the password."""
         self._http.headers.pop("X-Auth-Token", None)
         try:
-            response = self._http.get(self._url("/redfish/v1/"), timeout=self._settings.timeout_seconds)
+            response = self._exchange("GET", "/redfish/v1/")
             sessions = response.json().get("Links", {}).get("Sessions", {}).get("@odata.id") if response.ok else None
             if not sessions:
                 log.info("Redfish service root answered %s with no Links.Sessions: using basic authentication",
                          response.status_code)
                 return False
             self._session_auth = True
-            response = self._http.post(self._url(sessions), json={"UserName": self._settings.username,
-                                                                  "Password": self._password},
-                                       timeout=self._settings.timeout_seconds)
+            sessions_url = self._url(str(sessions))
+            response = self._exchange("POST", sessions_url, {"UserName": self._settings.username,
+                                                             "Password": self._password})
+        except ForeignOrigin as exc:
+            raise FabricError(ErrorCode.BACKEND, f"Redfish login refused: {exc}") from exc
         except (requests.RequestException, ValueError, AttributeError) as exc:
             log.info("Redfish session login failed: %s", exc)
             return False
         token = response.headers.get("X-Auth-Token")
         if response.status_code in (200, 201) and token:
             self._http.headers["X-Auth-Token"] = token
-            self._session_uri = response.headers.get("Location")
+            self._session_uri = self._own_link(response.headers.get("Location"), "session")
             return True
         log.warning("Redfish session login refused: %s", _http_error(response))
         return False
@@ -562,7 +615,12 @@ class RedfishFabric:
         now = self._clock()
         if now < self._next_login_at:
             return False
-        if self._login_session():
+        try:
+            logged_in = self._login_session()
+        except FabricError as exc:
+            log.error("%s", exc)
+            logged_in = False
+        if logged_in:
             log.info("Redfish session expired; logged in again")
             self._login_failures = 0
             return True
@@ -575,12 +633,52 @@ class RedfishFabric:
     def _request(self, method: str, path: str, body: Optional[dict[str, Any]] = None,
                  headers: Optional[dict[str, str]] = None) -> requests.Response:
         """One request; a 401 on a session (expired, or the service restarted) logs in again and retries once."""
-        response = self._http.request(method, self._url(path), json=body, headers=headers,
-                                      timeout=self._settings.timeout_seconds)
+        response = self._exchange(method, path, body, headers)
         if response.status_code == 401 and self._session_auth and self._relogin():
-            response = self._http.request(method, self._url(path), json=body, headers=headers,
-                                          timeout=self._settings.timeout_seconds)
+            response = self._exchange(method, path, body, headers)
         return response
+
+    def _exchange(self, method: str, link: str, body: Optional[dict[str, Any]] = None,
+                  headers: Optional[dict[str, str]] = None) -> requests.Response:
+        """One request to the configured origin, read whole within `timeout_seconds` and `max_response_bytes`.
+        Redirects are never followed by the HTTP library (it would carry `X-Auth-Token` to any host): a GET follows
+        same-origin ones here, anything else is refused."""
+        url = self._url(link)
+        deadline = time.monotonic() + self._settings.timeout_seconds
+        for _ in range(MAX_REDIRECTS + 1):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ResponseTooSlow(f"{method} {_shown(link)}: no complete answer within "
+                                      f"redfish.timeout_seconds ({self._settings.timeout_seconds:g} s)")
+            response = self._http.request(method, url, json=body, headers=headers, stream=True,
+                                          allow_redirects=False, timeout=urllib3.Timeout(total=remaining))
+            if not response.is_redirect:
+                _read_whole(response, deadline, self._settings, f"{method} {_shown(link)}")
+                return response
+            location = str(response.headers.get("Location", ""))
+            response.close()
+            target = urljoin(url, location)
+            if _origin_of(target) != self._origin:
+                raise ForeignOrigin(f"{method} {_shown(link)}: the Redfish service redirected to {_shown(location)}, "
+                                    f"outside the configured endpoint {self._base}: not followed (DDS sends requests "
+                                    f"and credentials only to that origin)")
+            if method != "GET":
+                raise ForeignOrigin(f"{method} {_shown(link)}: the Redfish service redirected the change to "
+                                    f"{_shown(location)}; DDS re-sends no change: point redfish.endpoint at the URI "
+                                    f"the service wants")
+            url = target
+        raise ForeignOrigin(f"{method} {_shown(link)}: more than {MAX_REDIRECTS} redirects")
+
+    def _own_link(self, link: Optional[str], what: str) -> Optional[str]:
+        """A link from a response header (a session, a task monitor), or None when it leaves the origin."""
+        if not link:
+            return None
+        try:
+            self._url(link)
+        except ForeignOrigin as exc:
+            log.warning("Redfish %s link ignored: %s", what, exc)
+            return None
+        return link
 
     def _get(self, path: str) -> dict[str, Any]:
         return self._get_resource(path)[0]
@@ -601,7 +699,12 @@ class RedfishFabric:
             error = _http_error(response)
             raise FabricError(ErrorCode.NOT_FOUND if response.status_code == 404 else ErrorCode.BACKEND,
                               f"GET {path}: {error}")
-        body = response.json()
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise FabricError(ErrorCode.BACKEND, f"GET {path}: the answer is not JSON ({_shown(str(exc))})") from exc
+        if not isinstance(body, dict):
+            raise FabricError(ErrorCode.BACKEND, f"GET {path}: the answer is not a JSON object")
         return body, response.headers.get("ETag") or body.get("@odata.etag")
 
     def _send(self, method: str, path: str, body: dict[str, Any],
@@ -611,7 +714,8 @@ class RedfishFabric:
         if response.status_code >= 300:
             raise _http_error(response)
         if response.status_code == 202:
-            return response.headers.get("Location")
+            # Without a monitor of its own origin the block is followed through its CompositionState alone.
+            return self._own_link(response.headers.get("Location"), "task monitor")
         return None
 
 
@@ -680,6 +784,75 @@ def _task_failure(response: requests.Response) -> Optional[RedfishHTTPError]:
         return RedfishHTTPError(response.status_code, str(messages[-1].get("MessageId", "")),
                                 str(messages[-1].get("Message") or f"the task ended {task['TaskState']}"))
     return None
+
+
+def _warn_if_unverified(settings: RedfishSettings, origin: tuple[str, str, Optional[int]]) -> None:
+    """Accept an unverified service, but loudly: a warning and the dds_redfish_tls_unverified gauge."""
+    unverified = origin[0] == "http" or (not settings.verify_tls and settings.ca_file is None)
+    metrics.REDFISH_TLS_UNVERIFIED.set(1 if unverified else 0)
+    if not unverified:
+        return
+    why = "an http:// endpoint" if origin[0] == "http" else "redfish.verify_tls is false"
+    sent = "its password and session token" if settings.username else "its requests"
+    log.warning("the Redfish service %s is NOT verified (%s): DDS sends %s to whoever answers at that address; set "
+                "redfish.ca_file to the service's CA instead", settings.endpoint, why, sent)
+
+
+def _origin_of(url: str) -> tuple[str, str, Optional[int]]:
+    """(scheme, host, port) with the scheme's default port filled in: what must match for a request to be sent."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme.lower())
+    except ValueError:  # a port that is not a number: matches no origin
+        return ("", "", None)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+
+
+def _shown(text: str) -> str:
+    """A URI or message of the service as a log line or an error shows it: bounded and quoted."""
+    return repr(bounded_text(text, 256))
+
+
+def _read_whole(response: requests.Response, deadline: float, settings: RedfishSettings, what: str) -> None:
+    """Read the body of a streamed response into `response.content`, refusing it past `settings.max_response_bytes`
+    or `deadline` (each read waits at most until the deadline, so a body dripped a byte at a time is cut off there)."""
+    limit = settings.max_response_bytes
+    declared = response.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > limit:
+        response.close()
+        raise ResponseTooLarge(f"{what}: the answer has {int(declared)} bytes, over redfish.max_response_bytes "
+                               f"({limit})")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ResponseTooSlow(f"{what}: the answer was not complete within redfish.timeout_seconds "
+                                      f"({settings.timeout_seconds:g} s; {size} bytes read)")
+            sock = getattr(response.raw.connection, "sock", None)
+            if sock is not None:
+                sock.settimeout(remaining)
+            chunk = response.raw.read1(_READ_CHUNK_BYTES, decode_content=True)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                raise ResponseTooLarge(f"{what}: the answer exceeds redfish.max_response_bytes ({limit})")
+            chunks.append(chunk)
+    except urllib3.exceptions.ReadTimeoutError as exc:
+        response.close()
+        raise ResponseTooSlow(f"{what}: the answer was not complete within redfish.timeout_seconds "
+                              f"({settings.timeout_seconds:g} s; {size} bytes read)") from exc
+    except urllib3.exceptions.HTTPError as exc:
+        response.close()
+        raise requests.ConnectionError(f"{what}: {exc}") from exc
+    except requests.RequestException:
+        response.close()  # the rest is unread: the connection cannot be used again
+        raise
+    response._content = b"".join(chunks)  # what `response.content` and `.json()` read
+    response._content_consumed = True
+    response.raw.release_conn()
 
 
 def _http_error(response: requests.Response) -> RedfishHTTPError:

@@ -9,8 +9,13 @@ non-resource URL, authorization.k8s.io/v1). Access is therefore granted with ord
     rules: [{nonResourceURLs: ["/metrics", "/decisions"], verbs: ["get"]}]
 
 Allowed answers are kept `ttl_seconds` (10 s by default) per (token, verb, path), so a burst of scrapes costs the
-apiserver two requests, not two per scrape. Refusals are not kept: a grant just bound applies to the next scrape, and
-only a revoked one lingers, for at most the TTL. The cache holds the token's SHA-256 digest, never the token.
+apiserver two requests, not two per scrape; a revoked grant lingers for at most that TTL. Refusals (401, 403) are kept
+`DENIAL_TTL_SECONDS` (2 s): a caller repeating a bad token costs one review per two seconds, and a grant just bound
+applies within two seconds. The caches hold the token's SHA-256 digest, never the token.
+
+Reviews are also rate-limited per source address: each source may cause `REVIEWS_BURST` reviews at once and
+`REVIEWS_PER_SECOND` after that; past it DDS answers 429 without asking the apiserver, so a caller trying tokens by
+the thousand cannot make DDS flood the apiserver with TokenReviews (nor be told which tokens are valid any faster).
 """
 
 from __future__ import annotations
@@ -32,10 +37,15 @@ DEFAULT_TTL_SECONDS = 10.0
 # every ServiceAccount scrapes, not for an attacker.
 DEFAULT_MAX_ENTRIES = 1024
 REVIEW_TIMEOUT_SECONDS = 10.0
+DENIAL_TTL_SECONDS = 2.0
+REVIEWS_BURST = 20  # reviews one source may cause at once
+REVIEWS_PER_SECOND = 2.0  # and then on average
+_TRACKED_SOURCES = 4096  # sources whose review budget is kept; more start over (a bound, not a policy)
 
 HTTP_OK = 200
 HTTP_UNAUTHORIZED = 401
 HTTP_FORBIDDEN = 403
+HTTP_TOO_MANY_REQUESTS = 429
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +138,8 @@ def _ask(kind: str, call: Callable[[], Any]) -> Any:
 
 
 class AllowedCache:
-    """Allowed (token digest, verb, path) -> user name, each for `ttl_seconds`, at most `max_entries` (oldest out)."""
+    """(token digest, verb, path) -> user name, each for `ttl_seconds`, at most `max_entries` (oldest out). Holds
+    allowed answers; a second one, with a short TTL, holds refusals (the user name is then the refusal's reason)."""
 
     def __init__(self, ttl_seconds: float = DEFAULT_TTL_SECONDS, max_entries: int = DEFAULT_MAX_ENTRIES,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -171,25 +182,72 @@ def _key(token: str, verb: str, path: str) -> tuple[str, str, str]:
     return hashlib.sha256(token.encode()).hexdigest(), verb, path
 
 
-class ApiserverAuthorizer:
-    """Answers "may the bearer of this token `verb` this path?" with the apiserver's reviews, allowed answers cached."""
+class ReviewBudget:
+    """A token bucket per source address: `burst` reviews at once, `per_second` on average after that."""
 
-    def __init__(self, reviews: Reviews, cache: Optional[AllowedCache] = None) -> None:
+    def __init__(self, burst: int = REVIEWS_BURST, per_second: float = REVIEWS_PER_SECOND,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._burst = float(burst)
+        self._rate = per_second
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # source -> (tokens left, when counted)
+        self._lock = threading.Lock()
+
+    def take(self, source: str) -> bool:
+        """True when `source` may cause one more review now (and counts it)."""
+        now = self._clock()
+        with self._lock:
+            if source not in self._buckets and len(self._buckets) >= _TRACKED_SOURCES:
+                self._buckets.clear()
+            tokens, then = self._buckets.get(source, (self._burst, now))
+            tokens = min(self._burst, tokens + (now - then) * self._rate)
+            if tokens < 1:
+                self._buckets[source] = (tokens, now)
+                return False
+            self._buckets[source] = (tokens - 1, now)
+            return True
+
+
+class ApiserverAuthorizer:
+    """Answers "may the bearer of this token `verb` this path?" with the apiserver's reviews; allowed answers cached
+    `ttl_seconds`, refusals `DENIAL_TTL_SECONDS`, reviews rate-limited per source."""
+
+    def __init__(self, reviews: Reviews, cache: Optional[AllowedCache] = None,
+                 denials: Optional[AllowedCache] = None, budget: Optional[ReviewBudget] = None) -> None:
         self._reviews = reviews
         self._cache = cache if cache is not None else AllowedCache()
+        self._denials = denials if denials is not None else AllowedCache(DENIAL_TTL_SECONDS)
+        self._budget = budget if budget is not None else ReviewBudget()
 
     @classmethod
     def for_cluster(cls, api: client.ApiClient, ttl_seconds: float = DEFAULT_TTL_SECONDS) -> "ApiserverAuthorizer":
         return cls(ApiserverReviews(api), AllowedCache(ttl_seconds))
 
-    def check(self, token: Optional[str], verb: str, path: str) -> Access:
-        """Raises ReviewUnavailable when the apiserver cannot be asked (the caller answers 503, not a refusal)."""
+    def check(self, token: Optional[str], verb: str, path: str, source: str = "") -> Access:
+        """`source` is the caller's address (its review budget). Raises ReviewUnavailable when the apiserver cannot
+        be asked (the caller answers 503, not a refusal)."""
         if not token:
             return Access(HTTP_UNAUTHORIZED, "no bearer token: send `Authorization: Bearer <token>` (e.g. a "
                                              "ServiceAccount token bound to the ClusterRole dds-metrics-reader)")
         cached = self._cache.get(token, verb, path)
         if cached is not None:
             return Access(HTTP_OK, "allowed (cached)", cached)
+        refused = self._denials.get(token, verb, path)
+        if refused is not None:
+            status, _, reason = refused.partition(" ")
+            return Access(int(status), f"{reason} (refused again within {DENIAL_TTL_SECONDS:g} s)")
+        if not self._budget.take(source):
+            return Access(HTTP_TOO_MANY_REQUESTS, f"too many token reviews asked from {source or 'this address'}: "
+                                                  f"at most {REVIEWS_BURST} at once and {REVIEWS_PER_SECOND:g} a "
+                                                  f"second; try again later")
+        access = self._review(token, verb, path)
+        if access.allowed:
+            self._cache.put(token, verb, path, access.user)
+        else:
+            self._denials.put(token, verb, path, f"{access.status} {access.reason}")
+        return access
+
+    def _review(self, token: str, verb: str, path: str) -> Access:
         user = self._reviews.authenticate(token)
         if user is None:
             return Access(HTTP_UNAUTHORIZED, "the apiserver does not accept this token (TokenReview)")
@@ -198,5 +256,4 @@ class ApiserverAuthorizer:
             because = f": {decision.reason}" if decision.reason else ""
             return Access(HTTP_FORBIDDEN, f'user "{user.name}" may not {verb} {path}{because} (bind the ClusterRole '
                                           f"dds-metrics-reader to allow it)", user.name)
-        self._cache.put(token, verb, path, user.name)
         return Access(HTTP_OK, "allowed", user.name)

@@ -156,8 +156,9 @@ class ServingCertificate:
 
 
 class RequestAuthorizer(Protocol):
-    def check(self, token: Optional[str], verb: str, path: str) -> Access:
-        """200, 401 or 403 for the bearer of `token`; raises ReviewUnavailable when it cannot tell."""
+    def check(self, token: Optional[str], verb: str, path: str, source: str = "") -> Access:
+        """200, 401, 403 or 429 (too many reviews from `source`, the caller's address) for the bearer of `token`;
+        raises ReviewUnavailable when it cannot tell."""
 
 
 def build_ops_server(settings: Settings, authorizer: Callable[[], RequestAuthorizer]) -> "OpsServer":
@@ -325,7 +326,8 @@ def _handler_for(ops: OpsServer) -> type[BaseHTTPRequestHandler]:
             if ops.authorizer is None:
                 return True
             try:
-                access = ops.authorizer.check(_bearer_token(self.headers.get("Authorization")), "get", path)
+                access = ops.authorizer.check(_bearer_token(self.headers.get("Authorization")), "get", path,
+                                              source=self.client_address[0])
             except ReviewUnavailable as error:
                 log.warning("cannot authorize a request for %s from %s: %s", path, self.address_string(), error)
                 self._reply(HTTPStatus.SERVICE_UNAVAILABLE, f"cannot check the caller's token: {error}\n".encode())

@@ -19,18 +19,22 @@ import grpc
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dds.config import Settings
 from dds.scaling.requests import ScaleDownDecider, ScaleUpDecider
 from dds.provider.gen.externalgrpc import externalgrpc_pb2
-from dds.provider.callers import CallerGate
+from dds.provider.callers import CallerGate, has_usage
 from dds.provider.registry import Registry
 from dds.provider.servicer import CloudProviderServicer, add_to_server
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = externalgrpc_pb2.DESCRIPTOR.services_by_name["CloudProvider"].full_name
+# Calls in progress when a connection reaches grpc_max_connection_age_seconds get this much longer (CA's calls have
+# a 10 s grpc_timeout by default).
+GRPC_MAX_CONNECTION_AGE_GRACE_SECONDS = 30.0
 
 
 class ServerConfigError(ValueError):
@@ -79,6 +83,9 @@ def load_tls_material(settings: Settings) -> TlsMaterial:
         raise ServerConfigError(f"tls_key {settings.tls_key}: not an unencrypted PEM private key") from None
     if _spki(private_key.public_key()) != _spki(certificate.public_key()):
         raise ServerConfigError(f"tls_key {settings.tls_key} is not the key of tls_cert {settings.tls_cert}")
+    if not has_usage(certificate, ExtendedKeyUsageOID.SERVER_AUTH):
+        raise ServerConfigError(f"tls_cert {settings.tls_cert} does not carry the serverAuth extended key usage: "
+                                f"issue DDS a server certificate (dds certs, or cert-manager usages: server auth)")
     try:
         x509.load_pem_x509_certificates(client_ca)
     except ValueError:
@@ -112,7 +119,7 @@ class CertificateReloader:
     """gRPC's certificate configuration fetcher: called before every new TLS handshake, it returns new certificates
     when tls_cert, tls_key or tls_ca changed on disk, else None (keep the current ones). Connections already open keep
     the session they made, so cluster-autoscaler's channel is not broken by a rotation; its next connection gets the
-    new certificate.
+    new certificate — at the latest when the open one reaches grpc_max_connection_age_seconds and is closed.
 
     A half-written rotation (a new certificate beside the old key) does not load: the previous certificates stay in
     use, the problem is logged once, and the next handshake looks again."""
@@ -196,8 +203,13 @@ def build_server(settings: Settings, registry: Registry, scale_up: ScaleUpDecide
     servicer = CloudProviderServicer(registry, scale_up, scale_down, settings.gpu_label, new_request_key)
     # Who the caller is comes first: an unknown caller is refused before any other interceptor answers it.
     gates = () if settings.insecure else (CallerGate(settings.grpc_allowed_clients),)
+    # A maximum connection age: a connection's client was checked at its handshake only, so a rotation of tls_ca
+    # reaches an open connection when it is closed and the client handshakes again.
+    options = [("grpc.so_reuseport", 0),
+               ("grpc.max_connection_age_ms", int(settings.grpc_max_connection_age_seconds * 1000)),
+               ("grpc.max_connection_age_grace_ms", int(GRPC_MAX_CONNECTION_AGE_GRACE_SECONDS * 1000))]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dds-grpc"),
-                         options=[("grpc.so_reuseport", 0)], interceptors=(*gates, *interceptors))
+                         options=options, interceptors=(*gates, *interceptors))
     add_to_server(servicer, server)  # lenient request decoding: a bad payload is INVALID_ARGUMENT, not INTERNAL
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

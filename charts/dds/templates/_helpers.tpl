@@ -58,7 +58,16 @@ app.kubernetes.io/name: cluster-autoscaler
 {{- if .Values.tls.certManager.enabled }}
 {{- printf "%s-tls" (include "dds.fullname" .) }}
 {{- else }}
-{{- required "tls.existingSecret: name the Secret holding tls.crt, tls.key and ca.crt (made by `dds certs`), or set tls.certManager.enabled" .Values.tls.existingSecret }}
+{{- required "tls.existingSecret: name the Secret holding tls.crt, tls.key, ca.crt and client-ca.crt (made by `dds certs`), or set tls.certManager.enabled" .Values.tls.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{/* With cert-manager: the Secret whose ca.crt is the client CA DDS verifies callers with (not the server's CA). */}}
+{{- define "dds.clientCaSecret" -}}
+{{- if .Values.clusterAutoscaler.enabled }}
+{{- printf "%s-client-tls" (include "dds.autoscalerName" .) }}
+{{- else }}
+{{- required "tls.certManager.clientCaSecret: name the Secret holding the CA (key ca.crt) of cluster-autoscaler's client certificates; with cert-manager DDS does not verify callers with its own server CA" .Values.tls.certManager.clientCaSecret }}
 {{- end }}
 {{- end }}
 
@@ -107,7 +116,7 @@ app.kubernetes.io/name: cluster-autoscaler
 {{- $_ := set $settings "listen" (printf "0.0.0.0:%d" (int .Values.service.grpcPort)) }}
 {{- $_ := set $settings "tls_cert" "/etc/dds/tls/tls.crt" }}
 {{- $_ := set $settings "tls_key" "/etc/dds/tls/tls.key" }}
-{{- $_ := set $settings "tls_ca" "/etc/dds/tls/ca.crt" }}
+{{- $_ := set $settings "tls_ca" (ternary "/etc/dds/client-ca/ca.crt" "/etc/dds/tls/client-ca.crt" .Values.tls.certManager.enabled) }}
 {{- $_ := set $settings "in_cluster" true }}
 {{- $_ := set $settings "namespace" .Release.Namespace }}
 {{- $_ := set $settings "metrics_listen" (printf "0.0.0.0:%d" (int .Values.service.metricsPort)) }}

@@ -40,7 +40,8 @@ EVERYTHING = {
     "fabric.backend": "redfish", "fabric.settings.endpoint": "https://redfish.example:8443",
     "fabric.settings.username": "dds", "fabric.redfish.passwordSecret": "redfish-password",
     "fabric.redfish.caSecret": "redfish-ca", "tls.certManager.enabled": "true",
-    "tls.certManager.issuerRef.name": "dds-ca", "serviceMonitor.enabled": "true", "podMonitor.enabled": "true",
+    "tls.certManager.issuerRef.name": "dds-ca", "tls.certManager.clientIssuerRef.name": "dds-client-ca",
+    "serviceMonitor.enabled": "true", "podMonitor.enabled": "true",
     "prometheusRule.enabled": "true", "dashboard.enabled": "true", "podDisruptionBudget.enabled": "true",
     "metricsReaderBinding.subjects[0].name": "prometheus-k8s",
     "metricsReaderBinding.subjects[0].namespace": "monitoring",
@@ -137,6 +138,41 @@ def test_cert_manager_issues_both_ends_of_the_mutual_tls() -> None:
     volumes = find(objects, "Deployment", "cluster-autoscaler")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "client-tls", "secret": {"secretName": "cluster-autoscaler-client-tls", "defaultMode": 0o440}} \
         in volumes
+
+
+def mounted_file(pod: dict[str, Any], path: str) -> tuple[str, str]:
+    """(Secret, key) behind a file path of the pod's first container."""
+    folder, _, name = path.rpartition("/")
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == folder)
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    keys = {item["path"]: item["key"] for item in volume["secret"].get("items", [])} or {name: name}
+    return volume["secret"]["secretName"], keys[name]
+
+
+def test_cert_manager_issues_the_client_from_another_ca_and_each_end_trusts_only_the_others_ca() -> None:
+    objects = helm_template(EVERYTHING)
+    server = find(objects, "Certificate", "dds")["spec"]
+    client_cert = find(objects, "Certificate", "cluster-autoscaler-client")["spec"]
+    assert server["issuerRef"]["name"] == "dds-ca" and client_cert["issuerRef"]["name"] == "dds-client-ca"
+    assert "server auth" in server["usages"] and "client auth" in client_cert["usages"]
+    # DDS verifies callers with the client certificate's CA, mounted without the client's key ...
+    dds_pod = find(objects, "Deployment", "dds")["spec"]["template"]["spec"]
+    assert mounted_file(dds_pod, settings_of(objects)["tls_ca"]) == (client_cert["secretName"], "ca.crt")
+    # ... and cluster-autoscaler verifies DDS with the server certificate's CA, mounted without DDS's key.
+    ca_pod = find(objects, "Deployment", "cluster-autoscaler")["spec"]["template"]["spec"]
+    cloud_config = yaml.safe_load(find(objects, "ConfigMap", "cluster-autoscaler-cloud-config")["data"][
+        "cloud-config.yaml"])
+    assert mounted_file(ca_pod, cloud_config["cacert"]) == (server["secretName"], "ca.crt")
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"tls.certManager.clientIssuerRef.name": ""}, "tls.certManager.clientIssuerRef.name: name a second CA issuer"),
+    ({"tls.certManager.clientIssuerRef.name": "dds-ca"}, "must be another issuer than issuerRef"),
+    ({"clusterAutoscaler.enabled": "false"}, "tls.certManager.clientCaSecret"),
+], ids=["no-client-issuer", "the-server-issuer", "no-client-ca-without-the-autoscaler"])
+def test_cert_manager_refuses_one_ca_for_both_ends(values: dict[str, str], message: str) -> None:
+    refused = helm_template({**EVERYTHING, **values}, check=False)
+    assert refused.returncode != 0 and message in refused.stderr, refused.stderr
 
 
 def test_defaults_follow_cluster_autoscalers_chart() -> None:

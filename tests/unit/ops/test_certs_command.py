@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cryptography.exceptions import InvalidSignature
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
@@ -37,9 +38,45 @@ def load(path: Path) -> x509.Certificate:
     return x509.load_pem_x509_certificate(path.read_bytes())
 
 
-@pytest.mark.parametrize("leaf", ["server.crt", "client.crt"])
-def test_leaf_certificates_are_signed_by_the_ca(out: Path, leaf: str) -> None:
-    load(out / leaf).verify_directly_issued_by(load(out / "ca.crt"))
+@pytest.mark.parametrize(("leaf", "ca", "other_ca"), [("server.crt", "ca.crt", "client-ca.crt"),
+                                                     ("client.crt", "client-ca.crt", "ca.crt")])
+def test_each_leaf_is_signed_by_its_own_ca_only(out: Path, leaf: str, ca: str, other_ca: str) -> None:
+    load(out / leaf).verify_directly_issued_by(load(out / ca))
+    with pytest.raises((ValueError, InvalidSignature)):  # a stolen server key cannot pose as a client, nor the reverse
+        load(out / leaf).verify_directly_issued_by(load(out / other_ca))
+
+
+def test_dds_trusts_the_client_ca_and_cluster_autoscaler_the_server_ca(out: Path) -> None:
+    dds_secret, ca_secret = yaml.safe_load_all((out / "secrets.yaml").read_text())
+    assert dds_secret["stringData"]["client-ca.crt"] == (out / "client-ca.crt").read_text()  # DDS's tls_ca
+    assert dds_secret["stringData"]["ca.crt"] == ca_secret["stringData"]["ca.crt"] == (out / "ca.crt").read_text()
+
+
+def test_a_folder_holding_a_ca_is_not_overwritten_without_force(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "tls"
+    assert run_certs("--out", str(target), "--dns", "dds") == 0
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    assert run_certs("--out", str(target), "--dns", "dds") == 2
+    error = capsys.readouterr().err
+    assert "already holds a CA" in error and "--force" in error
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert run_certs("--out", str(target), "--dns", "dds", "--force") == 0
+    assert (target / "ca.crt").read_bytes() != before["ca.crt"]
+
+
+def test_symlinks_in_the_output_folder_are_never_followed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target, elsewhere = tmp_path / "tls", tmp_path / "attacker"
+    target.mkdir()
+    elsewhere.mkdir()
+    (target / "server.key").symlink_to(elsewhere / "stolen.key")  # planted where DDS writes a private key
+    assert run_certs("--out", str(target), "--dns", "dds", "--force") == 2
+    assert "symlinks" in capsys.readouterr().err
+    assert not (elsewhere / "stolen.key").exists()
+    linked_out = tmp_path / "linked"
+    linked_out.symlink_to(elsewhere)
+    assert run_certs("--out", str(linked_out), "--dns", "dds") == 2
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_server_certificate_carries_every_requested_san(out: Path) -> None:
@@ -54,7 +91,7 @@ def test_each_leaf_has_only_its_own_usage(out: Path, leaf: str, usage: x509.Obje
     assert list(load(out / leaf).extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [usage]
 
 
-@pytest.mark.parametrize("name", ["ca.key", "server.key", "client.key", "secrets.yaml"])
+@pytest.mark.parametrize("name", ["ca.key", "client-ca.key", "server.key", "client.key", "secrets.yaml"])
 def test_private_files_are_owner_only(out: Path, name: str) -> None:
     assert stat.S_IMODE((out / name).stat().st_mode) == 0o600
 
@@ -103,7 +140,7 @@ def serve_one_handshake(out: Path) -> tuple[int, threading.Thread, list[BaseExce
     """A TLS server requiring client certificates, like `dds serve` with --tls-ca; accepts one connection."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(out / "server.crt", out / "server.key")
-    context.load_verify_locations(out / "ca.crt")
+    context.load_verify_locations(out / "client-ca.crt")
     context.verify_mode = ssl.CERT_REQUIRED
     listener = socket.create_server(("127.0.0.1", 0))
     errors: list[BaseException] = []
@@ -175,7 +212,7 @@ def test_grpc_mutual_tls_with_the_generated_files(out: Path) -> None:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
     credentials = grpc.ssl_server_credentials([((out / "server.key").read_bytes(), (out / "server.crt").read_bytes())],
-                                              root_certificates=(out / "ca.crt").read_bytes(),
+                                              root_certificates=(out / "client-ca.crt").read_bytes(),
                                               require_client_auth=True)
     port = server.add_secure_port("127.0.0.1:0", credentials)
     server.start()

@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry, Counter
 from dds import certs
 from dds.commands.serve import run_cluster
 from dds.config import Settings
-from dds.kube.authn import AllowedCache, ApiserverAuthorizer, ApiserverReviews, Decision, ReviewUnavailable, User
+from dds.kube.authn import (DENIAL_TTL_SECONDS, REVIEWS_BURST, REVIEWS_PER_SECOND, AllowedCache, ApiserverAuthorizer,
+                            ApiserverReviews, Decision, ReviewBudget, ReviewUnavailable, User)
 from dds.ops.http import (MetricsSettingsError, OpsServer, ServingCertificate, build_ops_server,
                           check_metrics_settings)
 
@@ -108,7 +109,8 @@ def test_authentication_without_tls_is_refused() -> None:
 
 def authorizer_with(reviews: RecordedReviews, clock: FakeClock, ttl: float = 10.0, size: int = 16
                     ) -> ApiserverAuthorizer:
-    return ApiserverAuthorizer(reviews, AllowedCache(ttl_seconds=ttl, max_entries=size, clock=clock))
+    return ApiserverAuthorizer(reviews, AllowedCache(ttl_seconds=ttl, max_entries=size, clock=clock),
+                               AllowedCache(ttl_seconds=DENIAL_TTL_SECONDS, clock=clock), ReviewBudget(clock=clock))
 
 
 def test_an_allowed_answer_is_reused_until_it_expires() -> None:
@@ -134,15 +136,36 @@ def test_a_revoked_grant_is_seen_once_the_cached_answer_expires() -> None:
     assert authorizer.check(SCRAPER_TOKEN, "get", "/metrics").status == 403
 
 
-def test_refusals_are_not_cached_so_a_new_grant_applies_at_once() -> None:
+def test_refusals_are_kept_briefly_so_a_new_grant_applies_within_the_denial_ttl() -> None:
     reviews, clock = RecordedReviews(granted=set()), FakeClock()
     authorizer = authorizer_with(reviews, clock)
     assert authorizer.check(SCRAPER_TOKEN, "get", "/metrics").status == 403
     reviews.granted.add("/metrics")
-    assert authorizer.check(SCRAPER_TOKEN, "get", "/metrics").allowed
-    assert authorizer.check("unknown-token", "get", "/metrics").status == 401
-    assert authorizer.check("unknown-token", "get", "/metrics").status == 401
-    assert [q for q in reviews.asked if q[0] == "TokenReview"].count(("TokenReview", "unknown-token")) == 2
+    assert authorizer.check(SCRAPER_TOKEN, "get", "/metrics").status == 403  # the refusal, kept
+    clock.now += DENIAL_TTL_SECONDS
+    assert authorizer.check(SCRAPER_TOKEN, "get", "/metrics").allowed  # the new grant, within the denial TTL
+
+
+def test_a_bad_token_repeated_costs_one_token_review_per_denial_ttl() -> None:
+    reviews, clock = RecordedReviews(), FakeClock()
+    authorizer = authorizer_with(reviews, clock)
+    for _ in range(50):
+        assert authorizer.check("unknown-token", "get", "/metrics", source="10.0.0.9").status == 401
+    clock.now += DENIAL_TTL_SECONDS
+    assert authorizer.check("unknown-token", "get", "/metrics", source="10.0.0.9").status == 401
+    assert reviews.asked.count(("TokenReview", "unknown-token")) == 2
+
+
+def test_token_reviews_are_rate_limited_per_source() -> None:
+    reviews, clock = RecordedReviews(), FakeClock()
+    authorizer = authorizer_with(reviews, clock)
+    answers = [authorizer.check(f"guess-{n}", "get", "/metrics", source="10.0.0.9").status for n in range(100)]
+    assert answers.count(401) == REVIEWS_BURST and answers[REVIEWS_BURST:] == [429] * (100 - REVIEWS_BURST)
+    assert len([q for q in reviews.asked if q[0] == "TokenReview"]) == REVIEWS_BURST
+    # another source, Prometheus, is not held back by the guesser
+    assert authorizer.check(SCRAPER_TOKEN, "get", "/metrics", source="10.0.0.2").allowed
+    clock.now += 1 / REVIEWS_PER_SECOND  # the guesser's budget refills at REVIEWS_PER_SECOND
+    assert authorizer.check("guess-again", "get", "/metrics", source="10.0.0.9").status == 401
 
 
 def test_an_answer_is_for_its_own_token_and_path_only() -> None:

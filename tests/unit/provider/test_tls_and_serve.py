@@ -17,7 +17,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dds.config import Settings
 from dds.provider.gen.externalgrpc import externalgrpc_pb2 as pb
@@ -35,6 +35,7 @@ def _name(common_name: str) -> x509.Name:
 
 
 def _cert(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool, server: bool = False) -> x509.Certificate:
+    """A CA, or a leaf with its usage and SANs (DDS takes a caller's identity from SANs only, with clientAuth)."""
     now = datetime.datetime.now(datetime.timezone.utc)
     builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer_name)
                .public_key(key.public_key()).serial_number(x509.random_serial_number())
@@ -43,6 +44,11 @@ def _cert(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool, se
     if server:
         builder = builder.add_extension(x509.SubjectAlternativeName(
             [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+    elif not ca:
+        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(subject)]), critical=False)
+    if not ca:
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
 
 
@@ -164,3 +170,18 @@ def test_dds_serve_bad_input_exits_2_with_a_message(tmp_path, args, fragment):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert fragment in result.stderr
+
+
+def test_a_server_certificate_without_the_server_auth_usage_is_a_configuration_error(pki, tmp_path):
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    key = ec.generate_private_key(ec.SECP256R1())
+    ca = _cert("ca", ca_key, _name("ca"), ca_key, ca=True)
+    client_only = _cert("dds-server", key, ca.subject, ca_key, ca=False)  # a leaf with clientAuth, not serverAuth
+    (tmp_path / "server.crt").write_bytes(_pem(client_only))
+    (tmp_path / "server.key").write_bytes(_pem(key))
+    (tmp_path / "ca.crt").write_bytes(_pem(ca))
+    from dds.provider.server import ServerConfigError, check_tls_material
+
+    with pytest.raises(ServerConfigError, match="serverAuth"):
+        check_tls_material(Settings(listen="127.0.0.1:0", tls_cert=tmp_path / "server.crt",
+                                    tls_key=tmp_path / "server.key", tls_ca=tmp_path / "ca.crt"))

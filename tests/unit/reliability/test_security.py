@@ -63,7 +63,7 @@ def pki(tmp_path_factory) -> dict[str, Path]:
 
 def tls_settings(directory: Path, **extra: object) -> Settings:
     return Settings(listen="127.0.0.1:0", tls_cert=directory / certs.SERVER_CERT, tls_key=directory / certs.SERVER_KEY,
-                    tls_ca=directory / certs.CA_CERT, **extra)
+                    tls_ca=directory / certs.CLIENT_CA_CERT, **extra)
 
 
 def client_credentials(trust: Path, identity: Path | None, role: str = "client") -> grpc.ChannelCredentials:
@@ -199,7 +199,7 @@ def test_dds_serve_with_mutual_tls_from_dds_certs(pki, tmp_path: Path) -> None:
     config = tmp_path / "dds.yaml"
     config.write_text(yaml.safe_dump({"listen": f"127.0.0.1:{port}", "node_groups_file": "examples/node-groups.yaml",
                                       "tls_cert": str(ours / certs.SERVER_CERT), "tls_key": str(ours / certs.SERVER_KEY),
-                                      "tls_ca": str(ours / certs.CA_CERT)}))
+                                      "tls_ca": str(ours / certs.CLIENT_CA_CERT)}))
     process = subprocess.Popen([sys.executable, "-m", "dds", "serve", "--config", str(config)], cwd=REPO,
                                env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -279,7 +279,7 @@ def test_no_secret_reaches_the_logs_at_debug_level(pki, tmp_path: Path, apiserve
     config.write_text(yaml.safe_dump({
         "listen": "127.0.0.1:0", "node_groups_file": str(REPO / "examples/node-groups.yaml"), "log_level": "DEBUG",
         "tls_cert": str(ours / certs.SERVER_CERT), "tls_key": str(ours / certs.SERVER_KEY),
-        "tls_ca": str(ours / certs.CA_CERT), "fabric": "redfish",
+        "tls_ca": str(ours / certs.CLIENT_CA_CERT), "fabric": "redfish",
         "redfish": {"endpoint": emulator.url, "username": "dds", "password_file": str(tmp_path / "redfish-password"),
                     "timeout_seconds": 5},
         "simulated_fabric": {"pools": [{"name": "default", "devices": {"A30": 2}}]}}))
@@ -308,7 +308,7 @@ def test_no_secret_reaches_the_logs_at_debug_level(pki, tmp_path: Path, apiserve
     assert _ApiserverWithoutClusterApi.seen_authorization == [f"Bearer {bearer}"] * 2  # v1beta2, v1beta1
     secrets = {"Redfish password": password, "wrong Redfish password": wrong_password,
                "Redfish session token": session_token, "bearer token": bearer}
-    for name in (certs.SERVER_KEY, certs.CLIENT_KEY, certs.CA_KEY):
+    for name in (certs.SERVER_KEY, certs.CLIENT_KEY, certs.CA_KEY, certs.CLIENT_CA_KEY):
         body = [line for line in (ours / name).read_text().splitlines() if not line.startswith("-----")]
         secrets.update({f"{name} line {i}": line for i, line in enumerate(body)})
     logged = caplog.text + "\n".join(str(r.args) for r in caplog.records)
