@@ -330,7 +330,11 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     fabric_objects = COMPOSABILITY_OBJECTS if settings.fabric == FabricBackend.COMPOSABILITY_REQUEST else ()
     cache = cluster_cache(api, settings.machineset_namespaces, fabric_objects) if settings.watch_cache else None
     lister = MachineSetLister(api, settings.machineset_namespaces)
-    catalog = NodeGroupCatalog(source=MachineSetSource(CachedMachineSetLister(cache, lister) if cache else lister),
+    if not settings.node_group_namespaces:
+        log.warning("node_group_namespaces is empty: no namespace may have node groups, every opted-in MachineSet is "
+                    "refused (docs/configuration.md \"Who may have node groups\")")
+    catalog = NodeGroupCatalog(source=MachineSetSource(CachedMachineSetLister(cache, lister) if cache else lister,
+                                                        settings.node_group_namespaces),
                                events=events)
     simulating_on_kwok_only = (settings.fabric == FabricBackend.SIMULATED
                                and not settings.simulated_fabric.allow_non_kwok_nodes)
