@@ -237,11 +237,14 @@ def node_claims(machines: Iterable[Mapping[str, Any]]) -> tuple[NodeClaim, ...]:
     Machine has it already. So when Machines name one Node, the one created first keeps it: the Node's own Machine
     existed before the Node did, a copy of its providerID can only be made after. The others are refused."""
     owned = [(m, name) for m in machines if (name := owning_machineset(m)) is not None]
-    first: dict[str, Mapping[str, Any]] = {}
-    for machine, _ in sorted(owned, key=lambda pair: (created_at(pair[0]), namespace_of(pair[0]), name_of(pair[0]))):
+    named: dict[str, list[Mapping[str, Any]]] = {}
+    for machine, _ in owned:
         node = node_ref_name(machine)
         if node:
-            first.setdefault(node, machine)
+            named.setdefault(node, []).append(machine)
+    # Thousands of Machines, each naming its own Node: only a Node named twice needs the creation times compared.
+    first = {node: found[0] if len(found) == 1 else
+             min(found, key=lambda m: (created_at(m), namespace_of(m), name_of(m))) for node, found in named.items()}
     claims = []
     for machine, machineset in owned:
         node = node_ref_name(machine)

@@ -69,9 +69,11 @@ def tenant_client(stack: Stack, namespace: str) -> client.ApiClient:
 
 
 def tenant_machineset(name: str, **annotations: str) -> dict[str, Any]:
-    """The example MachineSet, renamed, with no replicas (the tenant asks for groups, not nodes) and `annotations`."""
+    """The example MachineSet, renamed, with no nodes and room for none (the tenant asks for groups: CA never scales
+    them for team B's pod) and `annotations`."""
     obj = machineset(OPTIONS)
-    obj["metadata"] = {"name": name, "annotations": {**obj["metadata"]["annotations"], **annotations}}
+    sizes = {g.ANN_CAPI_MIN: "0", g.ANN_CAPI_MAX: "0"}
+    obj["metadata"] = {"name": name, "annotations": {**obj["metadata"]["annotations"], **sizes, **annotations}}
     obj["spec"]["replicas"] = 0
     obj["spec"]["selector"]["matchLabels"][capi.LABEL_SET_NAME] = name
     obj["spec"]["template"]["metadata"]["labels"][capi.LABEL_SET_NAME] = name
@@ -115,8 +117,7 @@ def attempt(tmp_path_factory) -> Iterator[dict[str, Any]]:
         # Cluster API's machine controller: the Node whose providerID the Machine names becomes its nodeRef
         # (core/reconcilers/machine/machine_controller_noderef.go, no check that another Machine has it).
         client.CustomObjectsApi(stack.api).patch_namespaced_custom_object_status(
-            CAPI, "v1beta1", TEAM_A, "machines", "a-copy", {"status": {"nodeRef": {"kind": "Node",
-                                                                                   "name": node_b.metadata.name}}})
+            CAPI, "v1beta1", TEAM_A, "machines", "a-copy", {"status": {"nodeRef": {"name": node_b.metadata.name}}})
         yield {"stack": stack, "node_b": node_b, "machine_b": machine_b, "team_a": team_a}
 
 
@@ -155,7 +156,7 @@ def test_each_attempt_is_refused_with_an_event_saying_why(attempt):
     metrics = stack.dds.metrics()
     for reason in ("namespace-not-allowed", "pool-not-allowed", "force-detach-not-allowed", "cooldown-below-floor",
                    "unknown-key"):
-        assert metrics.get(f'dds_node_group_config_errors_total{{reason="{reason}",source="machineset"}}', 0) >= 1, \
+        assert metrics.get(f'dds_node_group_config_errors_total{{source="machineset",reason="{reason}"}}', 0) >= 1, \
             reason
     assert metrics.get("dds_machine_node_claims_refused_total", 0) >= 1
 

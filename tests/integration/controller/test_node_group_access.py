@@ -113,7 +113,7 @@ def test_a_machine_with_a_copied_provider_id_does_not_take_another_namespaces_no
                      "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
                                            "kind": "KwokMachine", "name": "copy"}}})
         objects.patch_namespaced_custom_object_status(GROUP, "v1beta1", team_a, "machines", "copy",
-                                                      {"status": {"nodeRef": {"kind": "Node", "name": node_name}}})
+                                                      {"status": {"nodeRef": {"name": node_name}}})
 
         dds.run_once()
         observation = app.controller.observer.observe()
