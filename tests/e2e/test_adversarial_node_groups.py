@@ -156,7 +156,7 @@ def test_each_attempt_is_refused_with_an_event_saying_why(attempt):
     metrics = stack.dds.metrics()
     for reason in ("namespace-not-allowed", "pool-not-allowed", "force-detach-not-allowed", "cooldown-below-floor",
                    "unknown-key"):
-        assert metrics.get(f'dds_node_group_config_errors_total{{source="machineset",reason="{reason}"}}', 0) >= 1, \
+        assert metrics.get(f'dds_node_group_config_errors_total{{reason="{reason}",source="machineset"}}', 0) >= 1, \
             reason
     assert metrics.get("dds_machine_node_claims_refused_total", 0) >= 1
 
@@ -164,7 +164,7 @@ def test_each_attempt_is_refused_with_an_event_saying_why(attempt):
 def test_cluster_autoscaler_is_served_only_the_groups_within_their_grants(attempt):
     stack, node_b = attempt["stack"], attempt["node_b"]
     with ProviderClient(stack) as provider:
-        groups = {group.id.partition("#")[0] for group in provider.node_groups()}
+        groups = {group_id.partition("#")[0] for group_id in provider.node_groups()}
         assert groups == {GROUP, f"MachineSet/{TEAM_A}/a-gpu"}, groups
         owner = provider.node_group_for_node(node_b.metadata.name, node_b.spec.provider_id)
     assert owner.partition("#")[0] == GROUP, owner
