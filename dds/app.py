@@ -27,6 +27,7 @@ from dds.controller.gpu_label import GpuLabelKeeper
 from dds.controller.repair import DeviceRepair
 from dds.controller.idle import IdleTracker
 from dds.controller.loop import ClusterPorts, Controller, LoopConfig
+from dds.controller.node_claims import NodeClaimReporter
 from dds.controller.observe import ClusterObserver
 from dds.controller.pod_groups import watched_gangs
 from dds.fabric.base import Fabric, ResumableFabric
@@ -117,12 +118,13 @@ class ObservedClusterView:
 
     def _read(self, last_nodes: tuple[LiveNode, ...]) -> tuple[LiveNode, ...]:
         machines = self._observer.machines()
-        group_of_provider = {m.provider_id: m.group_id for m in machines if m.provider_id}
+        # A node's group through its Machine's status.nodeRef (dds/controller/observe.py machine_refs): never the
+        # Machine's spec.providerID, which whoever creates a Machine writes.
         group_of_node = {m.node_name: m.group_id for m in machines if m.node_name}
         out = []
         built, last = {}, self._built
         for node in self._observer.node_records():  # the watch cache once synced: no LIST per CA loop
-            group_id = group_of_provider.get(node.provider_id) or group_of_node.get(node.name)
+            group_id = group_of_node.get(node.name)
             found = last.get(node.name)
             if found is not None and found[0] is node and found[1] == group_id:
                 live = found[2]
@@ -337,7 +339,11 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     fabric_objects = COMPOSABILITY_OBJECTS if settings.fabric == FabricBackend.COMPOSABILITY_REQUEST else ()
     cache = cluster_cache(api, settings.machineset_namespaces, fabric_objects) if settings.watch_cache else None
     lister = MachineSetLister(api, settings.machineset_namespaces)
-    catalog = NodeGroupCatalog(source=MachineSetSource(CachedMachineSetLister(cache, lister) if cache else lister),
+    if not settings.node_group_namespaces:
+        log.warning("node_group_namespaces is empty: no namespace may have node groups, every opted-in MachineSet is "
+                    "refused (docs/configuration.md \"Who may have node groups\")")
+    catalog = NodeGroupCatalog(source=MachineSetSource(CachedMachineSetLister(cache, lister) if cache else lister,
+                                                        settings.node_group_namespaces),
                                events=events)
     simulating_on_kwok_only = (settings.fabric == FabricBackend.SIMULATED
                                and not settings.simulated_fabric.allow_non_kwok_nodes)
@@ -386,6 +392,7 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     scale_up = PlannerScaleUp(controller.ca_call_ports(), tracker, planner, InstanceFactory(clock=clock),
                               settings.max_node_provision_seconds)
     controller.listeners.append(DeviceRepair(fabric, controller.actions, events, clock).run)  # GPUs failed while attached
+    controller.listeners.append(NodeClaimReporter(events).run)  # Machines naming a Node another Machine has
     scale_down = PlannerScaleDown(controller.ca_call_ports(), tracker, planner)
     elector: Optional[LeaderElector] = None
     if settings.leader_election:

@@ -113,6 +113,27 @@ class KwokSettings(_Section):
     poll_interval_seconds: float = Field(default=1.0, gt=0)
 
 
+class NamespaceGrant(_Section):
+    """What the administrator lets the MachineSets of one namespace ask for (docs/configuration.md "Who may have node
+    groups"). A MachineSet asking for more is refused, with an InvalidNodeGroup Event saying which setting allows it:
+    annotations are written by whoever may edit a MachineSet, these settings only by who deploys DDS."""
+
+    # The fabric pools the namespace's groups may draw GPUs from (dds.cdi.dev/fabric-pool); "*": every pool.
+    pools: list[str] = Field(min_length=1)
+    # Whether its groups may set dds.cdi.dev/force-detach: "true" (detach GPUs while pods use them).
+    force_detach: bool = False
+    # The shortest dds.cdi.dev/gpu-idle-cooldown and node-idle-cooldown its groups may set: a cooldown of 0 turns
+    # every idle moment into a detach (or a node removal), churning the fabric other namespaces share.
+    min_idle_cooldown_seconds: float = Field(default=60.0, ge=0)
+
+    @field_validator("pools")
+    @classmethod
+    def _named_pools(cls, value: list[str]) -> list[str]:
+        if not all(name.strip() for name in value):
+            raise ValueError("a pool name must not be empty (\"*\" allows every pool)")
+        return value
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DDS_", env_nested_delimiter="__", extra="forbid")
 
@@ -140,6 +161,10 @@ class Settings(BaseSettings):
     in_cluster: bool = False
     namespace: str = "dds-system"  # where DDS keeps its own state (Lease, state ConfigMaps)
     machineset_namespaces: list[str] = Field(default_factory=list)  # empty = all namespaces
+    # Which namespaces may have node groups, and what each may ask for (NamespaceGrant). Empty: none may; an opted-in
+    # MachineSet elsewhere is refused with an InvalidNodeGroup Event (node groups from node_groups_file, written by the
+    # administrator, are not limited by it).
+    node_group_namespaces: dict[str, NamespaceGrant] = Field(default_factory=dict)
 
     # The label pods select a GPU model with (on nodes and templates). CA's GPULabel is DDS's own
     # dds.cdi.dev/attached-gpu, present only while a node has GPUs: docs/gpu-label.md.
@@ -221,6 +246,14 @@ class Settings(BaseSettings):
                              "name or a SAN URI of cluster-autoscaler's client certificate "
                              "(`dds certs` issues cluster-autoscaler)")
         return value
+
+    @model_validator(mode="after")
+    def _granted_namespaces_are_read(self) -> "Settings":
+        unread = sorted(set(self.node_group_namespaces) - set(self.machineset_namespaces))
+        if self.machineset_namespaces and unread:
+            raise ValueError(f"node_group_namespaces names {', '.join(unread)}, which machineset_namespaces leaves "
+                             f"unread: add it there too, or remove it here")
+        return self
 
     @field_validator("batch_solver")
     @classmethod

@@ -40,7 +40,11 @@ GRPC_LATENCY = Histogram("dds_grpc_request_duration_seconds", "CloudProvider RPC
 GRPC_ERRORS = Counter("dds_grpc_request_errors_total", "CloudProvider RPCs answered with an error status",
                       ["method", "code"])
 NODE_GROUP_CONFIG_ERRORS = Counter("dds_node_group_config_errors_total",
-                                   "Node group definitions rejected as malformed", ["source"])
+                                   "Node group definitions rejected: malformed, an unknown key, or asking for more "
+                                   "than the namespace is granted (reason)", ["source", "reason"])
+MACHINE_CLAIMS_REFUSED = Counter("dds_machine_node_claims_refused_total",
+                                 "Machines whose status.nodeRef names a Node another Machine had first: not counted "
+                                 "in their group (a copied spec.providerID)")
 NODE_GROUPS = Gauge("dds_node_groups", "Node groups served to cluster-autoscaler")
 INSTANCES = Gauge("dds_inflight_instances", "In-flight instances reported to CA, by group, kind and state",
                   ["group", "kind", "state"])

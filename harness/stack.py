@@ -126,6 +126,9 @@ def dds_settings(options: StackOptions, kubeconfig: Path, tls_dir: Path, grpc_po
         "loop_interval_seconds": 1.0,
         "max_node_provision_seconds": max(120.0, options.node_provisioning_seconds * 4),
         "fabric": "simulated",  # kwok nodes: the simulated fabric is allowed on them (no default in DDS)
+        # The stack's MachineSets live in namespace default; its tests choose pools and short cooldowns freely (a
+        # test of the grants themselves, tests/e2e/test_adversarial_node_groups.py, adds namespaces of its own).
+        "node_group_namespaces": {"default": {"pools": ["*"], "min_idle_cooldown_seconds": 0}},
         "simulated_fabric": {
             "pools": [{"name": "default", "devices": {"A30": options.pool_size}}],
             "attach_latency": latency(options.attach_latency),

@@ -76,7 +76,8 @@ def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
     settings = _settings(args)
     try:
         api = api_client(settings.kubeconfig, settings.in_cluster)
-        catalog = NodeGroupCatalog(source=MachineSetSource(MachineSetLister(api, settings.machineset_namespaces)),
+        catalog = NodeGroupCatalog(source=MachineSetSource(MachineSetLister(api, settings.machineset_namespaces),
+                                                            settings.node_group_namespaces),
                                    events=LogEventRecorder())
         if not catalog.refresh():
             raise UsageError(f"cannot read the node groups: {catalog.last_error}")

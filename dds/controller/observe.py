@@ -68,6 +68,9 @@ class MachineRef:
     node_name: Optional[str]
     deleting: bool  # being deleted, or marked for the next scale-down (cluster.x-k8s.io/delete-machine)
     terminating: bool = False  # deletionTimestamp set: no longer one of its MachineSet's replicas
+    uid: str = ""
+    api_version: str = ""
+    refused: str = ""  # why its status.nodeRef is not counted (capi.node_claims): node_name is then None
 
 
 @dataclass(frozen=True)
@@ -168,12 +171,12 @@ class ClusterObserver:
             return memo[1]
         return machine_refs(self._reader.machines())
 
-    def _machine_maps(self, machines: tuple[MachineRef, ...]) -> tuple[dict[str, str], dict[str, str], set[str]]:
-        """Group by provider id, group by node name, nodes being deleted: kept while `machines` is the same tuple."""
+    def _machine_maps(self, machines: tuple[MachineRef, ...]) -> tuple[dict[str, str], set[str]]:
+        """Group by node name (status.nodeRef, never the user-written providerID), nodes being deleted: kept while
+        `machines` is the same tuple."""
         memo = self._machine_maps_memo
         if memo is None or memo[0] is not machines:
             memo = self._machine_maps_memo = (machines, (
-                {m.provider_id: m.group_id for m in machines if m.provider_id},
                 {m.node_name: m.group_id for m in machines if m.node_name},
                 {m.node_name for m in machines if m.deleting and m.node_name}))
         return memo[1]
@@ -249,7 +252,7 @@ class ClusterObserver:
         groups = tuple(self._groups())
         group_ids = {g.id for g in groups}
         machines = self.machines()
-        group_of_provider, group_of_node, deleting_nodes = self._machine_maps(machines)
+        group_of_node, deleting_nodes = self._machine_maps(machines)
 
         buckets = self.pod_buckets()
         on_nodes = self._pods_on_nodes(buckets)
@@ -291,8 +294,7 @@ class ClusterObserver:
         groups_by_id = {g.id: g for g in groups}
         for raw in self.node_records():
             name = raw.name
-            provider_id = raw.provider_id
-            group_id = group_of_provider.get(provider_id) or group_of_node.get(name)
+            group_id = group_of_node.get(name)
             if group_id not in group_ids:
                 group_id = None
             group = groups_by_id.get(group_id) if group_id is not None else None
@@ -328,17 +330,17 @@ class ClusterObserver:
 
 
 def machine_refs(items: Iterable[Mapping[str, Any]]) -> tuple[MachineRef, ...]:
-    """Machines owned by a MachineSet, as references from a node to its group."""
+    """Machines owned by a MachineSet as Cluster API records it, as references from a node to its group: through
+    status.nodeRef, the Node counted for the Machine that had it first (capi.node_claims)."""
     out = []
-    for item in items:
-        owner = capi.owner_machineset(item)
-        if owner is None:
-            continue
-        namespace = capi.namespace_of(item)
+    for claim in capi.node_claims(items):
+        item, namespace = claim.machine, capi.namespace_of(claim.machine)
         out.append(MachineRef(
-            namespace=namespace, name=capi.name_of(item), group_id=f"MachineSet/{namespace}/{owner['name']}",
-            provider_id=capi.provider_id(item), node_name=capi.node_ref_name(item),
-            deleting=capi.is_deleting(item) or capi.marked_for_deletion(item), terminating=capi.is_deleting(item)))
+            namespace=namespace, name=capi.name_of(item), group_id=f"MachineSet/{namespace}/{claim.machineset}",
+            provider_id=capi.provider_id(item), node_name=claim.node,
+            deleting=capi.is_deleting(item) or capi.marked_for_deletion(item), terminating=capi.is_deleting(item),
+            uid=str(capi.meta(item).get("uid") or ""), api_version=str(item.get("apiVersion") or ""),
+            refused=claim.refused))
     return tuple(out)
 
 

@@ -71,8 +71,8 @@ class NodeGroupCatalog:
     def _report(self, errors: Sequence[GroupConfigError]) -> None:
         current = frozenset(errors)
         for error in sorted(current - self._reported, key=lambda e: (e.group_id, e.key)):
-            log.warning("skipping malformed %s", error.describe())
-            metrics.NODE_GROUP_CONFIG_ERRORS.labels(self.source.kind).inc()
+            log.warning("not serving %s (%s)", error.describe(), error.reason)
+            metrics.NODE_GROUP_CONFIG_ERRORS.labels(self.source.kind, error.reason).inc()
             try:
                 self.events.emit(_event_target(error), WARNING, "InvalidNodeGroup",
                                  f"{error.key}: {error.message}; the group is not served until this is fixed")

@@ -44,13 +44,17 @@ Values beyond what Kubernetes or CA can hold (sizes over int32, quantities over 
 time.Duration) and names the apiserver would refuse on a node (label keys and values, taint keys and values, the GPU
 resource, GPU models, which become label values) are malformed too.
 
+Every key is checked: a `dds.cdi.dev/` annotation or an autoscaling option DDS does not know (a typo such as
+`dds.cdi.dev/max-gpu-per-node`) is an error with a "did you mean" hint, never served on a guess.
+
 A malformed group is reported (log line and Event naming the object and the key, metric
-`dds_node_group_config_errors_total`) and skipped; the others keep working. A source that cannot be read at all
+`dds_node_group_config_errors_total{source, reason}`) and skipped; the others keep working. A source that cannot be read at all
 (apiserver down, file unreadable) keeps the last good groups (dds/groups/catalog.py).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass
@@ -78,6 +82,21 @@ OPT_SCALE_DOWN_UNREADY = g.ANN_OPTIONS_PREFIX + "scaledownunreadytime"
 OPT_MAX_NODE_PROVISION = g.ANN_OPTIONS_PREFIX + "maxnodeprovisiontime"
 OPT_ZERO_OR_MAX = g.ANN_OPTIONS_PREFIX + "zeroormaxnodescaling"
 OPT_IGNORE_DAEMONSETS = g.ANN_OPTIONS_PREFIX + "ignoredaemonsetsutilization"
+OPT_MAX_NODE_STARTUP = g.ANN_OPTIONS_PREFIX + "maxnodestartuptime"  # accepted and ignored (see above)
+
+# Every key of the two prefixes DDS owns or reads whole; any other key under them is an error (a typo, not a guess).
+KNOWN_DDS_KEYS = frozenset({
+    g.ANN_ENABLED, g.ANN_MAX_GPUS, g.ANN_GPU_RESOURCE, g.ANN_GPU_MODELS, g.ANN_FABRIC_POOL, g.ANN_TEMPLATE_MODE,
+    g.ANN_GPU_IDLE_COOLDOWN, g.ANN_NODE_IDLE_COOLDOWN, g.ANN_FORCE_DETACH, g.ANN_WARM_GPUS, g.ANN_GPU_API,
+    g.ANN_DRA_DRIVER, g.ANN_DRA_DEVICE_CLASS, g.ANN_DRA_MODEL_ATTRIBUTE, g.ANN_DRA_MEMORY_CAPACITY,
+    g.ANN_DRA_DEVICE_ID_ATTRIBUTE, g.ANN_DRA_MODELS, g.ANN_DRA_DEVICE_ATTRIBUTES, g.ANN_SCALE_REQUESTS})
+KNOWN_OPTION_KEYS = frozenset({
+    OPT_SCALE_DOWN_UTILIZATION, OPT_SCALE_DOWN_GPU_UTILIZATION, OPT_SCALE_DOWN_UNNEEDED, OPT_SCALE_DOWN_UNREADY,
+    OPT_MAX_NODE_PROVISION, OPT_ZERO_OR_MAX, OPT_IGNORE_DAEMONSETS, OPT_MAX_NODE_STARTUP})
+
+# Why a definition was refused: the `reason` label of dds_node_group_config_errors_total.
+MALFORMED = "malformed"
+UNKNOWN_KEY = "unknown-key"
 
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -96,6 +115,7 @@ class GroupConfigError:
     group_id: str
     key: str  # the annotation (or YAML key) at fault
     message: str
+    reason: str = MALFORMED  # MALFORMED, UNKNOWN_KEY or a refusal of dds/groups/access.py
 
     def describe(self) -> str:
         return f"node group {self.group_id or '?'} ({self.source.describe()}): {self.key}: {self.message}"
@@ -150,8 +170,8 @@ class _Fields:
         self.item = item
         self.errors: list[GroupConfigError] = []
 
-    def error(self, key: str, message: str) -> None:
-        self.errors.append(GroupConfigError(self.item.source, self.item.id, key, message))
+    def error(self, key: str, message: str, reason: str = MALFORMED) -> None:
+        self.errors.append(GroupConfigError(self.item.source, self.item.id, key, message, reason))
 
     def raw(self, key: str) -> Optional[str]:
         value = self.item.annotations.get(key)
@@ -433,6 +453,29 @@ def _parse_dra_driver(f: "_Fields", api: GpuApi) -> Optional[g.DraDriverConfig]:
                                 "a list of NAME=VALUE separated by commas"))
 
 
+def unknown_key_message(key: str) -> Optional[str]:
+    """Why `key` is refused, with the nearest known key as a hint; None for a key DDS knows or does not own."""
+    for prefix, known in ((g.ANNOTATION_PREFIX, KNOWN_DDS_KEYS), (g.ANN_OPTIONS_PREFIX, KNOWN_OPTION_KEYS)):
+        if key.startswith(prefix):
+            if key in known:
+                return None
+            # Compared without the prefix: every key shares it, which would make any two keys look alike.
+            names = sorted(k[len(prefix):] for k in known)
+            nearest = difflib.get_close_matches(key[len(prefix):], names, n=1, cutoff=0.6)
+            hint = f"did you mean {prefix}{nearest[0]}?" if nearest else \
+                "docs/configuration.md lists the keys DDS reads"
+            return f"unknown key, not served on a guess ({hint})"
+    return None
+
+
+def _check_unknown_keys(f: "_Fields") -> None:
+    for key in sorted(f.item.annotations):
+        message = unknown_key_message(str(key))
+        if message is not None:
+            shown = str(key) if len(str(key)) <= 120 else f"{str(key)[:120]}..."  # a YAML file's key is unbounded
+            f.error(shown, message, UNKNOWN_KEY)
+
+
 def _merge_taints(from_spec: Sequence[Mapping[str, str]], from_annotation: Sequence[Taint],
                   fields: _Fields) -> tuple[Taint, ...]:
     """spec.template.spec.taints first, an annotation taint replaces one with the same key and effect (CA's rule)."""
@@ -457,6 +500,7 @@ def parse_group(item: GroupInput) -> tuple[Optional[NodeGroupSpec], tuple[GroupC
         # `<id>#live` names a spec-fixed group's live nodes to cluster-autoscaler (dds/provider/membership.py).
         f.error("id", "must not contain '#': DDS reserves it for the node group `<id>#live` of a spec-fixed "
                       "group's live nodes")
+    _check_unknown_keys(f)
     max_size = f.required(g.ANN_CAPI_MAX, _count, "a whole number >= 0")
     min_size = f.get(g.ANN_CAPI_MIN, _count, 0, "a whole number >= 0")
     milli_cpu = f.required(CAP_CPU, _positive_quantity(to_milli), "a positive CPU quantity such as 16 or 15500m")

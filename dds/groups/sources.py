@@ -1,16 +1,19 @@
 """Where node groups come from: Cluster API MachineSets opted in with `dds.cdi.dev/enabled: "true"`, or a YAML file
 with the same annotations (no cluster). Both are read through one parser (dds/groups/schema.py `parse_group`); the
-catalog that serves them to cluster-autoscaler is dds/groups/catalog.py.
+catalog that serves them to cluster-autoscaler is dds/groups/catalog.py. A MachineSet is a group only within what the
+administrator grants its namespace (dds/groups/access.py); a file is the administrator's own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import yaml
 
+from dds.config import NamespaceGrant
+from dds.groups.access import grant_refusals, namespace_refusal
 from dds.groups.schema import GroupConfigError, GroupInput, parse_group
 from dds.kube.machinesets import MachineSetLister, MachineSetObject, MachineSetReadError
 from dds.model import groups as g
@@ -47,17 +50,32 @@ def opted_in(annotations: Mapping[str, str]) -> bool:
 
 
 class MachineSetSource:
+    """The opted-in MachineSets of the namespaces in `grants` (settings node_group_namespaces), each within its
+    namespace's grant; an opted-in MachineSet anywhere else is refused, not ignored, so its owner is told why."""
+
     kind = "machineset"
 
-    def __init__(self, lister: MachineSetLister) -> None:
+    def __init__(self, lister: MachineSetLister, grants: Mapping[str, NamespaceGrant]) -> None:
         self._lister = lister
+        self._grants = dict(grants)
 
     def read(self) -> SourceRead:
         try:
             machinesets = self._lister.list()
         except MachineSetReadError as exc:
             raise SourceUnavailable(str(exc)) from exc
-        return _parse_all(group_input_from_machineset(m) for m in machinesets if opted_in(m.annotations))
+        inputs, refused = [], []
+        for machineset in machinesets:
+            if not opted_in(machineset.annotations):
+                continue
+            item = group_input_from_machineset(machineset)
+            refusal = namespace_refusal(item, self._grants)
+            if refusal is None:
+                inputs.append(item)
+            else:
+                refused.append(refusal)
+        result = _parse_all(inputs, admit=lambda spec: grant_refusals(spec, self._grants[spec.source.namespace]))
+        return SourceRead(result.groups, tuple(refused) + result.errors)
 
 
 # --- YAML file ---
@@ -118,12 +136,17 @@ def _scalar(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _parse_all(inputs: Any) -> SourceRead:
+def _parse_all(inputs: Iterable[GroupInput],
+               admit: Callable[[NodeGroupSpec], tuple[GroupConfigError, ...]] = lambda spec: ()) -> SourceRead:
+    """Every input parsed; a valid one is then checked by `admit` (what its source allows it to ask for)."""
     groups: list[NodeGroupSpec] = []
     errors: list[GroupConfigError] = []
     seen: set[str] = set()
     for item in inputs:
         spec, problems = parse_group(item)
+        if spec is not None:
+            problems = admit(spec)
+            spec = None if problems else spec
         if spec is not None and spec.id in seen:
             problems = (GroupConfigError(item.source, item.id, "id", "defined twice; the first definition is used"),)
             spec = None

@@ -11,10 +11,12 @@ The functions below it read the fields both versions share, without I/O.
 
 from __future__ import annotations
 
-import hashlib
+import base64
 import logging
+import re
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from kubernetes import client
 
@@ -194,6 +196,69 @@ def owned_by(machine: Mapping[str, Any], machineset: Mapping[str, Any]) -> bool:
     return not (uid and owner_uid and uid != owner_uid)
 
 
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def set_name_label(machineset_name: str) -> str:
+    """The cluster.x-k8s.io/set-name label value Cluster API's MachineSet controller gives its Machines: the name, or
+    for a name no label value can hold, `hash_<FNV-32a, base64url>_z` (its util/labels/format MustFormatValue)."""
+    if len(machineset_name) <= _MAX_LABEL_VALUE and _LABEL_VALUE.match(machineset_name):
+        return machineset_name
+    digest = 0x811C9DC5
+    for byte in machineset_name.encode():
+        digest = ((digest ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return "hash_" + base64.urlsafe_b64encode(digest.to_bytes(4, "big")).decode().rstrip("=") + "_z"
+
+
+def owning_machineset(machine: Mapping[str, Any]) -> Optional[str]:
+    """The name of the MachineSet that owns the Machine as Cluster API records it: an ownerReference to it and the
+    set-name label for it. None when either is missing or they disagree (a Machine made or edited by hand)."""
+    owner = owner_machineset(machine)
+    if owner is None or not owner.get("name"):
+        return None
+    labels = meta(machine).get("labels") or {}
+    return str(owner["name"]) if labels.get(LABEL_SET_NAME) == set_name_label(str(owner["name"])) else None
+
+
+@dataclass(frozen=True)
+class NodeClaim:
+    """A Machine owned by a MachineSet (`owning_machineset`) and the Node it is counted with."""
+
+    machine: Mapping[str, Any]
+    machineset: str
+    node: Optional[str]  # status.nodeRef, None while it has none or when the Node is another Machine's
+    refused: str = ""  # why its status.nodeRef is not counted (empty: it is, or there is none)
+
+
+def node_claims(machines: Iterable[Mapping[str, Any]]) -> tuple[NodeClaim, ...]:
+    """The Machines owned by a MachineSet, each with its Node. A Node is a Machine's through status.nodeRef alone,
+    never spec.providerID, which whoever creates a Machine writes; but Cluster API sets nodeRef by looking the Node
+    up by that providerID (core/reconcilers/machine/machine_controller_noderef.go) and never asks whether another
+    Machine has it already. So when Machines name one Node, the one created first keeps it: the Node's own Machine
+    existed before the Node did, a copy of its providerID can only be made after. The others are refused."""
+    owned = [(m, name) for m in machines if (name := owning_machineset(m)) is not None]
+    named: dict[str, list[Mapping[str, Any]]] = {}
+    for machine, _ in owned:
+        node = node_ref_name(machine)
+        if node:
+            named.setdefault(node, []).append(machine)
+    # Thousands of Machines, each naming its own Node: only a Node named twice needs the creation times compared.
+    first = {node: found[0] if len(found) == 1 else
+             min(found, key=lambda m: (created_at(m), namespace_of(m), name_of(m))) for node, found in named.items()}
+    claims = []
+    for machine, machineset in owned:
+        node = node_ref_name(machine)
+        holder = first.get(node) if node else None
+        if node and holder is not machine:
+            refused = (f"its status.nodeRef names Node {node}, which Machine {namespace_of(holder)}/{name_of(holder)} "
+                       f"(created before it) has: a Node is counted for the Machine that had it first; this one is "
+                       f"not counted in MachineSet {namespace_of(machine)}/{machineset} (a copied spec.providerID?)")
+            claims.append(NodeClaim(machine, machineset, None, refused))
+        else:
+            claims.append(NodeClaim(machine, machineset, node))
+    return tuple(claims)
+
+
 def is_deleting(obj: Mapping[str, Any]) -> bool:
     return bool(meta(obj).get("deletionTimestamp"))
 
@@ -239,11 +304,3 @@ def spec_replicas(machineset: Mapping[str, Any]) -> Optional[int]:
 def version_of(obj: Mapping[str, Any]) -> str:
     """"v1beta1" from apiVersion "cluster.x-k8s.io/v1beta1"."""
     return str(obj.get("apiVersion", "")).rpartition("/")[2]
-
-
-def label_value(text: str) -> str:
-    """`text` as a label value: 63 characters at most, a cut value ends with a hash of the whole so it stays unique."""
-    if len(text) <= _MAX_LABEL_VALUE:
-        return text
-    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
-    return text[: _MAX_LABEL_VALUE - 9].rstrip("-_.") + "-" + digest

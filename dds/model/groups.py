@@ -32,6 +32,8 @@ ANN_DRA_MEMORY_CAPACITY = ANNOTATION_PREFIX + "dra-memory-capacity"
 ANN_DRA_DEVICE_ID_ATTRIBUTE = ANNOTATION_PREFIX + "dra-device-id-attribute"
 ANN_DRA_MODELS = ANNOTATION_PREFIX + "dra-models"  # A100=NVIDIA A100-SXM4-80GB:80Gi,...
 ANN_DRA_DEVICE_ATTRIBUTES = ANNOTATION_PREFIX + "dra-device-attributes"  # type=gpu,...
+# Written by DDS itself on a MachineSet it scales: the requests applied (dds/nodes/machineset.py).
+ANN_SCALE_REQUESTS = ANNOTATION_PREFIX + "scale-requests"
 
 # Labels DDS puts on nodes it manages.
 LABEL_NODE_GROUP = ANNOTATION_PREFIX + "node-group"

@@ -166,7 +166,7 @@ def build_machine(machineset: Mapping[str, Any], name: str, requested_at: float,
     template = (machineset.get("spec") or {}).get("template") or {}
     metadata = template.get("metadata") or {}
     labels = {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
-    labels[capi.LABEL_SET_NAME] = capi.label_value(capi.name_of(machineset))
+    labels[capi.LABEL_SET_NAME] = capi.set_name_label(capi.name_of(machineset))  # as Cluster API writes it
     cluster = cluster_name(machineset)
     if cluster:
         labels[capi.LABEL_CLUSTER_NAME] = cluster

@@ -28,14 +28,13 @@ from dds.crashpoints import crashpoint
 from dds.kube import ApiClient, capi
 from dds.kube.capi import MACHINES, MACHINESETS, CapiNotInstalled, CapiObjects
 from dds.kube.errors import ApiError
-from dds.model.groups import ANN_CAPI_DELETE_MACHINE, ANNOTATION_PREFIX, NodeGroupSpec
+from dds.model.groups import ANN_CAPI_DELETE_MACHINE, ANN_SCALE_REQUESTS, NodeGroupSpec
 from dds.nodes.base import MachineInfo, MachinePhase
 from dds.nodes.errors import (MachineSetNotFound, NodeBackendError, NodeBackendUnavailable, NodeNotInGroup,
                               ScaleRefused)
 
 log = logging.getLogger(__name__)
 
-ANN_SCALE_REQUESTS = ANNOTATION_PREFIX + "scale-requests"
 HISTORY_LIMIT = 100  # far more than the requests in flight at once; ~10 KiB of annotation at most
 CONFLICT_ATTEMPTS = 10
 

@@ -243,6 +243,7 @@ def write_settings(workdir: Path, plane: ControlPlane, size: Size, grpc_port: in
         "tls_cert": str(tls / certs.SERVER_CERT), "tls_key": str(tls / certs.SERVER_KEY),
         "tls_ca": str(tls / certs.CLIENT_CA_CERT), "kubeconfig": str(plane.kubeconfig), "namespace": namespace,
         "machineset_namespaces": [NAMESPACE], "loop_interval_seconds": LOOP_INTERVAL_SECONDS,
+        "node_group_namespaces": {NAMESPACE: {"pools": ["*"]}},
         "pending_debounce_seconds": 86400.0,  # the loop plans and observes; attaching stays CA's (case 1)
         # Enough devices for every pending pod twice; the simulated manager keeps its state in one ConfigMap (1 MiB).
         "fabric": "simulated",

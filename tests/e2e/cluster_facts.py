@@ -135,6 +135,11 @@ class ProviderClient:
     def node_groups(self) -> list[str]:
         return [g.id for g in self._stub.NodeGroups(pb.NodeGroupsRequest(), timeout=self._timeout).nodeGroups]
 
+    def node_group_for_node(self, name: str, provider_id: str) -> str:
+        """The group id DDS answers for the node ("" for none), as CA asks it every loop."""
+        request = pb.NodeGroupForNodeRequest(node=pb.ExternalGrpcNode(name=name, providerID=provider_id))
+        return self._stub.NodeGroupForNode(request, timeout=self._timeout).nodeGroup.id
+
     def refusal(self) -> Optional[tuple[grpc.StatusCode, str]]:
         """(code, details) when NodeGroups is refused, None when it is answered."""
         try:

@@ -26,6 +26,7 @@ def test_plan_on_a_live_cluster_attaches_a_gpu_for_a_pending_pod(control_plane: 
         config = tmp_path / "dds.yaml"
         # The fabric's state ConfigMap lives in the test's namespace; only this namespace's MachineSets are groups.
         config.write_text(yaml.safe_dump({"namespace": namespace, "machineset_namespaces": [namespace],
+                                           "node_group_namespaces": {namespace: {"pools": ["*"]}},
                                            "fabric": "simulated"}))
         snapshot_file = tmp_path / "snapshot.json"
         code = main(["plan", "--kubeconfig", str(dds_kubeconfig), "--config", str(config), "--json",

@@ -25,7 +25,7 @@ from dds.fabric.base import AttachRequest, FabricDevice, Operation
 from dds.model.groups import (ANN_CAPI_MIN, ANN_FORCE_DETACH, ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN,
                               ANN_TEMPLATE_MODE, NodeGroupSpec)
 from dds.scaling.requests import LiveNode
-from tests.integration.nodes.harness import GROUP, NodeGroupHarness, machineset_manifest, wait_for
+from tests.integration.nodes.harness import GROUP, NodeGroupHarness, machineset_manifest, open_grant, wait_for
 
 GPU = "nvidia.com/gpu"
 TEST_LABEL = "dds.test/namespace"  # on the group's template and nodes; the tests' pods select it
@@ -54,7 +54,8 @@ class VirtualClock:
 def settings_for(namespace: str, pool_size: int = 4) -> Settings:
     return Settings(
         listen="127.0.0.1:0", insecure=True, metrics_listen="127.0.0.1:0",
-        namespace=namespace, machineset_namespaces=[namespace], node_backend=NodeBackend.MACHINESET,
+        namespace=namespace, machineset_namespaces=[namespace], node_group_namespaces=open_grant(namespace),
+        node_backend=NodeBackend.MACHINESET,
         fabric=FabricBackend.SIMULATED,
         loop_interval_seconds=1.0, pending_debounce_seconds=DEBOUNCE_SECONDS,
         simulated_fabric=SimulatedFabricSettings(

@@ -58,6 +58,7 @@ def test_plan_sends_nothing_to_the_redfish_service_for_a_planned_block(control_p
         config = tmp_path / "dds.yaml"
         config.write_text(yaml.safe_dump({
             "namespace": namespace, "machineset_namespaces": [namespace], "fabric": "redfish",
+            "node_group_namespaces": {namespace: {"pools": ["*"]}},
             "redfish": {"endpoint": url, "username": "dds", "password_file": str(password)},
             "simulated_fabric": {"pools": [PoolSpec(name=pool, devices={MODEL: 2}).model_dump()]}}))
         code = main(["plan", "--kubeconfig", str(dds_kubeconfig), "--config", str(config), "--json"])

@@ -42,7 +42,8 @@ def test_plan_on_a_live_cluster_sends_only_reads(control_plane: Any, namespace: 
         # The fabric's state ConfigMap would live in the test's namespace (where DDS's Role is bound): never created.
         config = tmp_path / "dds.yaml"
         config.write_text(yaml.safe_dump({"fabric": "simulated", "namespace": namespace,
-                                          "machineset_namespaces": [namespace], "watch_cache": watch_cache}))
+                                          "machineset_namespaces": [namespace], "watch_cache": watch_cache,
+                                          "node_group_namespaces": {namespace: {"pools": ["*"]}}}))
         code = main(["plan", "--kubeconfig", str(dds_kubeconfig), "--config", str(config), "--json"])
         out = json.loads(capsys.readouterr().out)
 

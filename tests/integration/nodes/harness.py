@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 
 from kubernetes import client
 
+from dds.config import NamespaceGrant
 from dds.kube.capi import NODE_ANN_CLUSTER_NAMESPACE
 from dds.kube.machinesets import MachineSetLister
 from dds.model.groups import NodeGroupSpec
@@ -18,6 +19,12 @@ from dds.groups.sources import MachineSetSource
 GROUP = "cluster.x-k8s.io"
 GPU_LABEL = "nvidia.com/gpu.product"
 GPU = "nvidia.com/gpu"
+
+
+def open_grant(namespace: str) -> dict[str, NamespaceGrant]:
+    """The test namespace may ask for anything (every pool, force detach, any cooldown): these tests are about
+    scaling, and the grants have tests of their own (tests/integration/controller/test_node_group_access.py)."""
+    return {namespace: NamespaceGrant(pools=["*"], force_detach=True, min_idle_cooldown_seconds=0)}
 
 
 def machineset_manifest(name: str, *, replicas: int = 0, max_size: int = 6, taints: str = "",
@@ -82,7 +89,7 @@ class NodeGroupHarness:
 
     def group(self, name: str) -> NodeGroupSpec:
         """The group as DDS reads it (MachineSet source and parser)."""
-        read = MachineSetSource(MachineSetLister(self.dds_api, [self.namespace])).read()
+        read = MachineSetSource(MachineSetLister(self.dds_api, [self.namespace]), open_grant(self.namespace)).read()
         assert not read.errors, read.errors
         return next(g for g in read.groups if g.source.name == name)
 

@@ -21,7 +21,7 @@ GiB = 1024 ** 3
 
 
 def machine(name: str, node: Optional[str]) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "default",
+    return {"metadata": {"name": name, "namespace": "default", "labels": {"cluster.x-k8s.io/set-name": "workers"},
                          "ownerReferences": [{"kind": "MachineSet", "name": "workers"}]},
             "spec": {"providerID": f"kwok://{node}" if node else ""},
             "status": {"nodeRef": {"name": node}} if node else {}}
@@ -107,3 +107,15 @@ def test_without_cluster_api_no_node_is_dds_s() -> None:
     observation = observer(cluster).observe()
     assert [n.group_id for n in observation.snapshot.nodes] == [None]
     assert observation.machines == () and observation.replicas == {}
+
+
+def test_a_machine_naming_a_nodes_provider_id_without_a_node_ref_does_not_put_the_node_in_its_group() -> None:
+    # A Machine of the group whose spec.providerID (written by whoever creates a Machine) is another node's, and whose
+    # status.nodeRef Cluster API has not set: the node stays outside the group (it was mapped by providerID before).
+    copied = machine("workers-copy", None)
+    copied["spec"]["providerID"] = "kwok://elsewhere"
+    cluster = ClusterInMemory(machines_=[machine("workers-a", "w1"), copied], nodes=[node_record("w1"),
+                                                                                      node_record("elsewhere")])
+    by_name = {n.name: n for n in observer(cluster).observe().snapshot.nodes}
+    assert by_name["w1"].group_id == GROUP
+    assert by_name["elsewhere"].group_id is None

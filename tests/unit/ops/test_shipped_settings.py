@@ -47,3 +47,8 @@ def test_dds_serve_in_a_cluster_refuses_to_start_without_a_fabric(tmp_path: Path
                              "--kubeconfig", str(tmp_path / "never-read")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
     assert "fabric is not set: choose one of simulated, composability-request, redfish" in result.stderr
+
+
+def test_the_shipped_configmap_lets_no_namespace_have_node_groups_until_one_is_listed(shipped: Settings) -> None:
+    # Whoever may edit a MachineSet must not be able to opt it in: the administrator lists namespaces and their pools.
+    assert shipped.node_group_namespaces == {}

@@ -8,6 +8,7 @@ import pytest
 from kubernetes import client
 
 from dds import metrics
+from dds.config import NamespaceGrant
 from dds.kube.machinesets import MachineSetLister, machineset_from_object
 from dds.model.groups import SourceRef, TemplateMode
 from dds.groups.sources import FileSource, MachineSetSource, SourceRead, SourceUnavailable
@@ -110,7 +111,7 @@ def test_malformed_group_is_reported_once_and_skipped_while_others_work():
     source.result = SourceRead((good,), errors)
     events = RecordingEvents()
     catalog = NodeGroupCatalog(source=source, events=events)
-    before = metrics.NODE_GROUP_CONFIG_ERRORS.labels("file")._value.get()
+    before = metrics.NODE_GROUP_CONFIG_ERRORS.labels("file", "malformed")._value.get()
 
     catalog.refresh()
     catalog.refresh()  # CA refreshes every 10 s: the same problem is not reported again
@@ -121,7 +122,7 @@ def test_malformed_group_is_reported_once_and_skipped_while_others_work():
     assert (involved.kind, involved.namespace, involved.name, event_type, reason) == (
         "MachineSet", "default", "gpu-workers", "Warning", "InvalidNodeGroup")
     assert MIN in message and "min size 9 is above max size 4" in message
-    assert metrics.NODE_GROUP_CONFIG_ERRORS.labels("file")._value.get() == before + 1
+    assert metrics.NODE_GROUP_CONFIG_ERRORS.labels("file", "malformed")._value.get() == before + 1
 
 
 def test_transient_read_error_keeps_the_last_good_groups():
@@ -208,6 +209,10 @@ class FakeCustomObjects:
         return {"items": [i for i in items if i["metadata"]["namespace"] == namespace]}
 
 
+# The MachineSets of these tests live in namespace capi, granted every pool.
+GRANTS = {"capi": NamespaceGrant(pools=["*"])}
+
+
 def lister(fake, namespaces=()):
     result = MachineSetLister(client.ApiClient(), namespaces)
     result._capi._custom = fake
@@ -217,7 +222,7 @@ def lister(fake, namespaces=()):
 def test_machinesets_opted_in_become_groups_v1beta2_first():
     fake = FakeCustomObjects({"v1beta2": [machineset("gpu", "v1beta2", replicas=None),
                                           machineset("plain", "v1beta2", enabled="false")]})
-    source = MachineSetSource(lister(fake))
+    source = MachineSetSource(lister(fake), GRANTS)
     (group,) = source.read().groups
     assert group.id == "MachineSet/capi/gpu"
     assert group.replicas == 1  # v1beta2 with replicas unset: what Cluster API defaulting gives (min size)
@@ -228,26 +233,26 @@ def test_machinesets_opted_in_become_groups_v1beta2_first():
 def test_machinesets_v1beta1_with_spec_taints():
     fake = FakeCustomObjects({"v1beta1": [machineset("gpu", taints=[{"key": "k", "value": "v",
                                                                       "effect": "NoSchedule"}])]})
-    (group,) = MachineSetSource(lister(fake)).read().groups
+    (group,) = MachineSetSource(lister(fake), GRANTS).read().groups
     assert group.replicas == 2 and [(t.key, t.effect) for t in group.taints] == [("k", "NoSchedule")]
     assert [c[1] for c in fake.calls][:2] == ["v1beta2", "v1beta1"]  # newest first, then the one served
 
 
 def test_no_cluster_api_installed_means_no_groups():
-    assert MachineSetSource(lister(FakeCustomObjects({}))).read().groups == ()
+    assert MachineSetSource(lister(FakeCustomObjects({})), GRANTS).read().groups == ()
 
 
 def test_apiserver_errors_are_transient():
     fake = FakeCustomObjects({}, error=client.ApiException(status=503, reason="Service Unavailable"))
     with pytest.raises(SourceUnavailable, match="503"):
-        MachineSetSource(lister(fake)).read()
+        MachineSetSource(lister(fake), GRANTS).read()
 
 
 def test_configured_namespaces_only():
     other = machineset("elsewhere")
     other["metadata"]["namespace"] = "other"
     fake = FakeCustomObjects({"v1beta1": [machineset("gpu"), other]})
-    groups = MachineSetSource(lister(fake, namespaces=["capi"])).read().groups
+    groups = MachineSetSource(lister(fake, namespaces=["capi"]), GRANTS).read().groups
     assert [g.id for g in groups] == ["MachineSet/capi/gpu"]
 
 

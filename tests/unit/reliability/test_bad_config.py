@@ -17,7 +17,7 @@ from hypothesis import example, given, note
 from hypothesis import strategies as st
 
 from dds.commands.serve import UsageError, load_settings
-from dds.config import Settings
+from dds.config import NamespaceGrant, Settings
 from dds.kube.machinesets import MachineSetObject
 from dds.model import groups as g
 from dds.model.groups import SourceRef
@@ -151,7 +151,7 @@ def test_a_bad_machineset_does_not_stop_the_good_ones(broken: dict[str, str]) ->
     good = _machineset("gpu-workers", annotations())
     bad = _machineset("broken", annotations(broken))
     events = RecordingEvents()
-    catalog = NodeGroupCatalog(source=MachineSetSource(_Lister([good, bad])), events=events)
+    catalog = NodeGroupCatalog(source=MachineSetSource(_Lister([good, bad]), GRANTS), events=events)
     assert catalog.refresh()
     served = {spec.id for spec in catalog.groups()}
     assert GOOD in served
@@ -168,8 +168,8 @@ def test_a_bad_machineset_does_not_stop_the_good_ones(broken: dict[str, str]) ->
 def test_served_groups_answer_over_grpc_next_to_a_dropped_one() -> None:
     bad = _machineset("broken", annotations({g.ANN_CAPI_MAX: "3000000000", s.CAP_CPU: "1e999999999"}))
     events = RecordingEvents()
-    catalog = NodeGroupCatalog(source=MachineSetSource(_Lister([_machineset("gpu-workers", annotations()), bad])),
-                               events=events)
+    catalog = NodeGroupCatalog(source=MachineSetSource(_Lister([_machineset("gpu-workers", annotations()), bad]),
+                                                       GRANTS), events=events)
     catalog.refresh()
     provider = start_provider(list(catalog.groups()))
     try:
@@ -183,6 +183,11 @@ def test_served_groups_answer_over_grpc_next_to_a_dropped_one() -> None:
         provider.server.stop(grace_seconds=0)
     keys = {message.split(":")[0] for _, _, _, message in events.events}
     assert keys == {g.ANN_CAPI_MAX, s.CAP_CPU}
+
+
+# Namespace default may ask for anything the annotations can say: these tests are about malformed values, and
+# dds/groups/access.py's refusals have tests of their own (tests/unit/groups/test_access.py).
+GRANTS = {"default": NamespaceGrant(pools=["*"], force_detach=True, min_idle_cooldown_seconds=0)}
 
 
 class _Lister:
