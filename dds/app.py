@@ -279,7 +279,24 @@ class App:
         """What only one replica may do: the control loop, and (node_backend kwok) making Machines and Nodes."""
         if self.infrastructure is not None:
             self.infrastructure.run_in_thread(self.settings.kwok.poll_interval_seconds)
+        self._release_leftover_marks()
         self.controller.start()
+
+    def _release_leftover_marks(self) -> None:
+        """Delete-machine marks a previous leader set without lowering replicas (it stopped between the two writes):
+        Cluster API would act on them at the next scale-down (dds/nodes/machineset.py)."""
+        provisioner = self.controller.actions.executor.nodes.provisioner
+        release = getattr(provisioner, "release_leftover_marks", None)
+        if release is None:
+            return
+        for group in self.catalog.groups():
+            if group.source.kind != "MachineSet":
+                continue
+            try:
+                release(group)
+            except Exception as exc:  # the group's MachineSet unreadable now: its marks stay, said so
+                log.warning("%s: could not check for leftover delete-machine marks (%s); a mark a crash left there "
+                            "stays until DDS starts acting again", group.id, exc)
 
     def _resume_leader_state(self) -> None:
         """Re-read what the previous leader kept outside the process. Without this a standby that takes over serves CA
