@@ -27,6 +27,7 @@ from dds.controller.gpu_label import GpuLabelKeeper
 from dds.controller.repair import DeviceRepair
 from dds.controller.idle import IdleTracker
 from dds.controller.loop import ClusterPorts, Controller, LoopConfig
+from dds.controller.machine_hooks import PreTerminateHooks
 from dds.controller.observe import ClusterObserver
 from dds.controller.pod_groups import watched_gangs
 from dds.fabric.base import Fabric, ResumableFabric
@@ -49,6 +50,7 @@ from dds.kube.state import ConfigMapStateStore
 from dds.planner.reservations import ReservationConfig
 from dds.model.groups import DEFAULT_GPU_RESOURCE, LABEL_NODE_GROUP, NodeGroupSpec
 from dds.nodes.factory import build_node_backend
+from dds.nodes.machineset import MachineSetProvisioner
 from dds.nodes.kwok import KwokInfrastructure
 from dds.ops.http import OpsServer, build_ops_server, check_metrics_settings
 from dds.planner import plan_scale_up
@@ -396,6 +398,9 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     scale_up = PlannerScaleUp(controller.ca_call_ports(), tracker, planner, InstanceFactory(clock=clock),
                               settings.max_node_provision_seconds)
     controller.listeners.append(DeviceRepair(fabric, controller.actions, events, clock).run)  # GPUs failed while attached
+    if isinstance(nodes.provisioner, MachineSetProvisioner):  # GPUs back to the pool before a Machine's host goes
+        controller.listeners.append(PreTerminateHooks(catalog.group, nodes.provisioner, fabric, controller.actions,
+                                                      events, clock, settings.pre_terminate_detach_timeout_seconds).run)
     scale_down = PlannerScaleDown(controller.ca_call_ports(), tracker, planner)
     elector: Optional[LeaderElector] = None
     if settings.leader_election:

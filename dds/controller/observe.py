@@ -67,6 +67,8 @@ class MachineRef:
     node_name: Optional[str]
     deleting: bool  # being deleted, or marked for the next scale-down (cluster.x-k8s.io/delete-machine)
     terminating: bool = False  # deletionTimestamp set: no longer one of its MachineSet's replicas
+    hooked: bool = False  # carries DDS's pre-terminate hook (dds/controller/machine_hooks.py)
+    awaiting_pre_terminate: bool = False  # Cluster API drained its node and waits for the pre-terminate hooks
 
 
 @dataclass(frozen=True)
@@ -335,7 +337,9 @@ def machine_refs(items: Iterable[Mapping[str, Any]]) -> tuple[MachineRef, ...]:
         out.append(MachineRef(
             namespace=namespace, name=capi.name_of(item), group_id=f"MachineSet/{namespace}/{owner['name']}",
             provider_id=capi.provider_id(item), node_name=capi.node_ref_name(item),
-            deleting=capi.is_deleting(item) or capi.marked_for_deletion(item), terminating=capi.is_deleting(item)))
+            deleting=capi.is_deleting(item) or capi.marked_for_deletion(item), terminating=capi.is_deleting(item),
+            hooked=capi.DDS_PRE_TERMINATE_HOOK in capi.annotations_of(item),
+            awaiting_pre_terminate=capi.waiting_for_pre_terminate_hooks(item)))
     return tuple(out)
 
 

@@ -241,6 +241,14 @@ class MachineSetProvisioner:
                 released.append(name)
         return tuple(released)
 
+    # --- the pre-terminate hook (dds/controller/machine_hooks.py decides when) ---
+    def set_hook(self, group: NodeGroupSpec, machine: str, hook: str, held: bool) -> None:
+        """Add (`held`) or remove the annotation `hook` on the group's Machine `machine`."""
+        namespace, _ = machineset_ref(group)
+        body = {"metadata": {"annotations": {hook: "" if held else None}}}
+        self._call(group, f"{'adding' if held else 'removing'} {hook}", f"patching Machine {namespace}/{machine}",
+                   lambda: self._capi.patch(MACHINES, namespace, machine, body))
+
     # --- steps ---
     def _get_machineset(self, group: NodeGroupSpec, what: str) -> dict[str, Any]:
         namespace, name = machineset_ref(group)
