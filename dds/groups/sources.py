@@ -57,7 +57,19 @@ class MachineSetSource:
             machinesets = self._lister.list()
         except MachineSetReadError as exc:
             raise SourceUnavailable(str(exc)) from exc
-        return _parse_all(group_input_from_machineset(m) for m in machinesets if opted_in(m.annotations))
+        chosen = [m for m in machinesets if opted_in(m.annotations)]
+        read = _parse_all(group_input_from_machineset(m) for m in chosen if not m.owner_deployment)
+        return SourceRead(read.groups, read.errors + tuple(_deployment_owned(m) for m in chosen if m.owner_deployment))
+
+
+def _deployment_owned(machineset: MachineSetObject) -> GroupConfigError:
+    """A MachineSet a MachineDeployment owns cannot be a node group: its controller sets the MachineSet's replicas, so
+    every scale DDS wrote would be undone."""
+    source = group_input_from_machineset(machineset).source
+    return GroupConfigError(source, machineset.group_id, g.ANN_ENABLED,
+                            f"this MachineSet is owned by MachineDeployment {machineset.namespace}/"
+                            f"{machineset.owner_deployment}, whose controller sets its replicas (a scale written here "
+                            f"would be undone); remove {g.ANN_ENABLED} from it")
 
 
 # --- YAML file ---
