@@ -37,6 +37,7 @@ import yaml
 
 from dds import certs
 from harness.controlplane import ControlPlane, ManagedProcess, free_ports
+from harness.install import CUSTOM_RESOURCE_DEFINITIONS, AdminApi, as_installed, yaml_documents
 
 MANAGER_BINARY = "cluster-api-manager"
 # config/default/kustomization.yaml: every object of the install gets this namespace and name prefix.
@@ -49,18 +50,11 @@ AGGREGATED_ROLE = f"{NAME_PREFIX}aggregated-manager-role"  # config/rbac/aggrega
 
 READY_TIMEOUT_S = 90.0  # the manager migrates its CRDs' stored versions before it reports ready
 STOP_TIMEOUT_S = 10.0
-TOKEN_LIFETIME_S = 24 * 3600
-_CRD_TIMEOUT_S = 30.0
-_REQUEST_TIMEOUT_S = 30.0
 _POLL_S = 0.1
 
 
 class ClusterApiError(RuntimeError):
     """The manager could not be installed, started or reached; the message says why and shows its log's tail."""
-
-
-def _yaml_documents(path: Path) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
 @dataclass(frozen=True)
@@ -98,9 +92,9 @@ class ClusterApiRelease:
         crd_dir = self.config / "crd"
         kustomization = yaml.safe_load((crd_dir / "kustomization.yaml").read_text()) or {}
         crds = {doc["metadata"]["name"]: doc for entry in kustomization.get("resources", [])
-                for doc in _yaml_documents(crd_dir / entry)}
+                for doc in yaml_documents(crd_dir / entry)}
         for patch in kustomization.get("patches", []):
-            for doc in _yaml_documents(crd_dir / patch["path"]):
+            for doc in yaml_documents(crd_dir / patch["path"]):
                 name = doc["metadata"]["name"]
                 if name not in crds:
                     raise ClusterApiError(f"{crd_dir / patch['path']} patches CRD {name}, which config/crd lacks")
@@ -115,8 +109,8 @@ class ClusterApiRelease:
         """config/rbac's objects as config/default installs them."""
         rbac_dir = self.config / "rbac"
         kustomization = yaml.safe_load((rbac_dir / "kustomization.yaml").read_text()) or {}
-        objects = [doc for entry in kustomization.get("resources", []) for doc in _yaml_documents(rbac_dir / entry)]
-        patches = _yaml_documents(self.config / "default" / "manager_role_aggregation_patch.yaml")
+        objects = [doc for entry in kustomization.get("resources", []) for doc in yaml_documents(rbac_dir / entry)]
+        patches = yaml_documents(self.config / "default" / "manager_role_aggregation_patch.yaml")
         for patch in patches:  # a strategic merge of metadata.labels and roleRef, the two things it sets
             target = next((o for o in objects if (o["kind"], o["metadata"]["name"]) ==
                            (patch["kind"], patch["metadata"]["name"])), None)
@@ -126,12 +120,12 @@ class ClusterApiRelease:
             target["metadata"].setdefault("labels", {}).update(patch["metadata"].get("labels") or {})
             if "roleRef" in patch:
                 target["roleRef"] = patch["roleRef"]
-        return [_as_installed(obj) for obj in objects]
+        return [as_installed(obj, NAME_PREFIX, NAMESPACE, ClusterApiError) for obj in objects]
 
     def webhooks(self, webhook_url: str, ca_pem: bytes) -> list[dict[str, Any]]:
         """config/webhook's Mutating- and ValidatingWebhookConfigurations, each webhook sent to `webhook_url`."""
         configurations = []
-        for doc in _yaml_documents(self.config / "webhook" / "manifests.yaml"):
+        for doc in yaml_documents(self.config / "webhook" / "manifests.yaml"):
             doc["metadata"]["name"] = NAME_PREFIX + doc["metadata"]["name"]
             for webhook in doc.get("webhooks", []):
                 path = webhook["clientConfig"]["service"].get("path", "/")
@@ -141,122 +135,20 @@ class ClusterApiRelease:
         return configurations
 
 
-_NAMESPACED_KINDS = {"ServiceAccount", "Role", "RoleBinding"}
-
-
-def _as_installed(obj: dict[str, Any]) -> dict[str, Any]:
-    """kustomize's `namespace:` and `namePrefix:` as they apply to RBAC objects (references included)."""
-    obj["metadata"]["name"] = NAME_PREFIX + obj["metadata"]["name"]
-    if obj["kind"] in _NAMESPACED_KINDS:
-        obj["metadata"]["namespace"] = NAMESPACE
-    elif obj["kind"] not in {"ClusterRole", "ClusterRoleBinding"}:
-        raise ClusterApiError(f"config/rbac holds a {obj['kind']} the harness does not know how to install")
-    if "roleRef" in obj:
-        obj["roleRef"]["name"] = NAME_PREFIX + obj["roleRef"]["name"]
-    for subject in obj.get("subjects") or []:
-        if subject.get("kind") == "ServiceAccount":
-            subject["name"] = NAME_PREFIX + subject["name"]
-            subject["namespace"] = NAMESPACE
-    return obj
-
-
+_RBAC = "rbac.authorization.k8s.io/v1"
+_ADMISSION = "admissionregistration.k8s.io/v1"
 # Collection paths of the kinds the install creates ({namespace} filled from the object).
-_COLLECTIONS = {
-    "Namespace": "/api/v1/namespaces",
-    "ServiceAccount": "/api/v1/namespaces/{namespace}/serviceaccounts",
-    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
-    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
-    "CustomResourceDefinition": "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-    "MutatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
-    "ValidatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+COLLECTIONS = {
+    ("v1", "Namespace"): "/api/v1/namespaces",
+    ("v1", "ServiceAccount"): "/api/v1/namespaces/{namespace}/serviceaccounts",
+    (_RBAC, "ClusterRole"): f"/apis/{_RBAC}/clusterroles",
+    (_RBAC, "ClusterRoleBinding"): f"/apis/{_RBAC}/clusterrolebindings",
+    (_RBAC, "Role"): f"/apis/{_RBAC}/namespaces/{{namespace}}/roles",
+    (_RBAC, "RoleBinding"): f"/apis/{_RBAC}/namespaces/{{namespace}}/rolebindings",
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): CUSTOM_RESOURCE_DEFINITIONS,
+    (_ADMISSION, "MutatingWebhookConfiguration"): f"/apis/{_ADMISSION}/mutatingwebhookconfigurations",
+    (_ADMISSION, "ValidatingWebhookConfiguration"): f"/apis/{_ADMISSION}/validatingwebhookconfigurations",
 }
-
-
-class AdminApi:
-    """Create-or-replace of install objects with the control plane's admin token (the tests' setup credential)."""
-
-    def __init__(self, plane: ControlPlane) -> None:
-        self.server = plane.server
-        self.ca_pem = (Path(plane.workdir) / "pki" / "ca.crt").read_bytes()
-        self.session = requests.Session()
-        self.session.trust_env = False  # loopback: no proxy, no REQUESTS_CA_BUNDLE overriding the CA
-        self.session.verify = str(Path(plane.workdir) / "pki" / "ca.crt")
-        self.session.headers["Authorization"] = f"Bearer {plane.token}"
-
-    def apply(self, obj: dict[str, Any], collection: Optional[str] = None) -> dict[str, Any]:
-        """Create `obj` in `collection` (default: by its kind), or replace it when it exists."""
-        collection = collection or _COLLECTIONS[obj["kind"]].format(namespace=obj["metadata"].get("namespace", ""))
-        response = self.request("POST", collection, obj, ok=(201, 409))
-        if response.status_code == 201:
-            return response.json()
-        path = f"{collection}/{obj['metadata']['name']}"
-        current = self.request("GET", path).json()
-        replacement = {**obj, "metadata": {**obj["metadata"],
-                                           "resourceVersion": current["metadata"]["resourceVersion"]}}
-        return self.request("PUT", path, replacement).json()
-
-    def delete(self, obj: dict[str, Any]) -> None:
-        collection = _COLLECTIONS[obj["kind"]].format(namespace=obj["metadata"].get("namespace", ""))
-        self.request("DELETE", f"{collection}/{obj['metadata']['name']}", ok=(200, 202, 404))
-
-    def merge_patch(self, path: str, body: Any) -> requests.Response:
-        return self.request("PATCH", path, body, headers={"Content-Type": "application/merge-patch+json"})
-
-    def request(self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200, 201),
-                headers: Optional[dict[str, str]] = None) -> requests.Response:
-        try:
-            response = self.session.request(method, f"{self.server}{path}", json=body, headers=headers,
-                                            timeout=_REQUEST_TIMEOUT_S)
-        except requests.RequestException as exc:
-            raise ClusterApiError(f"{method} {path}: {exc}") from exc
-        if response.status_code not in ok:
-            raise ClusterApiError(f"{method} {path}: {response.status_code} {response.text[:500]}")
-        return response
-
-    def wait_established(self, crd_name: str) -> None:
-        path = f"{_COLLECTIONS['CustomResourceDefinition']}/{crd_name}"
-        deadline = time.monotonic() + _CRD_TIMEOUT_S
-        while True:
-            conditions = self.request("GET", path).json().get("status", {}).get("conditions") or []
-            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-                return
-            if time.monotonic() > deadline:
-                raise ClusterApiError(f"CRD {crd_name} not Established after {_CRD_TIMEOUT_S:.0f} s: {conditions}")
-            time.sleep(_POLL_S)
-
-    def aggregate_cluster_role(self, name: str) -> None:
-        """Fill ClusterRole `name`'s rules from the ClusterRoles its aggregationRule selects: the work of
-        kube-controller-manager's clusterrole-aggregation controller, which the harness control plane does not run.
-        Called again whenever a ClusterRole it selects is added (harness/kwok_provider.py)."""
-        path = f"{_COLLECTIONS['ClusterRole']}/{name}"
-        role = self.request("GET", path).json()
-        rules: list[dict[str, Any]] = []
-        for selector in (role.get("aggregationRule") or {}).get("clusterRoleSelectors") or []:
-            labels = ",".join(f"{k}={v}" for k, v in (selector.get("matchLabels") or {}).items())
-            for selected in self.request("GET", f"{_COLLECTIONS['ClusterRole']}?labelSelector={labels}").json()[
-                    "items"]:
-                rules += [rule for rule in selected.get("rules") or [] if rule not in rules]
-        role["rules"] = rules
-        self.request("PUT", path, role)
-
-    def service_account_kubeconfig(self, namespace: str, name: str, context: str) -> dict[str, Any]:
-        """A kubeconfig holding a TokenRequest token of that ServiceAccount: no admin rights."""
-        answer = self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-                              {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                               "spec": {"expirationSeconds": TOKEN_LIFETIME_S}}).json()
-        user = f"system:serviceaccount:{namespace}:{name}"
-        return {
-            "apiVersion": "v1", "kind": "Config", "current-context": context,
-            "clusters": [{"name": "dds-test", "cluster": {
-                "server": self.server, "certificate-authority-data": base64.b64encode(self.ca_pem).decode()}}],
-            "users": [{"name": user, "user": {"token": answer["status"]["token"]}}],
-            "contexts": [{"name": context, "context": {"cluster": "dds-test", "user": user}}],
-        }
-
-    def close(self) -> None:
-        self.session.close()
 
 
 class ClusterApiManager:
@@ -295,7 +187,7 @@ class ClusterApiManager:
 
     def admin_api(self) -> AdminApi:
         if self._api is None:
-            self._api = AdminApi(self.plane)
+            self._api = AdminApi(self.plane, Path(self.plane.workdir) / "pki" / "ca.crt", COLLECTIONS, ClusterApiError)
         return self._api
 
     def start(self) -> "ClusterApiManager":

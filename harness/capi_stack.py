@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from harness import kwok_provider
-from harness.capi import AdminApi, ClusterApiManager
+from harness.capi import ClusterApiManager
+from harness.install import AdminApi
 from harness.controlplane import ControlPlane
 from harness.kwok_provider import KwokInfrastructureProvider
 

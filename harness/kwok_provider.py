@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import base64
 import logging
-import threading
 import time
 from datetime import datetime
 from typing import Any, Callable, Mapping, Optional
 
 from kubernetes import client
 
-from harness.capi import AGGREGATE_TO_MANAGER, AGGREGATED_ROLE, AdminApi
+from harness.capi import AGGREGATE_TO_MANAGER, AGGREGATED_ROLE
+from harness.install import AdminApi
+from harness.reconcile_loop import ReconcileLoop
 
 log = logging.getLogger(__name__)
 
@@ -156,46 +157,23 @@ def node_object(name: str, shape: Mapping[str, Any]) -> dict[str, Any]:
             "status": {"capacity": capacity, "allocatable": capacity}}
 
 
-class KwokInfrastructureProvider:
+class KwokInfrastructureProvider(ReconcileLoop):
     """The provider's controller: one `reconcile_once()` pass, or `start()` for a background thread."""
 
     def __init__(self, api_client: client.ApiClient, *, provisioning_delay_seconds: float = 0.0,
                  interval_seconds: float = 0.2, active: Callable[[], bool] = lambda: True) -> None:
-        """`active`: whether to run passes now (the harness pauses the provider while its control plane is down)."""
+        """`active`: whether to run passes now (the harness pauses the provider while its manager is not running)."""
+        super().__init__("kwok-infrastructure-provider", interval_seconds)
         self._custom = client.CustomObjectsApi(api_client)
         self._core = client.CoreV1Api(api_client)
         self.provisioning_delay_seconds = provisioning_delay_seconds
-        self.interval_seconds = interval_seconds
         self.hosts: set[str] = set()  # the "machines" this cloud runs, by KwokMachine name
         self.removed_hosts: list[str] = []
-        self.errors: list[str] = []
         self._active = active
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-
-    def start(self) -> "KwokInfrastructureProvider":
-        self._thread = threading.Thread(target=self._run, name="kwok-infrastructure-provider", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self._active():
-                self._stop.wait(self.interval_seconds)
-                continue
-            try:
-                self.reconcile_once()
-            except Exception as exc:  # the apiserver restarting, a conflict: the next pass retries
-                self.errors.append(str(exc))
-                log.warning("kwok infrastructure provider pass failed (retrying): %s", exc)
-            self._stop.wait(self.interval_seconds)
 
     def reconcile_once(self) -> None:
+        if not self._active():
+            return
         machines = self._custom.list_cluster_custom_object(INFRA_GROUP, VERSION, MACHINES).get("items", [])
         for machine in machines:
             meta = machine["metadata"]
@@ -239,8 +217,12 @@ class KwokInfrastructureProvider:
             return
         self.hosts.discard(meta["name"])
         self.removed_hosts.append(meta["name"])
-        self._custom.patch_namespaced_custom_object(
-            INFRA_GROUP, VERSION, meta["namespace"], MACHINES, meta["name"],
-            {"metadata": {"finalizers": [f for f in finalizers if f != FINALIZER],
-                          "resourceVersion": meta["resourceVersion"]}})
+        try:
+            self._custom.patch_namespaced_custom_object(
+                INFRA_GROUP, VERSION, meta["namespace"], MACHINES, meta["name"],
+                {"metadata": {"finalizers": [f for f in finalizers if f != FINALIZER],
+                              "resourceVersion": meta["resourceVersion"]}})
+        except client.ApiException as exc:
+            if exc.status != 404:  # gone meanwhile (its namespace deleted): nothing left to remove
+                raise
         log.info("kwok provider: host %s/%s removed", meta["namespace"], meta["name"])
