@@ -28,6 +28,7 @@ from dds.controller.repair import DeviceRepair
 from dds.controller.idle import IdleTracker
 from dds.controller.loop import ClusterPorts, Controller, LoopConfig
 from dds.controller.node_claims import NodeClaimReporter
+from dds.controller.machine_hooks import PreTerminateHooks
 from dds.controller.observe import ClusterObserver
 from dds.controller.pod_groups import watched_gangs
 from dds.fabric.base import Fabric, ResumableFabric
@@ -50,6 +51,7 @@ from dds.kube.state import ConfigMapStateStore
 from dds.planner.reservations import ReservationConfig
 from dds.model.groups import DEFAULT_GPU_RESOURCE, LABEL_NODE_GROUP, NodeGroupSpec
 from dds.nodes.factory import build_node_backend
+from dds.nodes.machineset import MachineSetProvisioner
 from dds.nodes.kwok import KwokInfrastructure
 from dds.ops.http import OpsServer, build_ops_server, check_metrics_settings
 from dds.planner import plan_scale_up
@@ -288,7 +290,24 @@ class App:
         """What only one replica may do: the control loop, and (node_backend kwok) making Machines and Nodes."""
         if self.infrastructure is not None:
             self.infrastructure.run_in_thread(self.settings.kwok.poll_interval_seconds)
+        self._release_leftover_marks()
         self.controller.start()
+
+    def _release_leftover_marks(self) -> None:
+        """Delete-machine marks a previous leader set without lowering replicas (it stopped between the two writes):
+        Cluster API would act on them at the next scale-down (dds/nodes/machineset.py)."""
+        provisioner = self.controller.actions.executor.nodes.provisioner
+        release = getattr(provisioner, "release_leftover_marks", None)
+        if release is None:
+            return
+        for group in self.catalog.groups():
+            if group.source.kind != "MachineSet":
+                continue
+            try:
+                release(group)
+            except Exception as exc:  # the group's MachineSet unreadable now: its marks stay, said so
+                log.warning("%s: could not check for leftover delete-machine marks (%s); a mark a crash left there "
+                            "stays until DDS starts acting again", group.id, exc)
 
     def _resume_leader_state(self) -> None:
         """Re-read what the previous leader kept outside the process. Without this a standby that takes over serves CA
@@ -393,6 +412,9 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                               settings.max_node_provision_seconds)
     controller.listeners.append(DeviceRepair(fabric, controller.actions, events, clock).run)  # GPUs failed while attached
     controller.listeners.append(NodeClaimReporter(events).run)  # Machines naming a Node another Machine has
+    if isinstance(nodes.provisioner, MachineSetProvisioner):  # GPUs back to the pool before a Machine's host goes
+        controller.listeners.append(PreTerminateHooks(catalog.group, nodes.provisioner, fabric, controller.actions,
+                                                      events, clock, settings.pre_terminate_detach_timeout_seconds).run)
     scale_down = PlannerScaleDown(controller.ca_call_ports(), tracker, planner)
     elector: Optional[LeaderElector] = None
     if settings.leader_election:

@@ -217,6 +217,9 @@ class Settings(BaseSettings):
     move_idle_gpus: bool = False
     loop_interval_seconds: float = Field(default=5.0, gt=0)
     orphan_attach_timeout_seconds: float = Field(default=600.0, gt=0)
+    # node_backend machineset: how long a deleting Machine's pre-terminate hook waits for its GPUs' detach (then an
+    # Event, the devices counted stranded, the hook released: dds/controller/machine_hooks.py).
+    pre_terminate_detach_timeout_seconds: float = Field(default=300.0, gt=0)
     max_node_provision_seconds: float = Field(default=900.0, gt=0)
     watch_cache: bool = True  # read the cluster through LIST+WATCH (dds/kube/cache.py); false: a LIST per decision
 

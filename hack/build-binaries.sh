@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds (once) and caches the pinned binaries the tests and `make demo` run as local processes: etcd,
-# kube-apiserver, kube-scheduler, kube-controller-manager (DRA tests only), kwok, the real cluster-autoscaler and the
-# CDI operator `cro-manager` (composability tests only). Prints the bin directory on its last line.
+# kube-apiserver, kube-scheduler, kube-controller-manager (DRA tests only), kwok, the real cluster-autoscaler, the
+# CDI operator `cro-manager` (composability tests only) and Cluster API's core manager `cluster-api-manager`. Prints the bin directory on its last line.
 #
 #   bash hack/build-binaries.sh            the profile $DDS_K8S_PROFILE, else hack/versions.env's default profile
 #   bash hack/build-binaries.sh 1.35       that Kubernetes profile (hack/versions-1.35.env)
@@ -242,6 +242,45 @@ build_cro_manager() {
   built cro-manager
 }
 
+# module_dir NAME MODULE@VERSION SUM: downloads a module from the module proxy and prints its (read-only) directory in
+# the module cache, after checking that its go.sum hash is SUM (hack/versions.env): another download is an error.
+module_dir() {
+  local name="$1" module="$2" want="$3" answer got dir
+  answer="$(go mod download -json "$module" 2>>"$logs/$name.log")" ||
+    { tail -n 25 "$logs/$name.log" >&2; die "cannot download $module from the module proxy"; }
+  got="$(sed -n 's/^[[:space:]]*"Sum": "\(.*\)",\{0,1\}$/\1/p' <<<"$answer")"
+  dir="$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p' <<<"$answer")"
+  [[ "$got" == "$want" ]] || die "$module from the module proxy has go.sum hash '$got', expected $want (hack/versions.env)"
+  [[ -d "$dir" ]] || die "$module: no module directory from the module proxy ($dir)"
+  echo "$dir"
+}
+
+# Cluster API's core manager (core/main.go since v1.14) and the install files of the same release under config/: its
+# CRDs with their conversion patches (core/config/crd), webhook configuration, RBAC and the role aggregation of
+# config/default (harness/capi.py installs them as shipped). The api
+# module is nested (go.mod: replace sigs.k8s.io/cluster-api/api => ./api) and not in the first module's zip.
+build_cluster_api() {
+  local out="$cache/cluster-api-$CLUSTER_API_VERSION"
+  if [[ -x "$out/cluster-api-manager" && -f "$out/config/webhook/manifests.yaml" ]]; then return; fi
+  building cluster-api "$CLUSTER_API_VERSION"
+  local w="$cache/wrappers/cluster-api-$CLUSTER_API_VERSION" core api
+  core="$(module_dir cluster-api "sigs.k8s.io/cluster-api@$CLUSTER_API_VERSION" "$CLUSTER_API_MODULE_SUM")"
+  api="$(module_dir cluster-api "sigs.k8s.io/cluster-api/api@$CLUSTER_API_VERSION" "$CLUSTER_API_API_MODULE_SUM")"
+  rm -rf "$w" "$out.tmp"; mkdir -p "$(dirname "$w")" "$out.tmp/config/rbac" "$out.tmp/config/webhook" \
+    "$out.tmp/config/default"
+  cp -r "$core" "$w" && chmod -R u+w "$w" && rm -rf "$w/api" && cp -r "$api" "$w/api" && chmod -R u+w "$w/api" ||
+    die "cannot copy the Cluster API modules into $w"
+  (cd "$w" && run cluster-api go build -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/cluster-api/version.gitVersion=$CLUSTER_API_VERSION" \
+    -o "$out.tmp/cluster-api-manager" ./core)
+  cp -r "$w/core/config/crd" "$out.tmp/config/crd"
+  cp "$w"/core/config/rbac/*.yaml "$out.tmp/config/rbac/"
+  cp "$w/core/config/webhook/manifests.yaml" "$out.tmp/config/webhook/"
+  cp "$w"/core/config/default/{kustomization.yaml,manager_role_aggregation_patch.yaml} "$out.tmp/config/default/"
+  rm -rf "$out" "$w"; mv "$out.tmp" "$out"
+  built cluster-api
+}
+
 # link_profile PROFILE DIR: DIR becomes a directory of symlinks to that profile's binaries (the harness's bin dir).
 link_profile() {
   local bin="$2"
@@ -253,7 +292,8 @@ link_profile() {
   ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/kube-controller-manager" "$bin.tmp/kube-controller-manager"
   ln -sf "$cache/cluster-autoscaler-$CLUSTER_AUTOSCALER_VERSION/cluster-autoscaler" "$bin.tmp/cluster-autoscaler"
   ln -sf "$cache/cro-manager-${CRO_COMMIT:0:7}/cro-manager" "$bin.tmp/cro-manager"
-  echo "profile=$1 kubernetes=$KUBERNETES_VERSION cluster-autoscaler=$CLUSTER_AUTOSCALER_VERSION" >"$bin.tmp/PROFILE"
+  ln -sf "$cache/cluster-api-$CLUSTER_API_VERSION/cluster-api-manager" "$bin.tmp/cluster-api-manager"
+  echo "profile=$1 kubernetes=$KUBERNETES_VERSION cluster-autoscaler=$CLUSTER_AUTOSCALER_VERSION cluster-api=$CLUSTER_API_VERSION" >"$bin.tmp/PROFILE"
   # Swapped in whole, so a test resolving the directory meanwhile sees the old set or the new one, never half of one.
   rm -rf "$bin.old"; [[ -e "$bin" ]] && mv "$bin" "$bin.old"
   mv "$bin.tmp" "$bin"; rm -rf "$bin.old"
@@ -279,7 +319,7 @@ link() {
   load_profile "$1"
   local bin="$cache/k8s-$1"
   # A warm run relinks nothing: tests of another profile may be reading the directories right now.
-  [[ "$(cat "$bin/PROFILE" 2>/dev/null)" == "profile=$1 kubernetes=$KUBERNETES_VERSION cluster-autoscaler=$CLUSTER_AUTOSCALER_VERSION" ]] ||
+  [[ "$(cat "$bin/PROFILE" 2>/dev/null)" == "profile=$1 kubernetes=$KUBERNETES_VERSION cluster-autoscaler=$CLUSTER_AUTOSCALER_VERSION cluster-api=$CLUSTER_API_VERSION" ]] ||
     link_profile "$1" "$bin"
   if [[ "$1" == "$DDS_DEFAULT_K8S_PROFILE" &&
         "$(cat "$cache/current/PROFILE" 2>/dev/null)" != "$(cat "$bin/PROFILE")" ]]; then
@@ -302,6 +342,7 @@ for profile in "${wanted[@]}"; do
   load_profile "$profile"; start "cluster-autoscaler $CLUSTER_AUTOSCALER_VERSION" build_cluster_autoscaler
 done
 [[ "$binaries" == all ]] && start cro-manager build_cro_manager
+[[ "$binaries" == all ]] && start cluster-api build_cluster_api
 start etcd build_etcd
 start kwok build_kwok
 finish

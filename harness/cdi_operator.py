@@ -54,6 +54,7 @@ import yaml
 
 from dds import certs
 from harness.controlplane import ControlPlane, ManagedProcess, free_ports
+from harness.install import AdminApi, as_installed, yaml_documents
 
 OPERATOR_BINARY = "cro-manager"
 # config/default/kustomization.yaml of the operator: every object of its install gets this namespace and name prefix.
@@ -79,10 +80,7 @@ _DEVICE_TAINT_RULES = "/apis/resource.k8s.io/v1alpha3"
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
-TOKEN_LIFETIME_S = 24 * 3600
-_CRD_TIMEOUT_S = 30.0
 _POLL_S = 0.1
-_REQUEST_TIMEOUT_S = 30.0
 
 
 class CdiOperatorError(RuntimeError):
@@ -172,19 +170,19 @@ class OperatorRelease:
         return release
 
     def crds(self) -> list[dict[str, Any]]:
-        return [doc for path in sorted(self.crd_dir.glob("*.yaml")) for doc in _yaml_documents(path)
+        return [doc for path in sorted(self.crd_dir.glob("*.yaml")) for doc in yaml_documents(path)
                 if doc.get("kind") == "CustomResourceDefinition"]
 
     def rbac(self) -> list[dict[str, Any]]:
         """config/rbac's objects as config/default installs them: in the operator's namespace, names prefixed."""
         kustomization = yaml.safe_load((self.rbac_dir / "kustomization.yaml").read_text()) or {}
         entries = kustomization.get("resources", [])
-        return [_as_installed(doc) for entry in entries for doc in _yaml_documents(self.rbac_dir / entry)]
+        return [_as_installed(doc) for entry in entries for doc in yaml_documents(self.rbac_dir / entry)]
 
     def validating_webhooks(self, ca_pem: bytes) -> list[dict[str, Any]]:
         """config/webhook's ValidatingWebhookConfiguration, each webhook sent to this machine's port 9443."""
         configurations = []
-        for doc in _yaml_documents(self.webhook_manifest):
+        for doc in yaml_documents(self.webhook_manifest):
             if doc.get("kind") != "ValidatingWebhookConfiguration":
                 raise CdiOperatorError(f"{self.webhook_manifest}: unexpected {doc.get('kind')} (only validating "
                                        f"webhooks are registered by the harness)")
@@ -197,27 +195,8 @@ class OperatorRelease:
         return configurations
 
 
-def _yaml_documents(path: Path) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-
-
-_NAMESPACED_KINDS = {"ServiceAccount", "Role", "RoleBinding"}
-
-
 def _as_installed(obj: dict[str, Any]) -> dict[str, Any]:
-    """kustomize's `namespace:` and `namePrefix:` as they apply to RBAC objects (references included)."""
-    obj["metadata"]["name"] = NAME_PREFIX + obj["metadata"]["name"]
-    if obj["kind"] in _NAMESPACED_KINDS:
-        obj["metadata"]["namespace"] = OPERATOR_NAMESPACE
-    elif obj["kind"] not in {"ClusterRole", "ClusterRoleBinding"}:
-        raise CdiOperatorError(f"config/rbac holds a {obj['kind']} the harness does not know how to install")
-    if "roleRef" in obj:
-        obj["roleRef"]["name"] = NAME_PREFIX + obj["roleRef"]["name"]
-    for subject in obj.get("subjects") or []:
-        if subject.get("kind") == "ServiceAccount":
-            subject["name"] = NAME_PREFIX + subject["name"]
-            subject["namespace"] = OPERATOR_NAMESPACE
-    return obj
+    return as_installed(obj, NAME_PREFIX, OPERATOR_NAMESPACE, CdiOperatorError)
 
 
 # What the operator calls but its shipped role (config/rbac/role.yaml at CRO_COMMIT) does not grant: each was seen
@@ -274,62 +253,6 @@ _COLLECTIONS = {
 }
 
 
-class _AdminApi:
-    """Create-or-replace of the install's objects with the control plane's admin token."""
-
-    def __init__(self, plane: ControlPlane, ca_file: Path) -> None:
-        self.server = plane.server
-        self.session = requests.Session()
-        self.session.trust_env = False  # no proxy for loopback, no REQUESTS_CA_BUNDLE overriding the CA
-        self.session.verify = str(ca_file)
-        self.session.headers["Authorization"] = f"Bearer {plane.token}"
-
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        path = self.object_path(obj)
-        collection = path.rsplit("/", 1)[0]
-        response = self.request("POST", collection, obj, ok=(201, 409))
-        if response.status_code == 201:
-            return response.json()
-        current = self.request("GET", path).json()
-        replacement = {**obj, "metadata": {**obj["metadata"],
-                                           "resourceVersion": current["metadata"]["resourceVersion"]}}
-        return self.request("PUT", path, replacement).json()
-
-    def delete(self, obj: dict[str, Any]) -> None:
-        self.request("DELETE", self.object_path(obj), ok=(200, 202, 404))
-
-    def object_path(self, obj: dict[str, Any]) -> str:
-        key = (obj["apiVersion"], obj["kind"])
-        if key not in _COLLECTIONS:
-            raise CdiOperatorError(f"the harness does not know where to create a {key[1]} ({key[0]})")
-        collection = _COLLECTIONS[key].format(namespace=obj["metadata"].get("namespace", ""))
-        return f"{collection}/{obj['metadata']['name']}"
-
-    def request(self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200, 201)
-                ) -> requests.Response:
-        try:
-            response = self.session.request(method, f"{self.server}{path}", json=body, timeout=_REQUEST_TIMEOUT_S)
-        except requests.RequestException as exc:
-            raise CdiOperatorError(f"{method} {path}: {exc}") from exc
-        if response.status_code not in ok:
-            raise CdiOperatorError(f"{method} {path}: {response.status_code} {response.text[:500]}")
-        return response
-
-    def wait_established(self, crd_name: str) -> None:
-        path = f"{_COLLECTIONS[('apiextensions.k8s.io/v1', 'CustomResourceDefinition')]}/{crd_name}"
-        deadline = time.monotonic() + _CRD_TIMEOUT_S
-        while True:
-            conditions = self.request("GET", path).json().get("status", {}).get("conditions") or []
-            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-                return
-            if time.monotonic() > deadline:
-                raise CdiOperatorError(f"CRD {crd_name} not Established after {_CRD_TIMEOUT_S:.0f} s: {conditions}")
-            time.sleep(_POLL_S)
-
-    def close(self) -> None:
-        self.session.close()
-
-
 class CdiOperator:
     """Handle on the operator process and its install. Use as a context manager, or call start() and stop()."""
 
@@ -361,7 +284,7 @@ class CdiOperator:
         self._probe_port = free_ports(1)[0]
         self._process: Optional[ManagedProcess] = None
         self._webhooks: list[dict[str, Any]] = []
-        self._api: Optional[_AdminApi] = None
+        self._api: Optional[AdminApi] = None
 
     # -- public API --
 
@@ -453,9 +376,9 @@ class CdiOperator:
 
     # -- install --
 
-    def _admin_api(self) -> _AdminApi:
+    def _admin_api(self) -> AdminApi:
         if self._api is None:
-            self._api = _AdminApi(self.plane, self._apiserver_ca)
+            self._api = AdminApi(self.plane, self._apiserver_ca, _COLLECTIONS, CdiOperatorError)
         return self._api
 
     def _write_apiserver_ca(self) -> None:
@@ -463,17 +386,17 @@ class CdiOperator:
         ca_data = kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"]
         self._apiserver_ca.write_bytes(base64.b64decode(ca_data))
 
-    def _install_crds(self, api: _AdminApi) -> None:
+    def _install_crds(self, api: AdminApi) -> None:
         third_party = [doc for entry in (yaml.safe_load((THIRD_PARTY_CRDS / "kustomization.yaml").read_text())
                                          or {}).get("resources", [])
-                       for doc in _yaml_documents(THIRD_PARTY_CRDS / entry)]
+                       for doc in yaml_documents(THIRD_PARTY_CRDS / entry)]
         crds = self.release.crds() + third_party
         for crd in crds:
             api.apply(crd)
         for crd in crds:
             api.wait_established(crd["metadata"]["name"])
 
-    def _install_prerequisites(self, api: _AdminApi) -> None:
+    def _install_prerequisites(self, api: AdminApi) -> None:
         for namespace in (OPERATOR_NAMESPACE, self.gpu_operator_namespace):
             api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         api.apply({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
@@ -484,25 +407,13 @@ class CdiOperator:
         for name, image in GPU_OPERATOR_DAEMONSETS.items():
             api.apply(_daemonset(self.gpu_operator_namespace, name, image))
 
-    def _write_kubeconfig(self, api: _AdminApi) -> None:
+    def _write_kubeconfig(self, api: AdminApi) -> None:
         """A kubeconfig holding a token of the operator's ServiceAccount (TokenRequest API): no admin rights."""
-        path = f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/serviceaccounts/{SERVICE_ACCOUNT}/token"
-        answer = api.request("POST", path, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                                            "spec": {"expirationSeconds": TOKEN_LIFETIME_S}}).json()
-        token = answer["status"]["token"]
-        user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{SERVICE_ACCOUNT}"
-        document = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "cdi-operator",
-            "clusters": [{"name": "dds-test", "cluster": {
-                "server": self.plane.server,
-                "certificate-authority-data": base64.b64encode(self._apiserver_ca.read_bytes()).decode()}}],
-            "users": [{"name": user, "user": {"token": token}}],
-            "contexts": [{"name": "cdi-operator", "context": {"cluster": "dds-test", "user": user}}],
-        }
+        document = api.service_account_kubeconfig(OPERATOR_NAMESPACE, SERVICE_ACCOUNT, "cdi-operator")
         self.kubeconfig.write_text(yaml.safe_dump(document, sort_keys=False))
         self.kubeconfig.chmod(0o600)
 
-    def _install_webhook(self, api: _AdminApi) -> None:
+    def _install_webhook(self, api: AdminApi) -> None:
         bundle = certs.generate_bundle(dns_names=["localhost"], ip_addresses=["127.0.0.1"], days=30)
         cert_dir = self.tmpdir / WEBHOOK_CERT_SUBDIR
         cert_dir.mkdir(parents=True, exist_ok=True)
@@ -589,7 +500,7 @@ class CdiOperator:
         return f"{OPERATOR_BINARY} exited with code {code} while starting; last lines of {self.log_path}:\n{tail}"
 
 
-def _check_device_taint_rules_served(api: _AdminApi) -> None:
+def _check_device_taint_rules_served(api: AdminApi) -> None:
     answer = api.request("GET", _DEVICE_TAINT_RULES, ok=(200, 404))
     served = {resource["name"] for resource in answer.json().get("resources", [])} if answer.ok else set()
     if "devicetaintrules" not in served:

@@ -71,6 +71,8 @@ class MachineRef:
     uid: str = ""
     api_version: str = ""
     refused: str = ""  # why its status.nodeRef is not counted (capi.node_claims): node_name is then None
+    hooked: bool = False  # carries DDS's pre-terminate hook (dds/controller/machine_hooks.py)
+    awaiting_pre_terminate: bool = False  # Cluster API drained its node and waits for the pre-terminate hooks
 
 
 @dataclass(frozen=True)
@@ -340,7 +342,9 @@ def machine_refs(items: Iterable[Mapping[str, Any]]) -> tuple[MachineRef, ...]:
             provider_id=capi.provider_id(item), node_name=claim.node,
             deleting=capi.is_deleting(item) or capi.marked_for_deletion(item), terminating=capi.is_deleting(item),
             uid=str(capi.meta(item).get("uid") or ""), api_version=str(item.get("apiVersion") or ""),
-            refused=claim.refused))
+            refused=claim.refused,
+            hooked=capi.DDS_PRE_TERMINATE_HOOK in capi.annotations_of(item),
+            awaiting_pre_terminate=capi.waiting_for_pre_terminate_hooks(item)))
     return tuple(out)
 
 

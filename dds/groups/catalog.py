@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 def _event_target(error: GroupConfigError) -> ObjectRef:
     source = error.source
     return ObjectRef(kind=source.kind, name=source.name, namespace=source.namespace,
-                     api_version=source.api_version or ("v1" if source.kind != "MachineSet" else "cluster.x-k8s.io/v1beta1"),
+                     api_version=source.api_version or ("v1" if source.kind != "MachineSet" else "cluster.x-k8s.io/v1beta2"),
                      uid=source.uid)
 
 

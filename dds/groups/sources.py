@@ -68,6 +68,9 @@ class MachineSetSource:
         for machineset in machinesets:
             if not opted_in(machineset.annotations):
                 continue
+            if machineset.owner_deployment:
+                refused.append(_deployment_owned(machineset))
+                continue
             item = group_input_from_machineset(machineset)
             refusal = namespace_refusal(item, self._grants)
             if refusal is None:
@@ -76,6 +79,16 @@ class MachineSetSource:
                 refused.append(refusal)
         result = _parse_all(inputs, admit=lambda spec: grant_refusals(spec, self._grants[spec.source.namespace]))
         return SourceRead(result.groups, tuple(refused) + result.errors)
+
+
+def _deployment_owned(machineset: MachineSetObject) -> GroupConfigError:
+    """A MachineSet a MachineDeployment owns cannot be a node group: its controller sets the MachineSet's replicas, so
+    every scale DDS wrote would be undone."""
+    source = group_input_from_machineset(machineset).source
+    return GroupConfigError(source, machineset.group_id, g.ANN_ENABLED,
+                            f"this MachineSet is owned by MachineDeployment {machineset.namespace}/"
+                            f"{machineset.owner_deployment}, whose controller sets its replicas (a scale written here "
+                            f"would be undone); remove {g.ANN_ENABLED} from it")
 
 
 # --- YAML file ---

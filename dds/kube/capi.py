@@ -40,6 +40,13 @@ NODE_ANN_CLUSTER_NAMESPACE = "cluster.x-k8s.io/cluster-namespace"
 NODE_ANN_OWNER_KIND = "cluster.x-k8s.io/owner-kind"
 NODE_ANN_OWNER_NAME = "cluster.x-k8s.io/owner-name"
 
+# A Machine annotation with this prefix holds its deletion after the drain, before the host is deleted, until whoever
+# set it removes it (Cluster API never times a hook out). DDS's: the GPUs go back to the pool before the host goes.
+PRE_TERMINATE_HOOK_PREFIX = "pre-terminate.delete.hook.machine.cluster.x-k8s.io"
+DDS_PRE_TERMINATE_HOOK = f"{PRE_TERMINATE_HOOK_PREFIX}/dds"
+# The Machine's Deleting condition reason while pre-terminate hooks hold it (the node is drained by then).
+WAITING_FOR_PRE_TERMINATE_HOOK = "WaitingForPreTerminateHook"
+
 # Machine.status.phase values (Cluster API's MachinePhase).
 PHASE_PENDING = "Pending"
 PHASE_PROVISIONING = "Provisioning"
@@ -265,6 +272,20 @@ def is_deleting(obj: Mapping[str, Any]) -> bool:
 
 def marked_for_deletion(machine: Mapping[str, Any]) -> bool:
     return ANN_CAPI_DELETE_MACHINE in (meta(machine).get("annotations") or {})
+
+
+def conditions(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """v1beta2 status.conditions, or their v1beta1 home status.v1beta2.conditions."""
+    status = obj.get("status") or {}
+    if version_of(obj) == "v1beta1":
+        return list(((status.get("v1beta2") or {}).get("conditions")) or [])
+    return list(status.get("conditions") or [])
+
+
+def waiting_for_pre_terminate_hooks(machine: Mapping[str, Any]) -> bool:
+    """Cluster API has drained the Machine's node (or it has none) and waits for its pre-terminate hooks."""
+    return is_deleting(machine) and any(c.get("type") == "Deleting" and c.get("reason") ==
+                                        WAITING_FOR_PRE_TERMINATE_HOOK for c in conditions(machine))
 
 
 def node_ref_name(machine: Mapping[str, Any]) -> Optional[str]:

@@ -36,6 +36,7 @@ class MachineSetObject:
     annotations: Mapping[str, str]
     replicas: Optional[int]  # spec.replicas; None when unset (v1beta2 leaves it to defaulting)
     template_taints: tuple[Mapping[str, str], ...] = ()  # spec.template.spec.taints (v1beta2, CAPI 1.12+)
+    owner_deployment: str = ""  # the MachineDeployment that owns it (and sets its replicas), if any
 
     @property
     def group_id(self) -> str:
@@ -53,7 +54,9 @@ def machineset_from_object(item: Mapping[str, Any]) -> MachineSetObject:
         api_version=item.get("apiVersion", ""), uid=meta.get("uid", ""),
         annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
         replicas=None if replicas is None else replicas,
-        template_taints=tuple(t for t in taints if isinstance(t, Mapping)))
+        template_taints=tuple(t for t in taints if isinstance(t, Mapping)),
+        owner_deployment=next((str(o.get("name", "")) for o in meta.get("ownerReferences") or ()
+                               if o.get("kind") == "MachineDeployment"), ""))
 
 
 class MachineSetLister:

@@ -1,16 +1,19 @@
 """The Cluster API node backend: a group is a MachineSet; adding nodes raises its spec.replicas, removing one marks
-that node's Machine `cluster.x-k8s.io/delete-machine` and lowers replicas by one, so Cluster API's deletion policy
-(which deletes marked Machines first) removes exactly that Machine. An infrastructure provider makes the machines; in
-tests and the demo that is `dds/nodes/kwok.py`.
+that node's Machine `cluster.x-k8s.io/delete-machine` and lowers replicas by one, so Cluster API's deletion order
+(Machines already deleting, then marked ones, first) removes exactly that Machine. An infrastructure provider makes the
+machines; in tests and the demo that is `dds/nodes/kwok.py`.
 
 Idempotency: every applied request is recorded by key in the MachineSet annotation `dds.cdi.dev/scale-requests` (a JSON
 list, the newest `HISTORY_LIMIT` entries), written in the same conditional patch (metadata.resourceVersion) as the
 replicas it changes, so a request is either applied and recorded or neither. A retried key is answered from that record.
 
-Removal is two writes, always in this order: the Machine annotation, then the MachineSet patch (replicas and record).
-A failure between them leaves a marked Machine and unchanged replicas, which nothing acts on; the retry (same key)
-finds the key unrecorded, marks again (a no-op) and completes. A Machine with a recorded removal is never counted twice,
-whatever key a later call carries.
+Removal is two writes, always in this order: the Machine annotation, then the MachineSet patch (replicas and record),
+as cluster-autoscaler's clusterapi provider does them. A mark is not inert: Cluster API's next scale-down of that
+MachineSet deletes marked Machines first, whoever lowered the replicas. So when the replica write fails, the mark this
+call set is removed again; a mark left by a crash between the two writes (a value starting `MARK_PREFIX`, no removal
+recorded for its Machine, the Machine not deleting) is removed by `release_leftover_marks` when DDS starts acting. A
+retry (same key) finds the key unrecorded, marks again and completes. A Machine with a recorded removal is never
+counted twice, whatever key a later call carries.
 
 Errors are typed (`dds.nodes.errors`): an apiserver outage is `NodeBackendUnavailable` naming the group, the object and
 the cause; a conflict is retried `CONFLICT_ATTEMPTS` times on a fresh read before it becomes one.
@@ -35,6 +38,7 @@ from dds.nodes.errors import (MachineSetNotFound, NodeBackendError, NodeBackendU
 
 log = logging.getLogger(__name__)
 
+MARK_PREFIX = "dds at "  # the value of DDS's delete-machine marks (Cluster API reads only that the key is there)
 HISTORY_LIMIT = 100  # far more than the requests in flight at once; ~10 KiB of annotation at most
 CONFLICT_ATTEMPTS = 10
 
@@ -177,6 +181,8 @@ class MachineSetProvisioner:
     def remove_node(self, group: NodeGroupSpec, node_name: str, key: str) -> None:
         namespace, name = machineset_ref(group)
         what = f"removing node {node_name} (request {key})"
+        machine: Optional[Mapping[str, Any]] = None
+        marked_here = False  # this call set the mark (then it is this call's to remove if the removal fails)
         for _ in range(CONFLICT_ATTEMPTS):
             machineset = self._get_machineset(group, what)
             history = read_history(capi.annotations_of(machineset))
@@ -193,19 +199,54 @@ class MachineSetProvisioner:
             if any(e.kind == RequestKind.REMOVE and e.machine == machine_name for e in history):
                 log.info("%s: %s: Machine %s is already being removed", group.id, what, machine_name)
                 return
-            self._mark_for_deletion(group, machine, what)
+            marked_here = self._mark_for_deletion(group, machine, what) or marked_here
             crashpoint("nodes.remove.marked")
             current = self._current_replicas(group, machineset, what)
             wanted = max(0, current - 1)
             entry = AppliedRequest(key=key, kind=RequestKind.REMOVE, replicas=wanted, machine=machine_name,
                                    at=self._clock())
-            if self._patch_machineset(group, machineset, history, entry, what):
+            try:
+                patched = self._patch_machineset(group, machineset, history, entry, what)
+            except NodeBackendError as exc:
+                self._unmark_after_failure(group, machine, marked_here, what, exc)
+                raise
+            if patched:
                 crashpoint("nodes.remove.patched")
                 log.info("%s: Machine %s marked %s, spec.replicas %d -> %d (%s)", group.id, machine_name,
                          ANN_CAPI_DELETE_MACHINE, current, wanted, what)
                 return
-        raise NodeBackendUnavailable(f"{group.id}: {what}: MachineSet {namespace}/{name} kept changing under us "
-                                     f"({CONFLICT_ATTEMPTS} conflicts); retry with the same key")
+        failure = NodeBackendUnavailable(f"{group.id}: {what}: MachineSet {namespace}/{name} kept changing under us "
+                                         f"({CONFLICT_ATTEMPTS} conflicts); retry with the same key")
+        if machine is not None:
+            self._unmark_after_failure(group, machine, marked_here, what, failure)
+        raise failure
+
+    def release_leftover_marks(self, group: NodeGroupSpec) -> tuple[str, ...]:
+        """Remove the delete-machine marks DDS set on this group's Machines without completing the removal (a crash
+        between the mark and the replica write): left there, Cluster API's next scale-down would delete that Machine
+        instead of the one asked for. Returns the Machines released."""
+        what = "releasing leftover delete-machine marks"
+        machineset = self._get_machineset(group, what)
+        removed = {e.machine for e in read_history(capi.annotations_of(machineset)) if e.kind == RequestKind.REMOVE}
+        released = []
+        for machine in self._owned_machines(group, machineset, what):
+            mark = capi.annotations_of(machine).get(ANN_CAPI_DELETE_MACHINE, "")
+            name = capi.name_of(machine)
+            if mark.startswith(MARK_PREFIX) and name not in removed and not capi.is_deleting(machine):
+                self._unmark(group, machine, what)
+                log.warning("%s: Machine %s carried DDS's %s mark (%r) but no removal was recorded for it (DDS "
+                            "stopped between the mark and the replica write): mark removed, so Cluster API does not "
+                            "delete it at the next scale-down", group.id, name, ANN_CAPI_DELETE_MACHINE, mark)
+                released.append(name)
+        return tuple(released)
+
+    # --- the pre-terminate hook (dds/controller/machine_hooks.py decides when) ---
+    def set_hook(self, group: NodeGroupSpec, machine: str, hook: str, held: bool) -> None:
+        """Add (`held`) or remove the annotation `hook` on the group's Machine `machine`."""
+        namespace, _ = machineset_ref(group)
+        body = {"metadata": {"annotations": {hook: "" if held else None}}}
+        self._call(group, f"{'adding' if held else 'removing'} {hook}", f"patching Machine {namespace}/{machine}",
+                   lambda: self._capi.patch(MACHINES, namespace, machine, body))
 
     # --- steps ---
     def _get_machineset(self, group: NodeGroupSpec, what: str) -> dict[str, Any]:
@@ -227,14 +268,38 @@ class MachineSetProvisioner:
         owned = self._owned_machines(group, machineset, what)
         return sum(1 for m in owned if not capi.is_deleting(m) and not capi.marked_for_deletion(m))
 
-    def _mark_for_deletion(self, group: NodeGroupSpec, machine: Mapping[str, Any], what: str) -> None:
+    def _mark_for_deletion(self, group: NodeGroupSpec, machine: Mapping[str, Any], what: str) -> bool:
+        """Mark the Machine; False when it was marked already (by DDS before, or by someone else)."""
         if capi.marked_for_deletion(machine):
-            return
+            return False
         namespace, name = capi.namespace_of(machine), capi.name_of(machine)
         # Cluster API only checks that the annotation is there; the value says who and when, for people.
-        body = {"metadata": {"annotations": {ANN_CAPI_DELETE_MACHINE: f"dds at {self._clock():.0f}"}}}
+        body = {"metadata": {"annotations": {ANN_CAPI_DELETE_MACHINE: f"{MARK_PREFIX}{self._clock():.0f}"}}}
         self._call(group, what, f"marking Machine {namespace}/{name} {ANN_CAPI_DELETE_MACHINE}",
                    lambda: self._capi.patch(MACHINES, namespace, name, body))
+        return True
+
+    def _unmark(self, group: NodeGroupSpec, machine: Mapping[str, Any], what: str) -> None:
+        namespace, name = capi.namespace_of(machine), capi.name_of(machine)
+        body = {"metadata": {"annotations": {ANN_CAPI_DELETE_MACHINE: None}}}
+        self._call(group, what, f"removing the {ANN_CAPI_DELETE_MACHINE} mark from Machine {namespace}/{name}",
+                   lambda: self._capi.patch(MACHINES, namespace, name, body))
+
+    def _unmark_after_failure(self, group: NodeGroupSpec, machine: Mapping[str, Any], marked_here: bool, what: str,
+                              failure: Exception) -> None:
+        """The replica write failed: take back the mark this call set (as cluster-autoscaler's clusterapi provider
+        does), or Cluster API's next scale-down would delete this Machine whatever was asked. A mark that cannot be
+        taken back now is left to `release_leftover_marks`, and said so."""
+        if not marked_here:
+            return
+        try:
+            self._unmark(group, machine, what)
+        except NodeBackendError as exc:
+            log.error("%s: %s failed (%s), and the mark on Machine %s could not be removed either (%s): it is removed "
+                      "when DDS next starts acting, or by hand", group.id, what, failure, capi.name_of(machine), exc)
+            return
+        log.info("%s: %s failed (%s): the %s mark on Machine %s was removed again", group.id, what, failure,
+                 ANN_CAPI_DELETE_MACHINE, capi.name_of(machine))
 
     def _patch_machineset(self, group: NodeGroupSpec, machineset: Mapping[str, Any],
                           history: Sequence[AppliedRequest], entry: AppliedRequest, what: str) -> bool:

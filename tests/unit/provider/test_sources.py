@@ -259,3 +259,17 @@ def test_configured_namespaces_only():
 def test_machineset_object_fields():
     obj = machineset_from_object(machineset("gpu", replicas=3))
     assert (obj.group_id, obj.replicas, obj.api_version) == ("MachineSet/capi/gpu", 3, "cluster.x-k8s.io/v1beta1")
+
+
+def test_a_machineset_a_machinedeployment_owns_is_refused_with_the_reason():
+    owned = machineset("md-0-abcde", "v1beta2")
+    owned["metadata"]["ownerReferences"] = [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+                                              "name": "md-0", "uid": "uid-md-0"}]
+    fake = FakeCustomObjects({"v1beta2": [owned, machineset("gpu", "v1beta2")]})
+
+    read = MachineSetSource(lister(fake)).read()
+
+    assert [g.id for g in read.groups] == ["MachineSet/capi/gpu"]
+    (error,) = read.errors
+    assert (error.group_id, error.key) == ("MachineSet/capi/md-0-abcde", "dds.cdi.dev/enabled")
+    assert "owned by MachineDeployment capi/md-0" in error.message and "would be undone" in error.message

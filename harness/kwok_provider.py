@@ -1,0 +1,228 @@
+"""A Cluster API infrastructure provider for kwok nodes: what a cloud does, and nothing of Cluster API's own work.
+
+Cluster API's real manager (harness/capi.py) runs the MachineSets and Machines; this provider only answers for the
+"hardware" they ask for, as an infrastructure provider's controller would:
+
+| it sees                                        | it does (as a cloud would)                                       |
+|------------------------------------------------|------------------------------------------------------------------|
+| a KwokMachine (cloned by Cluster API from the   | adds its finalizer; once the provisioning delay has passed since |
+| MachineSet's KwokMachineTemplate), owned by a  | the KwokMachine was created, makes the host: a kwok Node named   |
+| Machine, not yet provisioned                   | after it, spec.providerID kwok://<name>, shaped by the template's |
+|                                                | `node` (labels, taints, capacity); sets the same providerID on    |
+|                                                | the KwokMachine and status.initialization.provisioned: true       |
+| a KwokMachine being deleted                    | removes the host and its finalizer (Cluster API deletes the Node |
+|                                                | itself afterwards, as after any cloud instance is gone)          |
+
+`install_cluster` makes what a workload cluster needs for worker Machines to get a nodeRef without bootstrap or
+control-plane providers: the externally managed KwokControlPlane reporting `controlPlaneInitialized`, the Cluster
+pointing at it, and the `<cluster>-kubeconfig` Secret (the same apiserver, the admin credential a workload cluster's
+kubeconfig holds). The provider's CRDs carry the contract label Cluster API looks for (`cluster.x-k8s.io/v1beta2:
+v1alpha1`), and a ClusterRole labelled to aggregate into the manager's role lets the manager read and write them.
+
+Harness-only: the hardware's stand-in, never in the `dds` wheel.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from datetime import datetime
+from typing import Any, Callable, Mapping, Optional
+
+from kubernetes import client
+
+from harness.capi import AGGREGATE_TO_MANAGER, AGGREGATED_ROLE
+from harness.install import AdminApi
+from harness.reconcile_loop import ReconcileLoop
+
+log = logging.getLogger(__name__)
+
+INFRA_GROUP = "infrastructure.harness.dds.cdi.dev"
+CONTROL_PLANE_GROUP = "controlplane.harness.dds.cdi.dev"
+VERSION = "v1alpha1"
+CONTRACT_LABEL = "cluster.x-k8s.io/v1beta2"  # value: the provider's API version that implements the v1beta2 contract
+MACHINE_KIND, MACHINES = "KwokMachine", "kwokmachines"
+TEMPLATE_KIND, TEMPLATES = "KwokMachineTemplate", "kwokmachinetemplates"
+CONTROL_PLANE_KIND, CONTROL_PLANES = "KwokControlPlane", "kwokcontrolplanes"
+FINALIZER = f"{INFRA_GROUP}/host"
+PROVIDER_PREFIX = "kwok://"
+KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+LABEL_CLUSTER_NAME = "cluster.x-k8s.io/cluster-name"
+BOOTSTRAP_SECRET = "kwok-bootstrap"  # a MachineSet template's bootstrap.dataSecretName: the bootstrap phase is skipped
+DEFAULT_CAPACITY = {"cpu": "4", "memory": "16Gi", "pods": "110"}
+CLUSTER_ROLE = "capi-kwok-provider"
+
+
+def _crd(kind: str, plural: str, group: str, *, status: bool = True) -> dict[str, Any]:
+    preserve = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}", "labels": {CONTRACT_LABEL: VERSION}},
+        "spec": {"group": group, "scope": "Namespaced",
+                 "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower()},
+                 "versions": [{"name": VERSION, "served": True, "storage": True,
+                               **({"subresources": {"status": {}}} if status else {}),
+                               "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                                   "spec": preserve, "status": preserve}}}}]},
+    }
+
+
+def crds() -> list[dict[str, Any]]:
+    return [_crd(MACHINE_KIND, MACHINES, INFRA_GROUP), _crd(TEMPLATE_KIND, TEMPLATES, INFRA_GROUP, status=False),
+            _crd(CONTROL_PLANE_KIND, CONTROL_PLANES, CONTROL_PLANE_GROUP)]
+
+
+def manager_role() -> dict[str, Any]:
+    """What the Cluster API manager needs on this provider's objects, aggregated into its role by label."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": CLUSTER_ROLE, "labels": {AGGREGATE_TO_MANAGER: "true"}},
+            "rules": [{"apiGroups": [INFRA_GROUP, CONTROL_PLANE_GROUP], "resources": ["*"],
+                       "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]}
+
+
+def install(api: AdminApi) -> None:
+    """The provider's CRDs (waited for until Established) and the manager's role on them."""
+    for crd in crds():
+        api.apply(crd)
+    for crd in crds():
+        api.wait_established(crd["metadata"]["name"])
+    api.apply(manager_role())
+    api.aggregate_cluster_role(AGGREGATED_ROLE)
+
+
+def _collection(group: str, namespace: str, plural: str) -> str:
+    return f"/apis/{group}/{VERSION}/namespaces/{namespace}/{plural}"
+
+
+def install_cluster(api: AdminApi, namespace: str, cluster: str) -> None:
+    """A workload cluster named `cluster` in `namespace` whose worker Machines get nodeRefs: the KwokControlPlane
+    (externally managed, initialized), the Cluster, its kubeconfig Secret and the bootstrap data Secret."""
+    api.apply({"apiVersion": f"{CONTROL_PLANE_GROUP}/{VERSION}", "kind": CONTROL_PLANE_KIND,
+               "metadata": {"name": cluster, "namespace": namespace}, "spec": {}},
+              _collection(CONTROL_PLANE_GROUP, namespace, CONTROL_PLANES))
+    api.merge_patch(f"{_collection(CONTROL_PLANE_GROUP, namespace, CONTROL_PLANES)}/{cluster}/status",
+                    {"status": {"initialization": {"controlPlaneInitialized": True},
+                                "externalManagedControlPlane": True}})
+    api.apply({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+               "metadata": {"name": cluster, "namespace": namespace},
+               "spec": {"controlPlaneRef": {"apiGroup": CONTROL_PLANE_GROUP, "kind": CONTROL_PLANE_KIND,
+                                            "name": cluster}}},
+              f"/apis/cluster.x-k8s.io/v1beta2/namespaces/{namespace}/clusters")
+    kubeconfig = (f"apiVersion: v1\nkind: Config\ncurrent-context: {cluster}\n"
+                  f"clusters:\n- name: {cluster}\n  cluster:\n    server: {api.server}\n"
+                  f"    certificate-authority-data: {base64.b64encode(api.ca_pem).decode()}\n"
+                  f"users:\n- name: admin\n  user:\n    token: {api.session.headers['Authorization'].split()[1]}\n"
+                  f"contexts:\n- name: {cluster}\n  context:\n    cluster: {cluster}\n    user: admin\n")
+    secrets = f"/api/v1/namespaces/{namespace}/secrets"
+    api.apply({"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
+               "metadata": {"name": f"{cluster}-kubeconfig", "namespace": namespace,
+                            "labels": {LABEL_CLUSTER_NAME: cluster}},
+               "stringData": {"value": kubeconfig}}, secrets)
+    api.apply({"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
+               "metadata": {"name": BOOTSTRAP_SECRET, "namespace": namespace, "labels": {LABEL_CLUSTER_NAME: cluster}},
+               "stringData": {"value": "#!/bin/sh\n# kwok nodes need no bootstrap\n"}}, secrets)
+
+
+def machine_template(namespace: str, name: str, node: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    """A KwokMachineTemplate: `node` shapes the hosts made from it (labels, taints, capacity), as an instance type."""
+    return {"apiVersion": f"{INFRA_GROUP}/{VERSION}", "kind": TEMPLATE_KIND,
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"template": {"spec": {"node": dict(node or {})}}}}
+
+
+def create_template(api: AdminApi, template: dict[str, Any]) -> None:
+    api.apply(template, _collection(INFRA_GROUP, template["metadata"]["namespace"], TEMPLATES))
+
+
+def infrastructure_ref(template_name: str) -> dict[str, str]:
+    """A MachineSet template's spec.infrastructureRef (v1beta2) to a KwokMachineTemplate."""
+    return {"apiGroup": INFRA_GROUP, "kind": TEMPLATE_KIND, "name": template_name}
+
+
+def _created_at(obj: Mapping[str, Any]) -> float:
+    stamp = (obj.get("metadata") or {}).get("creationTimestamp") or ""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else 0.0
+
+
+def node_object(name: str, shape: Mapping[str, Any]) -> dict[str, Any]:
+    """The host's Node as its kubelet would register it; kwok then keeps it Ready."""
+    capacity = {**DEFAULT_CAPACITY, **(shape.get("capacity") or {})}
+    labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+              "type": "kwok", **(shape.get("labels") or {})}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels,
+                         "annotations": {KWOK_NODE_ANNOTATION[0]: KWOK_NODE_ANNOTATION[1]}},
+            "spec": {"providerID": PROVIDER_PREFIX + name, "taints": list(shape.get("taints") or [])},
+            "status": {"capacity": capacity, "allocatable": capacity}}
+
+
+class KwokInfrastructureProvider(ReconcileLoop):
+    """The provider's controller: one `reconcile_once()` pass, or `start()` for a background thread."""
+
+    def __init__(self, api_client: client.ApiClient, *, provisioning_delay_seconds: float = 0.0,
+                 interval_seconds: float = 0.2, active: Callable[[], bool] = lambda: True) -> None:
+        """`active`: whether to run passes now (the harness pauses the provider while its manager is not running)."""
+        super().__init__("kwok-infrastructure-provider", interval_seconds)
+        self._custom = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
+        self.provisioning_delay_seconds = provisioning_delay_seconds
+        self.hosts: set[str] = set()  # the "machines" this cloud runs, by KwokMachine name
+        self.removed_hosts: list[str] = []
+        self._active = active
+
+    def reconcile_once(self) -> None:
+        if not self._active():
+            return
+        machines = self._custom.list_cluster_custom_object(INFRA_GROUP, VERSION, MACHINES).get("items", [])
+        for machine in machines:
+            meta = machine["metadata"]
+            if meta.get("deletionTimestamp"):
+                self._remove_host(machine)
+            elif not ((machine.get("status") or {}).get("initialization") or {}).get("provisioned"):
+                self._provision(machine)
+
+    def _provision(self, machine: dict[str, Any]) -> None:
+        meta = machine["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if FINALIZER not in (meta.get("finalizers") or []):
+            self._custom.patch_namespaced_custom_object(
+                INFRA_GROUP, VERSION, namespace, MACHINES, name,
+                {"metadata": {"finalizers": [*(meta.get("finalizers") or []), FINALIZER],
+                              "resourceVersion": meta["resourceVersion"]}})
+            return  # the next pass sees the object with the finalizer
+        if not any(o.get("kind") == "Machine" for o in meta.get("ownerReferences") or ()):
+            return  # Cluster API sets its Machine as the owner right after cloning
+        if time.time() - _created_at(machine) < self.provisioning_delay_seconds:
+            return
+        shape = ((machine.get("spec") or {}).get("node")) or {}
+        try:
+            self._core.create_node(node_object(name, shape))
+        except client.ApiException as exc:
+            if exc.status != 409:  # made in an earlier pass whose status write failed
+                raise
+        self.hosts.add(name)
+        self._custom.patch_namespaced_custom_object(INFRA_GROUP, VERSION, namespace, MACHINES, name,
+                                                    {"spec": {"providerID": PROVIDER_PREFIX + name}})
+        self._custom.patch_namespaced_custom_object_status(
+            INFRA_GROUP, VERSION, namespace, MACHINES, name,
+            {"status": {"initialization": {"provisioned": True},
+                        "addresses": [{"type": "Hostname", "address": name}]}})
+        log.info("kwok provider: host %s/%s is up", namespace, name)
+
+    def _remove_host(self, machine: dict[str, Any]) -> None:
+        meta = machine["metadata"]
+        finalizers = meta.get("finalizers") or []
+        if FINALIZER not in finalizers:
+            return
+        self.hosts.discard(meta["name"])
+        self.removed_hosts.append(meta["name"])
+        try:
+            self._custom.patch_namespaced_custom_object(
+                INFRA_GROUP, VERSION, meta["namespace"], MACHINES, meta["name"],
+                {"metadata": {"finalizers": [f for f in finalizers if f != FINALIZER],
+                              "resourceVersion": meta["resourceVersion"]}})
+        except client.ApiException as exc:
+            if exc.status != 404:  # gone meanwhile (its namespace deleted): nothing left to remove
+                raise
+        log.info("kwok provider: host %s/%s removed", meta["namespace"], meta["name"])
