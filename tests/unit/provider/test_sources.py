@@ -267,7 +267,7 @@ def test_a_machineset_a_machinedeployment_owns_is_refused_with_the_reason():
                                               "name": "md-0", "uid": "uid-md-0"}]
     fake = FakeCustomObjects({"v1beta2": [owned, machineset("gpu", "v1beta2")]})
 
-    read = MachineSetSource(lister(fake)).read()
+    read = MachineSetSource(lister(fake), GRANTS).read()
 
     assert [g.id for g in read.groups] == ["MachineSet/capi/gpu"]
     (error,) = read.errors
