@@ -32,6 +32,10 @@ def _cache(root: Path, *, controller_manager: bool = True, cro_manager: bool = T
         _executable(cro / "cro-manager")
         (cro / "config" / "webhook").mkdir(parents=True)
         (cro / "config" / "webhook" / "manifests.yaml").write_text("")
+        capi = root / f"cluster-api-{shared['CLUSTER_API_VERSION']}"
+        _executable(capi / "cluster-api-manager")
+        (capi / "config" / "webhook").mkdir(parents=True)
+        (capi / "config" / "webhook" / "manifests.yaml").write_text("")
     for name in versions.known_profiles():
         profile = versions.load_profile(name)
         kubernetes = root / f"kubernetes-{profile.kubernetes_version}"
@@ -62,7 +66,7 @@ def test_a_warm_cache_builds_nothing_and_links_every_profile(tmp_path: Path) -> 
     assert done.stdout.strip().splitlines()[-1] == str(tmp_path / f"k8s-{default}")
     for name in versions.known_profiles():
         for binary in ("etcd", "kwok", "kube-apiserver", "kube-scheduler", "kube-controller-manager",
-                       "cluster-autoscaler", "cro-manager"):
+                       "cluster-autoscaler", "cro-manager", "cluster-api-manager"):
             assert os.access(tmp_path / f"k8s-{name}" / binary, os.X_OK), (name, binary)
 
 
