@@ -8,7 +8,8 @@
 Prints the scale-up plan (per pending pod: fits now / after N GPUs on a node / needs a node / unschedulable, the score,
 the rejected options) and the scale-down plan (idle GPUs to detach, nodes to remove or keep). --json prints both plans
 as JSON instead. The snapshot file format is documented in dds/commands/snapshot_file.py. Policy and solver default to
-the settings (--config, DDS_POLICY, DDS_BATCH_SOLVER). Exit codes: 0 planned, 2 bad flags or an unreadable snapshot.
+the settings (--config, DDS_POLICY, DDS_BATCH_SOLVER). Exit codes: 0 planned, 2 bad flags or an unreadable snapshot,
+3 the cluster cannot be reached or logged in to, 4 it refuses a read (RBAC) or lacks a CRD (dds/commands/failures.py).
 """
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ from dds.planner.render import plan_to_dict
 from dds.planner.scoring import POLICIES
 from dds.planner.memos import PlannerMemos
 from dds.model.snapshot import Snapshot
+from dds.commands.failures import EXIT_USAGE, Failure, report
 from dds.commands.snapshot_file import SnapshotFormatError, load_snapshot
-
-EXIT_USAGE = 2
 
 # Where the snapshot comes from. A provider reads the parsed flags and returns a Snapshot, or raises UsageError.
 SnapshotProvider = Callable[[argparse.Namespace], Snapshot]
@@ -66,7 +66,7 @@ def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
     from dds.controller.observe import ClusterObserver
     from dds.kube.cache import cluster_cache
     from dds.kube.controller_ports import KubeClusterReader
-    from dds.kube.client import api_client
+    from dds.kube.preflight import ClusterUnusable, check_reachable, connect, explain
     from dds.kube.machinesets import MachineSetLister
     from dds.model.events import LogEventRecorder
     from dds.groups.sources import MachineSetSource
@@ -74,7 +74,8 @@ def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
 
     settings = _settings(args)
     try:
-        api = api_client(settings.kubeconfig, settings.in_cluster)
+        api = connect(settings.kubeconfig, settings.in_cluster)
+        check_reachable(api)
         catalog = NodeGroupCatalog(source=MachineSetSource(MachineSetLister(api, settings.machineset_namespaces)),
                                    events=LogEventRecorder())
         if not catalog.refresh():
@@ -92,7 +93,12 @@ def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
             fabric.close()
     except UsageError:
         raise
-    except Exception as exc:  # unreachable apiserver, bad kubeconfig, fabric backend unreachable
+    except ClusterUnusable as exc:
+        raise Failure.of(exc.problem) from exc
+    except Exception as exc:  # the apiserver refusing a request, a fabric backend unreachable
+        problem = explain(exc)
+        if problem is not None:
+            raise Failure.of(problem) from exc
         raise UsageError(f"cannot read the cluster: {exc}") from exc
     pending = set(observation.unschedulable_since)
     # Only pods the scheduler has found unschedulable are planned for, as DDS does.
@@ -205,8 +211,9 @@ def run(args: argparse.Namespace, provider: Optional[SnapshotProvider] = None) -
         config = planner_config(args)
         snapshot = (provider or choose_provider(args))(args)
     except UsageError as exc:
-        print(f"dds plan: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return report("plan", Failure(str(exc), exit_code=EXIT_USAGE))
+    except Failure as failure:
+        return report("plan", failure)
     candidates = [name.strip() for name in args.remove.split(",") if name.strip()]
     memos = PlannerMemos()  # both plans are made on the one snapshot: what the first derives, the second reuses
     up = plan_scale_up(snapshot, config, memos=memos)

@@ -53,5 +53,6 @@ def test_plan_says_why_when_the_cluster_cannot_be_read(tmp_path, capsys) -> None
         "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
         "users": [{"name": "u", "user": {"token": "t"}}]}))
-    assert main(["plan", "--kubeconfig", str(kubeconfig)]) == 2
-    assert "cannot read the node groups" in capsys.readouterr().err
+    assert main(["plan", "--kubeconfig", str(kubeconfig)]) == 3  # cannot reach the cluster (dds/commands/failures.py)
+    err = capsys.readouterr().err
+    assert "cannot reach the apiserver at https://127.0.0.1:1" in err and "to fix:" in err, err
