@@ -8,7 +8,7 @@ import sys
 from typing import Sequence
 
 # Each module registers its own subcommand (owned next to the code it drives).
-COMMAND_MODULES = ("serve", "plan", "simulate", "certs")
+COMMAND_MODULES = ("serve", "plan", "simulate", "certs", "check_config")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -240,12 +240,18 @@ class Settings(BaseSettings):
         return init_settings, env_settings
 
     @classmethod
-    def load(cls, config_file: Optional[Path] = None, **flags: Any) -> "Settings":
-        """Build settings from a YAML file, the environment and flags (None-valued flags are ignored)."""
+    def load(cls, config_file: Optional[Path] = None, *, config_text: Optional[tuple[str, str]] = None,
+             **flags: Any) -> "Settings":
+        """Build settings from a YAML file (or `config_text`: where it was read, and the YAML), the environment and
+        flags (None-valued flags are ignored)."""
         data: dict[str, Any] = {}
+        if config_text is not None:  # e.g. the cluster's dds-settings ConfigMap (`dds plan --kubeconfig`)
+            config_file, text = Path(config_text[0]), config_text[1]
+        else:
+            text = None
         if config_file is not None:
             try:
-                loaded = yaml.safe_load(Path(config_file).read_text()) or {}
+                loaded = yaml.safe_load(text if text is not None else Path(config_file).read_text()) or {}
             except yaml.YAMLError as exc:  # not a ValueError: callers would see a traceback instead of the file
                 raise ValueError(f"{config_file}: not valid YAML: {exc}") from exc
             if not isinstance(loaded, dict):
@@ -257,6 +263,8 @@ class Settings(BaseSettings):
         # Deep: DDS_REDFISH__USERNAME changes redfish.username and keeps the file's redfish.endpoint.
         data = _deep_merge(data, from_env.model_dump(exclude_unset=True, exclude={"config_file"}))
         data.update({k: v for k, v in flags.items() if v is not None})
+        if flags.get("kubeconfig") is not None and flags.get("in_cluster") is None:
+            data["in_cluster"] = False  # an explicit --kubeconfig beats the shipped settings' `in_cluster: true`
         return cls(config_file=config_file, **data)
 
 

@@ -3,7 +3,8 @@
     dds plan --snapshot examples/snapshot-demo.json
     dds plan --snapshot cluster.yaml --policy spread --json
     dds plan --snapshot cluster.yaml --remove worker-3        # as if CA asked to delete worker-3 (case 3)
-    dds plan --kubeconfig ~/.kube/config --config dds.yaml     # the live cluster, read-only
+    dds plan --kubeconfig ~/.kube/config                       # the live cluster, read-only, with its dds-settings
+    dds plan --kubeconfig ~/.kube/config --config dds.yaml     # ... with these settings instead
 
 Prints the scale-up plan (per pending pod: fits now / after N GPUs on a node / needs a node / unschedulable, the score,
 the rejected options) and the scale-down plan (idle GPUs to detach, nodes to remove or keep). --json prints both plans
@@ -177,7 +178,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--in-cluster", action="store_true", default=None, help="plan on the cluster DDS runs in")
     parser.add_argument("--save-snapshot", type=Path, metavar="FILE",
                         help="with --kubeconfig: also write the snapshot read (to replay with --snapshot)")
-    parser.add_argument("--config", type=Path, help="DDS settings file (policy, solver, fabric backend, namespaces)")
+    parser.add_argument("--config", type=Path, help="DDS settings file (policy, solver, fabric backend, namespaces); "
+                        "default on a live cluster: its ConfigMap dds-system/dds-settings")
+    parser.add_argument("--cluster-settings", metavar="NAMESPACE/NAME",
+                        help="with --kubeconfig: read the settings from this ConfigMap (key settings.yaml) instead of "
+                        "dds-system/dds-settings")
     parser.add_argument("--policy", choices=POLICIES, help="node scoring policy (default: settings, best-fit)")
     parser.add_argument("--solver", choices=SOLVERS, help="batch solver (default: settings, auto)")
     parser.add_argument("--remove", default="", metavar="NODES",
@@ -188,12 +193,63 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def refuse_conflicts(args: argparse.Namespace) -> None:
+    """Flags that cannot both be meant: refused rather than one silently ignored."""
+    from_cluster = args.kubeconfig is not None or bool(args.in_cluster)
+    if args.snapshot is not None and from_cluster:
+        raise UsageError("--snapshot plans on a file, --kubeconfig/--in-cluster on a live cluster: give one")
+    if args.save_snapshot is not None and not from_cluster:
+        raise UsageError("--save-snapshot writes what was read from a live cluster: use it with --kubeconfig or "
+                         "--in-cluster" + (" (not --snapshot)" if args.snapshot is not None else ""))
+    if args.cluster_settings is not None and args.config is not None:
+        raise UsageError("--config FILE and --cluster-settings NAMESPACE/NAME both give the settings: give one")
+    if args.cluster_settings is not None and not from_cluster:
+        raise UsageError("--cluster-settings reads a live cluster's ConfigMap: use it with --kubeconfig or --in-cluster")
+
+
 def _settings(args: argparse.Namespace) -> Settings:
+    """The settings, read once per command: --config FILE, else on a live cluster its own dds-settings ConfigMap (as
+    the running DDS reads them), else the defaults; DDS_* variables and flags override them."""
+    cached = getattr(args, "resolved_settings", None)
+    if cached is not None:
+        return cached
+    config_text = _cluster_settings(args) if args.config is None else None
     try:
-        return Settings.load(args.config, policy=args.policy, batch_solver=args.solver,
-                             kubeconfig=getattr(args, "kubeconfig", None), in_cluster=getattr(args, "in_cluster", None))
+        settings = Settings.load(args.config, config_text=config_text, policy=args.policy, batch_solver=args.solver,
+                                 kubeconfig=getattr(args, "kubeconfig", None),
+                                 in_cluster=getattr(args, "in_cluster", None))
     except (ValidationError, ValueError, OSError) as exc:
         raise UsageError(f"bad settings: {exc}") from exc
+    args.resolved_settings = settings
+    return settings
+
+
+def _cluster_settings(args: argparse.Namespace) -> Optional[tuple[str, str]]:
+    """(where, YAML) of the live cluster's settings ConfigMap; None without a live cluster."""
+    if getattr(args, "kubeconfig", None) is None and not getattr(args, "in_cluster", None):
+        return None
+    from dds.kube.preflight import ClusterUnusable, connect, explain
+    from dds.kube.settings_source import DEFAULT_SETTINGS_CONFIGMAP, read_settings_yaml
+
+    where = args.cluster_settings or DEFAULT_SETTINGS_CONFIGMAP
+    namespace, _, name = where.partition("/")
+    if not namespace or not name:
+        raise UsageError(f"--cluster-settings {where!r}: expected NAMESPACE/NAME")
+    try:
+        text = read_settings_yaml(connect(args.kubeconfig, bool(args.in_cluster)), namespace, name)
+    except ClusterUnusable as exc:
+        raise Failure.of(exc.problem) from exc
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    except Exception as exc:
+        problem = explain(exc)
+        if problem is None:
+            raise
+        raise Failure.of(problem) from exc
+    if text is None:
+        raise UsageError(f"the cluster has no ConfigMap {where} with DDS's settings (DDS is not installed there, or "
+                         f"elsewhere): pass --config FILE, or --cluster-settings NAMESPACE/NAME")
+    return f"ConfigMap {where}", text
 
 
 def planner_config(args: argparse.Namespace) -> PlannerConfig:
@@ -208,6 +264,7 @@ def planner_config(args: argparse.Namespace) -> PlannerConfig:
 
 def run(args: argparse.Namespace, provider: Optional[SnapshotProvider] = None) -> int:
     try:
+        refuse_conflicts(args)
         config = planner_config(args)
         snapshot = (provider or choose_provider(args))(args)
     except UsageError as exc:

@@ -56,3 +56,22 @@ def test_plan_says_why_when_the_cluster_cannot_be_read(tmp_path, capsys) -> None
     assert main(["plan", "--kubeconfig", str(kubeconfig)]) == 3  # cannot reach the cluster (dds/commands/failures.py)
     err = capsys.readouterr().err
     assert "cannot reach the apiserver at https://127.0.0.1:1" in err and "to fix:" in err, err
+
+
+def test_plan_reads_the_clusters_own_settings(control_plane: Any, namespace: str, tmp_path, capsys,
+                                              dds_kubeconfig: Any, dds_api: Any) -> None:
+    """Without --config, `dds plan --kubeconfig` plans with the settings the running DDS reads: its ConfigMap (here in
+    the test's namespace, named with --cluster-settings), whose shipped `in_cluster: true` the flag beats."""
+    core = client.CoreV1Api(control_plane.api_client())
+    settings = {"in_cluster": True, "namespace": namespace, "machineset_namespaces": [namespace],
+                "fabric": "simulated", "policy": "spread"}
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "dds-settings"},
+                                                  "data": {"settings.yaml": yaml.safe_dump(settings)}})
+    where = f"{namespace}/dds-settings"
+    assert main(["plan", "--kubeconfig", str(dds_kubeconfig), "--cluster-settings", where, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["scaleUp"]["policy"] == "spread"
+    # No such ConfigMap: one line saying where it looked and what to pass instead.
+    missing = f"{namespace}/no-settings"
+    assert main(["plan", "--kubeconfig", str(dds_kubeconfig), "--cluster-settings", missing]) == 2
+    err = capsys.readouterr().err
+    assert f"the cluster has no ConfigMap {missing}" in err and "--config FILE" in err, err

@@ -106,3 +106,32 @@ def test_benchmark_quick_ladder(capsys) -> None:
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("bench ")]
     assert len(lines) == len(bench.CASES) * len(bench.QUICK_NODES) * len(bench.QUICK_PENDING)
     assert all("p50_ms=" in line and "p99_ms=" in line and "naive_ratio=" in line for line in lines)
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param(["--snapshot", str(DEMO), "--kubeconfig", "k"], "--snapshot plans on a file", id="snapshot+kubeconfig"),
+    pytest.param(["--snapshot", str(DEMO), "--in-cluster"], "--snapshot plans on a file", id="snapshot+in-cluster"),
+    pytest.param(["--snapshot", str(DEMO), "--save-snapshot", "s.json"], "--save-snapshot writes what was read",
+                 id="save+snapshot"),
+    pytest.param(["--kubeconfig", "k", "--config", "c.yaml", "--cluster-settings", "a/b"], "give one",
+                 id="config+cluster-settings"),
+    pytest.param(["--snapshot", str(DEMO), "--cluster-settings", "a/b"], "reads a live cluster's ConfigMap",
+                 id="cluster-settings+snapshot"),
+])
+def test_conflicting_flags_are_refused_not_ignored(args, message, capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_an_explicit_kubeconfig_beats_the_shipped_in_cluster_setting(tmp_path) -> None:
+    from dds.config import Settings
+
+    shipped = tmp_path / "settings.yaml"
+    shipped.write_text("in_cluster: true\nfabric: simulated\n")
+    settings = Settings.load(shipped, kubeconfig=tmp_path / "kubeconfig")
+    assert settings.in_cluster is False and settings.kubeconfig == tmp_path / "kubeconfig"
+    assert Settings.load(shipped).in_cluster is True
+    assert Settings.load(shipped, kubeconfig=tmp_path / "k", in_cluster=True).in_cluster is True
