@@ -1,4 +1,5 @@
-"""`dds` command line: serve, plan, simulate, certs, version. Exit code 2 for bad flags or files, with a clear message."""
+"""`dds` command line: serve, plan, simulate, certs, check-config, completion, version (also `dds --version`).
+Exit codes: dds/commands/failures.py (2 for bad flags or files, with a clear message)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import sys
 from typing import Sequence
 
 # Each module registers its own subcommand (owned next to the code it drives).
-COMMAND_MODULES = ("serve", "plan", "simulate", "certs", "check_config")
+COMMAND_MODULES = ("serve", "plan", "simulate", "certs", "check_config", "completion")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dds import __version__
+
     parser = argparse.ArgumentParser(prog="dds", description="Dynamic Device Scaling for the Kubernetes cluster-autoscaler")
+    parser.add_argument("--version", action="version", version=f"dds {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     version = sub.add_parser("version", help="print the version")
