@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -37,7 +38,14 @@ def _version(_: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:  # `dds plan | head`: the reader stopped reading, nothing went wrong here
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
+        return 0
+    except KeyboardInterrupt:  # Ctrl-C in a command that runs a while (simulate): no traceback for it
+        print(f"dds {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -20,24 +20,16 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("completion", help="print a shell completion script (bash, zsh)",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shell", choices=SHELLS, help="the shell to complete in")
-    parser.set_defaults(func=run)
+    # The subcommands registered with it, complete once the parser is built (this one may not be the last).
+    parser.set_defaults(func=lambda args: run(args, subparsers))
 
 
-def run(args: argparse.Namespace) -> int:
-    from dds.cli import build_parser
-
-    script = bash_script(build_parser())
+def run(args: argparse.Namespace, subparsers: Any) -> int:
+    script = bash_script(dict(subparsers.choices))
     if args.shell == "zsh":
         script = "#compdef dds\nautoload -U +X bashcompinit && bashcompinit\n" + script
     print(script, end="")
     return 0
-
-
-def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:  # argparse keeps its subparsers only here
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
 
 
 def _flags(parser: argparse.ArgumentParser) -> tuple[list[str], dict[str, list[str]]]:
@@ -51,9 +43,11 @@ def _flags(parser: argparse.ArgumentParser) -> tuple[list[str], dict[str, list[s
     return flags, choices
 
 
-def bash_script(parser: argparse.ArgumentParser) -> str:
-    commands = _subcommands(parser)
-    top_flags, _ = _flags(parser)
+TOP_FLAGS = ("--help", "--version")
+
+
+def bash_script(commands: dict[str, argparse.ArgumentParser]) -> str:
+    top_flags = list(TOP_FLAGS)
     cases, choice_cases = [], []
     for name, sub in commands.items():
         flags, choices = _flags(sub)

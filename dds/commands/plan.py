@@ -262,6 +262,17 @@ def planner_config(args: argparse.Namespace) -> PlannerConfig:
                          cdi_operator=settings.fabric == FabricBackend.COMPOSABILITY_REQUEST)
 
 
+PLAN_SCHEMA = "dds.plan/v1"
+
+
+def plan_document(up: Any, down: Any) -> dict[str, Any]:
+    """`dds plan --json` (schema: docs/plan-json.md). `scaleUp`/`scaleDown` are the names before the fields were all
+    snake_case, kept as aliases of the same objects for scripts written against them (deprecated)."""
+    scale_up, scale_down = plan_to_dict(up), plan_to_dict(down)
+    return {"schema": PLAN_SCHEMA, "scale_up": scale_up, "scale_down": scale_down,
+            "scaleUp": scale_up, "scaleDown": scale_down}
+
+
 def run(args: argparse.Namespace, provider: Optional[SnapshotProvider] = None) -> int:
     try:
         refuse_conflicts(args)
@@ -276,7 +287,7 @@ def run(args: argparse.Namespace, provider: Optional[SnapshotProvider] = None) -
     up = plan_scale_up(snapshot, config, memos=memos)
     down = plan_scale_down(snapshot, config, candidates or None, memos=memos)
     if args.json:
-        json.dump({"scaleUp": plan_to_dict(up), "scaleDown": plan_to_dict(down)}, sys.stdout, indent=2)
+        json.dump(plan_document(up, down), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(render_scale_up(up))

@@ -32,16 +32,16 @@ def test_plan_on_a_live_cluster_attaches_a_gpu_for_a_pending_pod(control_plane: 
                      "--save-snapshot", str(snapshot_file)])
         out = json.loads(capsys.readouterr().out)
         assert code == 0
-        decision = next(d for d in out["scaleUp"]["decisions"] if d["pod"] == f"{namespace}/train-0")
+        decision = next(d for d in out["scale_up"]["decisions"] if d["pod"] == f"{namespace}/train-0")
         assert decision["node"] == node, decision
-        attaches = [a for a in out["scaleUp"]["attaches"] if a["node"] == node]
-        assert [a["count"] for a in attaches] == [1] and not out["scaleUp"]["new_nodes"], out["scaleUp"]
+        attaches = [a for a in out["scale_up"]["attaches"] if a["node"] == node]
+        assert [a["count"] for a in attaches] == [1] and not out["scale_up"]["new_nodes"], out["scale_up"]
         # Read-only: nothing was attached, the pod is still pending.
         assert unschedulable(core, namespace, "train-0")
         # The saved snapshot replays to the same plan.
         assert main(["plan", "--snapshot", str(snapshot_file), "--json"]) == 0
         replay = json.loads(capsys.readouterr().out)
-        assert replay["scaleUp"]["attaches"] == out["scaleUp"]["attaches"]
+        assert replay["scale_up"]["attaches"] == out["scale_up"]["attaches"]
     finally:
         harness.close()
 
@@ -69,7 +69,7 @@ def test_plan_reads_the_clusters_own_settings(control_plane: Any, namespace: str
                                                   "data": {"settings.yaml": yaml.safe_dump(settings)}})
     where = f"{namespace}/dds-settings"
     assert main(["plan", "--kubeconfig", str(dds_kubeconfig), "--cluster-settings", where, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["scaleUp"]["policy"] == "spread"
+    assert json.loads(capsys.readouterr().out)["scale_up"]["policy"] == "spread"
     # No such ConfigMap: one line saying where it looked and what to pass instead.
     missing = f"{namespace}/no-settings"
     assert main(["plan", "--kubeconfig", str(dds_kubeconfig), "--cluster-settings", missing]) == 2
