@@ -1,4 +1,4 @@
-"""`dds` command line: serve, plan, simulate, certs, check-config, completion, version (also `dds --version`).
+"""`dds` command line: serve, plan, simulate, certs, check-config, uninstall, completion, version (also `dds --version`).
 Exit codes: dds/commands/failures.py (2 for bad flags or files, with a clear message)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from typing import Sequence
 
 # Each module registers its own subcommand (owned next to the code it drives).
-COMMAND_MODULES = ("serve", "plan", "simulate", "certs", "check_config", "completion")
+COMMAND_MODULES = ("serve", "plan", "simulate", "certs", "check_config", "uninstall", "completion")
 
 
 def build_parser() -> argparse.ArgumentParser:
