@@ -140,6 +140,9 @@ class Settings(BaseSettings):
     # No default: in a cluster the fabric is a choice (`dds serve` refuses to start without one), so settings made for
     # a real cluster never fall back to simulated GPUs. The demo, harness/ and the tests choose `simulated`.
     fabric: Optional[FabricBackend] = None
+    # The GPU pools a real fabric holds (composability-request, redfish: neither API lists them). Unset, they are
+    # simulated_fabric.pools as in earlier releases, which must then be set: its 8 x A30 default is the simulation's.
+    pools: Optional[list[PoolSpec]] = None
     simulated_fabric: SimulatedFabricSettings = Field(default_factory=SimulatedFabricSettings)
     redfish: RedfishSettings = Field(default_factory=RedfishSettings)
     composability: ComposabilitySettings = Field(default_factory=ComposabilitySettings)
@@ -199,6 +202,23 @@ class Settings(BaseSettings):
     identity: Optional[str] = None
     log_level: str = "INFO"
     log_format: str = "text"  # text | json
+
+    @property
+    def fabric_pools(self) -> list[PoolSpec]:
+        """The pools the fabric holds: `pools`, else (earlier releases, the simulated fabric) simulated_fabric.pools."""
+        return self.pools if self.pools is not None else self.simulated_fabric.pools
+
+    @property
+    def pools_declared(self) -> bool:
+        """Whether the pools were given, rather than the simulated fabric's default."""
+        return self.pools is not None or "pools" in self.simulated_fabric.model_fields_set
+
+    @model_validator(mode="after")
+    def _pools_of_the_simulated_fabric(self) -> "Settings":
+        if self.fabric == FabricBackend.SIMULATED and self.pools is not None:
+            raise ValueError("pools is for a real fabric (composability-request, redfish); the simulated fabric's "
+                             "pools are simulated_fabric.pools")
+        return self
 
     @field_validator("grpc_allowed_clients")
     @classmethod

@@ -131,7 +131,21 @@ def check_settings(settings: Settings) -> list[Finding]:
         else:
             if name == "fabric":
                 out.append(Finding("settings", OK, f"fabric {settings.fabric.value}"))
+                out += check_pools(settings)
     return out
+
+
+def check_pools(settings: Settings) -> list[Finding]:
+    from dds.fabric.factory import require_pools
+
+    if settings.fabric is None or settings.fabric.value == "simulated":
+        return []
+    try:
+        pools = require_pools(settings)
+    except ValueError as exc:
+        return [Finding("settings", FAIL, str(exc), "declare them in the settings file (docs/install.md)", EXIT_USAGE)]
+    return [Finding("settings", OK, "pools: " + ", ".join(
+        f"{p.name} ({', '.join(f'{n} {m}' for m, n in p.devices.items())})" for p in pools))]
 
 
 def check_certificates(settings: Settings, now: float) -> list[Finding]:

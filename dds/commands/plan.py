@@ -138,7 +138,7 @@ def read_only_fabric(settings: Settings, api: Any) -> Any:
     that keeps writes is not enough for a backend whose queries drive unfinished operations on a real service: the
     Redfish fabric is built read-only too, so a planned block in its log is never composed by `dds plan`."""
     from dds.config import FabricBackend
-    from dds.fabric.factory import REDFISH_LOG_SUFFIX, build_fabric
+    from dds.fabric.factory import REDFISH_LOG_SUFFIX, build_fabric, require_pools
     from dds.fabric.redfish import RedfishFabric
     from dds.fabric.simulated import SimulatedFabric
     from dds.fabric.state_configmap import ConfigMapFabricStateStore
@@ -149,7 +149,7 @@ def read_only_fabric(settings: Settings, api: Any) -> Any:
         return SimulatedFabric(settings.simulated_fabric, clock=time_now, store=store)
     if settings.fabric == FabricBackend.REDFISH:
         store = ReadOnlyStore(ConfigMapFabricStateStore(api, settings.namespace, name + REDFISH_LOG_SUFFIX))
-        return RedfishFabric(settings.redfish, clock=time_now, store=store, pools=settings.simulated_fabric.pools,
+        return RedfishFabric(settings.redfish, clock=time_now, store=store, pools=require_pools(settings),
                              read_only=True)  # never drives a planned operation: nothing reaches the service
     # composability-request: its state is the ComposabilityRequests themselves, which queries only read.
     return build_fabric(settings, clock=time_now, api_client=api)

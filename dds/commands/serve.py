@@ -166,13 +166,15 @@ def run_cluster(settings: Settings, log_format: str = "text") -> int:
 
 def _run_cluster(settings: Settings) -> int:
     from dds.app import build_app
-    from dds.fabric.factory import require_fabric_choice
+    from dds.config import FabricBackend
+    from dds.fabric.factory import require_fabric_choice, require_pools
     from dds.kube.preflight import ClusterUnusable, connect, explain, require_for_serving
     from dds.ops.http import check_metrics_settings
 
     try:
         check_metrics_settings(settings)  # settings first: an unprotected /metrics is refused before any request
-        require_fabric_choice(settings)
+        if require_fabric_choice(settings) != FabricBackend.SIMULATED:
+            require_pools(settings)  # a real fabric's pools are declared, never the simulation's default
         api = connect(settings.kubeconfig, settings.in_cluster)
         require_for_serving(api, settings)
         app = build_app(settings, api=api)
