@@ -28,7 +28,8 @@ from typing import Any, Callable, Optional
 
 from pydantic import ValidationError
 
-from dds.commands.failures import EXIT_CLUSTER_NOT_READY, EXIT_NO_CLUSTER, EXIT_OK, EXIT_USAGE, Failure
+from dds.commands.failures import (EXIT_CLUSTER_NOT_READY, EXIT_NO_CLUSTER, EXIT_OK, EXIT_USAGE, Failure,
+                                   invalid_settings, settings_problems)
 from dds.config import Settings
 
 CERTIFICATE_WARNING_DAYS = 30
@@ -100,10 +101,13 @@ def check(args: argparse.Namespace, now: float) -> list[Finding]:
         settings = Settings.load(args.config, config_text=config_text, kubeconfig=args.kubeconfig,
                                  in_cluster=args.in_cluster, node_groups_file=args.node_groups_file)
     except ValidationError as exc:
-        return [Finding("settings", FAIL, f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}",
-                        "see docs/configuration.md for the setting", EXIT_USAGE) for e in exc.errors()]
-    except (UsageError, OSError, ValueError) as exc:
+        return [Finding("settings", FAIL, problem, "see docs/configuration.md for the setting", EXIT_USAGE)
+                for problem in invalid_settings(exc)]
+    except UsageError as exc:
         return [Finding("settings", FAIL, str(exc), "pass a readable YAML settings file with --config", EXIT_USAGE)]
+    except (OSError, ValueError) as exc:
+        return [Finding("settings", FAIL, settings_problems(exc), "pass a readable YAML settings file with --config, "
+                        "and check the DDS_* variables", EXIT_USAGE)]
     except Failure as failure:
         return [Finding("cluster", FAIL, failure.message, failure.fix, failure.exit_code)]
     where = config_text[0] if config_text else (str(args.config) if args.config else "defaults and DDS_* variables")
@@ -255,7 +259,7 @@ def check_machinesets(api: Any, settings: Settings) -> list[Finding]:
         return [Finding("machinesets", FAIL, f"cannot read the MachineSets: {catalog.last_error}",
                         "check the Cluster API CRDs and RBAC above", EXIT_CLUSTER_NOT_READY)]
     out = [Finding("machinesets", FAIL, f"{target} is not served: {message}",
-                   "fix its dds.cdi.dev/* annotations (docs/configuration.md \"Node groups\")", EXIT_CLUSTER_NOT_READY)
+                   "fix its dds.cdi.dev/* annotations (docs/configuration.md \"Node group annotations\")", EXIT_CLUSTER_NOT_READY)
            for target, message in events.invalid]
     groups = catalog.groups()
     if groups:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
-from typing import Optional, TextIO
+from typing import Any, Optional, TextIO
 
 from dds.kube.preflight import ClusterProblem, ProblemKind
 
@@ -76,3 +77,40 @@ def report(command: str, failure: Failure, log_format: str = "text", stream: Opt
         stream.write(f"dds {command}: {failure.message}{fix}\n")
     stream.flush()
     return failure.exit_code
+
+
+def settings_problems(exc: Exception) -> str:
+    """A settings error as one line naming each setting at fault, and the DDS_* variable it came from when one is
+    set (docs/configuration.md: a malformed variable stops the start and names the variable)."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return "invalid settings: " + "; ".join(invalid_settings(exc))
+    environment = {name.upper(): name for name in os.environ if name.upper().startswith("DDS_")}
+    text = str(exc)
+    found = re.search(r'error parsing value for field "([^"]+)" from source "EnvSettingsSource"', text)
+    if found:  # pydantic-settings could not decode a list or mapping given as JSON
+        variable = _variable_of([found.group(1)], environment) or f"DDS_{found.group(1).upper()}"
+        return (f"cannot load settings: {variable} is not valid JSON (lists and mappings are JSON in the environment, "
+                f"e.g. DDS_MACHINESET_NAMESPACES='[\"team-a\"]')")
+    return f"cannot load settings: {text}"
+
+
+def invalid_settings(exc: Any) -> list[str]:
+    """Each error of a pydantic ValidationError: the setting, the DDS_* variable it came from if any, what is wrong."""
+    environment = {name.upper(): name for name in os.environ if name.upper().startswith("DDS_")}
+    out = []
+    for error in exc.errors():
+        where = ".".join(map(str, error["loc"])) or "settings"
+        variable = _variable_of([str(p) for p in error["loc"]], environment)
+        out.append(f"{where}{f' (from {variable})' if variable else ''}: {error['msg']}")
+    return out
+
+
+def _variable_of(loc: list[str], environment: dict[str, str]) -> str:
+    """The DDS_* variable that set the setting at `loc` (or the section it is in), "" when none did."""
+    for depth in range(len(loc), 0, -1):
+        name = "DDS_" + "__".join(loc[:depth]).upper()
+        if name in environment:
+            return environment[name]
+    return ""

@@ -228,21 +228,24 @@ def _cluster_settings(args: argparse.Namespace) -> Optional[tuple[str, str]]:
     """(where, YAML) of the live cluster's settings ConfigMap; None without a live cluster."""
     if getattr(args, "kubeconfig", None) is None and not getattr(args, "in_cluster", None):
         return None
-    from dds.kube.preflight import ClusterUnusable, connect, explain
+    from dds.kube.preflight import ClusterUnusable, check_reachable, connect, explain
     from dds.kube.settings_source import DEFAULT_SETTINGS_CONFIGMAP, read_settings_yaml
 
     where = args.cluster_settings or DEFAULT_SETTINGS_CONFIGMAP
     namespace, _, name = where.partition("/")
     if not namespace or not name:
         raise UsageError(f"--cluster-settings {where!r}: expected NAMESPACE/NAME")
+    api = None
     try:
-        text = read_settings_yaml(connect(args.kubeconfig, bool(args.in_cluster)), namespace, name)
+        api = connect(args.kubeconfig, bool(args.in_cluster))
+        check_reachable(api)  # first: a cluster that does not answer is named as such, with its address
+        text = read_settings_yaml(api, namespace, name)
     except ClusterUnusable as exc:
         raise Failure.of(exc.problem) from exc
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     except Exception as exc:
-        problem = explain(exc)
+        problem = explain(exc, api.configuration.host if api is not None else "the apiserver")
         if problem is None:
             raise
         raise Failure.of(problem) from exc

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 from pydantic import ValidationError
 
 from dds import crashpoints
-from dds.commands.failures import EXIT_USAGE, Failure, report, requested_log_format
+from dds.commands.failures import EXIT_USAGE, Failure, report, requested_log_format, settings_problems
 from dds.config import Settings
 from dds.model.events import LogEventRecorder
 from dds.nodes.memory import MemoryProvisioner
@@ -81,11 +81,8 @@ def load_settings(args: argparse.Namespace) -> Settings:
               "log_format", "kubeconfig", "in_cluster", "metrics_listen", "leader_election", "identity")}
     try:
         return Settings.load(args.config, **flags)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
-        raise UsageError(f"invalid settings: {problems}") from exc
-    except (OSError, ValueError) as exc:  # unreadable or malformed --config
-        raise UsageError(f"cannot load settings: {exc}") from exc
+    except (ValidationError, OSError, ValueError) as exc:  # a bad value; an unreadable or malformed --config
+        raise UsageError(settings_problems(exc)) from exc
 
 
 def _arm_crashpoints() -> None:

@@ -159,3 +159,14 @@ def test_an_explicit_kubeconfig_beats_the_shipped_in_cluster_setting(tmp_path) -
     assert settings.in_cluster is False and settings.kubeconfig == tmp_path / "kubeconfig"
     assert Settings.load(shipped).in_cluster is True
     assert Settings.load(shipped, kubeconfig=tmp_path / "k", in_cluster=True).in_cluster is True
+
+
+@pytest.mark.parametrize("key", ["minSize", "maxSize", "cpu", "memory", "maxGpusPerNode"])
+def test_a_groups_required_keys_are_named_as_the_file_writes_them(key: str, tmp_path, capsys) -> None:
+    """The five keys snapshot_file.py's docstring calls required, each named in camelCase when missing."""
+    group = {"id": "g", "minSize": 0, "maxSize": 3, "cpu": "8", "memory": "32Gi", "maxGpusPerNode": 4}
+    del group[key]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"groups": [group]}))
+    assert main(["plan", "--snapshot", str(path)]) == 2
+    assert f"groups[0].{key}: Field required" in capsys.readouterr().err

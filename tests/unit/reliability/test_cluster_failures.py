@@ -6,6 +6,8 @@ tests/integration/kube/test_preflight.py."""
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,10 +26,14 @@ UNREACHABLE = {  # nothing listens on port 1: a real connection refused, no stan
 
 
 @pytest.fixture(autouse=True)
-def _outside_a_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+def _outside_a_pod(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "DDS_LOG_FORMAT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("DDS_FABRIC", "simulated")
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level  # `dds serve` points logging at this test's captured stderr
 
 
 def serve(*flags: str) -> list[str]:
@@ -128,3 +134,15 @@ def test_what_the_start_checks_is_what_the_shipped_rbac_grants(fabric: str) -> N
     shipped = granted(DDS)
     for access in needed_access(Settings(fabric=fabric, leader_election=True)):
         assert Grant(access.verb, access.resource, access.subresource, access.group) in shipped, access
+
+
+@pytest.mark.parametrize("variable, value, said", [
+    ("DDS_POLICY", "nope", "invalid settings: policy (from DDS_POLICY): Value error, unknown policy 'nope'"),
+    ("DDS_LEADER_ELECTION", "maybe", "invalid settings: leader_election (from DDS_LEADER_ELECTION): "),
+    ("DDS_REDFISH__TIMEOUT_SECONDS", "x", "redfish.timeout_seconds (from DDS_REDFISH__TIMEOUT_SECONDS): "),
+    ("DDS_MACHINESET_NAMESPACES", "[bad", "cannot load settings: DDS_MACHINESET_NAMESPACES is not valid JSON"),
+])
+def test_a_malformed_variable_is_named(monkeypatch, capsys, variable: str, value: str, said: str) -> None:
+    monkeypatch.setenv(variable, value)
+    assert main(["serve", "--insecure", "--node-groups", "examples/node-groups.yaml"]) == EXIT_USAGE
+    assert said in one_line(capsys)
