@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 from pydantic import ValidationError
 
 from dds.commands.failures import (EXIT_CLUSTER_NOT_READY, EXIT_NO_CLUSTER, EXIT_OK, EXIT_USAGE, Failure,
-                                   invalid_settings, settings_problems)
+                                   cluster_failures, invalid_settings, settings_problems)
 from dds.config import Settings
 
 CERTIFICATE_WARNING_DAYS = 30
@@ -211,14 +211,14 @@ class CollectedEvents:
 
 
 def check_cluster(settings: Settings) -> list[Finding]:
-    from dds.kube.preflight import (ClusterUnusable, check_reachable, connect, denied, missing_kinds,
-                                    missing_kinds_problem, needed_access, needed_kinds, permission_problem)
+    from dds.kube.preflight import (check_reachable, connect, denied, missing_kinds, missing_kinds_problem,
+                                    needed_access, needed_kinds, permission_problem)
 
     try:
-        api = connect(settings.kubeconfig, settings.in_cluster)
-        check_reachable(api)
-    except ClusterUnusable as exc:
-        failure = Failure.of(exc.problem)
+        with cluster_failures():
+            api = connect(settings.kubeconfig, settings.in_cluster)
+            check_reachable(api)
+    except Failure as failure:
         return [Finding("cluster", FAIL, failure.message, failure.fix, failure.exit_code)]
     out = [Finding("cluster", OK, f"{api.configuration.host} answers and accepts the credentials")]
     steps: tuple[tuple[str, Callable[[], list[Finding]]], ...] = (
@@ -233,9 +233,9 @@ def check_cluster(settings: Settings) -> list[Finding]:
     )
     for area, step in steps:
         try:
-            out += step()
-        except ClusterUnusable as exc:
-            failure = Failure.of(exc.problem)
+            with cluster_failures(lambda: api.configuration.host):
+                out += step()
+        except Failure as failure:
             out.append(Finding(area, FAIL, failure.message, failure.fix, failure.exit_code))
     return out
 

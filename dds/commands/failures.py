@@ -17,7 +17,8 @@ import logging
 import os
 import re
 import sys
-from typing import Any, Optional, TextIO
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, TextIO
 
 from dds.kube.preflight import ClusterProblem, ProblemKind
 
@@ -114,3 +115,23 @@ def _variable_of(loc: list[str], environment: dict[str, str]) -> str:
         if name in environment:
             return environment[name]
     return ""
+
+
+@contextmanager
+def cluster_failures(server: Callable[[], str] = lambda: "the apiserver") -> Iterator[None]:
+    """Raise what goes wrong with the cluster inside as a Failure with its exit code (dds/kube/preflight.py says which
+    problem an exception stands for); anything else passes through unchanged. `server`: the apiserver's address, once
+    known."""
+    from dds.kube.preflight import ClusterUnusable, explain
+
+    try:
+        yield
+    except ClusterUnusable as exc:
+        raise Failure.of(exc.problem) from exc
+    except Failure:
+        raise
+    except Exception as exc:
+        problem = explain(exc, server())
+        if problem is None:
+            raise
+        raise Failure.of(problem) from exc

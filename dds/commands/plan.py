@@ -31,7 +31,7 @@ from dds.planner.render import plan_to_dict
 from dds.planner.scoring import POLICIES
 from dds.planner.memos import PlannerMemos
 from dds.model.snapshot import Snapshot
-from dds.commands.failures import EXIT_USAGE, Failure, report
+from dds.commands.failures import EXIT_USAGE, Failure, cluster_failures, report
 from dds.commands.snapshot_file import SnapshotFormatError, load_snapshot
 
 # Where the snapshot comes from. A provider reads the parsed flags and returns a Snapshot, or raises UsageError.
@@ -67,39 +67,36 @@ def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
     from dds.controller.observe import ClusterObserver
     from dds.kube.cache import cluster_cache
     from dds.kube.controller_ports import KubeClusterReader
-    from dds.kube.preflight import ClusterUnusable, check_reachable, connect, explain
+    from dds.kube.preflight import check_reachable, connect
     from dds.kube.machinesets import MachineSetLister
     from dds.model.events import LogEventRecorder
     from dds.groups.sources import MachineSetSource
     from dds.groups.catalog import NodeGroupCatalog
 
     settings = _settings(args)
+    api = None
     try:
-        api = connect(settings.kubeconfig, settings.in_cluster)
-        check_reachable(api)
-        catalog = NodeGroupCatalog(source=MachineSetSource(MachineSetLister(api, settings.machineset_namespaces)),
-                                   events=LogEventRecorder())
-        if not catalog.refresh():
-            raise UsageError(f"cannot read the node groups: {catalog.last_error}")
-        cache = None
-        if settings.watch_cache:  # off: the model-object LISTs DDS used before the cache (the scale benchmark's baseline)
-            cache = cluster_cache(api, settings.machineset_namespaces)
-            cache.list_once()
-        fabric = read_only_fabric(settings, api)
-        try:
-            observer = ClusterObserver(KubeClusterReader(api, settings.machineset_namespaces, cache), fabric,
-                                       catalog.groups, time.time, IdleTracker(), settings.gpu_label, cache=cache)
-            observation = observer.observe()
-        finally:
-            fabric.close()
-    except UsageError:
+        with cluster_failures(lambda: api.configuration.host if api is not None else "the apiserver"):
+            api = connect(settings.kubeconfig, settings.in_cluster)
+            check_reachable(api)
+            catalog = NodeGroupCatalog(source=MachineSetSource(MachineSetLister(api, settings.machineset_namespaces)),
+                                       events=LogEventRecorder())
+            if not catalog.refresh():
+                raise UsageError(f"cannot read the node groups: {catalog.last_error}")
+            cache = None
+            if settings.watch_cache:  # off: the model-object LISTs DDS used before the cache (the scale benchmark's)
+                cache = cluster_cache(api, settings.machineset_namespaces)
+                cache.list_once()
+            fabric = read_only_fabric(settings, api)
+            try:
+                observer = ClusterObserver(KubeClusterReader(api, settings.machineset_namespaces, cache), fabric,
+                                           catalog.groups, time.time, IdleTracker(), settings.gpu_label, cache=cache)
+                observation = observer.observe()
+            finally:
+                fabric.close()
+    except (UsageError, Failure):
         raise
-    except ClusterUnusable as exc:
-        raise Failure.of(exc.problem) from exc
-    except Exception as exc:  # the apiserver refusing a request, a fabric backend unreachable
-        problem = explain(exc)
-        if problem is not None:
-            raise Failure.of(problem) from exc
+    except Exception as exc:  # not a cluster problem dds/kube/preflight.py names: a fabric backend unreachable, ...
         raise UsageError(f"cannot read the cluster: {exc}") from exc
     pending = set(observation.unschedulable_since)
     # Only pods the scheduler has found unschedulable are planned for, as DDS does.
@@ -228,7 +225,7 @@ def _cluster_settings(args: argparse.Namespace) -> Optional[tuple[str, str]]:
     """(where, YAML) of the live cluster's settings ConfigMap; None without a live cluster."""
     if getattr(args, "kubeconfig", None) is None and not getattr(args, "in_cluster", None):
         return None
-    from dds.kube.preflight import ClusterUnusable, check_reachable, connect, explain
+    from dds.kube.preflight import check_reachable, connect
     from dds.kube.settings_source import DEFAULT_SETTINGS_CONFIGMAP, read_settings_yaml
 
     where = args.cluster_settings or DEFAULT_SETTINGS_CONFIGMAP
@@ -237,18 +234,12 @@ def _cluster_settings(args: argparse.Namespace) -> Optional[tuple[str, str]]:
         raise UsageError(f"--cluster-settings {where!r}: expected NAMESPACE/NAME")
     api = None
     try:
-        api = connect(args.kubeconfig, bool(args.in_cluster))
-        check_reachable(api)  # first: a cluster that does not answer is named as such, with its address
-        text = read_settings_yaml(api, namespace, name)
-    except ClusterUnusable as exc:
-        raise Failure.of(exc.problem) from exc
-    except ValueError as exc:
+        with cluster_failures(lambda: api.configuration.host if api is not None else "the apiserver"):
+            api = connect(args.kubeconfig, bool(args.in_cluster))
+            check_reachable(api)  # first: a cluster that does not answer is named as such, with its address
+            text = read_settings_yaml(api, namespace, name)
+    except ValueError as exc:  # the ConfigMap has no settings.yaml
         raise UsageError(str(exc)) from exc
-    except Exception as exc:
-        problem = explain(exc, api.configuration.host if api is not None else "the apiserver")
-        if problem is None:
-            raise
-        raise Failure.of(problem) from exc
     if text is None:
         raise UsageError(f"the cluster has no ConfigMap {where} with DDS's settings (DDS is not installed there, or "
                          f"elsewhere): pass --config FILE, or --cluster-settings NAMESPACE/NAME")

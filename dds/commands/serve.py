@@ -31,7 +31,8 @@ from typing import Any, Callable, Optional
 from pydantic import ValidationError
 
 from dds import crashpoints
-from dds.commands.failures import EXIT_USAGE, Failure, report, requested_log_format, settings_problems
+from dds.commands.failures import (EXIT_USAGE, Failure, cluster_failures, report, requested_log_format,
+                                   settings_problems)
 from dds.config import Settings
 from dds.model.events import LogEventRecorder
 from dds.nodes.memory import MemoryProvisioner
@@ -165,26 +166,21 @@ def _run_cluster(settings: Settings) -> int:
     from dds.app import build_app
     from dds.config import FabricBackend
     from dds.fabric.factory import require_fabric_choice, require_pools
-    from dds.kube.preflight import ClusterUnusable, connect, explain, require_for_serving
+    from dds.kube.preflight import connect, require_for_serving
     from dds.ops.http import check_metrics_settings
 
+    api = None
     try:
-        check_metrics_settings(settings)  # settings first: an unprotected /metrics is refused before any request
-        if require_fabric_choice(settings) != FabricBackend.SIMULATED:
-            require_pools(settings)  # a real fabric's pools are declared, never the simulation's default
-        api = connect(settings.kubeconfig, settings.in_cluster)
-        require_for_serving(api, settings)
-        app = build_app(settings, api=api)
-        run_until_signalled(app.start, app.stop, app.stopped)  # app.stopped is also set on losing the lease
-    except ClusterUnusable as exc:
-        raise Failure.of(exc.problem) from exc
+        with cluster_failures(lambda: api.configuration.host if api is not None else "the apiserver"):
+            check_metrics_settings(settings)  # settings first: an unprotected /metrics is refused before any request
+            if require_fabric_choice(settings) != FabricBackend.SIMULATED:
+                require_pools(settings)  # a real fabric's pools are declared, never the simulation's default
+            api = connect(settings.kubeconfig, settings.in_cluster)
+            require_for_serving(api, settings)
+            app = build_app(settings, api=api)
+            run_until_signalled(app.start, app.stop, app.stopped)  # app.stopped is also set on losing the lease
     except ValueError as exc:  # bad fabric settings, bad listen address, simulated GPUs on real nodes
         raise Failure(str(exc), exit_code=EXIT_USAGE) from exc
-    except Exception as exc:
-        problem = explain(exc)
-        if problem is None:
-            raise
-        raise Failure.of(problem) from exc
     return app.exit_code
 
 

@@ -19,7 +19,7 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from dds.commands.failures import EXIT_USAGE, Failure, report
+from dds.commands.failures import EXIT_USAGE, Failure, cluster_failures, report
 
 
 def register(subparsers: Any) -> None:
@@ -42,12 +42,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from dds.kube.preflight import ClusterUnusable, check_reachable, connect, explain
+    from dds.kube.preflight import check_reachable, connect
     from dds.kube.uninstall import footprints, lease_holder, remove_footprint
 
     if args.kubeconfig is None and not args.in_cluster:
         raise Failure("no cluster given", "pass --kubeconfig FILE or --in-cluster", EXIT_USAGE)
-    try:
+    api = None
+    with cluster_failures(lambda: api.configuration.host if api is not None else "the apiserver"):
         api = connect(args.kubeconfig, args.in_cluster)
         check_reachable(api)
         found = footprints(api)
@@ -70,12 +71,3 @@ def _run(args: argparse.Namespace) -> int:
             print(f"removed from {removed.describe()}" if removed is not None and not removed.empty
                   else f"node {footprint.node}: gone or already clean")
         return 0
-    except ClusterUnusable as exc:
-        raise Failure.of(exc.problem) from exc
-    except Failure:
-        raise
-    except Exception as exc:
-        problem = explain(exc)
-        if problem is None:
-            raise
-        raise Failure.of(problem) from exc

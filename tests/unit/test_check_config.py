@@ -101,12 +101,10 @@ def test_a_bad_node_group_in_the_file_is_reported(tmp_path: Path, tls: Path, cap
 
 
 def test_an_unreachable_cluster_is_exit_3(tmp_path: Path, tls: Path, capsys) -> None:
+    from tests.unit.reliability.test_cluster_failures import UNREACHABLE
+
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    kubeconfig.write_text(yaml.safe_dump(UNREACHABLE))
     code, found = findings(capsys, "--config", settings_file(tmp_path, tls), "--kubeconfig", str(kubeconfig))
     assert code == 3
     assert [f["area"] for f in found if f["level"] == "fail"] == ["cluster"]

@@ -31,3 +31,13 @@ def test_every_key_printed_is_documented(capsys) -> None:
     documented = set(re.findall(r"`([a-z_A-Z]+)`", (ROOT / "docs" / "plan-json.md").read_text()))
     assert printed - documented == set()
     assert fields - documented == set()
+
+
+def test_keys_are_snake_case_with_the_old_names_as_aliases(capsys) -> None:
+    """scaleUp/scaleDown stay as deprecated aliases of the same objects; every other key is snake_case."""
+    assert main(["plan", "--snapshot", str(DEMO), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["schema"] == "dds.plan/v1"
+    assert data["scaleUp"] == data["scale_up"] and data["scaleDown"] == data["scale_down"]
+    camel = {k for k in keys({"scale_up": data["scale_up"], "scale_down": data["scale_down"]}) if k != k.lower()}
+    assert not camel, camel

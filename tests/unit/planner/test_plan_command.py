@@ -71,24 +71,6 @@ def test_dds_plan_json(capsys) -> None:
 
 
 
-def test_plan_json_keys_are_snake_case_with_the_old_names_as_aliases(capsys) -> None:
-    """Every key is snake_case (docs/plan-json.md); scaleUp/scaleDown stay as deprecated aliases of the same objects."""
-    assert main(["plan", "--snapshot", str(DEMO), "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert data["schema"] == "dds.plan/v1"
-    assert data["scaleUp"] == data["scale_up"] and data["scaleDown"] == data["scale_down"]
-
-    def keys(value: object) -> set[str]:
-        if isinstance(value, dict):
-            return set(value) | {k for v in value.values() for k in keys(v)}
-        if isinstance(value, list):
-            return {k for v in value for k in keys(v)}
-        return set()
-
-    camel = {k for k in keys({"scale_up": data["scale_up"], "scale_down": data["scale_down"]}) if k != k.lower()}
-    assert not camel, camel
-
-
 def test_plan_text_says_which_way_scores_go_and_shows_units(capsys) -> None:
     assert main(["plan", "--snapshot", str(DEMO)]) == 0
     assert "(score: best-fit's score of a placement; the higher score wins)" in capsys.readouterr().out
