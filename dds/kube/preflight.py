@@ -18,10 +18,11 @@ from typing import Any, Iterable, Optional, Sequence
 
 import urllib3
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.config.config_exception import ConfigException
 
 from dds.config import FabricBackend, Settings
+from dds.kube import client as kube_client  # dds/kube/client.py stays the one way to build a client
 from dds.kube.raw import send
 
 CHECK_TIMEOUT_SECONDS = 15.0
@@ -84,12 +85,11 @@ def connect(kubeconfig: Optional[Path], in_cluster: bool) -> client.ApiClient:
     outside a pod, raises ClusterUnusable (no request is made yet)."""
     if in_cluster:
         try:
-            config.load_incluster_config()
+            return kube_client.api_client(None, in_cluster=True)
         except ConfigException as exc:
             raise ClusterUnusable(ClusterProblem(
                 ProblemKind.NOT_IN_POD, f"--in-cluster, but this is not a pod with a ServiceAccount ({exc})",
                 "run DDS in its Deployment (manifests/, charts/dds), or pass --kubeconfig FILE instead")) from exc
-        return client.ApiClient()
     if kubeconfig is None:
         raise ClusterUnusable(ClusterProblem(ProblemKind.KUBECONFIG, "no cluster given",
                                              "pass --kubeconfig FILE or --in-cluster"))
@@ -97,9 +97,8 @@ def connect(kubeconfig: Optional[Path], in_cluster: bool) -> client.ApiClient:
         raise ClusterUnusable(ClusterProblem(
             ProblemKind.KUBECONFIG, f"kubeconfig {kubeconfig} does not exist or is not a file",
             "pass the path of your cluster's kubeconfig (often ~/.kube/config; `kubectl config view` shows it)"))
-    configuration = client.Configuration()
     try:
-        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+        return kube_client.api_client(Path(kubeconfig))
     except (ConfigException, yaml.YAMLError, TypeError, AttributeError, KeyError, ValueError, OSError) as exc:
         # A file that is not a kubeconfig mapping fails inside the loader with whatever it tripped on first.
         why = _one_line(exc) if isinstance(exc, (ConfigException, yaml.YAMLError, OSError)) else \
@@ -107,7 +106,6 @@ def connect(kubeconfig: Optional[Path], in_cluster: bool) -> client.ApiClient:
         raise ClusterUnusable(ClusterProblem(
             ProblemKind.KUBECONFIG, f"kubeconfig {kubeconfig} is not a usable kubeconfig: {why}",
             f"check it with `kubectl --kubeconfig {kubeconfig} version`")) from exc
-    return client.ApiClient(configuration)
 
 
 def explain(exc: BaseException, server: str = "the apiserver") -> Optional[ClusterProblem]:

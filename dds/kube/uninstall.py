@@ -61,8 +61,8 @@ def footprints(api: client.ApiClient) -> list[NodeFootprint]:
 
 
 def remove_footprint(api: client.ApiClient, node_name: str) -> Optional[NodeFootprint]:
-    """Remove DDS's finalizer, taints, labels and annotations from the Node, under the read's resourceVersion (a
-    concurrent write makes it read again). Returns what was removed; None when the Node no longer exists."""
+    """Remove DDS's finalizer, taints, labels and annotations from the Node, as read (a concurrent write makes it read
+    again). Returns what was removed; None when the Node no longer exists."""
     core = client.CoreV1Api(api)
     for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
         try:
@@ -74,21 +74,37 @@ def remove_footprint(api: client.ApiClient, node_name: str) -> Optional[NodeFoot
         found = footprint_of(node)
         if found.empty:
             return found
-        sanitize = api.sanitize_for_serialization
-        patch: dict[str, Any] = {"metadata": {
-            "resourceVersion": node.metadata.resource_version,
-            "finalizers": [f for f in node.metadata.finalizers or () if not _ours(f)],
-            "labels": {k: None for k in found.labels},
-            "annotations": {k: None for k in found.annotations}}}
-        if found.taints:  # a merge patch replaces the list: written back as read, less DDS's
-            patch["spec"] = {"taints": [sanitize(t) for t in node.spec.taints or () if not _ours(t.key)]}
         try:
-            core.patch_node(node_name, patch, _request_timeout=30)
+            core.patch_node(node_name, _json_patch(node, found), _request_timeout=30)
             return found
         except client.ApiException as exc:
-            if exc.status != 409 or attempt == _CONFLICT_ATTEMPTS:
+            # 422: a `test` failed, the Node changed since it was read (409 would be the same from an update)
+            if exc.status not in (409, 422) or attempt == _CONFLICT_ATTEMPTS:
                 raise
     return None
+
+
+def _json_patch(node: client.V1Node, found: NodeFootprint) -> list[dict[str, Any]]:
+    """A JSON patch removing `found` from `node`. List entries are removed by index, last first, each after a `test`
+    that the entry there is still the one read: a concurrent writer makes the patch fail (and be redone), never lose
+    its entry. (A strategic merge patch would merge the finalizers back instead of replacing the list.)"""
+    ops: list[dict[str, Any]] = []
+    finalizers = list(node.metadata.finalizers or ())
+    for index in reversed([i for i, f in enumerate(finalizers) if _ours(f)]):
+        path = f"/metadata/finalizers/{index}"
+        ops += [{"op": "test", "path": path, "value": finalizers[index]}, {"op": "remove", "path": path}]
+    taints = list(node.spec.taints or ())
+    for index in reversed([i for i, t in enumerate(taints) if _ours(t.key)]):
+        path = f"/spec/taints/{index}"
+        ops += [{"op": "test", "path": f"{path}/key", "value": taints[index].key}, {"op": "remove", "path": path}]
+    ops += [{"op": "remove", "path": f"/metadata/labels/{_pointer(k)}"} for k in found.labels]
+    ops += [{"op": "remove", "path": f"/metadata/annotations/{_pointer(k)}"} for k in found.annotations]
+    return ops
+
+
+def _pointer(key: str) -> str:
+    """A map key as one JSON-pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def lease_holder(api: client.ApiClient, namespace: str, name: str, now: datetime.datetime) -> Optional[str]:
