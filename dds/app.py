@@ -75,7 +75,7 @@ INSTANCES_CONFIGMAP = "dds-instances"
 def planner_config(settings: Settings) -> PlannerConfig:
     return PlannerConfig(policy=settings.policy, batch_solver=settings.batch_solver,
                          solver_time_budget_seconds=settings.solver_time_budget_seconds,
-                         warm_gpus_by_pool={p.name: p.warm_gpus for p in settings.simulated_fabric.pools},
+                         warm_gpus_by_pool={p.name: p.warm_gpus for p in settings.fabric_pools},
                          cdi_operator=settings.fabric == FabricBackend.COMPOSABILITY_REQUEST)
 
 

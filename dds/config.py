@@ -172,6 +172,9 @@ class Settings(BaseSettings):
     # No default: in a cluster the fabric is a choice (`dds serve` refuses to start without one), so settings made for
     # a real cluster never fall back to simulated GPUs. The demo, harness/ and the tests choose `simulated`.
     fabric: Optional[FabricBackend] = None
+    # The GPU pools a real fabric holds (composability-request, redfish: neither API lists them). Unset, they are
+    # simulated_fabric.pools as in earlier releases, which must then be set: its 8 x A30 default is the simulation's.
+    pools: Optional[list[PoolSpec]] = None
     simulated_fabric: SimulatedFabricSettings = Field(default_factory=SimulatedFabricSettings)
     redfish: RedfishSettings = Field(default_factory=RedfishSettings)
     composability: ComposabilitySettings = Field(default_factory=ComposabilitySettings)
@@ -241,6 +244,23 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     log_format: str = "text"  # text | json
 
+    @property
+    def fabric_pools(self) -> list[PoolSpec]:
+        """The pools the fabric holds: `pools`, else (earlier releases, the simulated fabric) simulated_fabric.pools."""
+        return self.pools if self.pools is not None else self.simulated_fabric.pools
+
+    @property
+    def pools_declared(self) -> bool:
+        """Whether the pools were given, rather than the simulated fabric's default."""
+        return self.pools is not None or "pools" in self.simulated_fabric.model_fields_set
+
+    @model_validator(mode="after")
+    def _pools_of_the_simulated_fabric(self) -> "Settings":
+        if self.fabric == FabricBackend.SIMULATED and self.pools is not None:
+            raise ValueError("pools is for a real fabric (composability-request, redfish); the simulated fabric's "
+                             "pools are simulated_fabric.pools")
+        return self
+
     @field_validator("grpc_allowed_clients")
     @classmethod
     def _some_caller_allowed(cls, value: list[str]) -> list[str]:
@@ -289,12 +309,18 @@ class Settings(BaseSettings):
         return init_settings, env_settings
 
     @classmethod
-    def load(cls, config_file: Optional[Path] = None, **flags: Any) -> "Settings":
-        """Build settings from a YAML file, the environment and flags (None-valued flags are ignored)."""
+    def load(cls, config_file: Optional[Path] = None, *, config_text: Optional[tuple[str, str]] = None,
+             **flags: Any) -> "Settings":
+        """Build settings from a YAML file (or `config_text`: where it was read, and the YAML), the environment and
+        flags (None-valued flags are ignored)."""
         data: dict[str, Any] = {}
+        if config_text is not None:  # e.g. the cluster's dds-settings ConfigMap (`dds plan --kubeconfig`)
+            config_file, text = Path(config_text[0]), config_text[1]
+        else:
+            text = None
         if config_file is not None:
             try:
-                loaded = yaml.safe_load(Path(config_file).read_text()) or {}
+                loaded = yaml.safe_load(text if text is not None else Path(config_file).read_text()) or {}
             except yaml.YAMLError as exc:  # not a ValueError: callers would see a traceback instead of the file
                 raise ValueError(f"{config_file}: not valid YAML: {exc}") from exc
             if not isinstance(loaded, dict):
@@ -306,6 +332,8 @@ class Settings(BaseSettings):
         # Deep: DDS_REDFISH__USERNAME changes redfish.username and keeps the file's redfish.endpoint.
         data = _deep_merge(data, from_env.model_dump(exclude_unset=True, exclude={"config_file"}))
         data.update({k: v for k, v in flags.items() if v is not None})
+        if flags.get("kubeconfig") is not None and flags.get("in_cluster") is None:
+            data["in_cluster"] = False  # an explicit --kubeconfig beats the shipped settings' `in_cluster: true`
         return cls(config_file=config_file, **data)
 
 

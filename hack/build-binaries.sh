@@ -215,21 +215,34 @@ build_cluster_autoscaler() {
 }
 
 # The CDI operator (CoHDI composable-resource-operator) for the composability tests (harness/cdi_operator.py), from the
-# pinned source archive in shared/third_party (checksum verified). Its CRDs, RBAC and webhook configuration from the same
-# tree are cached beside the binary under config/, so the tests install the upstream files, never a copy kept here.
+# pinned source archive in shared/third_party (checksum verified), or from DDS_CRO_SOURCE: another archive of that
+# commit (DDS_CRO_SOURCE_SHA256 pins its checksum) or a directory laid out as the archive is (composable-resource-operator/
+# and cluster-api-provider-metal3-api/ side by side; copied, never built in place). Its CRDs, RBAC and webhook
+# configuration from the same tree are cached beside the binary under config/, so the tests install the upstream files,
+# never a copy kept here.
 build_cro_manager() {
   local short="${CRO_COMMIT:0:7}"
   local out="$cache/cro-manager-$short"
   if [[ -x "$out/cro-manager" && -f "$out/config/webhook/manifests.yaml" ]]; then return; fi
-  local src="$repo/../shared/third_party/$CRO_SOURCE_ARCHIVE" w="$cache/wrappers/cro-manager-$short" got
-  [[ -f "$src" ]] || die "CDI operator source not found: $src (expected the upstream composable-resource-operator
-  $short source archive in shared/third_party beside this repository)"
-  got="$(sha256sum "$src" | cut -d' ' -f1)"
-  [[ "$got" == "$CRO_SOURCE_SHA256" ]] || die "CDI operator source $src has sha256 $got, expected $CRO_SOURCE_SHA256
-  (corrupt or another commit)"
+  local src="${DDS_CRO_SOURCE:-$repo/../shared/third_party/$CRO_SOURCE_ARCHIVE}" w="$cache/wrappers/cro-manager-$short" got
+  local want="${DDS_CRO_SOURCE_SHA256:-$CRO_SOURCE_SHA256}"
+  if [[ -d "$src" ]]; then
+    [[ -f "$src/composable-resource-operator/go.mod" ]] || die "DDS_CRO_SOURCE $src holds no composable-resource-operator/
+  module (expected the layout of the upstream $short source archive)"
+  else
+    [[ -f "$src" ]] || die "CDI operator source not found: $src (expected the upstream composable-resource-operator
+  $short source archive in shared/third_party beside this repository, or DDS_CRO_SOURCE=/path/to/an-archive-or-directory)"
+    got="$(sha256sum "$src" | cut -d' ' -f1)"
+    [[ "$got" == "$want" ]] || die "CDI operator source $src has sha256 $got, expected $want
+  (corrupt or another commit; set DDS_CRO_SOURCE_SHA256 for an archive of your own)"
+  fi
   building cro-manager "$short"
   rm -rf "$w" "$out.tmp"; mkdir -p "$w" "$out.tmp/config/crd/bases" "$out.tmp/config/rbac" "$out.tmp/config/webhook"
-  tar -xzf "$src" -C "$w" || die "cannot unpack CDI operator source $src"
+  if [[ -d "$src" ]]; then
+    cp -r "$src"/. "$w"/ || die "cannot copy CDI operator source $src"
+  else
+    tar -xzf "$src" -C "$w" || die "cannot unpack CDI operator source $src"
+  fi
   local dir="$w/composable-resource-operator"
   # The metal3 `api` module ships inside the archive: the module proxy refuses it. The edit is in the extracted copy.
   (cd "$dir" && run cro-manager go mod edit \

@@ -3,12 +3,14 @@
     dds plan --snapshot examples/snapshot-demo.json
     dds plan --snapshot cluster.yaml --policy spread --json
     dds plan --snapshot cluster.yaml --remove worker-3        # as if CA asked to delete worker-3 (case 3)
-    dds plan --kubeconfig ~/.kube/config --config dds.yaml     # the live cluster, read-only
+    dds plan --kubeconfig ~/.kube/config                       # the live cluster, read-only, with its dds-settings
+    dds plan --kubeconfig ~/.kube/config --config dds.yaml     # ... with these settings instead
 
 Prints the scale-up plan (per pending pod: fits now / after N GPUs on a node / needs a node / unschedulable, the score,
 the rejected options) and the scale-down plan (idle GPUs to detach, nodes to remove or keep). --json prints both plans
 as JSON instead. The snapshot file format is documented in dds/commands/snapshot_file.py. Policy and solver default to
-the settings (--config, DDS_POLICY, DDS_BATCH_SOLVER). Exit codes: 0 planned, 2 bad flags or an unreadable snapshot.
+the settings (--config, DDS_POLICY, DDS_BATCH_SOLVER). Exit codes: 0 planned, 2 bad flags or an unreadable snapshot,
+3 the cluster cannot be reached or logged in to, 4 it refuses a read (RBAC) or lacks a CRD (dds/commands/failures.py).
 """
 
 from __future__ import annotations
@@ -29,9 +31,8 @@ from dds.planner.render import plan_to_dict
 from dds.planner.scoring import POLICIES
 from dds.planner.memos import PlannerMemos
 from dds.model.snapshot import Snapshot
+from dds.commands.failures import EXIT_USAGE, Failure, cluster_failures, report
 from dds.commands.snapshot_file import SnapshotFormatError, load_snapshot
-
-EXIT_USAGE = 2
 
 # Where the snapshot comes from. A provider reads the parsed flags and returns a Snapshot, or raises UsageError.
 SnapshotProvider = Callable[[argparse.Namespace], Snapshot]
@@ -67,35 +68,38 @@ def snapshot_from_cluster(args: argparse.Namespace) -> Snapshot:
     from dds.controller.observe import ClusterObserver
     from dds.kube.cache import cluster_cache
     from dds.kube.controller_ports import KubeClusterReader
-    from dds.kube.client import api_client
+    from dds.kube.preflight import check_reachable, connect
     from dds.kube.machinesets import MachineSetLister
     from dds.model.events import LogEventRecorder
     from dds.groups.sources import MachineSetSource
     from dds.groups.catalog import NodeGroupCatalog
 
     settings = _settings(args)
+    api = None
     try:
-        api = api_client(settings.kubeconfig, settings.in_cluster)
-        catalog = NodeGroupCatalog(source=MachineSetSource(MachineSetLister(api, settings.machineset_namespaces),
-                                                            settings.node_group_namespaces),
-                                   events=LogEventRecorder())
-        if not catalog.refresh():
-            raise UsageError(f"cannot read the node groups: {catalog.last_error}")
-        cache = None
-        if settings.watch_cache:  # off: the model-object LISTs DDS used before the cache (the scale benchmark's baseline)
-            cache = cluster_cache(api, settings.machineset_namespaces)
-            cache.list_once()
-        fabric = read_only_fabric(settings, api)
-        try:
-            observer = ClusterObserver(KubeClusterReader(api, settings.machineset_namespaces, cache), fabric,
-                                       catalog.groups, time.time, IdleTracker(), settings.gpu_label, cache=cache,
-                                       cel_limits=cel_limits(settings))
-            observation = observer.observe()
-        finally:
-            fabric.close()
-    except UsageError:
+        with cluster_failures(lambda: api.configuration.host if api is not None else "the apiserver"):
+            api = connect(settings.kubeconfig, settings.in_cluster)
+            check_reachable(api)
+            catalog = NodeGroupCatalog(source=MachineSetSource(MachineSetLister(api, settings.machineset_namespaces),
+                                                                settings.node_group_namespaces),
+                                       events=LogEventRecorder())
+            if not catalog.refresh():
+                raise UsageError(f"cannot read the node groups: {catalog.last_error}")
+            cache = None
+            if settings.watch_cache:  # off: the model-object LISTs DDS used before the cache (the scale benchmark's)
+                cache = cluster_cache(api, settings.machineset_namespaces)
+                cache.list_once()
+            fabric = read_only_fabric(settings, api)
+            try:
+                observer = ClusterObserver(KubeClusterReader(api, settings.machineset_namespaces, cache), fabric,
+                                           catalog.groups, time.time, IdleTracker(), settings.gpu_label, cache=cache,
+                                           cel_limits=cel_limits(settings))
+                observation = observer.observe()
+            finally:
+                fabric.close()
+    except (UsageError, Failure):
         raise
-    except Exception as exc:  # unreachable apiserver, bad kubeconfig, fabric backend unreachable
+    except Exception as exc:  # not a cluster problem dds/kube/preflight.py names: a fabric backend unreachable, ...
         raise UsageError(f"cannot read the cluster: {exc}") from exc
     pending = set(observation.unschedulable_since)
     # Only pods the scheduler has found unschedulable are planned for, as DDS does.
@@ -134,7 +138,7 @@ def read_only_fabric(settings: Settings, api: Any) -> Any:
     that keeps writes is not enough for a backend whose queries drive unfinished operations on a real service: the
     Redfish fabric is built read-only too, so a planned block in its log is never composed by `dds plan`."""
     from dds.config import FabricBackend
-    from dds.fabric.factory import REDFISH_LOG_SUFFIX, build_fabric
+    from dds.fabric.factory import REDFISH_LOG_SUFFIX, build_fabric, require_pools
     from dds.fabric.redfish import RedfishFabric
     from dds.fabric.simulated import SimulatedFabric
     from dds.fabric.state_configmap import ConfigMapFabricStateStore
@@ -145,7 +149,7 @@ def read_only_fabric(settings: Settings, api: Any) -> Any:
         return SimulatedFabric(settings.simulated_fabric, clock=time_now, store=store)
     if settings.fabric == FabricBackend.REDFISH:
         store = ReadOnlyStore(ConfigMapFabricStateStore(api, settings.namespace, name + REDFISH_LOG_SUFFIX))
-        return RedfishFabric(settings.redfish, clock=time_now, store=store, pools=settings.simulated_fabric.pools,
+        return RedfishFabric(settings.redfish, clock=time_now, store=store, pools=require_pools(settings),
                              read_only=True)  # never drives a planned operation: nothing reaches the service
     # composability-request: its state is the ComposabilityRequests themselves, which queries only read.
     return build_fabric(settings, clock=time_now, api_client=api)
@@ -174,7 +178,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--in-cluster", action="store_true", default=None, help="plan on the cluster DDS runs in")
     parser.add_argument("--save-snapshot", type=Path, metavar="FILE",
                         help="with --kubeconfig: also write the snapshot read (to replay with --snapshot)")
-    parser.add_argument("--config", type=Path, help="DDS settings file (policy, solver, fabric backend, namespaces)")
+    parser.add_argument("--config", type=Path, help="DDS settings file (policy, solver, fabric backend, namespaces); "
+                        "default on a live cluster: its ConfigMap dds-system/dds-settings")
+    parser.add_argument("--cluster-settings", metavar="NAMESPACE/NAME",
+                        help="with --kubeconfig: read the settings from this ConfigMap (key settings.yaml) instead of "
+                        "dds-system/dds-settings")
     parser.add_argument("--policy", choices=POLICIES, help="node scoring policy (default: settings, best-fit)")
     parser.add_argument("--solver", choices=SOLVERS, help="batch solver (default: settings, auto)")
     parser.add_argument("--remove", default="", metavar="NODES",
@@ -185,12 +193,60 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def refuse_conflicts(args: argparse.Namespace) -> None:
+    """Flags that cannot both be meant: refused rather than one silently ignored."""
+    from_cluster = args.kubeconfig is not None or bool(args.in_cluster)
+    if args.snapshot is not None and from_cluster:
+        raise UsageError("--snapshot plans on a file, --kubeconfig/--in-cluster on a live cluster: give one")
+    if args.save_snapshot is not None and not from_cluster:
+        raise UsageError("--save-snapshot writes what was read from a live cluster: use it with --kubeconfig or "
+                         "--in-cluster" + (" (not --snapshot)" if args.snapshot is not None else ""))
+    if args.cluster_settings is not None and args.config is not None:
+        raise UsageError("--config FILE and --cluster-settings NAMESPACE/NAME both give the settings: give one")
+    if args.cluster_settings is not None and not from_cluster:
+        raise UsageError("--cluster-settings reads a live cluster's ConfigMap: use it with --kubeconfig or --in-cluster")
+
+
 def _settings(args: argparse.Namespace) -> Settings:
+    """The settings, read once per command: --config FILE, else on a live cluster its own dds-settings ConfigMap (as
+    the running DDS reads them), else the defaults; DDS_* variables and flags override them."""
+    cached = getattr(args, "resolved_settings", None)
+    if cached is not None:
+        return cached
+    config_text = _cluster_settings(args) if args.config is None else None
     try:
-        return Settings.load(args.config, policy=args.policy, batch_solver=args.solver,
-                             kubeconfig=getattr(args, "kubeconfig", None), in_cluster=getattr(args, "in_cluster", None))
+        settings = Settings.load(args.config, config_text=config_text, policy=args.policy, batch_solver=args.solver,
+                                 kubeconfig=getattr(args, "kubeconfig", None),
+                                 in_cluster=getattr(args, "in_cluster", None))
     except (ValidationError, ValueError, OSError) as exc:
         raise UsageError(f"bad settings: {exc}") from exc
+    args.resolved_settings = settings
+    return settings
+
+
+def _cluster_settings(args: argparse.Namespace) -> Optional[tuple[str, str]]:
+    """(where, YAML) of the live cluster's settings ConfigMap; None without a live cluster."""
+    if getattr(args, "kubeconfig", None) is None and not getattr(args, "in_cluster", None):
+        return None
+    from dds.kube.preflight import check_reachable, connect
+    from dds.kube.settings_source import DEFAULT_SETTINGS_CONFIGMAP, read_settings_yaml
+
+    where = args.cluster_settings or DEFAULT_SETTINGS_CONFIGMAP
+    namespace, _, name = where.partition("/")
+    if not namespace or not name:
+        raise UsageError(f"--cluster-settings {where!r}: expected NAMESPACE/NAME")
+    api = None
+    try:
+        with cluster_failures(lambda: api.configuration.host if api is not None else "the apiserver"):
+            api = connect(args.kubeconfig, bool(args.in_cluster))
+            check_reachable(api)  # first: a cluster that does not answer is named as such, with its address
+            text = read_settings_yaml(api, namespace, name)
+    except ValueError as exc:  # the ConfigMap has no settings.yaml
+        raise UsageError(str(exc)) from exc
+    if text is None:
+        raise UsageError(f"the cluster has no ConfigMap {where} with DDS's settings (DDS is not installed there, or "
+                         f"elsewhere): pass --config FILE, or --cluster-settings NAMESPACE/NAME")
+    return f"ConfigMap {where}", text
 
 
 def planner_config(args: argparse.Namespace) -> PlannerConfig:
@@ -203,19 +259,32 @@ def planner_config(args: argparse.Namespace) -> PlannerConfig:
                          cdi_operator=settings.fabric == FabricBackend.COMPOSABILITY_REQUEST)
 
 
+PLAN_SCHEMA = "dds.plan/v1"
+
+
+def plan_document(up: Any, down: Any) -> dict[str, Any]:
+    """`dds plan --json` (schema: docs/plan-json.md). `scaleUp`/`scaleDown` are the names before the fields were all
+    snake_case, kept as aliases of the same objects for scripts written against them (deprecated)."""
+    scale_up, scale_down = plan_to_dict(up), plan_to_dict(down)
+    return {"schema": PLAN_SCHEMA, "scale_up": scale_up, "scale_down": scale_down,
+            "scaleUp": scale_up, "scaleDown": scale_down}
+
+
 def run(args: argparse.Namespace, provider: Optional[SnapshotProvider] = None) -> int:
     try:
+        refuse_conflicts(args)
         config = planner_config(args)
         snapshot = (provider or choose_provider(args))(args)
     except UsageError as exc:
-        print(f"dds plan: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return report("plan", Failure(str(exc), exit_code=EXIT_USAGE))
+    except Failure as failure:
+        return report("plan", failure)
     candidates = [name.strip() for name in args.remove.split(",") if name.strip()]
     memos = PlannerMemos()  # both plans are made on the one snapshot: what the first derives, the second reuses
     up = plan_scale_up(snapshot, config, memos=memos)
     down = plan_scale_down(snapshot, config, candidates or None, memos=memos)
     if args.json:
-        json.dump({"scaleUp": plan_to_dict(up), "scaleDown": plan_to_dict(down)}, sys.stdout, indent=2)
+        json.dump(plan_document(up, down), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(render_scale_up(up))

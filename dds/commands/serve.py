@@ -11,7 +11,9 @@ plans GPU attaches before nodes, drives the fabric and the MachineSets, and runs
     dds serve --config dds.yaml --kubeconfig ~/.kube/config
 
 Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 1 after losing the leader lease (restart as a standby),
-2 for bad flags, settings or files.
+2 for bad flags, settings or files (the kubeconfig included), 3 when the cluster cannot be reached or logged in to
+(or --in-cluster outside a pod), 4 when the cluster is not ready for DDS (RBAC denies what it needs, a CRD is
+missing). Each ends with one line saying what to do, JSON with --log-format json (dds/commands/failures.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from typing import Any, Callable, Optional
 from pydantic import ValidationError
 
 from dds import crashpoints
+from dds.commands.failures import (EXIT_USAGE, Failure, cluster_failures, report, requested_log_format,
+                                   settings_problems)
 from dds.config import Settings
 from dds.model.events import LogEventRecorder
 from dds.nodes.memory import MemoryProvisioner
@@ -40,8 +44,6 @@ from dds.groups.sources import FileSource
 from dds.groups.catalog import NodeGroupCatalog
 
 log = logging.getLogger("dds.serve")
-
-EXIT_USAGE = 2
 
 
 class UsageError(Exception):
@@ -70,20 +72,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--tls-ca", type=Path, help="CA that client certificates must be signed by (PEM)")
     parser.add_argument("--gpu-label", help="node label carrying the GPU model (default nvidia.com/gpu.product)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument("--log-format", choices=("text", "json"), help="text (default) or json, one object a line")
     parser.set_defaults(func=run)
 
 
 def load_settings(args: argparse.Namespace) -> Settings:
     flags = {name: getattr(args, name, None) for name in
              ("listen", "node_groups_file", "insecure", "tls_cert", "tls_key", "tls_ca", "gpu_label", "log_level",
-              "kubeconfig", "in_cluster", "metrics_listen", "leader_election", "identity")}
+              "log_format", "kubeconfig", "in_cluster", "metrics_listen", "leader_election", "identity")}
     try:
         return Settings.load(args.config, **flags)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
-        raise UsageError(f"invalid settings: {problems}") from exc
-    except (OSError, ValueError) as exc:  # unreadable or malformed --config
-        raise UsageError(f"cannot load settings: {exc}") from exc
+    except (ValidationError, OSError, ValueError) as exc:  # a bad value; an unreadable or malformed --config
+        raise UsageError(settings_problems(exc)) from exc
 
 
 def _arm_crashpoints() -> None:
@@ -153,21 +153,42 @@ def serve_until_signalled(server: ProviderServer, stop: Optional[threading.Event
     run_until_signalled(server.start, server.stop, stop)
 
 
-def run_cluster(settings: Settings) -> int:
-    from dds.app import build_app
-
+def run_cluster(settings: Settings, log_format: str = "text") -> int:
+    """Check the settings, then the cluster (reachable, credentials, CRDs, RBAC: dds/kube/preflight.py), then build
+    and run. A cluster problem met later, while starting, is reported the same way: one line, its exit code."""
     try:
-        app = build_app(settings)
-    except ValueError as exc:  # no kubeconfig, bad fabric settings, bad listen address
-        print(f"dds serve: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    run_until_signalled(app.start, app.stop, app.stopped)  # app.stopped is also set on losing the lease
+        return _run_cluster(settings)
+    except Failure as failure:
+        return report("serve", failure, log_format)
+
+
+def _run_cluster(settings: Settings) -> int:
+    from dds.app import build_app
+    from dds.config import FabricBackend
+    from dds.fabric.factory import require_fabric_choice, require_pools
+    from dds.kube.preflight import connect, require_for_serving
+    from dds.ops.http import check_metrics_settings
+
+    api = None
+    try:
+        with cluster_failures(lambda: api.configuration.host if api is not None else "the apiserver"):
+            check_metrics_settings(settings)  # settings first: an unprotected /metrics is refused before any request
+            if require_fabric_choice(settings) != FabricBackend.SIMULATED:
+                require_pools(settings)  # a real fabric's pools are declared, never the simulation's default
+            api = connect(settings.kubeconfig, settings.in_cluster)
+            require_for_serving(api, settings)
+            app = build_app(settings, api=api)
+            run_until_signalled(app.start, app.stop, app.stopped)  # app.stopped is also set on losing the lease
+    except ValueError as exc:  # bad fabric settings, bad listen address, simulated GPUs on real nodes
+        raise Failure(str(exc), exit_code=EXIT_USAGE) from exc
     return app.exit_code
 
 
 def run(args: argparse.Namespace) -> int:
+    log_format = requested_log_format(args)
     try:
         settings = load_settings(args)
+        log_format = settings.log_format
         _configure_logging(settings)
         _arm_crashpoints()
         check_tls_material(settings)  # before anything touches the cluster: no plaintext unless asked for
@@ -175,11 +196,12 @@ def run(args: argparse.Namespace) -> int:
             if settings.kubeconfig is None and not settings.in_cluster:
                 raise UsageError("nothing to serve: pass --kubeconfig FILE or --in-cluster (a cluster's MachineSets), "
                                  "or --node-groups FILE (no cluster)")
-            return run_cluster(settings)
+            return run_cluster(settings, log_format)
         parts = no_cluster_parts(settings)
         server = build_server(settings, parts.registry, parts.scale_up, parts.scale_down)
     except (UsageError, ServerConfigError) as exc:
-        print(f"dds serve: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return report("serve", Failure(str(exc), exit_code=EXIT_USAGE), log_format)
+    except Failure as failure:
+        return report("serve", failure, log_format)
     serve_until_signalled(server)
     return 0

@@ -22,7 +22,8 @@ from dds.planner.reservations import ReservationConfig
 from dds.sim.engine import SimResult, simulate
 from dds.sim.policies import GANG_BASELINE, POLICIES, Policy, parse_policies
 from dds.sim.progress import ProgressBar
-from dds.sim.results import baseline_name, compare, jobs_csv, render_table, summaries_csv, timeline_csv
+from dds.sim.results import (baseline_name, compare, jobs_csv, render_legend, render_table, summaries_csv, timeline_csv,
+                             unrun_warning)
 from dds.sim.scenario import Scenario, Timing
 from dds.sim.trace import TraceError, dump_csv, load_trace
 from dds.sim.workloads import BUILTIN, WorkloadParams, build, trace_scenario
@@ -121,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(render_table(summaries))
     base = baseline_name(summaries, scenario.baseline)
+    warning = unrun_warning(summaries)
+    if warning:
+        print(f"\n{warning}")
+    print("\n" + render_legend())
     if base:
         print(f"\n'vs base' = mean wait relative to {base}. Simulated in "
               + ", ".join(f"{r.policy} {s:.1f}s" for r, s in zip(results, seconds)) + " (wall clock).")

@@ -1,6 +1,8 @@
 """Snapshots as files: the format `dds plan --snapshot` reads, and what `dump_snapshot` writes (JSON; YAML is read too).
 
-Format (camelCase keys, Kubernetes quantities where Kubernetes uses them; every key but the names is optional):
+Format (camelCase keys, Kubernetes quantities where Kubernetes uses them). Required: the names (a group's id, a pool's,
+a node's and a pod's name), a group's minSize, maxSize, cpu, memory and maxGpusPerNode, and a device's id and model;
+every other key is optional, every top-level key too:
 
     now: 1000                                # seconds (the planner's clock)
     gpuModelLabel: nvidia.com/gpu.product    # the label pods select a GPU model with
@@ -302,6 +304,11 @@ def _snake(key: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
 
 
+def _file_key(name: str) -> str:
+    """A model field as the file names it (an error must name the key the user wrote): max_size -> maxSize."""
+    return "cpu" if name == "milli_cpu" else _camel(name)  # the file's `cpu` (a quantity; `milliCpu` is accepted too)
+
+
 def _group(data: Any, path: str, source: str) -> NodeGroupSpec:
     if not isinstance(data, Mapping):
         raise SnapshotFormatError(f"{path}: expected a mapping")
@@ -322,7 +329,7 @@ def _group(data: Any, path: str, source: str) -> NodeGroupSpec:
         return NodeGroupSpec.model_validate(fields)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "group"
+        where = ".".join(_file_key(p) if isinstance(p, str) else str(p) for p in first["loc"]) or "group"
         raise SnapshotFormatError(f"{path}.{where}: {first['msg']}") from exc
 
 

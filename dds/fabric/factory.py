@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional
 
-from dds.config import FabricBackend, Settings
+from dds.config import FabricBackend, PoolSpec, Settings
 from dds.fabric.base import Fabric
 from dds.fabric.composability import ComposabilityRequestFabric
 from dds.fabric.redfish import RedfishFabric
@@ -48,6 +48,16 @@ def require_fabric_choice(settings: Settings) -> FabricBackend:
     return settings.fabric
 
 
+def require_pools(settings: Settings) -> list[PoolSpec]:
+    """A real fabric's pools, which must be declared: DDS attaches only what they say the fabric holds, and the
+    simulated fabric's default (8 A30 in pool `default`) is no description of real hardware."""
+    if not settings.pools_declared:
+        raise ValueError(f"fabric {settings.fabric.value if settings.fabric else '?'}: declare the GPU pools the "
+                         "fabric holds in the `pools` setting, e.g. pools: [{name: pool-a, devices: {A100: 16}}] "
+                         "(docs/install.md \"Declare the pools\")")
+    return settings.fabric_pools
+
+
 def refuse_simulation_on_real_nodes(settings: Settings, api_client: ApiClient) -> None:
     """With the simulated fabric, refuse a cluster whose DDS-managed Nodes (the node-group label) are not all kwok
     nodes, unless `simulated_fabric.allow_non_kwok_nodes`. Nodes that join later are refused one by one by the capacity
@@ -75,11 +85,11 @@ def build_fabric(settings: Settings, *, clock: Callable[[], float], api_client: 
             raise ValueError("fabric composability-request needs a cluster: pass --kubeconfig or --in-cluster")
         if on_node_devices_changed is not None:
             log.info("fabric composability-request: the CDI operator makes devices visible on nodes itself")
-        return ComposabilityRequestFabric(api_client, settings.composability, settings.simulated_fabric.pools,
+        return ComposabilityRequestFabric(api_client, settings.composability, require_pools(settings),
                                           clock=clock, cache=cache)
     if backend == FabricBackend.REDFISH:
         store = _store(settings, api_client, settings.simulated_fabric.state_configmap + REDFISH_LOG_SUFFIX)
-        return RedfishFabric(settings.redfish, clock=clock, store=store, pools=settings.simulated_fabric.pools)
+        return RedfishFabric(settings.redfish, clock=clock, store=store, pools=require_pools(settings))
     raise ValueError(f"fabric: unknown backend {backend!r}")
 
 

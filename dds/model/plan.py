@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping, Optional
 
+from dds.model.quantity import human_amount
+
 
 class Verdict(str, Enum):
     FITS_NOW = "fits-now"  # schedulable on an existing node without any action
@@ -45,8 +47,12 @@ class Reject:
     def message(self) -> str:
         if self.resource is None:
             return f"{self.target}: {self.reason}"
-        capacity = "" if self.capacity is None else f", capacity {self.capacity}"
-        return f"{self.target}: {self.reason} ({self.resource}: requested {self.requested}, free {self.free}{capacity})"
+        def amount(value: Optional[int]) -> str:
+            return "?" if value is None else human_amount(self.resource or "", value)
+
+        capacity = "" if self.capacity is None else f", capacity {amount(self.capacity)}"
+        return (f"{self.target}: {self.reason} ({self.resource}: requested {amount(self.requested)}, "
+                f"free {amount(self.free)}{capacity})")
 
 
 @dataclass(frozen=True, slots=True)

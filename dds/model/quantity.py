@@ -62,3 +62,21 @@ def to_int(value: str | int | float) -> int:
 
 def format_milli(milli: int) -> str:
     return f"{milli // 1000}" if milli % 1000 == 0 else f"{milli}m"
+
+
+_BYTE_RESOURCES = ("memory", "ephemeral-storage")
+_GIB, _MIB = 1 << 30, 1 << 20
+
+
+def human_amount(resource: str, value: int) -> str:
+    """An amount as people read it: CPU (kept in millicores) as cores, memory and storage (bytes) in GiB or MiB,
+    anything else (pods, GPUs, nodes) as the count."""
+    if resource == "cpu":
+        cores = value / 1000
+        return f"{cores:g} core" if cores == 1 else f"{cores:g} cores"
+    if resource in _BYTE_RESOURCES or resource.startswith("hugepages-"):
+        for size, unit in ((_GIB, "GiB"), (_MIB, "MiB")):
+            if abs(value) >= size:
+                return f"{value / size:.4g} {unit}"
+        return f"{value} B"
+    return str(value)

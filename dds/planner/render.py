@@ -19,6 +19,8 @@ def render_scale_up(plan: ScaleUpPlan) -> str:
     head = (f"scale-up plan (policy {plan.policy or '?'}, solver {plan.solver}): attach {_plural(plan.gpus, 'GPU')} "
             f"to {_plural(len({a.node for a in plan.attaches}), 'node')}, add {_plural(plan.nodes, 'node')}")
     lines = [head]
+    if any(d.score is not None for d in plan.decisions):
+        lines.append(f"  (score: {plan.policy or 'the policy'}'s score of a placement; the higher score wins)")
     if not plan.decisions:
         lines.append("  no pending pods")
     for decision in plan.decisions:

@@ -112,16 +112,16 @@ _COLUMNS = (
     ("gpus_attached", "attach", "{}"),
     ("gpus_detached", "detach", "{}"),
     ("gpus_reallocated", "realloc", "{}"),
-    ("gpu_stranded_s", "stranded", "{:.0f}s"),
+    ("gpu_stranded_s", "stranded GPU-h", "{:.1f}", 1 / 3600),  # GPU-seconds shown as GPU-hours
     ("nodes_added", "+nodes", "{}"),
     ("nodes_removed", "-nodes", "{}"),
 )
 
 
 def render_table(summaries: Sequence[Summary]) -> str:
-    rows = [[title for _, title, _ in _COLUMNS]]
+    rows = [[column[1] for column in _COLUMNS]]
     for s in summaries:
-        rows.append([_cell(getattr(s, name), fmt) for name, _, fmt in _COLUMNS])
+        rows.append([_cell(getattr(s, column[0]), column[2], *column[3:]) for column in _COLUMNS])
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     lines = []
     for index, row in enumerate(rows):
@@ -132,10 +132,37 @@ def render_table(summaries: Sequence[Summary]) -> str:
     return "\n".join(lines)
 
 
-def _cell(value: object, fmt: str) -> str:
+def _cell(value: object, fmt: str, scale: float = 1.0) -> str:
     if value is None:
         return "-"
-    return fmt.format(value)
+    return fmt.format(value * scale if scale != 1.0 else value)
+
+
+LEGEND = (
+    "wait mean/p50/p95: seconds from a job's arrival to its start, over the jobs that started (lower is better)",
+    "vs base: mean wait relative to the baseline policy (negative = shorter waits, better)",
+    "never ran: jobs this policy could not start at all; they are left out of the wait columns",
+    "makespan: seconds from the first arrival to the last finish (lower is better)",
+    "GPU util: GPU-seconds used by jobs / GPU-seconds held by nodes (higher is better)",
+    "GPUs held: GPUs attached to nodes, time-averaged (fewer = more left in the pools for others)",
+    "attach/detach/realloc: GPU attaches, detaches, and GPUs moved between nodes",
+    "stranded GPU-h: GPU-hours attached for gangs that could not start yet, unused meanwhile (lower is better)",
+    "+nodes/-nodes: nodes added and removed",
+)
+
+
+def render_legend() -> str:
+    return "\n".join(["columns:"] + [f"  {line}" for line in LEGEND])
+
+
+def unrun_warning(summaries: Sequence[Summary]) -> Optional[str]:
+    """A policy that could not run some jobs has its wait figures over the others only, which flatters it."""
+    unrun = [s for s in summaries if s.never_started]
+    if not unrun:
+        return None
+    named = ", ".join(f"{s.policy} ({s.never_started} of {s.jobs})" for s in unrun)
+    return (f"warning: jobs never ran under {named}: their waits are missing from the wait columns, so those policies "
+            "look better on wait than they are; compare them on 'never ran' first")
 
 
 def summaries_csv(summaries: Sequence[Summary]) -> str:

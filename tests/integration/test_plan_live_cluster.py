@@ -33,16 +33,16 @@ def test_plan_on_a_live_cluster_attaches_a_gpu_for_a_pending_pod(control_plane: 
                      "--save-snapshot", str(snapshot_file)])
         out = json.loads(capsys.readouterr().out)
         assert code == 0
-        decision = next(d for d in out["scaleUp"]["decisions"] if d["pod"] == f"{namespace}/train-0")
+        decision = next(d for d in out["scale_up"]["decisions"] if d["pod"] == f"{namespace}/train-0")
         assert decision["node"] == node, decision
-        attaches = [a for a in out["scaleUp"]["attaches"] if a["node"] == node]
-        assert [a["count"] for a in attaches] == [1] and not out["scaleUp"]["new_nodes"], out["scaleUp"]
+        attaches = [a for a in out["scale_up"]["attaches"] if a["node"] == node]
+        assert [a["count"] for a in attaches] == [1] and not out["scale_up"]["new_nodes"], out["scale_up"]
         # Read-only: nothing was attached, the pod is still pending.
         assert unschedulable(core, namespace, "train-0")
         # The saved snapshot replays to the same plan.
         assert main(["plan", "--snapshot", str(snapshot_file), "--json"]) == 0
         replay = json.loads(capsys.readouterr().out)
-        assert replay["scaleUp"]["attaches"] == out["scaleUp"]["attaches"]
+        assert replay["scale_up"]["attaches"] == out["scale_up"]["attaches"]
     finally:
         harness.close()
 
@@ -54,5 +54,25 @@ def test_plan_says_why_when_the_cluster_cannot_be_read(tmp_path, capsys) -> None
         "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
         "users": [{"name": "u", "user": {"token": "t"}}]}))
-    assert main(["plan", "--kubeconfig", str(kubeconfig)]) == 2
-    assert "cannot read the node groups" in capsys.readouterr().err
+    assert main(["plan", "--kubeconfig", str(kubeconfig)]) == 3  # cannot reach the cluster (dds/commands/failures.py)
+    err = capsys.readouterr().err
+    assert "cannot reach the apiserver at https://127.0.0.1:1" in err and "to fix:" in err, err
+
+
+def test_plan_reads_the_clusters_own_settings(control_plane: Any, namespace: str, tmp_path, capsys,
+                                              dds_kubeconfig: Any, dds_api: Any) -> None:
+    """Without --config, `dds plan --kubeconfig` plans with the settings the running DDS reads: its ConfigMap (here in
+    the test's namespace, named with --cluster-settings), whose shipped `in_cluster: true` the flag beats."""
+    core = client.CoreV1Api(control_plane.api_client())
+    settings = {"in_cluster": True, "namespace": namespace, "machineset_namespaces": [namespace],
+                "fabric": "simulated", "policy": "spread"}
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "dds-settings"},
+                                                  "data": {"settings.yaml": yaml.safe_dump(settings)}})
+    where = f"{namespace}/dds-settings"
+    assert main(["plan", "--kubeconfig", str(dds_kubeconfig), "--cluster-settings", where, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["scale_up"]["policy"] == "spread"
+    # No such ConfigMap: one line saying where it looked and what to pass instead.
+    missing = f"{namespace}/no-settings"
+    assert main(["plan", "--kubeconfig", str(dds_kubeconfig), "--cluster-settings", missing]) == 2
+    err = capsys.readouterr().err
+    assert f"the cluster has no ConfigMap {missing}" in err and "--config FILE" in err, err

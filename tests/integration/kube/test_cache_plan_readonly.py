@@ -48,8 +48,8 @@ def test_plan_on_a_live_cluster_sends_only_reads(control_plane: Any, namespace: 
         out = json.loads(capsys.readouterr().out)
 
         assert code == 0
-        attaches = [a for a in out["scaleUp"]["attaches"] if a["node"] == node]
-        assert [a["count"] for a in attaches] == [1], out["scaleUp"]
+        attaches = [a for a in out["scale_up"]["attaches"] if a["node"] == node]
+        assert [a["count"] for a in attaches] == [1], out["scale_up"]
         sent = counts.snapshot()
         assert sent and set(sent) <= READS, sent
         assert not core.list_namespaced_config_map(namespace).items

@@ -210,3 +210,26 @@ def test_no_metric_is_listed_that_dds_does_not_export(document: Path) -> None:
     assert listed, f"no metrics table in {document.name}"
     assert listed <= set(exported_names()), f"{document.name} lists metrics DDS does not export: " \
                                              f"{sorted(listed - set(exported_names()))}"
+
+
+def labels_column(document: Path, name: str) -> set[str]:
+    """The labels a metrics table row of `document` gives `name`: the `labels` column's backticked names, less what
+    parentheses say about their values."""
+    lines = text(document).splitlines()
+    index = next((i for i, line in enumerate(lines) if line.startswith("|")
+                  and (f"| `{name}`" in line or f"/ `{name}` |" in line)), None)
+    assert index is not None, f"{name} missing in {document.name}"
+    header = next(lines[i] for i in range(index, -1, -1) if not lines[i - 1].startswith("|"))
+    column = [c.strip() for c in header.split("|")].index("labels")
+    cell = lines[index].split("|")[column]
+    while re.search(r"\([^()]*\)", cell):
+        cell = re.sub(r"\([^()]*\)", "", cell)
+    return set(re.findall(r"`([a-z_]+)`", cell))
+
+
+@pytest.mark.parametrize("name", exported_names())
+@pytest.mark.parametrize("document", [README, OPERATIONS], ids=["README", "operations"])
+def test_every_metric_row_names_its_labels(document: Path, name: str) -> None:
+    metric = next(v for v in vars(metrics).values() if isinstance(v, MetricWrapperBase)
+                  and v._name + ("_total" if v._type == "counter" else "") == name)
+    assert labels_column(document, name) == set(metric._labelnames), f"{name} in {document.name}"

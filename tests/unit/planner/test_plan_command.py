@@ -65,9 +65,15 @@ def test_dds_plan_explains_the_demo(capsys) -> None:
 def test_dds_plan_json(capsys) -> None:
     assert main(["plan", "--snapshot", str(DEMO), "--json", "--policy", "spread"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["scaleUp"]["policy"] == "spread"
-    assert data["scaleUp"]["decisions"][0]["verdict"] == "fits-after-gpus"
-    assert data["scaleUp"]["gpus"] == 1 and data["scaleDown"]["removals"] == []
+    assert data["scale_up"]["policy"] == "spread"
+    assert data["scale_up"]["decisions"][0]["verdict"] == "fits-after-gpus"
+    assert data["scale_up"]["gpus"] == 1 and data["scale_down"]["removals"] == []
+
+
+
+def test_plan_text_says_which_way_scores_go_and_shows_units(capsys) -> None:
+    assert main(["plan", "--snapshot", str(DEMO)]) == 0
+    assert "(score: best-fit's score of a placement; the higher score wins)" in capsys.readouterr().out
 
 
 def test_dds_plan_case3_candidate(capsys) -> None:
@@ -106,3 +112,43 @@ def test_benchmark_quick_ladder(capsys) -> None:
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("bench ")]
     assert len(lines) == len(bench.CASES) * len(bench.QUICK_NODES) * len(bench.QUICK_PENDING)
     assert all("p50_ms=" in line and "p99_ms=" in line and "naive_ratio=" in line for line in lines)
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param(["--snapshot", str(DEMO), "--kubeconfig", "k"], "--snapshot plans on a file", id="snapshot+kubeconfig"),
+    pytest.param(["--snapshot", str(DEMO), "--in-cluster"], "--snapshot plans on a file", id="snapshot+in-cluster"),
+    pytest.param(["--snapshot", str(DEMO), "--save-snapshot", "s.json"], "--save-snapshot writes what was read",
+                 id="save+snapshot"),
+    pytest.param(["--kubeconfig", "k", "--config", "c.yaml", "--cluster-settings", "a/b"], "give one",
+                 id="config+cluster-settings"),
+    pytest.param(["--snapshot", str(DEMO), "--cluster-settings", "a/b"], "reads a live cluster's ConfigMap",
+                 id="cluster-settings+snapshot"),
+])
+def test_conflicting_flags_are_refused_not_ignored(args, message, capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_an_explicit_kubeconfig_beats_the_shipped_in_cluster_setting(tmp_path) -> None:
+    from dds.config import Settings
+
+    shipped = tmp_path / "settings.yaml"
+    shipped.write_text("in_cluster: true\nfabric: simulated\n")
+    settings = Settings.load(shipped, kubeconfig=tmp_path / "kubeconfig")
+    assert settings.in_cluster is False and settings.kubeconfig == tmp_path / "kubeconfig"
+    assert Settings.load(shipped).in_cluster is True
+    assert Settings.load(shipped, kubeconfig=tmp_path / "k", in_cluster=True).in_cluster is True
+
+
+@pytest.mark.parametrize("key", ["minSize", "maxSize", "cpu", "memory", "maxGpusPerNode"])
+def test_a_groups_required_keys_are_named_as_the_file_writes_them(key: str, tmp_path, capsys) -> None:
+    """The five keys snapshot_file.py's docstring calls required, each named in camelCase when missing."""
+    group = {"id": "g", "minSize": 0, "maxSize": 3, "cpu": "8", "memory": "32Gi", "maxGpusPerNode": 4}
+    del group[key]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"groups": [group]}))
+    assert main(["plan", "--snapshot", str(path)]) == 2
+    assert f"groups[0].{key}: Field required" in capsys.readouterr().err

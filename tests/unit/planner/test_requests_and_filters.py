@@ -160,4 +160,16 @@ def test_resource_reject_carries_the_numbers() -> None:
     reject = resources_fit(pod_request(make_pod("p", cores=10)), sim_node(node, snapshot, None), _NoCluster())
     assert reject is not None
     assert (reject.resource, reject.requested, reject.free, reject.capacity) == ("cpu", 10_000, 8_000, 8_000)
-    assert reject.message() == "n: Insufficient cpu (cpu: requested 10000, free 8000, capacity 8000)"
+    assert reject.message() == "n: Insufficient cpu (cpu: requested 10 cores, free 8 cores, capacity 8 cores)"
+
+
+@pytest.mark.parametrize("resource, value, shown", [
+    ("cpu", 500, "0.5 cores"), ("cpu", 1000, "1 core"), ("cpu", 2250, "2.25 cores"),
+    ("memory", 25769803776, "24 GiB"), ("memory", 1610612736, "1.5 GiB"), ("memory", 512 << 20, "512 MiB"),
+    ("memory", 100, "100 B"), ("ephemeral-storage", 100 << 30, "100 GiB"), ("pods", 110, "110"),
+    ("nvidia.com/gpu", 4, "4"),
+])
+def test_amounts_are_shown_in_units_people_read(resource: str, value: int, shown: str) -> None:
+    from dds.model.quantity import human_amount
+
+    assert human_amount(resource, value) == shown

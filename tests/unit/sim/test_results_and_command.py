@@ -134,3 +134,25 @@ def test_without_matplotlib_simulate_still_writes_its_results_and_says_why_no_pl
     assert code == 0
     assert "note: no plots (matplotlib is not installed: pip install 'dds[sim]')" in capsys.readouterr().out
     assert {p.name for p in out.iterdir()} == {"summary.csv", "jobs.csv", "timeline.csv"}
+
+
+def test_a_policy_that_left_jobs_unrun_is_warned_about_and_the_columns_are_explained():
+    from dds.sim.results import render_legend, unrun_warning
+
+    summaries = compare([result("static", [100.0, 100.0]), result("node-only", [0.0, None])])
+    assert unrun_warning(summaries) == (
+        "warning: jobs never ran under node-only (1 of 2): their waits are missing from the wait columns, so those "
+        "policies look better on wait than they are; compare them on 'never ran' first")
+    assert unrun_warning(compare([result("static", [1.0])])) is None
+    legend = render_legend()
+    header = render_table(summaries).splitlines()[0]
+    assert "stranded GPU-h" in header and "GPU-hours" in legend
+    assert "(lower is better)" in legend and "(higher is better)" in legend
+
+
+def test_stranded_gpu_seconds_are_shown_as_gpu_hours():
+    from dataclasses import replace
+
+    summary = replace(summarize(result("best-fit", [0.0])), gpu_stranded_s=5400.0)
+    row = render_table([summary]).splitlines()[2]
+    assert " 1.5 " in row
