@@ -171,6 +171,7 @@ class GpuNodeAgent:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._daemonsets: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid
+        self._frozen: set[str] = set()  # nodes whose driver shows no change (freeze)
         fabric.add_listener(self._on_fabric_change)
 
     # -- lifecycle --
@@ -234,12 +235,25 @@ class GpuNodeAgent:
     def slice_name(node_name: str) -> str:
         return f"{node_name}-{NVIDIA_DRA_DRIVER}"
 
+    def freeze(self, node_name: str, frozen: bool = True) -> None:
+        """A node whose GPU driver stops noticing the fabric (a GPU whose PCIe link never trains, a hot-unplug the
+        kernel misses): while frozen, the node keeps showing the GPUs it showed — a GPU attached since is not visible
+        there, one detached since still is. Unfrozen, it catches up at its next sync."""
+        with self._lock:
+            if frozen:
+                self._frozen.add(node_name)
+            else:
+                self._frozen.discard(node_name)
+        self._wake.set()
+
     def sync(self, node_name: str) -> None:
         """Make the node show what the fabric has attached to its machine, now."""
         with self._lock:
             record = self._nodes.get(node_name)
             if record is None:
                 raise KeyError(f"gpu node agent: node {node_name} was never added")
+            if node_name in self._frozen:
+                return
             try:
                 node = self._core.read_node(node_name)
             except ApiException as exc:

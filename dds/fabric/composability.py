@@ -196,6 +196,15 @@ class ComposabilityRequestFabric:
                 existing = self._settle_ended(name, existing)
                 if existing is None:
                     continue
+                if request.force and self._cancels_hung_attaches(request, name, existing):
+                    current = self._get_request(name)
+                    record = self._new_record(request.key, OperationKind.DETACH, request.node, model,
+                                              self._pool_of_model.get(model, ""), len(request.device_ids), current)
+                    record.update(before=sorted(request.device_ids), asked=list(request.device_ids),
+                                  target=int((current or existing)["spec"]["resource"].get("size", 0)))
+                    if current is not None and self._write_size(name, current, request.node, model, record, 0):
+                        return self._operation_from(record, self._get_request(name))
+                    continue
                 self._check_nothing_attaching(request.key, name, existing)
                 force = request.force and len(request.device_ids) == size
                 if request.force and not force:
@@ -290,6 +299,37 @@ class ComposabilityRequestFabric:
                 f"(CoHDI's dynamic-device-scaler adopts requests by node and model). Two writers would undo each "
                 f"other's sizes, so DDS stops changing it: stop the other writer on {node}, then delete the request's "
                 f"managedFields entry for it or recreate the request"))
+
+    def _cancels_hung_attaches(self, request: DetachRequest, name: str, existing: dict[str, Any]) -> bool:
+        """A forced detach of devices still attaching (the orphan reclaim of a hung attach): end the attaches running
+        on the request now, as their wait bound would, which gives back what they did not get (the operator removes
+        resources still Attaching before unmarked Online ones). True when that was done; the detach then only follows
+        the devices out (recorded without a size change of its own). False when a device asked is not attaching or
+        no attach runs: the ordinary detach rules apply."""
+        resources = self._view().resources
+        asked = [resources.get(d) for d in request.device_ids]
+        if not all(r is not None and _labels(r).get(LABEL_MANAGED_BY) == name
+                   and _device_state(r) == DeviceState.ATTACHING for r in asked):
+            return False
+        running = [r for r in _records(existing).values()
+                   if "state" not in r and r.get("kind") == OperationKind.ATTACH.value]
+        if not running:
+            return False
+        now = self._clock()
+        for record in running:
+            outcome = _outcome(record, existing, resources, now, self._settings.operator_error_bound_seconds,
+                               wait_bound=0.0)
+            if outcome is None:
+                continue
+            outcome["error"] = f"cancelled by the forced detach {request.key} ({request.reason}): {outcome['error']}"
+            log.warning("attach %s on %s: %s", record["key"], record["node"], outcome["error"])
+            current = self._get_request(name)
+            if current is None or "state" in _records(current).get(record["key"], {"state": ""}):
+                continue
+            if not self._remember_result(current, {**record, **outcome, "finished_at": now}):
+                raise FabricError(ErrorCode.BACKEND, f"detach {request.key}: could not end the hung attach "
+                                                     f"{record['key']} on ComposabilityRequest {name}; try again")
+        return True
 
     def _check_nothing_attaching(self, key: str, name: str, existing: dict[str, Any]) -> None:
         """The operator removes not-yet-attached resources before the ones marked for removal: lowering the size while
@@ -418,23 +458,25 @@ class ComposabilityRequestFabric:
             self._operation_from(record, current)
         return self._get_request(name) if existing is not None else None
 
-    def _remember_result(self, request: dict[str, Any], record: dict[str, Any]) -> None:
-        """Store a finished operation's outcome in the annotation, so it stays stable as the request moves on."""
+    def _remember_result(self, request: dict[str, Any], record: dict[str, Any]) -> bool:
+        """Store a finished operation's outcome in the annotation, so it stays stable as the request moves on. True
+        when it is stored (by this call or another)."""
         body = self._with_result(request, record)
         # Not stored now (an error, or conflicts throughout): the outcome is computed again on the next read.
         name = request["metadata"]["name"]
         for _ in range(_CONFLICT_ATTEMPTS):
             try:
                 if self._objects.replace_request(name, body):
-                    return
+                    return True
             except ApiError as exc:
                 log.debug("could not record the outcome of %s: %s", record["key"], exc.status)
-                return
+                return False
             fresh = self._get_request(name)  # the operator wrote its status meanwhile: apply the record again
             if fresh is None or "state" in _records(fresh).get(record["key"], {}):
-                return
+                return fresh is not None
             body = self._with_result(fresh, record)
         log.debug("could not record the outcome of %s: 409 on every attempt", record["key"])
+        return False
 
     @staticmethod
     def _with_result(request: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
@@ -458,7 +500,8 @@ class ComposabilityRequestFabric:
         if "state" not in record and request is not None:
             now = self._clock()
             outcome = _outcome(record, request, self._view().resources, now,
-                               self._settings.operator_error_bound_seconds)
+                               self._settings.operator_error_bound_seconds,
+                               wait_bound=self._settings.operator_wait_bound_seconds)
             if outcome is not None:
                 record = {**record, **outcome, "finished_at": now}
                 self._remember_result(request, record)
@@ -553,13 +596,15 @@ def _bounded(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _outcome(record: dict[str, Any], request: dict[str, Any], resources: Mapping[str, dict[str, Any]], now: float,
-             error_bound: float) -> Optional[dict[str, Any]]:
+             error_bound: float, *, wait_bound: float) -> Optional[dict[str, Any]]:
     """The end of an operation as the operator's objects show it, or None while it is still running.
 
     `resources`: the ComposableResources by name. An error ends the operation only past `error_bound` seconds (the
-    operator retries every error and clears it on success). An attach's devices are the first `count` resources the
-    operator created for the request after it started, less those an earlier attach on the same request takes: two
-    attaches started before the operator listed either's resources would otherwise both count the first one."""
+    operator retries every error and clears it on success); an operation still running past `wait_bound` seconds
+    without one ends too (Timeout), naming where each of its devices stands: the operator waits without an error for
+    a GPU to show on the node or to leave it, and never gives up. An attach's devices are the first `count` resources
+    the operator created for the request after it started, less those an earlier attach on the same request takes:
+    two attaches started before the operator listed either's resources would otherwise both count the first one."""
     status = request.get("status") or {}
     listed: dict[str, dict[str, Any]] = status.get("resources") or {}
     name = (request.get("metadata") or {}).get("name", "")
@@ -580,12 +625,70 @@ def _outcome(record: dict[str, Any], request: dict[str, Any], resources: Mapping
     messages = [e for e in errors if e]
     if status.get("error"):
         messages.append(f"{name}: {status['error']}")
-    if messages and now - float(record["started_at"]) >= error_bound:
+    lasted = now - float(record["started_at"])
+    if messages and lasted >= error_bound:
         in_use = record["kind"] == OperationKind.DETACH.value and any(_IN_USE in m for m in messages)
         retrying = " (the operator keeps retrying it)" if record["kind"] == OperationKind.DETACH.value else ""
         return _done(OperationState.FAILED, done, ErrorCode.DEVICE_IN_USE if in_use else ErrorCode.BACKEND,
                      f"still failing after {error_bound:g} s{retrying}: " + "; ".join(messages))
+    if lasted >= wait_bound:
+        if record["kind"] == OperationKind.ATTACH.value:
+            waiting = _attach_waits(mine, ours, count - len(done), done)
+        else:
+            waiting = _detach_waits(sorted(before - set(done)), resources, listed)
+        return _done(OperationState.FAILED, done, ErrorCode.TIMEOUT,
+                     f"the operator has waited {lasted:.0f} s without an error (operator_wait_bound_seconds "
+                     f"{wait_bound:g}); request {name} {status.get('state') or 'with no state yet'}: {waiting}")
     return None
+
+
+def _attach_waits(mine: Sequence[str], ours: Mapping[str, dict[str, Any]], missing: int,
+                  done: Sequence[str]) -> str:
+    """Where an overdue attach's devices stand, and what becomes of them: the ones it did not get are given back (the
+    size lowered); one the fabric attached that the node never showed stays attached (the operator detaches a
+    resource only once it was Online or failed), so it is reported stranded."""
+    parts, stranded = [], []
+    for name in mine:
+        if name in done:
+            continue
+        status = (ours.get(name) or {}).get("status") or {}
+        state, device = status.get("state") or "", status.get("device_id") or ""
+        if name not in ours:
+            parts.append(f"{name} listed, not created yet")
+        elif state == "Attaching" and device:
+            parts.append(f"{name} Attaching: device {device} attached in the fabric, not visible on the node")
+            stranded.append(f"{device} ({name})")
+        else:
+            parts.append(f"{name} {state or 'not picked up by the operator'}" + (f", device {device}" if device else ""))
+    unseen = missing - len(parts)
+    if unseen > 0:
+        parts.append(f"{unseen} not created yet")
+    text = "; ".join(parts) + f"; giving back the {missing} not attached"
+    if stranded:
+        text += (f"; stranded: {', '.join(stranded)} stays attached to the node until it shows there (the operator "
+                 f"releases it only then): check the node's GPU driver")
+    return text
+
+
+def _detach_waits(left: Sequence[str], resources: Mapping[str, dict[str, Any]],
+                  listed: Mapping[str, dict[str, Any]]) -> str:
+    """Where an overdue detach's devices stand: each one still there stays counted as detaching (stranded) until the
+    operator lets it go."""
+    parts = []
+    for name in left:
+        if name in listed and name not in resources:
+            parts.append(f"{name} still listed by the request")
+            continue
+        status = (resources.get(name) or {}).get("status") or {}
+        state, device = status.get("state") or "", status.get("device_id") or ""
+        if state == "Detaching" and device:
+            where = f"device {device} being drained or removed, or still visible on the node"
+        elif state == "Deleting":
+            where = "off the fabric, its finalizer not yet removed"
+        else:
+            where = f"device {device or 'unknown'} not yet taken up for detaching"
+        parts.append(f"{name} {state or 'with no state'}: {where}")
+    return "; ".join(parts) + "; stranded: counted as detaching until the operator lets them go"
 
 
 def _attach_claim(record: dict[str, Any], request: dict[str, Any], ours: Mapping[str, dict[str, Any]],

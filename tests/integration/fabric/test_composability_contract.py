@@ -50,6 +50,9 @@ GPU_CLASS = "gpu.nvidia.com"
 # write) win before DDS calls the error final; the cases about final errors build their fabric with a short one.
 ERROR_BOUND_S = 30.0
 SHORT_ERROR_BOUND_S = 3.0
+# Long enough that no case but the ones about a hung operator meets it; those build their fabric with a short one.
+WAIT_BOUND_S = 300.0
+SHORT_WAIT_BOUND_S = 15.0
 SETTLE_TIMEOUT_S = 90.0  # a broken run only: an attach or detach through the operator takes a few seconds here
 RESET_TIMEOUT_S = 60.0
 PORT_WAIT_S = 300.0  # another helper's operator may hold the webhook port for a while
@@ -107,10 +110,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 class RealOperatorHarness:
     """contract.Harness on the real operator: DDS's fabric (listed or watched) with its ServiceAccount's client."""
 
-    def __init__(self, world: World, *, watched: bool = False, error_bound_s: float = ERROR_BOUND_S) -> None:
+    def __init__(self, world: World, *, watched: bool = False, error_bound_s: float = ERROR_BOUND_S,
+                 wait_bound_s: float = WAIT_BOUND_S) -> None:
         self.world = world
         self.objects = world.objects
         self.error_bound_s = error_bound_s
+        self.wait_bound_s = wait_bound_s
         self.cache = (ClusterCache.for_cluster(world.dds_api, capi_version=None, composability=WATCHED)
                       if watched else None)
         if self.cache is not None:
@@ -120,7 +125,8 @@ class RealOperatorHarness:
 
     def _build(self) -> ComposabilityRequestFabric:
         return ComposabilityRequestFabric(
-            self.world.dds_api, ComposabilitySettings(operator_error_bound_seconds=self.error_bound_s),
+            self.world.dds_api, ComposabilitySettings(operator_error_bound_seconds=self.error_bound_s,
+                                                      operator_wait_bound_seconds=self.wait_bound_s),
             contract_pools(), clock=time.time, cache=self.cache.composability if self.cache else None)
 
     def settle(self, key: str) -> Operation:
@@ -265,6 +271,8 @@ def reset(world: World) -> None:
     re-examines only every 30 s (its watch of ComposableResources enqueues the resource's name, not the request's),
     while a size decrease is followed through at once."""
     objects = world.objects
+    for node in NODES:
+        world.agent.freeze(node, False)
     world.fm.fail_next_attaches(0)
     world.fm.fail_next_detaches(0)
     world.fm.attach_latency_s = world.fm.detach_latency_s = 0.0
@@ -538,4 +546,71 @@ def test_the_operator_restarted_mid_attach_completes_it_once(fresh: World) -> No
         assert len(on_machine) == 2 and fresh.fm.free_count(MODEL) == TOTAL - 2
     finally:
         fresh.fm.attach_latency_s = 0.0
+        h.close()
+
+
+# --- waits the operator never ends (it requeues without an error) ---
+
+def _machine_empty(world: World, node: str) -> bool:
+    return not world.fm.attachments().get(world.machines[node])
+
+
+def test_an_attach_the_node_never_shows_ends_past_the_wait_bound_and_its_gpu_is_given_back(fresh: World) -> None:
+    h = RealOperatorHarness(fresh, wait_bound_s=SHORT_WAIT_BOUND_S)
+    try:
+        fresh.agent.freeze(NODE_A)  # the fabric attaches; the node's driver never shows the GPU
+        done = h.settle(_attach(h, "unseen", NODE_A, 1).key)
+        assert done.state == OperationState.FAILED, done
+        assert done.error is not None and done.error.code == ErrorCode.TIMEOUT, done
+        assert "without an error (operator_wait_bound_seconds 15)" in done.error.message
+        assert "attached in the fabric, not visible on the node" in done.error.message
+        assert "giving back the 1 not attached" in done.error.message and "stranded" in done.error.message
+        [request] = h.requests()
+        assert request["spec"]["resource"]["size"] == 0
+        # Once the node shows it, the operator lets the stranded GPU go: nothing is left attached.
+        fresh.agent.freeze(NODE_A, False)
+        wait_for("the given-back GPU off the fabric", fresh, lambda: not h.resources() and _machine_empty(fresh, NODE_A))
+        assert contract.free(h.fabric) == TOTAL
+    finally:
+        h.close()
+
+
+def test_a_detach_the_node_keeps_showing_ends_past_the_wait_bound_with_the_gpu_reported_stranded(
+        fresh: World) -> None:
+    h = RealOperatorHarness(fresh, wait_bound_s=SHORT_WAIT_BOUND_S)
+    try:
+        attached = h.settle(_attach(h, "seen", NODE_A, 1).key)
+        assert attached.state == OperationState.SUCCEEDED, attached
+        fresh.agent.freeze(NODE_A)  # the fabric lets the GPU go; the node keeps showing it
+        gone = h.settle(h.fabric.detach(DetachRequest(key="unseen-detach", node=NODE_A,
+                                                      device_ids=attached.devices)).key)
+        assert gone.state == OperationState.FAILED, gone
+        assert gone.error is not None and gone.error.code == ErrorCode.TIMEOUT, gone
+        assert f"{attached.devices[0]} Detaching" in gone.error.message and "stranded" in gone.error.message
+        assert [d.state for d in h.fabric.devices(NODE_A)] == [DeviceState.DETACHING]
+        fresh.agent.freeze(NODE_A, False)
+        wait_for("the device gone", fresh, lambda: not h.resources() and _machine_empty(fresh, NODE_A))
+    finally:
+        h.close()
+
+
+def test_a_forced_detach_reclaims_a_hung_attach(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)  # the wait bound far off: the orphan reclaim comes first
+    try:
+        fresh.agent.freeze(NODE_A)
+        hung = _attach(h, "hung", NODE_A, 1)
+        [resource] = wait_for("the fabric's device on the resource", fresh, lambda: [
+            r for r in h.resources() if (r.get("status") or {}).get("device_id")])
+        name = resource["metadata"]["name"]
+        reclaim = h.fabric.detach(DetachRequest(key="orphan-reclaim", node=NODE_A, device_ids=(name,), force=True,
+                                                reason="attach hung past the orphan timeout"))
+        ended = h.fabric.operation(hung.key)
+        assert ended is not None and ended.state == OperationState.FAILED, ended
+        assert ended.error is not None and "cancelled by the forced detach orphan-reclaim" in ended.error.message
+        [request] = h.requests()
+        assert request["spec"]["resource"]["size"] == 0
+        fresh.agent.freeze(NODE_A, False)
+        assert h.settle(reclaim.key).state == OperationState.SUCCEEDED
+        assert _machine_empty(fresh, NODE_A) and contract.free(h.fabric) == TOTAL
+    finally:
         h.close()

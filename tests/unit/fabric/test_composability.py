@@ -32,14 +32,16 @@ def test_a_too_long_request_name_is_shortened_with_a_hash_and_stays_unique() -> 
 
 REQUEST = "dds-w1-gpu-a30"
 BOUND = 120.0
+WAIT = 480.0
 
 
-def cr(state: str, error: str = "", deleting: bool = False, request: str = REQUEST) -> dict[str, Any]:
+def cr(state: str, error: str = "", deleting: bool = False, request: str = REQUEST,
+       device: str = "") -> dict[str, Any]:
     """A ComposableResource as the operator writes it."""
     meta: dict[str, Any] = {"labels": {"app.kubernetes.io/managed-by": request}}
     if deleting:
         meta["deletionTimestamp"] = "2026-11-26T00:00:00Z"
-    return {"metadata": meta, "status": {"state": state, "error": error}}
+    return {"metadata": meta, "status": {"state": state, "error": error, "device_id": device}}
 
 
 def req(size: int, listed: dict[str, str], state: str = "Updating", error: str = "") -> dict[str, Any]:
@@ -90,7 +92,7 @@ DETACH_1 = {"key": "k", "kind": "detach", "count": 1, "before": ["gpu-a", "gpu-b
                  BOUND + 5, (OperationState.FAILED, [], ErrorCode.DEVICE_IN_USE), id="detach-in-use-past-the-bound"),
 ])
 def test_progress_is_read_from_the_operators_objects(record, request_, resources, now, expected) -> None:
-    outcome = _outcome(record, request_, resources, now, BOUND)
+    outcome = _outcome(record, request_, resources, now, BOUND, wait_bound=WAIT)
     if expected is None:
         assert outcome is None
     else:
@@ -101,9 +103,47 @@ def test_progress_is_read_from_the_operators_objects(record, request_, resources
 
 def test_a_failure_says_the_operator_kept_retrying_and_for_how_long() -> None:
     outcome = _outcome(DETACH_1, req(1, {"gpu-a": "Online"}),
-                       {"gpu-a": cr("Online"), "gpu-b": cr("Detaching", "found gpu load", deleting=True)}, 500.0, BOUND)
+                       {"gpu-a": cr("Online"), "gpu-b": cr("Detaching", "found gpu load", deleting=True)}, 500.0, BOUND,
+                       wait_bound=WAIT)
     assert "still failing after 120 s (the operator keeps retrying it)" in outcome["error"]
     assert "gpu-b: found gpu load" in outcome["error"]
+
+
+def test_an_attach_the_node_never_shows_ends_past_the_wait_bound_naming_the_stranded_device() -> None:
+    # The operator requeues "waiting for the cluster to recognize the newly added device" every 30 s, with no error.
+    request_ = req(3, {"gpu-old": "Online", "gpu-n1": "Online", "gpu-n2": "Attaching"})
+    resources = {"gpu-old": cr("Online"), "gpu-n1": cr("Online"), "gpu-n2": cr("Attaching", device="GPU-77")}
+    assert _outcome(ATTACH_2, request_, resources, WAIT - 1, BOUND, wait_bound=WAIT) is None
+    outcome = _outcome(ATTACH_2, request_, resources, WAIT, BOUND, wait_bound=WAIT)
+    assert (outcome["state"], outcome["devices"], outcome["error_code"]) == ("failed", ["gpu-n1"], "Timeout")
+    assert "waited 480 s without an error" in outcome["error"] and "request dds-w1-gpu-a30 Updating" in outcome["error"]
+    assert "gpu-n2 Attaching: device GPU-77 attached in the fabric, not visible on the node" in outcome["error"]
+    assert "giving back the 1 not attached" in outcome["error"] and "stranded: GPU-77 (gpu-n2)" in outcome["error"]
+    assert _not_attached({**ATTACH_2, **outcome}) == 1
+
+
+def test_an_attach_whose_resources_were_never_created_ends_past_the_wait_bound_and_gives_them_back() -> None:
+    outcome = _outcome(ATTACH_2, req(3, {"gpu-old": "Online"}, state="NodeAllocating"), {"gpu-old": cr("Online")},
+                       WAIT + 1, BOUND, wait_bound=WAIT)
+    assert (outcome["state"], outcome["devices"], outcome["error_code"]) == ("failed", [], "Timeout")
+    assert "2 not created yet; giving back the 2 not attached" in outcome["error"]
+    assert "stranded" not in outcome["error"]
+
+
+def test_a_detach_the_node_keeps_showing_ends_past_the_wait_bound_reporting_the_device_stranded() -> None:
+    # The operator requeues "the device is still visible to the cluster" every 3 s, with no error.
+    resources = {"gpu-a": cr("Online"), "gpu-b": cr("Detaching", deleting=True, device="GPU-9")}
+    assert _outcome(DETACH_1, req(1, {"gpu-a": "Online"}), resources, WAIT - 1, BOUND, wait_bound=WAIT) is None
+    outcome = _outcome(DETACH_1, req(1, {"gpu-a": "Online"}), resources, WAIT, BOUND, wait_bound=WAIT)
+    assert (outcome["state"], outcome["devices"], outcome["error_code"]) == ("failed", [], "Timeout")
+    assert "gpu-b Detaching: device GPU-9 being drained or removed, or still visible on the node" in outcome["error"]
+    assert "stranded: counted as detaching until the operator lets them go" in outcome["error"]
+
+
+def test_an_error_within_its_bound_is_not_cut_short_by_the_wait_bound_and_is_named_past_it() -> None:
+    resources = {"gpu-a": cr("Online"), "gpu-b": cr("Detaching", "found gpu load", deleting=True, device="GPU-9")}
+    outcome = _outcome(DETACH_1, req(1, {"gpu-a": "Online"}), resources, 200.0, BOUND, wait_bound=100.0)
+    assert outcome["error_code"] == "DeviceInUse"
 
 
 @pytest.mark.parametrize("resource,expected", [
@@ -170,10 +210,11 @@ def test_two_attaches_started_before_the_operator_listed_either_do_not_count_the
     resources = {"gpu-x": cr("Online"), "gpu-y": cr("Attaching")}
     resources["gpu-x"]["metadata"]["creationTimestamp"] = "2026-11-26T10:00:00Z"
     resources["gpu-y"]["metadata"]["creationTimestamp"] = "2026-11-26T10:00:01Z"
-    assert _outcome(first, request_, resources, 1.0, BOUND)["devices"] == ["gpu-x"]
-    assert _outcome(second, request_, resources, 1.0, BOUND) is None  # gpu-y is the second's, still attaching
+    assert _outcome(first, request_, resources, 1.0, BOUND, wait_bound=WAIT)["devices"] == ["gpu-x"]
+    # gpu-y is the second's, still attaching
+    assert _outcome(second, request_, resources, 1.0, BOUND, wait_bound=WAIT) is None
     resources["gpu-y"] = {**cr("Online"), "metadata": {**resources["gpu-y"]["metadata"]}}
-    assert _outcome(second, request_, resources, 2.0, BOUND)["devices"] == ["gpu-y"]
+    assert _outcome(second, request_, resources, 2.0, BOUND, wait_bound=WAIT)["devices"] == ["gpu-y"]
 
 
 def test_an_earlier_attach_leaves_a_later_one_the_devices_only_the_later_one_can_count() -> None:
@@ -186,5 +227,5 @@ def test_an_earlier_attach_leaves_a_later_one_the_devices_only_the_later_one_can
     resources = {"gpu-a": cr("Online"), "gpu-b": cr("Online")}
     for resource in resources.values():
         resource["metadata"]["creationTimestamp"] = "2026-11-26T10:00:00Z"
-    assert _outcome(first, request_, resources, 1.0, BOUND)["devices"] == ["gpu-b"]
-    assert _outcome(second, request_, resources, 1.0, BOUND)["devices"] == ["gpu-a"]
+    assert _outcome(first, request_, resources, 1.0, BOUND, wait_bound=WAIT)["devices"] == ["gpu-b"]
+    assert _outcome(second, request_, resources, 1.0, BOUND, wait_bound=WAIT)["devices"] == ["gpu-a"]
