@@ -10,8 +10,12 @@ import pytest
 
 from dds.config import PoolSpec
 from dds.fabric.base import DeviceState, ErrorCode, OperationState
-from dds.fabric.composability import (MAX_RECORDED_OPERATIONS, _bounded, _capacity_from, _device_state, _not_attached,
-                                      _outcome, _size_writers, _targets, request_name)
+from dds.fabric.base import FabricError
+from dds.fabric.composability import (MAX_RECORDED_OPERATIONS, _attach_claim, _bounded, _capacity_from,
+                                      _check_operator_caught_up, _device_state, _not_attached, _outcome,
+                                      _over_attached, _size_writers, _taken_by_earlier, _targets, _webhook_rival,
+                                      request_name)
+from dds.kube.errors import ApiError
 
 
 @pytest.mark.parametrize("node,model,expected", [
@@ -229,3 +233,81 @@ def test_an_earlier_attach_leaves_a_later_one_the_devices_only_the_later_one_can
         resource["metadata"]["creationTimestamp"] = "2026-11-26T10:00:00Z"
     assert _outcome(first, request_, resources, 1.0, BOUND, wait_bound=WAIT)["devices"] == ["gpu-b"]
     assert _outcome(second, request_, resources, 1.0, BOUND, wait_bound=WAIT)["devices"] == ["gpu-a"]
+
+
+def _created(resources: dict[str, dict[str, Any]], at: str) -> dict[str, dict[str, Any]]:
+    for resource in resources.values():
+        resource["metadata"]["creationTimestamp"] = at
+    return resources
+
+
+def _with_records(request_: dict[str, Any], *records: dict[str, Any]) -> dict[str, Any]:
+    request_["metadata"]["annotations"] = {"dds.cdi.dev/operations": json.dumps(list(records))}
+    return request_
+
+
+def test_an_attach_claims_the_oldest_new_resources_and_never_one_it_saw_before_it_started() -> None:
+    record = {"key": "a", "kind": "attach", "count": 2, "before": ["gpu-old"], "started_at": 0.0}
+    request_ = _with_records(req(4, {"gpu-old": "Online", "gpu-2": "Online", "gpu-1": "Online", "gpu-3": ""}), record)
+    ours = _created({"gpu-old": cr("Online"), "gpu-1": cr("Online"), "gpu-2": cr("Online")}, "2026-11-26T10:00:00Z")
+    ours["gpu-2"]["metadata"]["creationTimestamp"] = "2026-11-26T09:59:59Z"
+    # gpu-3 is listed but not created: it comes last; equal times go by name
+    assert _attach_claim(record, request_, ours, ()) == ["gpu-2", "gpu-1"]
+    assert _attach_claim(record, request_, ours, {"gpu-2"}) == ["gpu-1", "gpu-3"]
+
+
+def test_what_earlier_attaches_take_is_their_devices_when_ended_and_their_claim_while_running() -> None:
+    ended = {"key": "a0", "kind": "attach", "count": 1, "before": [], "started_at": 0.0, "state": "succeeded",
+             "devices": ["gpu-0"]}
+    detach = {"key": "d", "kind": "detach", "count": 1, "before": ["gpu-0"], "started_at": 0.5}
+    running = {"key": "a1", "kind": "attach", "count": 1, "before": ["gpu-0"], "started_at": 1.0}
+    latest = {"key": "a2", "kind": "attach", "count": 1, "before": ["gpu-0"], "started_at": 2.0}
+    request_ = _with_records(req(3, {"gpu-0": "Online", "gpu-1": "", "gpu-2": ""}), ended, detach, running, latest)
+    ours = _created({"gpu-0": cr("Online"), "gpu-1": cr("Attaching"), "gpu-2": cr("")}, "2026-11-26T10:00:00Z")
+    assert _taken_by_earlier(ended, request_, ours) == frozenset()
+    assert _taken_by_earlier(running, request_, ours) == {"gpu-0"}
+    assert _taken_by_earlier(latest, request_, ours) == {"gpu-0", "gpu-1"}
+    assert _attach_claim(latest, request_, ours, _taken_by_earlier(latest, request_, ours)) == ["gpu-2"]
+
+
+def _request_in(state: str, size: int, taken_up: Any, listed: dict[str, str]) -> dict[str, Any]:
+    request_ = req(size, listed, state=state)
+    if taken_up is not None:
+        request_["status"]["scalarResource"] = {"size": taken_up}
+    return request_
+
+
+@pytest.mark.parametrize("request_,resources,waits", [
+    pytest.param(_request_in("Running", 1, 1, {"gpu-a": "Online"}), {"gpu-a": cr("Online")}, "",
+                 id="settled"),
+    pytest.param(_request_in("NodeAllocating", 2, 1, {"gpu-a": "Online"}), {"gpu-a": cr("Online")},
+                 "it has not taken up size 2 yet (it works on 1)", id="size-not-taken-up"),
+    pytest.param(_request_in("", 1, None, {}), {}, "it has not taken up size 1 yet (it works on none)",
+                 id="never-reconciled"),
+    pytest.param(_request_in("Updating", 2, 2, {"gpu-a": "Online", "gpu-b": ""}), {"gpu-a": cr("Online")},
+                 "gpu-b listed but not created yet", id="entry-without-its-object"),
+])
+def test_a_size_change_waits_until_the_operator_has_applied_the_last_one(request_, resources, waits) -> None:
+    if not waits:
+        _check_operator_caught_up("attach k", REQUEST, request_, resources)
+        return
+    with pytest.raises(FabricError) as refused:
+        _check_operator_caught_up("attach k", REQUEST, request_, resources)
+    assert refused.value.code == ErrorCode.BACKEND and waits in refused.value.message
+    assert "more devices than the size says" in refused.value.message
+
+
+def test_over_attachment_is_read_from_a_settled_request_only() -> None:
+    three = {"gpu-a": "Online", "gpu-b": "Online", "gpu-c": "Online"}
+    assert _over_attached(_request_in("Running", 2, 2, three)) == 1
+    assert _over_attached(_request_in("Running", 3, 3, three)) == 0
+    assert _over_attached(_request_in("NodeAllocating", 2, 3, three)) == 0  # a decrease the operator works on
+    assert _over_attached(_request_in("Updating", 2, 2, three)) == 0
+
+
+def test_the_other_writer_is_named_from_the_operators_webhook_refusal() -> None:
+    body = json.dumps({"kind": "Status", "code": 400, "message": (
+        'admission webhook "vcomposabilityrequest-v1alpha1.kb.io" denied the request: composabilityRequest resource '
+        'composability-w1-a30 with type gpu and model A30 already exists')})
+    assert _webhook_rival(ApiError(400, "Bad Request", body)) == "composability-w1-a30"
+    assert _webhook_rival(ApiError(409, "Conflict", json.dumps({"message": "the object has been modified"}))) == ""
