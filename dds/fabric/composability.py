@@ -256,10 +256,11 @@ class ComposabilityRequestFabric:
 
     def operations(self) -> tuple[Operation, ...]:
         requests = self._our_requests()
-        for request in requests:
-            self._correct_over_attachment(request)
         out = [self._operation_from(record, request)
                for request in requests for record in _records(request).values()]
+        for request in requests:
+            if _over_attached(request):  # read again: the outcomes just stored changed it
+                self._correct_over_attachment(self._get_request(request["metadata"]["name"]))
         with self._lock:
             out.extend(self._refused.values())
         return tuple(out)
@@ -489,13 +490,13 @@ class ComposabilityRequestFabric:
                                                      f"({exc.message})") from exc
             raise _api_error(f"write ComposabilityRequest {name}", exc) from exc
 
-    def _correct_over_attachment(self, request: dict[str, Any]) -> None:
+    def _correct_over_attachment(self, request: Optional[dict[str, Any]]) -> None:
         """A settled request holding more devices than its size (the operator put new resources on top of entries it
         had not created yet: `_check_operator_caught_up` keeps DDS from causing it, another writer or an older DDS may
         not have): the size is raised to what is attached, so the request describes the node again and the extra GPU
         is an ordinary idle one scale-down releases; said in a warning Event on the node."""
-        extra = _over_attached(request)
-        if not extra or any("state" not in r for r in _records(request).values()):
+        extra = _over_attached(request) if request is not None else 0
+        if request is None or not extra or any("state" not in r for r in _records(request).values()):
             return
         name = request["metadata"]["name"]
         node, model = _targets(request)

@@ -14,6 +14,7 @@ attached in the fabric, no fault armed, no pod holding a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,15 +23,18 @@ from typing import Any, Callable
 
 import pytest
 from kubernetes import client
+from prometheus_client import REGISTRY
 from kubernetes.client.rest import ApiException
 
 from dds.config import ComposabilitySettings
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, Fabric, FabricError, Operation,
                              OperationState)
-from dds.fabric.composability import GROUP, REQUESTS, RESOURCES, VERSION, ComposabilityRequestFabric, request_name
+from dds.fabric.composability import (ANN_DELETE_DEVICE, GROUP, REQUESTS, RESOURCES, VERSION,
+                                      ComposabilityRequestFabric, request_name)
 from dds.kube.cache import ClusterCache
 from dds.kube.composability import WATCHED
 from dds.kube.requests import instrument
+from dds.model.events import ObjectRef
 from harness import rbac
 from harness.cdi_operator import (DRA_FEATURE_GATES, DRA_RUNTIME_CONFIG, CdiOperator,
                                   DeviceResourceType, FabricManagerAccess)
@@ -107,6 +111,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             operator.stop()
 
 
+class RecordedEvents:
+    """The Events the fabric emits, as (object, type, reason, message)."""
+
+    def __init__(self) -> None:
+        self.emitted: list[tuple[str, str, str, str]] = []
+
+    def emit(self, involved: ObjectRef, event_type: str, reason: str, message: str) -> None:
+        self.emitted.append((involved.describe(), event_type, reason, message))
+
+    def of(self, reason: str) -> list[tuple[str, str, str, str]]:
+        return [e for e in self.emitted if e[2] == reason]
+
+
 class RealOperatorHarness:
     """contract.Harness on the real operator: DDS's fabric (listed or watched) with its ServiceAccount's client."""
 
@@ -121,13 +138,15 @@ class RealOperatorHarness:
         if self.cache is not None:
             self.cache.start()
             assert self.cache.wait_synced(60)
+        self.events = RecordedEvents()
         self.fabric: Fabric = self._build()
 
     def _build(self) -> ComposabilityRequestFabric:
         return ComposabilityRequestFabric(
             self.world.dds_api, ComposabilitySettings(operator_error_bound_seconds=self.error_bound_s,
                                                       operator_wait_bound_seconds=self.wait_bound_s),
-            contract_pools(), clock=time.time, cache=self.cache.composability if self.cache else None)
+            contract_pools(), clock=time.time, cache=self.cache.composability if self.cache else None,
+            events=self.events)
 
     def settle(self, key: str) -> Operation:
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
@@ -613,4 +632,118 @@ def test_a_forced_detach_reclaims_a_hung_attach(fresh: World) -> None:
         assert h.settle(reclaim.key).state == OperationState.SUCCEEDED
         assert _machine_empty(fresh, NODE_A) and contract.free(h.fabric) == TOTAL
     finally:
+        h.close()
+
+
+# --- one writer per request: the operator's own races ---
+
+def _request_named(h: RealOperatorHarness, name: str) -> dict[str, Any]:
+    return h.objects.get_cluster_custom_object(GROUP, VERSION, REQUESTS, name)
+
+
+def _stopped_between_its_two_writes(fresh: World, h: RealOperatorHarness, key: str) -> str:
+    """An attach whose request the operator had listed a resource for but not created it when it stopped (its
+    NodeAllocating status write done, its Updating pass not run): the state a restart or a slow operator leaves.
+    Returns the request's name."""
+    fresh.operator.stop()
+    _attach(h, key, NODE_A, 1)
+    name = request_name("dds-", NODE_A, "gpu", MODEL)
+    request = _request_named(h, name)
+    request["status"] = {"state": "Updating", "scalarResource": dict(request["spec"]["resource"]),
+                         "resources": {f"gpu-{uuid.uuid4()}": {"state": "", "node_name": NODE_A}}}
+    h.objects.replace_cluster_custom_object_status(GROUP, VERSION, REQUESTS, name, request)
+    return name
+
+
+def test_two_quick_increases_attach_no_more_than_the_size_says(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)
+    try:
+        name = _stopped_between_its_two_writes(fresh, h, "first")
+        with pytest.raises(FabricError) as waits:  # the operator would put new resources on top of the listed one
+            _attach(h, "second", NODE_A, 1)
+        assert waits.value.code == ErrorCode.BACKEND and "listed but not created yet" in waits.value.message
+        fresh.operator.start_when_port_free(PORT_WAIT_S)
+        # as DDS's next passes do: ask again until the operator has applied the first
+        wait_for("the second attach accepted", fresh, lambda: _accepted(lambda: _attach(h, "second", NODE_A, 1)))
+        assert h.settle("first").state == OperationState.SUCCEEDED
+        assert h.settle("second").state == OperationState.SUCCEEDED
+        wait_for("the request Running", fresh, lambda: _request_named(h, name)["status"].get("state") == "Running")
+        assert _request_named(h, name)["spec"]["resource"]["size"] == 2
+        assert len(h.resources()) == 2 and len(fresh.fm.attachments()[fresh.machines[NODE_A]]) == 2
+    finally:
+        fresh.operator.start_when_port_free(PORT_WAIT_S)
+        h.close()
+
+
+def _accepted(call: Callable[[], Any]) -> bool:
+    try:
+        call()
+    except FabricError as exc:
+        if exc.code != ErrorCode.BACKEND:
+            raise
+        return False
+    return True
+
+
+def test_an_over_attached_request_is_found_and_its_size_follows_what_is_attached(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)
+    try:
+        name = _stopped_between_its_two_writes(fresh, h, "first")
+        # a second increase DDS's guard never sends: an older DDS (the client's default field manager) writes it
+        h.objects.patch_cluster_custom_object(GROUP, VERSION, REQUESTS, name, {"spec": {"resource": {"size": 2}}})
+        fresh.operator.start_when_port_free(PORT_WAIT_S)
+        wait_for("the operator over-attaching and settling", fresh, lambda: (
+            _request_named(h, name)["status"].get("state") == "Running" and len(h.resources()) == 3))
+        h.fabric.operations()  # what every observe asks
+        request = _request_named(h, name)
+        assert request["spec"]["resource"]["size"] == 3
+        [event] = h.events.of("OverAttached")
+        assert event[:2] == (f"Node {NODE_A}", "Warning") and "where its size said 2" in event[3]
+        assert len(fresh.fm.attachments()[fresh.machines[NODE_A]]) == 3 and contract.free(h.fabric) == TOTAL - 3
+    finally:
+        fresh.operator.start_when_port_free(PORT_WAIT_S)
+        h.close()
+
+
+def test_a_failed_size_write_leaves_no_removal_mark(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)
+    try:
+        attached = h.settle(_attach(h, "two", NODE_A, 2).key)
+        assert attached.state == OperationState.SUCCEEDED, attached
+        fresh.operator.kill()  # its webhook stays registered (failurePolicy Fail): every request write is refused
+        with pytest.raises(FabricError):
+            h.fabric.detach(DetachRequest(key="refused", node=NODE_A, device_ids=attached.devices[:1]))
+        marked = [r["metadata"]["name"] for r in h.resources()
+                  if ANN_DELETE_DEVICE in ((r["metadata"].get("annotations")) or {})]
+        assert marked == [], "a later decrease would take these devices first"
+        assert not any(r["spec"].get("force_detach") for r in h.resources())
+    finally:
+        fresh.operator.restart()
+        h.close()
+
+
+def test_a_webhook_refusal_of_dds_write_names_the_other_writer(fresh: World) -> None:
+    h = short_bound(fresh)
+    rival = f"composability-{NODE_A}-gpu"
+    try:
+        fresh.fm.fail_next_attaches(1000, message="fabric switch sw-3 is down")
+        doomed = _attach(h, "doomed", NODE_A, 1)
+        fresh.operator.stop()  # (its webhook would refuse the other writer's request for the same node)
+        h.objects.create_cluster_custom_object(GROUP, VERSION, REQUESTS, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ComposabilityRequest", "metadata": {"name": rival},
+            "spec": {"resource": {"type": "gpu", "model": MODEL, "size": 0, "allocation_policy": "samenode",
+                                  "target_node": NODE_A}}})
+        fresh.operator.start_when_port_free(PORT_WAIT_S)
+        time.sleep(SHORT_ERROR_BOUND_S)
+        failed = h.settle(doomed.key)  # its give-back is a write of DDS's request: refused
+        assert failed.state == OperationState.FAILED, failed
+        [event] = wait_for("the refusal reported", fresh, lambda: h.events.of("OperatorWebhookRefused"))
+        assert event[:2] == (f"Node {NODE_A}", "Warning") and rival in event[3]
+        assert REGISTRY.get_sample_value("dds_operator_webhook_refusals_total", {"other_request": rival}) >= 1
+    finally:
+        fresh.operator.start_when_port_free(PORT_WAIT_S)
+        with contextlib.suppress(ApiException):
+            h.objects.delete_cluster_custom_object(GROUP, VERSION, REQUESTS, rival)
+        wait_for("the other writer's request gone", fresh, lambda: rival not in {
+            r["metadata"]["name"] for r in h.requests()})
         h.close()
