@@ -97,6 +97,8 @@ _MAX_NAME = 253
 # (internal/cdi/fti/fm/client.go CheckResource, internal/utils/gpus.go CheckNoGPULoads).
 _CRITICAL = "Critical"
 _IN_USE = "found gpu load"
+# What the operator writes while the target node has no GPU driver pod yet (internal/utils/gpus.go EnsureGPUDriverExists).
+_NODE_NOT_READY = "no nvidia driver found on node"
 _RESOURCE_STATES = {"": DeviceState.ATTACHING, "Attaching": DeviceState.ATTACHING, "Online": DeviceState.ONLINE,
                     "Detaching": DeviceState.DETACHING, "Deleting": DeviceState.DETACHING}
 
@@ -728,6 +730,10 @@ def _outcome(record: dict[str, Any], request: dict[str, Any], resources: Mapping
     if status.get("error"):
         messages.append(f"{name}: {status['error']}")
     lasted = now - float(record["started_at"])
+    # A node that has no GPU driver yet is a wait, not a failure: on a real node the driver comes minutes after the
+    # node's first GPU (feature discovery labels the node, the GPU operator installs the driver).
+    waits = [m for m in messages if _NODE_NOT_READY in m]
+    messages = [m for m in messages if _NODE_NOT_READY not in m]
     if messages and lasted >= error_bound:
         in_use = record["kind"] == OperationKind.DETACH.value and any(_IN_USE in m for m in messages)
         retrying = " (the operator keeps retrying it)" if record["kind"] == OperationKind.DETACH.value else ""
@@ -738,8 +744,9 @@ def _outcome(record: dict[str, Any], request: dict[str, Any], resources: Mapping
             waiting = _attach_waits(mine, ours, count - len(done), done)
         else:
             waiting = _detach_waits(sorted(before - set(done)), resources, listed)
+        quiet = f"for the node: {'; '.join(waits)}" if waits else "without an error"
         return _done(OperationState.FAILED, done, ErrorCode.TIMEOUT,
-                     f"the operator has waited {lasted:.0f} s without an error (operator_wait_bound_seconds "
+                     f"the operator has waited {lasted:.0f} s {quiet} (operator_wait_bound_seconds "
                      f"{wait_bound:g}); request {name} {status.get('state') or 'with no state yet'}: {waiting}")
     return None
 

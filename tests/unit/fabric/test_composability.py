@@ -311,3 +311,14 @@ def test_the_other_writer_is_named_from_the_operators_webhook_refusal() -> None:
         'composability-w1-a30 with type gpu and model A30 already exists')})
     assert _webhook_rival(ApiError(400, "Bad Request", body)) == "composability-w1-a30"
     assert _webhook_rival(ApiError(409, "Conflict", json.dumps({"message": "the object has been modified"}))) == ""
+
+
+def test_a_node_without_its_gpu_driver_yet_is_waited_for_up_to_the_wait_bound_not_the_error_bound() -> None:
+    # The first GPU of a GPU-less node: the driver pod comes minutes later; the operator reports it as an error.
+    driverless = cr("Attaching", "no nvidia driver found on node w1")
+    request_ = req(3, {"gpu-old": "Online", "gpu-n1": "Attaching", "gpu-n2": "Attaching"})
+    resources = {"gpu-old": cr("Online"), "gpu-n1": driverless, "gpu-n2": dict(driverless)}
+    assert _outcome(ATTACH_2, request_, resources, BOUND * 3, BOUND, wait_bound=WAIT) is None
+    outcome = _outcome(ATTACH_2, request_, resources, WAIT, BOUND, wait_bound=WAIT)
+    assert (outcome["state"], outcome["error_code"]) == ("failed", "Timeout")
+    assert "waited 480 s for the node: gpu-n1: no nvidia driver found on node w1" in outcome["error"]
