@@ -13,10 +13,11 @@ ONE `samenode` request per (node, type, model), named `<prefix><node>-<type>-<mo
   ones that go only when nothing is on its way on the same request, which is why a detach is refused (retryably)
   until the request's resources are all Online, a size change waits until the operator has applied the last one
   (`_check_operator_caught_up`), and a failed attach's give-back waits while a resource is in state "". The marks
-  (and force flags) come off again when the size write fails, and off the devices a failed detach leaves in place. `force` is honoured when the
-  detach empties the request (the chosen resources get `spec.force_detach`, and the operator skips its in-use check);
-  otherwise it is sent as a normal detach (a resource whose `force_detach` differs from its request's is replaced by
-  the operator while the request keeps devices, so forcing a few would replace the others).
+  (and force flags) come off again when the size write fails, and off the devices a failed detach leaves in place.
+  `force` is honoured when the detach empties the request (the chosen resources get `spec.force_detach`, and the
+  operator skips its in-use check); otherwise it is sent as a normal detach (a resource whose `force_detach` differs
+  from its request's is replaced by the operator while the request keeps devices, so forcing a few would replace the
+  others).
 - a node is held with DDS's finalizer `dds.cdi.dev/fabric-devices` from its first attach: the operator detaches only
   from a node that still exists, so a deleted node waits while DDS reclaims its devices (`deleted_nodes_to_reclaim`).
 
@@ -97,8 +98,11 @@ _MAX_NAME = 253
 # (internal/cdi/fti/fm/client.go CheckResource, internal/utils/gpus.go CheckNoGPULoads).
 _CRITICAL = "Critical"
 _IN_USE = "found gpu load"
-# What the operator writes while the target node has no GPU driver pod yet (internal/utils/gpus.go EnsureGPUDriverExists).
-_NODE_NOT_READY = "no nvidia driver found on node"
+# What the operator writes while the target node has no (ready) GPU driver yet (internal/utils/gpus.go:
+# EnsureGPUDriverExists, and getGPUInfoFromNvidiaPod behind nvidia-smi's visibility check and drain).
+_NODE_NOT_READY = ("no nvidia driver found on node", "nvidia-driver-daemonset pod is not found on node",
+                   "nvidia-driver-daemonset pod is not ready on node",
+                   "nvidia-driver-daemonset pod is not running on node")
 _RESOURCE_STATES = {"": DeviceState.ATTACHING, "Attaching": DeviceState.ATTACHING, "Online": DeviceState.ONLINE,
                     "Detaching": DeviceState.DETACHING, "Deleting": DeviceState.DETACHING}
 
@@ -732,8 +736,8 @@ def _outcome(record: dict[str, Any], request: dict[str, Any], resources: Mapping
     lasted = now - float(record["started_at"])
     # A node that has no GPU driver yet is a wait, not a failure: on a real node the driver comes minutes after the
     # node's first GPU (feature discovery labels the node, the GPU operator installs the driver).
-    waits = [m for m in messages if _NODE_NOT_READY in m]
-    messages = [m for m in messages if _NODE_NOT_READY not in m]
+    waits = [m for m in messages if any(w in m for w in _NODE_NOT_READY)]
+    messages = [m for m in messages if m not in waits]
     if messages and lasted >= error_bound:
         in_use = record["kind"] == OperationKind.DETACH.value and any(_IN_USE in m for m in messages)
         retrying = " (the operator keeps retrying it)" if record["kind"] == OperationKind.DETACH.value else ""
@@ -768,7 +772,8 @@ def _attach_waits(mine: Sequence[str], ours: Mapping[str, dict[str, Any]], missi
             parts.append(f"{name} Attaching: device {device} attached in the fabric, not visible on the node")
             stranded.append(f"{device} ({name})")
         else:
-            parts.append(f"{name} {state or 'not picked up by the operator'}" + (f", device {device}" if device else ""))
+            known = f", device {device}" if device else ""
+            parts.append(f"{name} {state or 'not picked up by the operator'}{known}")
     unseen = missing - len(parts)
     if unseen > 0:
         parts.append(f"{unseen} not created yet")

@@ -317,7 +317,8 @@ def test_a_node_without_its_gpu_driver_yet_is_waited_for_up_to_the_wait_bound_no
     # The first GPU of a GPU-less node: the driver pod comes minutes later; the operator reports it as an error.
     driverless = cr("Attaching", "no nvidia driver found on node w1")
     request_ = req(3, {"gpu-old": "Online", "gpu-n1": "Attaching", "gpu-n2": "Attaching"})
-    resources = {"gpu-old": cr("Online"), "gpu-n1": driverless, "gpu-n2": dict(driverless)}
+    resources = {"gpu-old": cr("Online"), "gpu-n1": driverless,
+                 "gpu-n2": cr("Attaching", "failed to ...: nvidia-driver-daemonset pod is not found on node w1")}
     assert _outcome(ATTACH_2, request_, resources, BOUND * 3, BOUND, wait_bound=WAIT) is None
     outcome = _outcome(ATTACH_2, request_, resources, WAIT, BOUND, wait_bound=WAIT)
     assert (outcome["state"], outcome["error_code"]) == ("failed", "Timeout")
