@@ -130,7 +130,7 @@ class NodeTimings:
 
 # A real server: the driver minutes after the first GPU, a device-plugin restart of tens of seconds, a drain of seconds.
 REALISTIC_NODE = NodeTimings(driver_delay_s=180.0, plugin_restart_s=20.0, drain_delay_s=5.0)
-RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"  # what the operator's RestartDaemonset sets (internal/utils/nodes.go)
+RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"  # the operator's RestartDaemonset sets it (internal/utils/nodes.go)
 DEVICE_PLUGIN_DAEMONSET = "nvidia-device-plugin-daemonset"
 # The DaemonSets the operator restarts in DEVICE_PLUGIN mode, with their images (harness/cdi_operator.py creates them).
 GPU_OPERATOR_DAEMONSETS = {DEVICE_PLUGIN_DAEMONSET: "nvcr.io/nvidia/k8s-device-plugin",

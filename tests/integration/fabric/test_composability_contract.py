@@ -588,7 +588,8 @@ def test_an_attach_the_node_never_shows_ends_past_the_wait_bound_and_its_gpu_is_
         assert request["spec"]["resource"]["size"] == 0
         # Once the node shows it, the operator lets the stranded GPU go: nothing is left attached.
         fresh.agent.freeze(NODE_A, False)
-        wait_for("the given-back GPU off the fabric", fresh, lambda: not h.resources() and _machine_empty(fresh, NODE_A))
+        wait_for("the given-back GPU off the fabric", fresh,
+                 lambda: not h.resources() and _machine_empty(fresh, NODE_A))
         assert contract.free(h.fabric) == TOTAL
     finally:
         h.close()
