@@ -23,11 +23,11 @@ import pytest
 from kubernetes import client
 
 from harness.cdi_operator import CdiOperator, DeviceResourceType, FabricManagerAccess
-from harness.cluster_manager import ClusterManagerEmulator
+from harness.cluster_manager import ClusterManagerEmulator, FailedAdds
 from harness.controlplane import KWOK_NODE_ANNOTATION, ControlPlane, ensure_binaries, start_control_plane
 from harness.fabric_manager import FabricManagerEmulator
 from dds.config import ComposabilitySettings, PoolSpec
-from dds.fabric.base import AttachRequest, OperationState
+from dds.fabric.base import AttachRequest, ErrorCode, OperationState
 from dds.fabric.composability import ComposabilityRequestFabric
 from harness import rbac
 from harness.gpu_node_agent import GPU_RESOURCE, DeviceMode, GpuNodeAgent, NodeTimings
@@ -307,5 +307,38 @@ def test_the_first_gpu_of_a_gpu_less_node_survives_a_slow_driver_and_a_device_pl
                          lambda: allocatable() == "1" and "0" in allocatable_seen)
             assert fabric.operation(started.key).state == OperationState.SUCCEEDED  # the flap changed nothing
             assert len([c for c in manager.resize_calls() if c.status == 202]) == 1
+        finally:
+            cluster.close()
+
+
+def test_a_cluster_manager_that_keeps_a_failed_add_costs_dds_no_device(plane: ControlPlane, api: Any) -> None:
+    """FailedAdds.KEEP: the CM lists a failed add for good, so the operator's client fails every add of the model to
+    the machine on it. DDS's attach ends past its error bound quoting the CM's reason and gives the size back; nothing
+    stays attached and the pool is whole."""
+    with ClusterManagerEmulator({MODEL: 3}, attach_latency_s=1.0, detach_latency_s=1.0,
+                                failed_adds=FailedAdds.KEEP) as manager, \
+            rbac.api_client(rbac.install(plane, rbac.DDS)) as dds_api:
+        cluster = DevicePluginCluster(plane, api, manager)
+        try:
+            cluster.operator.start_when_port_free(PORT_WAIT_S)
+            node, machine = cluster.add_node()
+            fabric = ComposabilityRequestFabric(
+                dds_api, ComposabilitySettings(operator_error_bound_seconds=DDS_ERROR_BOUND_S,
+                                               operator_wait_bound_seconds=DDS_WAIT_BOUND_S),
+                [PoolSpec(name="pool", devices={MODEL: 3})], clock=time.time)
+            manager.fail_next_attaches(1, message="switch port 7 did not come up")
+            started = fabric.attach(AttachRequest(key="kept-failure", node=node, pool="pool", model=MODEL, count=1))
+
+            def ended() -> Any:
+                op = fabric.operation(started.key)
+                return op if op is not None and op.state.done else None
+
+            done = cluster.wait("DDS's attach ended", ended)
+            assert done.state == OperationState.FAILED and done.error is not None, done
+            assert done.error.code == ErrorCode.BACKEND and "switch port 7 did not come up" in done.error.message
+            cluster.wait("the given-back resource gone", lambda: not cluster.resources(node))
+            assert manager.failed_adds(machine), "the CM still lists the failed add"
+            assert not manager.attachments().get(machine) and manager.free_count(MODEL) == 3
+            assert all(d.node != node for d in fabric.devices()) and fabric.pools()[0].free[MODEL] == 3
         finally:
             cluster.close()
