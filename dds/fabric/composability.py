@@ -355,8 +355,10 @@ class ComposabilityRequestFabric:
                                wait_bound=0.0)
             if outcome is None:
                 continue
-            outcome["error"] = f"cancelled by the forced detach {request.key} ({request.reason}): {outcome['error']}"
-            log.warning("attach %s on %s: %s", record["key"], record["node"], outcome["error"])
+            if outcome["state"] == OperationState.FAILED.value:
+                outcome["error"] = (f"cancelled by the forced detach {request.key} ({request.reason}): "
+                                    f"{outcome['error']}")
+                log.warning("attach %s on %s: %s", record["key"], record["node"], outcome["error"])
             current = self._get_request(name)
             if current is None or "state" in _records(current).get(record["key"], {"state": ""}):
                 continue
