@@ -177,16 +177,22 @@ def test_a_second_add_while_one_is_under_way_is_refused_so_the_client_cannot_add
     assert cm.request("POST", path, increase(spec_uuid, 2))[0] == 202
 
 
+def _one_failed_add(manager: ClusterManagerEmulator) -> tuple[Client, str]:
+    """An add of one A100 to a new machine that the fabric fails; returns once the CM lists it ADD_FAILED."""
+    cm = Client(manager)
+    machine = manager.register_machine("node-1")
+    manager.fail_next_attaches(1, message="switch port 7 did not come up")
+    spec = spec_of(get_machine(cm, manager, machine), "A100")
+    assert cm.request("POST", machine_path(manager, machine, "actions/resize"),
+                      increase(spec["spec_uuid"], 1))[0] == 202
+    wait_until(lambda: manager.failed_adds(machine))
+    return cm, machine
+
+
 def test_a_failed_add_shows_add_failed_with_the_reason_for_a_while(tmp_path: Path,
                                                                    go_structs: dict[str, list[GoField]]) -> None:
     with ClusterManagerEmulator({"A100": 2}, state_dir=tmp_path, failed_add_visible_s=0.5) as manager:
-        cm = Client(manager)
-        machine = manager.register_machine("node-1")
-        manager.fail_next_attaches(1, message="switch port 7 did not come up")
-        spec = spec_of(get_machine(cm, manager, machine), "A100")
-        assert cm.request("POST", machine_path(manager, machine, "actions/resize"),
-                          increase(spec["spec_uuid"], 1))[0] == 202
-        wait_until(lambda: manager.failed_adds(machine))
+        cm, machine = _one_failed_add(manager)
         answer = get_machine(cm, manager, machine)
         assert_conforms(answer, "MachineData", go_structs)
         [device] = spec_of(answer, "A100")["devices"]
@@ -214,13 +220,7 @@ def test_a_cm_that_accepts_a_repeated_resize_adds_again(tmp_path: Path) -> None:
 def test_a_cm_that_keeps_failed_adds_lists_them_until_cleared(tmp_path: Path) -> None:
     with ClusterManagerEmulator({"A100": 2}, state_dir=tmp_path, failed_add_visible_s=0.2,
                                 failed_adds=FailedAdds.KEEP) as manager:
-        cm = Client(manager)
-        machine = manager.register_machine("node-1")
-        manager.fail_next_attaches(1, message="switch port 7 did not come up")
-        spec = spec_of(get_machine(cm, manager, machine), "A100")
-        assert cm.request("POST", machine_path(manager, machine, "actions/resize"),
-                          increase(spec["spec_uuid"], 1))[0] == 202
-        wait_until(lambda: manager.failed_adds(machine))
+        cm, machine = _one_failed_add(manager)
         time.sleep(0.5)  # past failed_add_visible_s: kept all the same
         assert [d["status"] for d in spec_of(get_machine(cm, manager, machine), "A100")["devices"]] == [ADD_FAILED]
         manager.clear_failed_adds()

@@ -264,6 +264,19 @@ DDS_ERROR_BOUND_S = 15.0
 DDS_WAIT_BOUND_S = 300.0
 
 
+def dds_fabric(dds_api: Any) -> ComposabilityRequestFabric:
+    """DDS's backend under its own ServiceAccount, with this module's bounds and one pool of MODEL."""
+    return ComposabilityRequestFabric(
+        dds_api, ComposabilitySettings(operator_error_bound_seconds=DDS_ERROR_BOUND_S,
+                                       operator_wait_bound_seconds=DDS_WAIT_BOUND_S),
+        [PoolSpec(name="pool", devices={MODEL: 3})], clock=time.time)
+
+
+def ended(fabric: ComposabilityRequestFabric, key: str) -> Any:
+    op = fabric.operation(key)
+    return op if op is not None and op.state.done else None
+
+
 def test_the_first_gpu_of_a_gpu_less_node_survives_a_slow_driver_and_a_device_plugin_restart(
         plane: ControlPlane, api: Any) -> None:
     """The first GPU of a node with no GPU driver yet: the CM attaches it, the node shows it only once its driver pod
@@ -278,10 +291,7 @@ def test_the_first_gpu_of_a_gpu_less_node_survives_a_slow_driver_and_a_device_pl
         try:
             cluster.operator.start_when_port_free(PORT_WAIT_S)
             node, machine = cluster.add_node()
-            fabric = ComposabilityRequestFabric(
-                dds_api, ComposabilitySettings(operator_error_bound_seconds=DDS_ERROR_BOUND_S,
-                                               operator_wait_bound_seconds=DDS_WAIT_BOUND_S),
-                [PoolSpec(name="pool", devices={MODEL: 3})], clock=time.time)
+            fabric = dds_fabric(dds_api)
             started = fabric.attach(AttachRequest(key="first-gpu", node=node, pool="pool", model=MODEL, count=1))
             allocatable_seen: set[str] = set()
 
@@ -290,12 +300,8 @@ def test_the_first_gpu_of_a_gpu_less_node_survives_a_slow_driver_and_a_device_pl
                 allocatable_seen.add(seen)
                 return seen
 
-            def ended() -> Any:
-                allocatable()
-                op = fabric.operation(started.key)
-                return op if op is not None and op.state.done else None
-
-            done = cluster.wait("DDS's attach ended", ended, timeout=DRIVER_DELAY_S + SETTLE_TIMEOUT_S)
+            done = cluster.wait("DDS's attach ended", lambda: allocatable() and ended(fabric, started.key),
+                                timeout=DRIVER_DELAY_S + SETTLE_TIMEOUT_S)
             assert done.state == OperationState.SUCCEEDED, done
             assert cluster.agent.driver_ready(node)
             increases = [c for c in manager.resize_calls() if c.status == 202]
@@ -322,18 +328,10 @@ def test_a_cluster_manager_that_keeps_a_failed_add_costs_dds_no_device(plane: Co
         try:
             cluster.operator.start_when_port_free(PORT_WAIT_S)
             node, machine = cluster.add_node()
-            fabric = ComposabilityRequestFabric(
-                dds_api, ComposabilitySettings(operator_error_bound_seconds=DDS_ERROR_BOUND_S,
-                                               operator_wait_bound_seconds=DDS_WAIT_BOUND_S),
-                [PoolSpec(name="pool", devices={MODEL: 3})], clock=time.time)
+            fabric = dds_fabric(dds_api)
             manager.fail_next_attaches(1, message="switch port 7 did not come up")
             started = fabric.attach(AttachRequest(key="kept-failure", node=node, pool="pool", model=MODEL, count=1))
-
-            def ended() -> Any:
-                op = fabric.operation(started.key)
-                return op if op is not None and op.state.done else None
-
-            done = cluster.wait("DDS's attach ended", ended)
+            done = cluster.wait("DDS's attach ended", lambda: ended(fabric, started.key))
             assert done.state == OperationState.FAILED and done.error is not None, done
             assert done.error.code == ErrorCode.BACKEND and "switch port 7 did not come up" in done.error.message
             cluster.wait("the given-back resource gone", lambda: not cluster.resources(node))
