@@ -750,7 +750,8 @@ def _outcome(record: dict[str, Any], request: dict[str, Any], resources: Mapping
             waiting = _attach_waits(mine, ours, count - len(done), done)
         else:
             waiting = _detach_waits(sorted(before - set(done)), resources, listed)
-        quiet = f"for the node: {'; '.join(waits)}" if waits else "without an error"
+        quiet = (f"for the node: {'; '.join(waits)}" if waits else
+                 f"(errors it retries: {'; '.join(messages)})" if messages else "without an error")
         return _done(OperationState.FAILED, done, ErrorCode.TIMEOUT,
                      f"the operator has waited {lasted:.0f} s {quiet} (operator_wait_bound_seconds "
                      f"{wait_bound:g}); request {name} {status.get('state') or 'with no state yet'}: {waiting}")

@@ -148,6 +148,9 @@ def test_an_error_within_its_bound_is_not_cut_short_by_the_wait_bound_and_is_nam
     resources = {"gpu-a": cr("Online"), "gpu-b": cr("Detaching", "found gpu load", deleting=True, device="GPU-9")}
     outcome = _outcome(DETACH_1, req(1, {"gpu-a": "Online"}), resources, 200.0, BOUND, wait_bound=100.0)
     assert outcome["error_code"] == "DeviceInUse"
+    # a wait bound shorter than the error bound ends it first, quoting the error
+    outcome = _outcome(DETACH_1, req(1, {"gpu-a": "Online"}), resources, 100.0, BOUND, wait_bound=100.0)
+    assert outcome["error_code"] == "Timeout" and "(errors it retries: gpu-b: found gpu load)" in outcome["error"]
 
 
 @pytest.mark.parametrize("resource,expected", [
