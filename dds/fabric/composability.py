@@ -220,14 +220,7 @@ class ComposabilityRequestFabric:
                 if existing is None:
                     continue
                 if request.force and self._cancels_hung_attaches(request, name, existing):
-                    current = self._get_request(name)
-                    record = self._new_record(request.key, OperationKind.DETACH, request.node, model,
-                                              self._pool_of_model.get(model, ""), len(request.device_ids), current)
-                    record.update(before=sorted(request.device_ids), asked=list(request.device_ids),
-                                  target=int((current or existing)["spec"]["resource"].get("size", 0)))
-                    if current is not None and self._write_size(name, current, request.node, model, record, 0):
-                        return self._operation_from(record, self._get_request(name))
-                    continue
+                    return self._follow_reclaimed(request, name, model)
                 self._check_nothing_attaching(request.key, name, existing)
                 _check_operator_caught_up(f"detach {request.key}", name, existing, self._view().resources)
                 force = request.force and len(request.device_ids) == size
@@ -352,13 +345,10 @@ class ComposabilityRequestFabric:
         now = self._clock()
         for record in running:
             outcome = _outcome(record, existing, resources, now, self._settings.operator_error_bound_seconds,
-                               wait_bound=0.0)
+                               wait_bound=self._settings.operator_wait_bound_seconds,
+                               ended_by=f"cancelled by the forced detach {request.key} ({request.reason})")
             if outcome is None:
                 continue
-            if outcome["state"] == OperationState.FAILED.value:
-                outcome["error"] = (f"cancelled by the forced detach {request.key} ({request.reason}): "
-                                    f"{outcome['error']}")
-                log.warning("attach %s on %s: %s", record["key"], record["node"], outcome["error"])
             current = self._get_request(name)
             if current is None or "state" in _records(current).get(record["key"], {"state": ""}):
                 continue
@@ -366,6 +356,25 @@ class ComposabilityRequestFabric:
                 raise FabricError(ErrorCode.BACKEND, f"detach {request.key}: could not end the hung attach "
                                                      f"{record['key']} on ComposabilityRequest {name}; try again")
         return True
+
+    def _follow_reclaimed(self, request: DetachRequest, name: str, model: str) -> Operation:
+        """The forced detach of a hung attach's devices, once that attach has given them back: recorded without a
+        size change of its own, done when they are gone."""
+        for _ in range(_CONFLICT_ATTEMPTS):
+            current = self._get_request(name)
+            if current is None:
+                raise FabricError(ErrorCode.NOT_FOUND, f"detach {request.key}: ComposabilityRequest {name} is gone")
+            record = _records(current).get(request.key)
+            if record is not None:
+                return self._operation_from(record, current)
+            record = self._new_record(request.key, OperationKind.DETACH, request.node, model,
+                                      self._pool_of_model.get(model, ""), len(request.device_ids), current)
+            record.update(before=sorted(request.device_ids), asked=list(request.device_ids),
+                          target=int(current["spec"]["resource"].get("size", 0)))
+            if self._write_size(name, current, request.node, model, record, 0):
+                return self._operation_from(record, self._get_request(name))
+        raise FabricError(ErrorCode.BACKEND, f"ComposabilityRequest {name} kept changing; detach {request.key} "
+                                             f"not recorded (the hung attach it reclaims has ended)")
 
     def _check_nothing_attaching(self, key: str, name: str, existing: dict[str, Any]) -> None:
         """The operator removes resources still Attaching before the ones marked for removal (and one in state "" only
@@ -706,7 +715,7 @@ def _bounded(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _outcome(record: dict[str, Any], request: dict[str, Any], resources: Mapping[str, dict[str, Any]], now: float,
-             error_bound: float, *, wait_bound: float) -> Optional[dict[str, Any]]:
+             error_bound: float, *, wait_bound: float, ended_by: str = "") -> Optional[dict[str, Any]]:
     """The end of an operation as the operator's objects show it, or None while it is still running.
 
     `resources`: the ComposableResources by name. An error ends the operation only past `error_bound` seconds (the
@@ -714,7 +723,8 @@ def _outcome(record: dict[str, Any], request: dict[str, Any], resources: Mapping
     without one ends too (Timeout), naming where each of its devices stands: the operator waits without an error for
     a GPU to show on the node or to leave it, and never gives up. An attach's devices are the first `count` resources
     the operator created for the request after it started, less those an earlier attach on the same request takes:
-    two attaches started before the operator listed either's resources would otherwise both count the first one."""
+    two attaches started before the operator listed either's resources would otherwise both count the first one.
+    `ended_by`: why a running operation ends now whatever the bounds (a forced reclaim of its devices)."""
     status = request.get("status") or {}
     listed: dict[str, dict[str, Any]] = status.get("resources") or {}
     name = (request.get("metadata") or {}).get("name", "")
@@ -745,16 +755,17 @@ def _outcome(record: dict[str, Any], request: dict[str, Any], resources: Mapping
         retrying = " (the operator keeps retrying it)" if record["kind"] == OperationKind.DETACH.value else ""
         return _done(OperationState.FAILED, done, ErrorCode.DEVICE_IN_USE if in_use else ErrorCode.BACKEND,
                      f"still failing after {error_bound:g} s{retrying}: " + "; ".join(messages))
-    if lasted >= wait_bound:
+    if lasted >= wait_bound or ended_by:
         if record["kind"] == OperationKind.ATTACH.value:
             waiting = _attach_waits(mine, ours, count - len(done), done)
         else:
             waiting = _detach_waits(sorted(before - set(done)), resources, listed)
         quiet = (f"for the node: {'; '.join(waits)}" if waits else
                  f"(errors it retries: {'; '.join(messages)})" if messages else "without an error")
+        why = (f"{ended_by} after {lasted:.0f} s" if ended_by else
+               f"the operator has waited {lasted:.0f} s {quiet} (operator_wait_bound_seconds {wait_bound:g})")
         return _done(OperationState.FAILED, done, ErrorCode.TIMEOUT,
-                     f"the operator has waited {lasted:.0f} s {quiet} (operator_wait_bound_seconds "
-                     f"{wait_bound:g}); request {name} {status.get('state') or 'with no state yet'}: {waiting}")
+                     f"{why}; request {name} {status.get('state') or 'with no state yet'}: {waiting}")
     return None
 
 

@@ -326,3 +326,11 @@ def test_a_node_without_its_gpu_driver_yet_is_waited_for_up_to_the_wait_bound_no
     outcome = _outcome(ATTACH_2, request_, resources, WAIT, BOUND, wait_bound=WAIT)
     assert (outcome["state"], outcome["error_code"]) == ("failed", "Timeout")
     assert "waited 480 s for the node: gpu-n1: no nvidia driver found on node w1" in outcome["error"]
+
+
+def test_a_forced_reclaim_ends_a_running_attach_at_once_and_says_so() -> None:
+    request_ = req(3, {"gpu-old": "Online", "gpu-n1": "Online", "gpu-n2": "Attaching"})
+    resources = {"gpu-old": cr("Online"), "gpu-n1": cr("Online"), "gpu-n2": cr("Attaching", device="GPU-77")}
+    outcome = _outcome(ATTACH_2, request_, resources, 5.0, BOUND, wait_bound=WAIT, ended_by="cancelled by orphan/1")
+    assert (outcome["state"], outcome["devices"], outcome["error_code"]) == ("failed", ["gpu-n1"], "Timeout")
+    assert outcome["error"].startswith("cancelled by orphan/1 after 5 s; request dds-w1-gpu-a30 Updating: gpu-n2")
