@@ -7,6 +7,10 @@ Fixtures:
   test process. The test's own setup and inspection keep the admin `control_plane.api_client()`.
 - `rbac_audit` (session): what the audit logs showed so far (`AuditRecord`), for tests/integration/ops/
   test_rbac_audit.py.
+- `expect_refusal` (function): `expect_refusal(resource, name)` declares that the test itself makes DDS's
+  ServiceAccount send a request on that object which the apiserver must refuse (tests/integration/ops/
+  test_admission_policies.py): that 403 is the test's assertion, not a missing grant. Names are unique per test
+  object, so the declaration holds for the session (the audit line may be read after the test ends).
 
 After each test's teardown (module- and session-scoped fixtures included, as pytest finalises them in the teardown of
 the last test that uses them) every control plane's audit log is read from where the previous read stopped (harness/
@@ -20,7 +24,7 @@ Tests marked `rbac_audit` run after every other test, so they see the whole run'
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -43,13 +47,15 @@ class AuditRecord:
     collected_files: set[str] = field(default_factory=set)  # "tests/e2e/test_demo.py", ...
     deselected: list[str] = field(default_factory=list)  # node ids deselected other than as `slow` (-k, -m ...)
     failed: list[str] = field(default_factory=list)  # node ids of tests that failed or errored
+    expected_refusals: set[tuple[str, str]] = field(default_factory=set)  # (resource, name) a test refuses on purpose
     report_path: Optional[Path] = None
 
     def absorb(self, requests: list[audit.AuditedRequest], nodeid: str) -> list[audit.AuditedRequest]:
         """Count DDS's allowed requests as used by `nodeid`; return the 403s answered to DDS or CA."""
         for grant in sorted(audit.grants_used(requests, rbac.DDS.username), key=repr):
             self.dds_used.setdefault(grant, nodeid)
-        return audit.forbidden(requests, (identity.username for identity in rbac.IDENTITIES), audit.restarts())
+        refused = audit.forbidden(requests, (identity.username for identity in rbac.IDENTITIES), audit.restarts())
+        return [r for r in refused if (r.resource, r.name) not in self.expected_refusals]
 
 
 _record_key = pytest.StashKey[AuditRecord]()
@@ -160,6 +166,12 @@ def dds_api(dds_kubeconfig: Path) -> Iterator[client.ApiClient]:
         yield api
     finally:
         api.close()
+
+
+@pytest.fixture
+def expect_refusal(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
+    record = _record(request.config)
+    return lambda resource, name: record.expected_refusals.add((resource, name))
 
 
 @pytest.fixture(scope="session")

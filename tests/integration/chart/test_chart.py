@@ -154,8 +154,11 @@ def copies_in_the_chart() -> list[tuple[Path, Path]]:
     crds = [(source, CHART / "files" / "crds" / source.name) for source in sorted((MANIFESTS / "crds").glob("*/*.yaml"))
             if source.name != "kustomization.yaml"]
     rbac = [(MANIFESTS / "dds" / "rbac.yaml", CHART / "files" / "rbac" / "dds.yaml"),
+            (MANIFESTS / "dds" / "admission.yaml", CHART / "files" / "rbac" / "dds-admission.yaml"),
             (MANIFESTS / "cluster-autoscaler" / "rbac.yaml", CHART / "files" / "rbac" / "cluster-autoscaler.yaml")]
-    return crds + rbac
+    features = [(directory / "rbac.yaml", CHART / "files" / "rbac" / f"{directory.name}.yaml")
+                for directory in sorted((MANIFESTS / "rbac").iterdir()) if directory.is_dir()]
+    return crds + rbac + features
 
 
 @pytest.mark.parametrize("source, copy_in_chart", copies_in_the_chart(), ids=lambda p: p.name)
