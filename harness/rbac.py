@@ -266,11 +266,16 @@ def rule_grants(rule: dict[str, Any]) -> set[Grant]:
 
 def granted(identity: Identity) -> set[Grant]:
     """What the ClusterRoles and Roles bound to `identity` in its manifests allow."""
-    objects = identity.objects()
+    return grants_of(identity.objects(), identity.name, identity.namespace)
+
+
+def grants_of(objects: list[dict[str, Any]], name: str, namespace: str) -> set[Grant]:
+    """What the ClusterRoles and Roles among `objects` bound (by `objects`' bindings) to ServiceAccount
+    `namespace/name` allow (also for what the chart renders: tests/integration/chart/test_chart.py)."""
     bound = {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in objects
              if b["kind"] in ("ClusterRoleBinding", "RoleBinding")
-             and any(s.get("kind") == "ServiceAccount" and s.get("name") == identity.name
-                     and s.get("namespace") == identity.namespace for s in b.get("subjects", []))}
+             and any(s.get("kind") == "ServiceAccount" and s.get("name") == name
+                     and s.get("namespace") == namespace for s in b.get("subjects", []))}
     out: set[Grant] = set()
     for role in objects:
         if role["kind"] in ("ClusterRole", "Role") and (role["kind"], role["metadata"]["name"]) in bound:

@@ -23,6 +23,7 @@ from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
 from dds.config import FabricBackend, NodeBackend, Settings
+from harness import rbac
 from harness.dry_run import dry_run_apply as check_by_dry_run
 from harness.kustomize import render
 from tests.integration.chart.tools import CHART, KUBE_VERSION, ROOT, helm_template, run, set_args
@@ -165,6 +166,34 @@ def copies_in_the_chart() -> list[tuple[Path, Path]]:
 def test_the_chart_carries_the_manifests_crds_and_rbac_unmodified(source: Path, copy_in_chart: Path) -> None:
     assert copy_in_chart.read_bytes() == source.read_bytes(), \
         f"{copy_in_chart} differs from {source}: copy it again (cp {source} {copy_in_chart})"
+
+
+# One value set per fabric, and reservations on with one of them: `helm template` takes a second or two each.
+GRANT_CHOICES = [(backend.value, False) for backend in FabricBackend] + [(FabricBackend.SIMULATED.value, True)]
+
+
+@pytest.mark.parametrize("fabric, reservations", GRANT_CHOICES, ids=lambda v: str(v))
+def test_the_chart_grants_dds_what_its_fabric_and_features_ship_with(fabric: str, reservations: bool) -> None:
+    """The chart renders the same files as manifests/rbac/<fabric> (and reservations'), picked by its values: what
+    DDS may do is what an e2e stack of that fabric runs under (harness/rbac.py dds_for), nothing of another fabric."""
+    objects = helm_template({"fabric.backend": fabric, "settings.reservations": str(reservations).lower()})
+    assert rbac.grants_of(objects, "dds", "dds-system") == rbac.granted(rbac.dds_for(fabric, reservations=reservations))
+    policies = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    assert policies == {"dds-node-writes", "dds-resourceslice-writes"} | ({"dds-pod-writes"} if reservations else set())
+
+
+def test_the_admission_policies_and_state_configmaps_follow_the_release() -> None:
+    objects = helm_template({"fabric.backend": "simulated", "settings.reservations": "true",
+                             "fabric.settings.state_configmap": "edge-fabric"}, namespace="gpu-scaling", release="edge")
+    policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    assert set(policies) == {"edge-dds-node-writes", "edge-dds-resourceslice-writes", "edge-dds-pod-writes"}
+    for policy in policies.values():
+        [condition] = policy["spec"]["matchConditions"]
+        assert condition["expression"] == "request.userInfo.username == 'system:serviceaccount:gpu-scaling:edge-dds'"
+    bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
+    state = find(objects, "Role", "edge-dds-simulated")
+    assert [rule["resourceNames"] for rule in state["rules"]] == [["edge-fabric"]]
 
 
 def test_crds_are_left_out_when_cluster_api_or_the_operator_brings_them() -> None:
