@@ -189,7 +189,15 @@ def kubeconfig_document(server: str, ca_pem: bytes, identity: Identity, token: s
 
 
 _INSTALLED: dict[tuple[str, str], Path] = {}  # (plane workdir, identity name) -> its kubeconfig
+_DDS_FEATURES: dict[str, tuple[str, ...]] = {}  # plane workdir -> the features DDS's ServiceAccount has there
 _LOCK = threading.Lock()
+
+
+def dds_features_of(audit_log: Path) -> Optional[tuple[str, ...]]:
+    """The features (manifests/rbac/<feature>) DDS's ServiceAccount was installed with on the control plane writing
+    `audit_log` (workdir/logs/audit.log, harness/controlplane.py); None when DDS was not installed there."""
+    with _LOCK:
+        return _DDS_FEATURES.get(str(audit_log.parent.parent))
 
 
 def install(plane: Any, identity: Identity) -> Path:
@@ -209,6 +217,8 @@ def install(plane: Any, identity: Identity) -> Path:
         path.write_text(yaml.safe_dump(document, sort_keys=False))
         path.chmod(0o600)
         _INSTALLED[key] = path
+        if identity.name == DDS.name and identity.namespace == DDS.namespace:
+            _DDS_FEATURES[str(plane.workdir)] = identity.features
         return path
 
 
