@@ -196,6 +196,27 @@ def test_the_admission_policies_and_state_configmaps_follow_the_release() -> Non
     assert [rule["resourceNames"] for rule in state["rules"]] == [["edge-fabric"]]
 
 
+def test_the_network_policies_bound_egress_and_cluster_autoscalers_metrics() -> None:
+    def egress_ports(policy: dict[str, Any]) -> set[int]:
+        return {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]}
+
+    redfish = helm_template(EVERYTHING)  # fabric.settings.endpoint https://redfish.example:8443
+    assert 8443 in egress_ports(find(redfish, "NetworkPolicy", "dds"))
+    autoscaler = find(redfish, "NetworkPolicy", "cluster-autoscaler")
+    assert autoscaler["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert [peer for rule in autoscaler["spec"]["ingress"] for peer in rule["from"]] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    composability = helm_template({"fabric.backend": "composability-request"})
+    assert egress_ports(find(composability, "NetworkPolicy", "dds")) == {53, 443, 6443}
+    narrowed = helm_template({"fabric.backend": "redfish", "networkPolicy.apiServer.cidrs[0]": "10.0.0.1/32",
+                              "networkPolicy.fabricEndpoints[0].cidrs[0]": "10.1.0.5/32",
+                              "networkPolicy.fabricEndpoints[0].port": "8000"})
+    rules = find(narrowed, "NetworkPolicy", "dds")["spec"]["egress"]
+    assert [rule["to"] for rule in rules[1:]] == [[{"ipBlock": {"cidr": "10.0.0.1/32"}}],
+                                                  [{"ipBlock": {"cidr": "10.1.0.5/32"}}]]
+    assert rules[2]["ports"] == [{"port": 8000, "protocol": "TCP"}]
+
+
 def test_crds_are_left_out_when_cluster_api_or_the_operator_brings_them() -> None:
     def crd_groups(values: dict[str, str]) -> set[str]:
         return {o["spec"]["group"] for o in helm_template(values) if o["kind"] == "CustomResourceDefinition"}
