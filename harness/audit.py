@@ -183,8 +183,12 @@ class AuditCursor:
         self._offsets: dict[Path, int] = {}
 
     def read(self) -> list[AuditedRequest]:
-        out: list[AuditedRequest] = []
+        return [request for _, requests in self.read_per_log() for request in requests]
+
+    def read_per_log(self) -> list[tuple[Path, list[AuditedRequest]]]:
+        """As `read`, each log's requests apart (which control plane, so which RBAC, answered them)."""
+        out: list[tuple[Path, list[AuditedRequest]]] = []
         for path in self._logs():
             requests, self._offsets[path] = read_requests(path, self._offsets.get(path, 0))
-            out += requests
+            out.append((path, requests))
         return out

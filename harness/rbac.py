@@ -9,6 +9,12 @@ same with manifests/cluster-autoscaler. Both are idempotent per control plane.
 DDS's namespaced Role (leader Lease, state ConfigMaps) is shipped for `dds-system`; a test that runs DDS with another
 `namespace` setting grants it there with `grant_namespace` — the same Role and RoleBinding, only the namespace changed,
 as `kustomize edit set namespace` would do for a user installing DDS elsewhere (the subject stays the ServiceAccount).
+
+DDS's grants follow its fabric and features (docs/operations.md "Grants follow features"): manifests/dds ships what all
+need, manifests/rbac/<feature> what only one needs, with the ValidatingAdmissionPolicies that narrow a grant to DDS's
+own label, taint and driver names (installed too, so the apiserver enforces them in every test). `DDS` holds every
+feature (the session's shared control plane runs tests of all of them); `dds_for(fabric, reservations=...)` holds what
+one fabric ships with, and is what an e2e stack (harness/stack.py, its own control plane) installs.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from harness.kustomize import render
 
 ROOT = Path(__file__).resolve().parents[1]
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+# What narrows a grant where RBAC cannot (manifests/dds/admission.yaml, manifests/rbac/reservations): installed with it.
+ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 NAMESPACED_ROLE_KINDS = ("Role", "RoleBinding")
 # TokenRequest's answer is valid this long; a session-scoped control plane lives well under a day.
 TOKEN_SECONDS = 24 * 3600
@@ -45,6 +53,8 @@ class Identity:
     name: str
     namespace: str
     manifests: Path
+    # manifests/rbac/<feature> directories installed with `manifests` (what a fabric or a feature adds).
+    features: tuple[str, ...] = ()
 
     @property
     def username(self) -> str:
@@ -53,10 +63,27 @@ class Identity:
 
     def objects(self) -> list[dict[str, Any]]:
         """The rendered ServiceAccount and RBAC objects of `manifests`, in the order the kustomization lists them."""
-        return [obj for obj in render(self.manifests) if obj["kind"] in RBAC_KINDS]
+        rendered = render(self.manifests)
+        for feature in self.features:
+            rendered += render(FEATURE_MANIFESTS / feature)
+        return [obj for obj in rendered if obj["kind"] in RBAC_KINDS + ADMISSION_KINDS]
 
 
-DDS = Identity("dds", "dds-system", ROOT / "manifests" / "dds")
+FEATURE_MANIFESTS = ROOT / "manifests" / "rbac"
+# Each fabric's own directory under manifests/rbac (the fabric names of dds/config.py FabricBackend), and the features
+# any fabric may add.
+FABRIC_FEATURES = ("composability-request", "redfish", "simulated")
+OPTIONAL_FEATURES = ("reservations",)
+DDS = Identity("dds", "dds-system", ROOT / "manifests" / "dds", FABRIC_FEATURES + OPTIONAL_FEATURES)
+
+
+def dds_for(fabric: str, *, reservations: bool = False) -> Identity:
+    """DDS's ServiceAccount with what `fabric` (and reservations, when on) ships with, nothing of the others."""
+    if fabric not in FABRIC_FEATURES:
+        raise ValueError(f"no RBAC for fabric {fabric!r} in {FEATURE_MANIFESTS} (one of {FABRIC_FEATURES})")
+    return Identity(DDS.name, DDS.namespace, DDS.manifests, (fabric,) + (("reservations",) if reservations else ()))
+
+
 AUTOSCALER = Identity("cluster-autoscaler", "dds-system", ROOT / "manifests" / "cluster-autoscaler")
 IDENTITIES = (DDS, AUTOSCALER)
 
@@ -70,6 +97,9 @@ _PATHS: dict[str, tuple[str, str]] = {  # kind -> (API prefix, collection)
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "Namespace": ("/api/v1", "namespaces"),
+    "ValidatingAdmissionPolicy": ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies"),
+    "ValidatingAdmissionPolicyBinding": ("/apis/admissionregistration.k8s.io/v1",
+                                         "validatingadmissionpolicybindings"),
 }
 
 
@@ -159,7 +189,15 @@ def kubeconfig_document(server: str, ca_pem: bytes, identity: Identity, token: s
 
 
 _INSTALLED: dict[tuple[str, str], Path] = {}  # (plane workdir, identity name) -> its kubeconfig
+_DDS_FEATURES: dict[str, tuple[str, ...]] = {}  # plane workdir -> the features DDS's ServiceAccount has there
 _LOCK = threading.Lock()
+
+
+def dds_features_of(audit_log: Path) -> Optional[tuple[str, ...]]:
+    """The features (manifests/rbac/<feature>) DDS's ServiceAccount was installed with on the control plane writing
+    `audit_log` (workdir/logs/audit.log, harness/controlplane.py); None when DDS was not installed there."""
+    with _LOCK:
+        return _DDS_FEATURES.get(str(audit_log.parent.parent))
 
 
 def install(plane: Any, identity: Identity) -> Path:
@@ -179,6 +217,8 @@ def install(plane: Any, identity: Identity) -> Path:
         path.write_text(yaml.safe_dump(document, sort_keys=False))
         path.chmod(0o600)
         _INSTALLED[key] = path
+        if identity.name == DDS.name and identity.namespace == DDS.namespace:
+            _DDS_FEATURES[str(plane.workdir)] = identity.features
         return path
 
 
@@ -236,11 +276,16 @@ def rule_grants(rule: dict[str, Any]) -> set[Grant]:
 
 def granted(identity: Identity) -> set[Grant]:
     """What the ClusterRoles and Roles bound to `identity` in its manifests allow."""
-    objects = identity.objects()
+    return grants_of(identity.objects(), identity.name, identity.namespace)
+
+
+def grants_of(objects: list[dict[str, Any]], name: str, namespace: str) -> set[Grant]:
+    """What the ClusterRoles and Roles among `objects` bound (by `objects`' bindings) to ServiceAccount
+    `namespace/name` allow (also for what the chart renders: tests/integration/chart/test_chart.py)."""
     bound = {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in objects
              if b["kind"] in ("ClusterRoleBinding", "RoleBinding")
-             and any(s.get("kind") == "ServiceAccount" and s.get("name") == identity.name
-                     and s.get("namespace") == identity.namespace for s in b.get("subjects", []))}
+             and any(s.get("kind") == "ServiceAccount" and s.get("name") == name
+                     and s.get("namespace") == namespace for s in b.get("subjects", []))}
     out: set[Grant] = set()
     for role in objects:
         if role["kind"] in ("ClusterRole", "Role") and (role["kind"], role["metadata"]["name"]) in bound:

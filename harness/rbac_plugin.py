@@ -7,6 +7,10 @@ Fixtures:
   test process. The test's own setup and inspection keep the admin `control_plane.api_client()`.
 - `rbac_audit` (session): what the audit logs showed so far (`AuditRecord`), for tests/integration/ops/
   test_rbac_audit.py.
+- `expect_refusal` (function): `expect_refusal(resource, name)` declares that the test itself makes DDS's
+  ServiceAccount send a request on that object which the apiserver must refuse (tests/integration/ops/
+  test_admission_policies.py): that 403 is the test's assertion, not a missing grant. Names are unique per test
+  object, so the declaration holds for the session (the audit line may be read after the test ends).
 
 After each test's teardown (module- and session-scoped fixtures included, as pytest finalises them in the teardown of
 the last test that uses them) every control plane's audit log is read from where the previous read stopped (harness/
@@ -20,7 +24,7 @@ Tests marked `rbac_audit` run after every other test, so they see the whole run'
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -40,16 +44,25 @@ AUDITED_SUITES = ("tests/integration", "tests/e2e")
 class AuditRecord:
     cursor: audit.AuditCursor = field(default_factory=audit.AuditCursor)
     dds_used: dict[audit.Grant, str] = field(default_factory=dict)  # grant -> the first test that used it
+    # The same per set of features DDS's ServiceAccount had on the plane that answered (harness/rbac.py dds_for: an
+    # e2e stack of one fabric): what each fabric used, for tests/integration/ops/test_rbac_audit.py.
+    dds_used_with: dict[tuple[str, ...], dict[audit.Grant, str]] = field(default_factory=dict)
     collected_files: set[str] = field(default_factory=set)  # "tests/e2e/test_demo.py", ...
     deselected: list[str] = field(default_factory=list)  # node ids deselected other than as `slow` (-k, -m ...)
     failed: list[str] = field(default_factory=list)  # node ids of tests that failed or errored
+    expected_refusals: set[tuple[str, str]] = field(default_factory=set)  # (resource, name) a test refuses on purpose
     report_path: Optional[Path] = None
 
-    def absorb(self, requests: list[audit.AuditedRequest], nodeid: str) -> list[audit.AuditedRequest]:
-        """Count DDS's allowed requests as used by `nodeid`; return the 403s answered to DDS or CA."""
+    def absorb(self, requests: list[audit.AuditedRequest], nodeid: str,
+               features: Optional[tuple[str, ...]] = None) -> list[audit.AuditedRequest]:
+        """Count DDS's allowed requests as used by `nodeid` (and by DDS with `features`, when the plane that answered
+        them is known); return the 403s answered to DDS or CA."""
         for grant in sorted(audit.grants_used(requests, rbac.DDS.username), key=repr):
             self.dds_used.setdefault(grant, nodeid)
-        return audit.forbidden(requests, (identity.username for identity in rbac.IDENTITIES), audit.restarts())
+            if features is not None:
+                self.dds_used_with.setdefault(features, {}).setdefault(grant, nodeid)
+        refused = audit.forbidden(requests, (identity.username for identity in rbac.IDENTITIES), audit.restarts())
+        return [r for r in refused if (r.resource, r.name) not in self.expected_refusals]
 
 
 _record_key = pytest.StashKey[AuditRecord]()
@@ -95,7 +108,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Iterator[None]:
     result = yield  # the test's fixtures, and those of wider scope it was the last user of, are finalised now
-    refused = _record(item.config).absorb(_record(item.config).cursor.read(), item.nodeid)
+    record = _record(item.config)
+    refused = [request for log, requests in record.cursor.read_per_log()
+               for request in record.absorb(requests, item.nodeid, rbac.dds_features_of(log))]
     if refused:
         pytest.fail(forbidden_message(refused), pytrace=False)
     return result
@@ -109,7 +124,8 @@ def forbidden_message(refused: list[audit.AuditedRequest]) -> str:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     record = _record(session.config)
-    refused = record.absorb(record.cursor.read(), "(session teardown)")
+    refused = [request for log, requests in record.cursor.read_per_log()
+               for request in record.absorb(requests, "(session teardown)", rbac.dds_features_of(log))]
     if refused:
         session.config.stash[_late_key] = forbidden_message(refused)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -130,6 +146,8 @@ def write_report(session: pytest.Session, record: AuditRecord) -> None:
         "service_account": rbac.DDS.username,
         "used": [{"verb": g.verb, "apiGroup": g.api_group, "resource": g.resource, "subresource": g.subresource,
                   "first_test": test} for g, test in sorted(record.dds_used.items(), key=lambda kv: repr(kv[0]))],
+        "used_with_features": {"+".join(features): sorted(g.describe() for g in used)
+                               for features, used in sorted(record.dds_used_with.items())},
         "failed_tests": record.failed,
     }, indent=1))
 
@@ -166,6 +184,12 @@ def dds_api(dds_kubeconfig: Path) -> Iterator[client.ApiClient]:
         yield api
     finally:
         api.close()
+
+
+@pytest.fixture
+def expect_refusal(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
+    record = _record(request.config)
+    return lambda resource, name: record.expected_refusals.add((resource, name))
 
 
 @pytest.fixture(scope="session")

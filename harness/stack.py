@@ -103,6 +103,9 @@ def pod(name: str, memory_gib: int, gpus: int = 0, cpu: str = "1", namespace: st
     }
 
 
+DEFAULT_FABRIC = "simulated"
+
+
 def merge(base: dict, overrides: dict) -> dict:
     out = dict(base)
     for key, value in overrides.items():
@@ -125,7 +128,7 @@ def dds_settings(options: StackOptions, kubeconfig: Path, tls_dir: Path, grpc_po
         "namespace": DDS_NAMESPACE,
         "loop_interval_seconds": 1.0,
         "max_node_provision_seconds": max(120.0, options.node_provisioning_seconds * 4),
-        "fabric": "simulated",  # kwok nodes: the simulated fabric is allowed on them (no default in DDS)
+        "fabric": DEFAULT_FABRIC,  # kwok nodes: the simulated fabric is allowed on them (no default in DDS)
         # The stack's MachineSets live in namespace default; its tests choose pools and short cooldowns freely (a
         # test of the grants themselves, tests/e2e/test_adversarial_node_groups.py, adds namespaces of its own).
         "node_group_namespaces": {"default": {"pools": ["*"], "min_idle_cooldown_seconds": 0}},
@@ -254,8 +257,11 @@ class Stack:
         self.core = client.CoreV1Api(self.api)
         for namespace in (DDS_NAMESPACE, WORKLOAD_NAMESPACE):
             self.core.create_namespace({"metadata": {"name": namespace}})
-        # DDS and CA never get the admin kubeconfig: their ServiceAccounts under the RBAC manifests/ ships.
-        self.dds_kubeconfig = rbac.install(self.control_plane, rbac.DDS)
+        # DDS and CA never get the admin kubeconfig: their ServiceAccounts under the RBAC manifests/ ships, DDS's with
+        # only what its fabric (and reservations, when on) ships with: another fabric's grant is refused here.
+        self.dds_kubeconfig = rbac.install(self.control_plane, rbac.dds_for(
+            self.options.dds_settings.get("fabric", DEFAULT_FABRIC),
+            reservations=bool(self.options.dds_settings.get("reservations"))))
         self.autoscaler_kubeconfig = rbac.install(self.control_plane, rbac.AUTOSCALER)
         self.tls_dir = self.workdir / "tls"
         self.grpc_port = free_port()

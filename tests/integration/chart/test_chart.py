@@ -23,6 +23,7 @@ from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
 from dds.config import FabricBackend, NodeBackend, Settings
+from harness import rbac
 from harness.dry_run import dry_run_apply as check_by_dry_run
 from harness.kustomize import render
 from tests.integration.chart.tools import CHART, KUBE_VERSION, ROOT, helm_template, run, set_args
@@ -190,14 +191,66 @@ def copies_in_the_chart() -> list[tuple[Path, Path]]:
     crds = [(source, CHART / "files" / "crds" / source.name) for source in sorted((MANIFESTS / "crds").glob("*/*.yaml"))
             if source.name != "kustomization.yaml"]
     rbac = [(MANIFESTS / "dds" / "rbac.yaml", CHART / "files" / "rbac" / "dds.yaml"),
+            (MANIFESTS / "dds" / "admission.yaml", CHART / "files" / "rbac" / "dds-admission.yaml"),
             (MANIFESTS / "cluster-autoscaler" / "rbac.yaml", CHART / "files" / "rbac" / "cluster-autoscaler.yaml")]
-    return crds + rbac
+    features = [(directory / "rbac.yaml", CHART / "files" / "rbac" / f"{directory.name}.yaml")
+                for directory in sorted((MANIFESTS / "rbac").iterdir()) if directory.is_dir()]
+    return crds + rbac + features
 
 
 @pytest.mark.parametrize("source, copy_in_chart", copies_in_the_chart(), ids=lambda p: p.name)
 def test_the_chart_carries_the_manifests_crds_and_rbac_unmodified(source: Path, copy_in_chart: Path) -> None:
     assert copy_in_chart.read_bytes() == source.read_bytes(), \
         f"{copy_in_chart} differs from {source}: copy it again (cp {source} {copy_in_chart})"
+
+
+# One value set per fabric, and reservations on with one of them: `helm template` takes a second or two each.
+GRANT_CHOICES = [(backend.value, False) for backend in FabricBackend] + [(FabricBackend.SIMULATED.value, True)]
+
+
+@pytest.mark.parametrize("fabric, reservations", GRANT_CHOICES, ids=lambda v: str(v))
+def test_the_chart_grants_dds_what_its_fabric_and_features_ship_with(fabric: str, reservations: bool) -> None:
+    """The chart renders the same files as manifests/rbac/<fabric> (and reservations'), picked by its values: what
+    DDS may do is what an e2e stack of that fabric runs under (harness/rbac.py dds_for), nothing of another fabric."""
+    objects = helm_template({"fabric.backend": fabric, "settings.reservations": str(reservations).lower()})
+    assert rbac.grants_of(objects, "dds", "dds-system") == rbac.granted(rbac.dds_for(fabric, reservations=reservations))
+    policies = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    assert policies == {"dds-node-writes", "dds-resourceslice-writes"} | ({"dds-pod-writes"} if reservations else set())
+
+
+def test_the_admission_policies_and_state_configmaps_follow_the_release() -> None:
+    objects = helm_template({"fabric.backend": "simulated", "settings.reservations": "true",
+                             "fabric.settings.state_configmap": "edge-fabric"}, namespace="gpu-scaling", release="edge")
+    policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    assert set(policies) == {"edge-dds-node-writes", "edge-dds-resourceslice-writes", "edge-dds-pod-writes"}
+    for policy in policies.values():
+        [condition] = policy["spec"]["matchConditions"]
+        assert condition["expression"] == "request.userInfo.username == 'system:serviceaccount:gpu-scaling:edge-dds'"
+    bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
+    state = find(objects, "Role", "edge-dds-simulated")
+    assert [rule["resourceNames"] for rule in state["rules"]] == [["edge-fabric"]]
+
+
+def test_the_network_policies_bound_egress_and_cluster_autoscalers_metrics() -> None:
+    def egress_ports(policy: dict[str, Any]) -> set[int]:
+        return {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]}
+
+    redfish = helm_template(EVERYTHING)  # fabric.settings.endpoint https://redfish.example:8443
+    assert 8443 in egress_ports(find(redfish, "NetworkPolicy", "dds"))
+    autoscaler = find(redfish, "NetworkPolicy", "cluster-autoscaler")
+    assert autoscaler["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert [peer for rule in autoscaler["spec"]["ingress"] for peer in rule["from"]] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    composability = helm_template({"fabric.backend": "composability-request"})
+    assert egress_ports(find(composability, "NetworkPolicy", "dds")) == {53, 443, 6443}
+    narrowed = helm_template({"fabric.backend": "redfish", "networkPolicy.apiServer.cidrs[0]": "10.0.0.1/32",
+                              "networkPolicy.fabricEndpoints[0].cidrs[0]": "10.1.0.5/32",
+                              "networkPolicy.fabricEndpoints[0].port": "8000"})
+    rules = find(narrowed, "NetworkPolicy", "dds")["spec"]["egress"]
+    assert [rule["to"] for rule in rules[1:]] == [[{"ipBlock": {"cidr": "10.0.0.1/32"}}],
+                                                  [{"ipBlock": {"cidr": "10.1.0.5/32"}}]]
+    assert rules[2]["ports"] == [{"port": 8000, "protocol": "TCP"}]
 
 
 def test_crds_are_left_out_when_cluster_api_or_the_operator_brings_them() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
@@ -19,8 +18,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def store(dds_api: Any, namespace: str) -> ConfigMapFabricStateStore:
-    """DDS's store as its ServiceAccount, in the test's namespace (where DDS's Role is bound)."""
-    return ConfigMapFabricStateStore(dds_api, namespace, f"fabric-{uuid.uuid4().hex[:8]}")
+    """DDS's store as its ServiceAccount, in the test's namespace (where DDS's Roles are bound), under the name the
+    simulated fabric's Role grants."""
+    return ConfigMapFabricStateStore(dds_api, namespace, SimulatedFabricSettings().state_configmap)
 
 
 def test_a_write_based_on_a_stale_version_is_a_conflict(store: ConfigMapFabricStateStore) -> None:

@@ -4,12 +4,13 @@ lost (compare-and-swap on resourceVersion), and a corrupt document is handled as
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from dds.app import INSTANCES_CONFIGMAP
+from dds.config import SimulatedFabricSettings
 from dds.fabric.state_configmap import ConfigMapFabricStateStore
 from dds.kube.configmap import DATA_KEY, ConfigMapDocument, CorruptDocument
 from dds.kube.state import ConfigMapStateStore
@@ -27,7 +28,7 @@ def records(count: int):
 
 def test_instances_survive_a_restart_and_keep_a_concurrent_writers_change(namespace: str, dds_api: Any) -> None:
     api = dds_api  # DDS's stores as its ServiceAccount (harness/rbac.py)
-    name = f"instances-{uuid.uuid4().hex[:6]}"
+    name = INSTANCES_CONFIGMAP  # the name DDS's Role grants (the namespace is the test's own)
     first, second = records(2)
     tracker = InstanceTracker(ConfigMapStateStore(api, namespace, name))
     tracker.add(first)
@@ -57,7 +58,7 @@ def corrupt(api: Any, namespace: str, name: str) -> None:
 
 def test_corrupt_instances_start_empty_and_are_overwritten(control_plane: Any, namespace: str, dds_api: Any) -> None:
     api = dds_api  # DDS's stores as its ServiceAccount (harness/rbac.py)
-    name = f"instances-{uuid.uuid4().hex[:6]}"
+    name = INSTANCES_CONFIGMAP  # the name DDS's Role grants (the namespace is the test's own)
     corrupt(control_plane.api_client(), namespace, name)
     store = ConfigMapStateStore(api, namespace, name)
     assert store.load() == {}
@@ -68,7 +69,7 @@ def test_corrupt_instances_start_empty_and_are_overwritten(control_plane: Any, n
 
 def test_corrupt_fabric_state_is_an_error_never_a_reset(control_plane: Any, namespace: str, dds_api: Any) -> None:
     api = dds_api  # DDS's stores as its ServiceAccount (harness/rbac.py)
-    name = f"fabric-{uuid.uuid4().hex[:6]}"
+    name = SimulatedFabricSettings().state_configmap  # the name the simulated fabric's Role grants
     corrupt(control_plane.api_client(), namespace, name)
     with pytest.raises(CorruptDocument, match="is not JSON"):
         ConfigMapFabricStateStore(api, namespace, name).load()

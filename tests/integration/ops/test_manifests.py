@@ -74,7 +74,7 @@ def test_each_deployment_runs_as_the_service_account_its_roles_are_bound_to(rend
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == identity.name
     assert find(rendered, "ServiceAccount", identity.name)["metadata"]["namespace"] == identity.namespace
     subjects = [(b["kind"], b["roleRef"]["kind"], s) for b in rendered if b["kind"].endswith("Binding")
-                for s in b["subjects"] if s["name"] == identity.name]
+                for s in b.get("subjects", ()) if s["name"] == identity.name]  # admission bindings have none
     assert {kind for kind, _, _ in subjects} == {"ClusterRoleBinding", "RoleBinding"}
     assert all(s == {"kind": "ServiceAccount", "name": identity.name, "namespace": identity.namespace}
                for _, _, s in subjects)
@@ -214,3 +214,30 @@ def test_the_kind_overlay_runs_the_kwok_node_backend_with_its_extra_rbac(dynamic
         ("machinesets/status", "machines/status"): ("get", "patch", "update"),
         ("nodes",): ("create", "delete")}
     assert dry_run_apply(dynamic, objects) == []
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("feature", sorted(d.name for d in (MANIFESTS / "rbac").iterdir() if d.is_dir()))
+def test_each_fabrics_and_features_grants_are_accepted(dynamic: DynamicClient, feature: str) -> None:
+    assert dry_run_apply(dynamic, render(MANIFESTS / "rbac" / feature)) == []
+
+
+def test_the_root_kustomization_ships_the_composability_fabrics_grants_and_the_kind_overlay_the_simulated() -> None:
+    def roles(objects: list[dict[str, Any]]) -> set[str]:
+        return {o["metadata"]["name"] for o in objects if o["kind"] in ("ClusterRole", "Role")}
+
+    assert {"dds-composability-request"} <= roles(render(MANIFESTS)) and "dds-simulated" not in roles(render(MANIFESTS))
+    assert {"dds-simulated", "dds-composability-request"} <= roles(render(MANIFESTS / "overlays" / "kind"))
+    assert "dds-reservations" not in roles(render(MANIFESTS / "overlays" / "kind"))
+
+
+def test_network_policies_bound_egress_and_who_reaches_each_metrics_port(rendered: list[dict[str, Any]]) -> None:
+    dds, autoscaler = find(rendered, "NetworkPolicy", "dds"), find(rendered, "NetworkPolicy", "cluster-autoscaler")
+    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    for policy in (dds, autoscaler):
+        assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+        egress_ports = {(p["port"], p["protocol"]) for rule in policy["spec"]["egress"] for p in rule["ports"]}
+        assert {(53, "UDP"), (443, "TCP"), (6443, "TCP")} <= egress_ports
+    assert autoscaler["spec"]["ingress"] == [{"from": monitoring, "ports": [{"port": "metrics", "protocol": "TCP"}]}]
+    [to_dds] = [rule for rule in autoscaler["spec"]["egress"] if rule["ports"] == [{"port": "grpc", "protocol": "TCP"}]]
+    assert to_dds["to"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "dds"}}}]

@@ -5,6 +5,9 @@ Every control plane of the run logs its ServiceAccounts' requests; harness/rbac_
 after every other test of the session and read that record:
 
 - nothing DDS used is missing from the roles manifests/dds ships — holds for any subset of the suite;
+- per fabric: on a control plane where DDS had one fabric's grants only (an e2e stack, harness/rbac.py dds_for), it
+  used nothing beyond them, so no other fabric's grant is needed there; and the grants only one fabric or feature
+  ships (manifests/rbac/<feature>) were each used by DDS holding them (whole suite only, as below);
 - every grant of those roles was used by some test, or is listed in docs/operations.md ("Grants the suite cannot
   exercise") with the feature that needs it. That half needs the whole suite: it is skipped, saying why, when a test
   file of tests/integration or tests/e2e was not collected, a test was deselected (other than the `slow` soak
@@ -109,3 +112,32 @@ def test_every_grant_of_dds_is_used_by_a_test_or_documented(rbac_audit: AuditRec
     assert not exercised_after_all, (f"{OPERATIONS.name} says the suite cannot exercise these, but a test did: "
                                      f"{sorted(g.describe() for g in exercised_after_all)} (first by "
                                      f"{[rbac_audit.dds_used[g] for g in exercised_after_all]})")
+
+
+def with_features(features: tuple[str, ...]) -> rbac.Identity:
+    return rbac.Identity(rbac.DDS.name, rbac.DDS.namespace, rbac.DDS.manifests, features)
+
+
+def test_dds_used_nothing_beyond_what_its_fabric_ships_with(rbac_audit: AuditRecord) -> None:
+    beyond = {}
+    for features, used in rbac_audit.dds_used_with.items():
+        granted = rbac.granted(with_features(features))
+        for grant, test in used.items():
+            if grant not in granted and grant not in rbac.EVERY_USER:
+                beyond[(features, grant)] = test
+    assert not beyond, "DDS was allowed requests the RBAC of its fabric and features does not grant:\n" + "\n".join(
+        f"  with {'+'.join(features)}: {grant.describe()} (first by {test})"
+        for (features, grant), test in sorted(beyond.items(), key=repr))
+
+
+@pytest.mark.parametrize("feature", rbac.FABRIC_FEATURES + rbac.OPTIONAL_FEATURES)
+def test_the_grants_only_one_fabric_or_feature_ships_are_used_with_it(rbac_audit: AuditRecord, feature: str) -> None:
+    # Empty for redfish: its ConfigMap's get/update are manifests/dds's verbs on another resourceName.
+    own = rbac.granted(with_features((feature,))) - rbac.granted(with_features(()))
+    reasons = incomplete_run(rbac_audit)
+    if reasons:
+        pytest.skip("not the whole suite, so an unused grant cannot be told from an untested one: " + "; ".join(reasons))
+    used = set().union(*(used for features, used in rbac_audit.dds_used_with.items() if feature in features))
+    unused = own - used - documented_unexercised()
+    assert not unused, (f"manifests/rbac/{feature} grants what no test used with it: "
+                        f"{sorted(g.describe() for g in unused)}")

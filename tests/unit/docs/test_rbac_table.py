@@ -54,3 +54,17 @@ def test_a_rule_without_its_comment_is_refused(tmp_path: Path) -> None:
     assert rbac_table.table(tmp_path, tmp_path / "rbac.yaml").splitlines()[2:] == [
         "| ClusterRole `x` | `core` nodes | get | The snapshot reads nodes. |",
         "| ClusterRole `x` | `core` pods | get | DDS reads pods. |"]
+
+
+def test_the_documented_features_table_is_the_one_manifests_rbac_renders() -> None:
+    documented = rbac_table.documented(begin=rbac_table.FEATURES_BEGIN, end=rbac_table.FEATURES_END)
+    assert documented == rbac_table.features_table(), (
+        "docs/operations.md's table of grants per fabric and feature differs from manifests/rbac: run "
+        "`.venv/bin/python -m harness.rbac_table --write`")
+
+
+def test_every_fabric_has_its_own_grants_directory() -> None:
+    from dds.config import FabricBackend
+
+    assert {d.name for d in rbac_table.FEATURES_DIR.iterdir() if d.is_dir()} == \
+        {backend.value for backend in FabricBackend} | {"reservations"}
