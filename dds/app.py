@@ -47,6 +47,7 @@ from dds.kube.podgroups import PodGroupReader
 from dds.kube.pods import ReservationWrites
 from dds.kube.requests import instrument
 from dds.kube.resourceslices import ResourceSlicePublisher, online_gpus, with_resource_slices
+from dds.kube.configmap import INSTANCES_CONFIGMAP
 from dds.kube.state import ConfigMapStateStore
 from dds.planner.reservations import ReservationConfig
 from dds.model.groups import DEFAULT_GPU_RESOURCE, LABEL_NODE_GROUP, NodeGroupSpec
@@ -69,7 +70,6 @@ from dds.heap import HeapKeeper
 
 log = logging.getLogger(__name__)
 
-INSTANCES_CONFIGMAP = "dds-instances"
 
 
 def planner_config(settings: Settings) -> PlannerConfig:

@@ -65,7 +65,8 @@ def _is_controller(config: pytest.Config) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def uses_operator(path: Path) -> bool:
-    """Whether the test module at `path` imports one of OPERATOR_MODULES (or something from one)."""
+    """Whether the test module at `path` imports one of OPERATOR_MODULES (or something from one), itself or through
+    another test module it imports (fixtures shared from a test module that starts the operator)."""
     try:
         tree = ast.parse(path.read_text())
     except (OSError, SyntaxError, ValueError):
@@ -73,11 +74,19 @@ def uses_operator(path: Path) -> bool:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import) and any(alias.name in OPERATOR_MODULES for alias in node.names):
             return True
-        if isinstance(node, ast.ImportFrom) and node.module is not None and (
-                node.module in OPERATOR_MODULES
-                or any(f"{node.module}.{alias.name}" in OPERATOR_MODULES for alias in node.names)):
-            return True
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            if node.module in OPERATOR_MODULES or any(f"{node.module}.{alias.name}" in OPERATOR_MODULES
+                                                      for alias in node.names):
+                return True
+            if node.module.startswith("tests.") and _test_module_uses_operator(node.module, path):
+                return True
     return False
+
+
+def _test_module_uses_operator(module: str, importer: Path) -> bool:
+    top = next((parent for parent in importer.parents if (parent / "tests").is_dir()), None)
+    candidate = top / Path(*module.split(".")).with_suffix(".py") if top is not None else None
+    return candidate is not None and candidate != importer and candidate.is_file() and uses_operator(candidate)
 
 
 def group_of(item: pytest.Item) -> Optional[str]:

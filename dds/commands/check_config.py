@@ -253,7 +253,8 @@ def check_machinesets(api: Any, settings: Settings) -> list[Finding]:
     from dds.kube.machinesets import MachineSetLister
 
     events = CollectedEvents()
-    catalog = NodeGroupCatalog(source=MachineSetSource(MachineSetLister(api, settings.machineset_namespaces)),
+    catalog = NodeGroupCatalog(source=MachineSetSource(MachineSetLister(api, settings.machineset_namespaces),
+                                                       settings.node_group_namespaces),
                                events=events)
     if not catalog.refresh():
         return [Finding("machinesets", FAIL, f"cannot read the MachineSets: {catalog.last_error}",

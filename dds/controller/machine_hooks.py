@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 class MachineHooks(Protocol):
     """Writes the hook annotation on a group's Machine (dds/nodes/machineset.py MachineSetProvisioner)."""
 
-    def set_hook(self, group: NodeGroupSpec, machine: str, hook: str, held: bool) -> None: ...
+    def set_hook(self, group: NodeGroupSpec, machine: str, hook: str, held: bool, api_version: str = "") -> None: ...
 
 
 class Verb(str, Enum):
@@ -108,12 +108,13 @@ class PreTerminateHooks:
         now = self.clock()
         waiting = {m.name for m in observation.machines if m.awaiting_pre_terminate}
         self._waiting_since = {name: self._waiting_since.get(name, now) for name in waiting}
+        versions = {m.name: m.api_version for m in observation.machines}
         for step in hook_steps(observation.machines, held, detaching, self._waiting_since, now, self.bound_seconds):
             group = self.group(step.group_id)
             if group is not None:  # a MachineSet DDS does not serve: its Machines are not DDS's to hold
-                self._apply(group, step)
+                self._apply(group, step, versions.get(step.machine, ""))
 
-    def _apply(self, group: NodeGroupSpec, step: HookStep) -> None:
+    def _apply(self, group: NodeGroupSpec, step: HookStep, api_version: str) -> None:
         try:
             if step.verb is Verb.DETACH:
                 reason = f"Machine {step.machine} is being deleted: its GPUs go back to the pool before its host goes"
@@ -128,7 +129,8 @@ class PreTerminateHooks:
                 log.error("%s: %s", group.id, message)
                 metrics.GPUS_STRANDED.inc(len(step.device_ids))
                 self.events.emit(node_ref(step.node), WARNING, "PreTerminateDetachTimedOut", message)
-            self.machines.set_hook(group, step.machine, DDS_PRE_TERMINATE_HOOK, held=step.verb is Verb.HOLD)
+            self.machines.set_hook(group, step.machine, DDS_PRE_TERMINATE_HOOK, held=step.verb is Verb.HOLD,
+                                   api_version=api_version)
             log.info("%s: Machine %s: pre-terminate hook %s (node %s)", group.id, step.machine,
                      "added" if step.verb is Verb.HOLD else "removed", step.node or "none")
         except Exception as exc:  # one Machine's failure must not stop the others; the next pass tries again

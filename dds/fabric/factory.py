@@ -24,13 +24,13 @@ from dds.fabric.state import FabricStateStore, InMemoryFabricStateStore
 from dds.fabric.state_configmap import ConfigMapFabricStateStore
 from dds.kube import ApiClient
 from dds.kube.composability import ObjectCache
+from dds.kube.configmap import REDFISH_LOG_SUFFIX
 from dds.kube.nodes import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, non_kwok_nodes
 from dds.model.events import EventRecorder
 from dds.model.groups import LABEL_NODE_GROUP
 
 log = logging.getLogger(__name__)
 
-REDFISH_LOG_SUFFIX = "-redfish"
 
 
 # The setting that lets the simulated fabric write GPUs into Nodes kwok does not manage; named in every refusal.

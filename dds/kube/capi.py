@@ -133,9 +133,10 @@ class CapiObjects:
             return self._custom.create_namespaced_custom_object(CAPI_GROUP, version, namespace, plural, body,
                                                                 _request_timeout=self._timeout)
 
-    def patch(self, plural: str, namespace: str, name: str, body: Obj) -> Obj:
-        """A JSON merge patch; put metadata.resourceVersion in `body` to make it conditional (409 when stale)."""
-        version = self.version(namespace)
+    def patch(self, plural: str, namespace: str, name: str, body: Obj, version: str = "") -> Obj:
+        """A JSON merge patch; put metadata.resourceVersion in `body` to make it conditional (409 when stale).
+        `version`: the one the object was read in (no discovery needed), else the served version."""
+        version = version or self.version(namespace)
         with api_errors():
             written = self._custom.patch_namespaced_custom_object(CAPI_GROUP, version, namespace, plural, name, body,
                                                                   _request_timeout=self._timeout)

@@ -20,6 +20,11 @@ from dds.kube.errors import ApiError, retrying
 log = logging.getLogger(__name__)
 
 DATA_KEY = "state.json"
+# The ConfigMaps DDS keeps state in, named here so the start check (dds/kube/preflight.py) asks RBAC for them by name,
+# as manifests/dds/rbac.yaml grants them: the in-flight instances, and the Redfish operation log (the simulated
+# fabric's state ConfigMap name with this suffix).
+INSTANCES_CONFIGMAP = "dds-instances"
+REDFISH_LOG_SUFFIX = "-redfish"
 Document = dict[str, Any]
 _UPDATE_ATTEMPTS = 10
 

@@ -23,6 +23,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from dds.config import FabricBackend, Settings
 from dds.kube import client as kube_client  # dds/kube/client.py stays the one way to build a client
+from dds.kube.configmap import INSTANCES_CONFIGMAP, REDFISH_LOG_SUFFIX
 from dds.kube.raw import send
 
 CHECK_TIMEOUT_SECONDS = 15.0
@@ -267,7 +268,11 @@ def needed_access(settings: Settings) -> tuple[Access, ...]:
     out += [Access(verb, "nodes") for verb in ("get", "list", "watch", "patch")]
     out += [Access(verb, "pods") for verb in ("list", "watch")]
     out += [Access("create", "events", namespace=settings.namespace)]
-    out += [Access(verb, "configmaps", namespace=settings.namespace) for verb in ("get", "create", "update")]
+    # ConfigMaps are granted by name (get, update) except `create`, which RBAC cannot limit by name: asked the same
+    # way, or a cluster set up as shipped would fail the check.
+    out += [Access("create", "configmaps", namespace=settings.namespace)]
+    out += [Access(verb, "configmaps", namespace=settings.namespace, name=name)
+            for name in state_configmaps(settings) for verb in ("get", "update")]
     if settings.leader_election:
         out += [Access("create", "leases", "coordination.k8s.io", settings.namespace)]
         out += [Access(verb, "leases", "coordination.k8s.io", settings.namespace, settings.lease_name)
@@ -279,6 +284,17 @@ def needed_access(settings: Settings) -> tuple[Access, ...]:
         out += [Access(verb, "composabilityrequests", cro) for verb in ("get", "list", "watch", "create", "update")]
         out += [Access(verb, "composableresources", cro) for verb in ("list", "watch", "patch")]
     return tuple(out)
+
+
+def state_configmaps(settings: Settings) -> tuple[str, ...]:
+    """The ConfigMaps DDS keeps its state in with these settings (the in-flight instances; the simulated fabric's
+    state; the Redfish backend's operation log)."""
+    names = [INSTANCES_CONFIGMAP]
+    if settings.fabric == FabricBackend.SIMULATED:
+        names.append(settings.simulated_fabric.state_configmap)
+    if settings.fabric == FabricBackend.REDFISH:
+        names.append(settings.simulated_fabric.state_configmap + REDFISH_LOG_SUFFIX)
+    return tuple(names)
 
 
 def require_for_serving(api: client.ApiClient, settings: Settings) -> None:

@@ -241,12 +241,14 @@ class MachineSetProvisioner:
         return tuple(released)
 
     # --- the pre-terminate hook (dds/controller/machine_hooks.py decides when) ---
-    def set_hook(self, group: NodeGroupSpec, machine: str, hook: str, held: bool) -> None:
-        """Add (`held`) or remove the annotation `hook` on the group's Machine `machine`."""
+    def set_hook(self, group: NodeGroupSpec, machine: str, hook: str, held: bool, api_version: str = "") -> None:
+        """Add (`held`) or remove the annotation `hook` on the group's Machine `machine`, written in the version it was
+        read in (`api_version`, e.g. cluster.x-k8s.io/v1beta2; a decision then sends no discovery request)."""
         namespace, _ = machineset_ref(group)
         body = {"metadata": {"annotations": {hook: "" if held else None}}}
+        version = api_version.rpartition("/")[2]
         self._call(group, f"{'adding' if held else 'removing'} {hook}", f"patching Machine {namespace}/{machine}",
-                   lambda: self._capi.patch(MACHINES, namespace, machine, body))
+                   lambda: self._capi.patch(MACHINES, namespace, machine, body, version=version))
 
     # --- steps ---
     def _get_machineset(self, group: NodeGroupSpec, what: str) -> dict[str, Any]:

@@ -71,8 +71,10 @@ def test_plan_reads_the_clusters_own_settings(control_plane: Any, namespace: str
     where = f"{namespace}/dds-settings"
     assert main(["plan", "--kubeconfig", str(dds_kubeconfig), "--cluster-settings", where, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["scale_up"]["policy"] == "spread"
-    # No such ConfigMap: one line saying where it looked and what to pass instead.
-    missing = f"{namespace}/no-settings"
+    # No such ConfigMap (gone: DDS's credentials may read only the one named dds-settings): one line saying where it
+    # looked and what to pass instead.
+    core.delete_namespaced_config_map("dds-settings", namespace)
+    missing = where
     assert main(["plan", "--kubeconfig", str(dds_kubeconfig), "--cluster-settings", missing]) == 2
     err = capsys.readouterr().err
     assert f"the cluster has no ConfigMap {missing}" in err and "--config FILE" in err, err

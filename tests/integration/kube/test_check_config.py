@@ -26,6 +26,7 @@ def test_check_config_on_a_cluster_names_the_broken_machineset(control_plane: An
     for manifest in (good, bad):
         objects.create_namespaced_custom_object(GROUP, "v1beta1", namespace, "machinesets", manifest)
     settings = {"in_cluster": True, "namespace": namespace, "machineset_namespaces": [namespace],
+                "node_group_namespaces": {namespace: {"pools": ["*"]}},
                 "fabric": "simulated", "insecure": True}
     client.CoreV1Api(control_plane.api_client()).create_namespaced_config_map(
         namespace, {"metadata": {"name": "dds-settings"}, "data": {"settings.yaml": yaml.safe_dump(settings)}})

@@ -22,7 +22,7 @@ from dds.model.groups import ANN_CAPI_DELETE_MACHINE
 from dds.nodes.machineset import MARK_PREFIX, MachineSetProvisioner
 from harness.capi_stack import ClusterApi, cluster_api_on
 from harness.kwok_provider import BOOTSTRAP_SECRET, PROVIDER_PREFIX, infrastructure_ref
-from tests.integration.nodes.harness import wait_for
+from tests.integration.nodes.harness import open_grant, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -131,7 +131,7 @@ def dds_machineset(namespace: str, name: str) -> dict[str, Any]:
 
 
 def dds_group(dds_api: client.ApiClient, namespace: str, name: str) -> Any:
-    read = MachineSetSource(MachineSetLister(dds_api, [namespace])).read()
+    read = MachineSetSource(MachineSetLister(dds_api, [namespace]), open_grant(namespace)).read()
     assert not read.errors, read.errors
     return next(g for g in read.groups if g.source.name == name)
 

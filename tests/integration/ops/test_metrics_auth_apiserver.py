@@ -160,7 +160,10 @@ def test_the_network_policy_admits_only_the_autoscaler_and_monitoring(rendered: 
     assert policy["metadata"]["namespace"] == dds_deployment["metadata"]["namespace"]
     labels = dds_deployment["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
-    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    # Egress is limited too (cluster DNS, the apiserver, the fabric endpoints: docs/operations.md): every rule names
+    # its ports, none is an open egress.
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["spec"]["egress"] and all(rule.get("ports") for rule in policy["spec"]["egress"])
     ports = {p["name"]: p["containerPort"] for p in container(dds_deployment)["ports"]}
     admitted = {}
     for rule in policy["spec"]["ingress"]:
