@@ -47,7 +47,7 @@ def test_rbac_missing_in_the_state_namespace_is_named_and_exit_4(dds_kubeconfig:
     config = settings_file(tmp_path, namespace=elsewhere, leader_election=True)
     assert serve(config, dds_kubeconfig) == EXIT_CLUSTER_NOT_READY
     err = capsys.readouterr().err
-    assert "DDS's credentials may not: " in err and f"get configmaps in namespace {elsewhere}" in err, err
+    assert "DDS's credentials may not: " in err and f"get configmaps dds-instances in namespace {elsewhere}" in err, err
     assert "manifests/dds/rbac.yaml" in err and len(err.strip().splitlines()) == 1
 
 

@@ -29,7 +29,9 @@ def marked_node(control_plane: Any, namespace: str) -> Iterator[str]:
                             {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}})
     yield name
     try:
-        core.patch_node(name, {"metadata": {"finalizers": []}})
+        # A JSON patch: a strategic merge patch merges finalizer lists, so an empty one would leave the node
+        # Terminating (and still labelled as a DDS group's) for every later test on this control plane.
+        core.patch_node(name, [{"op": "replace", "path": "/metadata/finalizers", "value": []}])
         core.delete_node(name)
     except client.ApiException as exc:
         if exc.status != 404:
