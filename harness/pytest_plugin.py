@@ -65,13 +65,20 @@ def _bin_dir(config: pytest.Config) -> Path:
     return found
 
 
-@pytest.fixture(scope="session")
-def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def own_control_plane(request: pytest.FixtureRequest,
+                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane started for the requesting fixture's scope (a module that changes cluster-wide objects, such as
+    CRDs, defines `control_plane` with it instead of sharing the session's)."""
     plane = start_control_plane(tmp_path_factory.mktemp("control-plane"), bin_dir=_bin_dir(request.config))
     try:
         yield plane
     finally:
         plane.stop()
+
+
+@pytest.fixture(scope="session")
+def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    yield from own_control_plane(request, tmp_path_factory)
 
 
 @pytest.fixture
