@@ -10,14 +10,19 @@ what worker Machines in that namespace need to get nodeRefs (harness/kwok_provid
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from harness import kwok_provider
+import pytest
+
+from harness import kwok_provider, rbac
 from harness.capi import ClusterApiManager
 from harness.install import AdminApi
 from harness.controlplane import ControlPlane
 from harness.kwok_provider import KwokInfrastructureProvider
+from harness.pytest_plugin import own_control_plane
 
 DEFAULT_CLUSTER = "kwok"
 
@@ -62,3 +67,17 @@ def cluster_api_on(plane: ControlPlane, *, provisioning_delay_seconds: float = 0
                                                   active=manager.running).start()
             _RUNNING[key] = ClusterApi(manager=manager, provider=provider, api=api)
         return _RUNNING[key]
+
+
+# Modules that install Cluster API's own CRDs and conversion webhook import these two fixtures: those CRDs replace the
+# stand-in's, and every later test on a shared plane writing MachineSets through the stand-in would fail.
+@pytest.fixture(scope="module")
+def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of the requesting module's own."""
+    yield from own_control_plane(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def dds_kubeconfig(control_plane: ControlPlane) -> Path:
+    """DDS's shipped RBAC on that module's own control plane."""
+    return rbac.install(control_plane, rbac.DDS)

@@ -16,8 +16,7 @@ from dds.controller.observe import machine_refs
 from dds.fabric.base import AttachRequest, OperationKind
 from dds.kube.capi import DDS_PRE_TERMINATE_HOOK
 from harness.capi_stack import ClusterApi, cluster_api_on
-from harness import rbac
-from harness.pytest_plugin import own_control_plane
+from harness.capi_stack import control_plane, dds_kubeconfig  # noqa: F401 (fixtures: a plane of this module's own)
 from harness.kwok_provider import BOOTSTRAP_SECRET, infrastructure_ref
 from tests.integration.controller.harness import ATTACH_SECONDS, VirtualClock, settings_for
 from tests.integration.nodes.harness import wait_for
@@ -52,19 +51,6 @@ class Scene:
                 self.core.delete_node(node.metadata.name)
         self.api.close()
 
-
-
-@pytest.fixture(scope="module")
-def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A control plane of this module's own: Cluster API's CRDs and conversion webhook, installed here, replace the
-    stand-in's CRDs, and every later test on a shared plane writing MachineSets through the stand-in would fail."""
-    yield from own_control_plane(request, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def dds_kubeconfig(control_plane: Any) -> Any:
-    """DDS's shipped RBAC on this module's own control plane."""
-    return rbac.install(control_plane, rbac.DDS)
 
 @pytest.fixture
 def scene(control_plane: Any, namespace: str, dds_api: client.ApiClient) -> Iterator[Scene]:

@@ -21,8 +21,7 @@ from dds.kube.machinesets import MachineSetLister
 from dds.model.groups import ANN_CAPI_DELETE_MACHINE
 from dds.nodes.machineset import MARK_PREFIX, MachineSetProvisioner
 from harness.capi_stack import ClusterApi, cluster_api_on
-from harness import rbac
-from harness.pytest_plugin import own_control_plane
+from harness.capi_stack import control_plane, dds_kubeconfig  # noqa: F401 (fixtures: a plane of this module's own)
 from harness.kwok_provider import BOOTSTRAP_SECRET, PROVIDER_PREFIX, infrastructure_ref
 from tests.integration.nodes.harness import open_grant, wait_for
 
@@ -31,19 +30,6 @@ pytestmark = pytest.mark.integration
 GROUP, V1BETA2 = "cluster.x-k8s.io", "v1beta2"
 NODE_ANN_CLUSTER_NAMESPACE = "cluster.x-k8s.io/cluster-namespace"
 
-
-
-@pytest.fixture(scope="module")
-def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A control plane of this module's own: Cluster API's CRDs and conversion webhook, installed here, replace the
-    stand-in's CRDs, and every later test on a shared plane writing MachineSets through the stand-in would fail."""
-    yield from own_control_plane(request, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def dds_kubeconfig(control_plane: Any) -> Any:
-    """DDS's shipped RBAC on this module's own control plane."""
-    return rbac.install(control_plane, rbac.DDS)
 
 @pytest.fixture
 def capi(control_plane: Any, namespace: str) -> Iterator[tuple[ClusterApi, client.ApiClient]]:
