@@ -41,6 +41,7 @@ from kubernetes import client
 
 from dds.kube import capi
 from dds.kube.capi import MACHINES, MACHINESETS, CapiObjects
+from dds.kube.configmap import INSTANCES_CONFIGMAP
 from dds.model.groups import ANN_CAPI_MIN, ANN_ENABLED, ANN_MAX_GPUS, ANN_TEMPLATE_MODE, DEFAULT_GPU_RESOURCE, LABEL_NODE_GROUP
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,6 @@ CA_VIEW = "ca-view-consistent"
 CONVERGED = "converged"
 
 REMOVAL_TAINT = "dds.cdi.dev/removing"  # dds/controller/removals.py
-INSTANCES_CONFIGMAP = "dds-instances"  # dds/app.py
 STATE_KEY = "state.json"
 IN_FLIGHT = ("attaching", "detaching")
 CA_VIEW_POLLS = 3  # the history counts a CA-view inconsistency seen this many polls in a row
