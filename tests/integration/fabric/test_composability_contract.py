@@ -415,10 +415,14 @@ def test_a_persistent_fabric_error_fails_past_the_bound_and_gives_the_size_back(
         assert f"{SHORT_ERROR_BOUND_S:g} s" in done.error.message
         [request] = h.requests()
         assert request["spec"]["resource"]["size"] == 0
-        fresh.fm.fail_next_attaches(0)
-        # The operator removes the resource it could not attach: nothing arrives later that no request holds.
+        # The operator removes the resource it could not attach. The fabric stays down until it is gone: a reconcile
+        # that read the resource before its deletion and whose add then succeeds loses the device's id when its status
+        # write conflicts with the deletion (handleAttachingState, operator 38251b7), and only the operator's upstream
+        # syncer reclaims such a device, after its 10-minute grace. That race is the operator's; what this pins is
+        # DDS's side: once the size is given back, nothing DDS asked for arrives later.
         wait_for("the failed attach's resource gone", fresh, lambda: not h.resources())
-        time.sleep(1)
+        fresh.fm.fail_next_attaches(0)
+        time.sleep(3)  # longer than the operator's first retry backoff: a retry still queued would attach by now
         assert fresh.fm.attachments() == {}
         assert h.fabric.devices() == ()
         assert contract.free(h.fabric) == TOTAL
