@@ -4,7 +4,8 @@
     dds simulate --trace examples/traces/small.csv --policies best-fit,node-only
     dds simulate --list
 
-Every policy runs the production planner (dds.planner) on the same jobs. The table goes to stdout; summary.csv,
+Every policy runs the production planner (dds.planner) on the same jobs; the last row, `ideal`, is the bound (an ideal
+pool: dds/sim/ideal.py) and "vs ideal" each policy's gap to it. The table goes to stdout; summary.csv,
 jobs.csv, timeline.csv, wait_cdf.png and gpus_over_time.png go to --out. Trace format and policies: docs/simulation.md.
 Exit codes: 0 done, 2 bad flags or an unreadable trace.
 """
@@ -20,6 +21,7 @@ from typing import Any, Optional, Sequence
 
 from dds.planner.reservations import ReservationConfig
 from dds.sim.engine import SimResult, simulate
+from dds.sim.ideal import ideal
 from dds.sim.policies import GANG_BASELINE, POLICIES, Policy, parse_policies
 from dds.sim.progress import ProgressBar
 from dds.sim.results import (baseline_name, compare, jobs_csv, render_legend, render_table, summaries_csv, timeline_csv,
@@ -113,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     results, seconds = run_policies(scenario, policies, args.progress, args.solver, reservations_from_args(args),
                                     args.move_idle_gpus, args.warm_gpus)
+    started = time.perf_counter()
+    results.append(ideal(scenario))  # the bound every policy's row is measured against ("vs ideal")
+    seconds.append(time.perf_counter() - started)
     summaries = compare(results, scenario.baseline)
     print(f"workload {scenario.name}: {scenario.description}")
     for note in scenario.notes:
