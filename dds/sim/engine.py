@@ -318,6 +318,12 @@ class Simulation:
         self._held_for_gang: dict[str, str] = {}
         self._attach_gangs: dict[str, tuple[str, ...]] = {}  # attach operation key -> the gangs it was for
 
+    @property
+    def pass_settings(self) -> PassSettings:
+        """The settings of this simulation's decision pass: what a control loop set as this policy would plan with
+        (tests hand a snapshot the loop recorded to both)."""
+        return self._pass_settings
+
     # --- setup ---
     def _planner_groups(self) -> tuple[NodeGroupSpec, ...]:
         groups = self._cluster.groups
