@@ -71,3 +71,7 @@ chart: setup  ## The Helm chart, alerts and dashboard checked by helm, promtool 
 
 dashboard: setup-python  ## Regenerate charts/dds/files/dashboard.json from hack/gen-dashboard.py
 	$(PYTHON) hack/gen-dashboard.py
+
+sim-tables: setup-python  ## Regenerate docs/simulation.md's tables from the simulator (hack/sim_tables.py; about five minutes)
+	$(PYTHON) hack/sim_tables.py
+.PHONY: sim-tables

@@ -207,17 +207,23 @@ class Settings(BaseSettings):
     cel_seconds_per_pass: float = Field(default=1.0, gt=0)
     # Reservations (dds/controller/reservations.py, docs/reservations.md): a pending pod asking for more than
     # `reservation_large_fraction` of a node's GPU slots, unschedulable for `reservation_min_age_seconds`, gets a
-    # node reserved (tainted, the pod tolerating it) and its GPUs gathered there. Off by default.
-    reservations: bool = False
+    # node reserved (tainted, the pod tolerating it) and its GPUs gathered there. On by default: without it kubecomp-w4's
+    # 8-GPU jobs wait over an hour at p95 (docs/simulation.md, "The ideal bound").
+    reservations: bool = True
     reservation_min_age_seconds: float = Field(default=600.0, ge=0)
     reservation_large_fraction: float = Field(default=0.5, gt=0, lt=1)
     # Reserve sooner, from this age on, while at most one other pending GPU pod could use the node's GPUs (the queue
-    # is short, so draining a node costs little); unset: only `reservation_min_age_seconds` applies.
-    reservation_quiet_age_seconds: Optional[float] = Field(default=None, ge=0)
+    # is short, so draining a node costs little); unset: only `reservation_min_age_seconds` applies. 0 by default: of
+    # the ages measured (0, 120 s, unset) it serves the 8-GPU jobs soonest and delays the other jobs least.
+    reservation_quiet_age_seconds: Optional[float] = Field(default=0.0, ge=0)
     # Move idle GPUs: when pods the fast path cannot serve would get GPUs idle on other nodes, those GPUs are detached
     # now instead of after their idle cooldown, and the next pass attaches them where the pods fit
     # (dds/planner/moves.py; docs/simulation.md has what it does to waits). Off by default.
     move_idle_gpus: bool = False
+    # The moves of move_idle_gpus alone, without its room headroom: idle GPUs that pending pods elsewhere would get are
+    # released at once, the rest wait out their cooldown. On by default: with the 5-minute cooldown it costs no GPUs
+    # held and cuts kubecomp-w4's waits under reservations by a quarter (docs/simulation.md, "The ideal bound").
+    release_idle_gpus: bool = True
     loop_interval_seconds: float = Field(default=5.0, gt=0)
     orphan_attach_timeout_seconds: float = Field(default=600.0, gt=0)
     # node_backend machineset: how long a deleting Machine's pre-terminate hook waits for its GPUs' detach (then an

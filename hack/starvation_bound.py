@@ -98,28 +98,36 @@ def waits(jobs: Sequence[Job], started: dict[str, float], large: bool) -> list[f
     return [started[j.name] - j.arrival_s for j in jobs if (j.gpus >= POOL_GPUS) == large and j.name in started]
 
 
+def oracle(seed: int, bound: float = 900.0, step: float = 10.0
+           ) -> tuple[list[float], float, Optional[tuple[float, list[float]]]]:
+    """kubecomp-w4 of `seed`: the 8-GPU waits and the other jobs' mean when never reserved, and the best other jobs'
+    mean with every 8-GPU job started within `bound` (with those jobs' waits), None when no start times do."""
+    jobs = build("kubecomp-w4", WorkloadParams(seed=seed)).jobs
+    large = [j for j in jobs if j.gpus >= POOL_GPUS]
+    never = run(jobs, {})
+    steps = int(bound // step) + 1
+    best: Optional[tuple[float, list[float]]] = None
+    for grid in _grid(len(large), steps):
+        planned = {j.name: j.arrival_s + k * step for j, k in zip(large, grid)}
+        started = run(jobs, planned)
+        big = waits(jobs, started, True)
+        if len(big) < len(large) or max(big) > bound:
+            continue
+        mean = statistics.mean(waits(jobs, started, False))
+        if best is None or mean < best[0]:
+            best = (mean, big)
+    return waits(jobs, never, True), statistics.mean(waits(jobs, never, False)), best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--bound", type=float, default=900.0, help="the 8-GPU jobs' longest wait (s)")
     parser.add_argument("--step", type=float, default=10.0, help="grid of the start times tried (s)")
     args = parser.parse_args()
-    jobs = build("kubecomp-w4", WorkloadParams(seed=args.seed)).jobs
-    large = [j for j in jobs if j.gpus >= POOL_GPUS]
-    never = run(jobs, {})
-    print(f"never reserved: 8-GPU waits {sorted(round(w) for w in waits(jobs, never, True))}, "
-          f"other jobs' mean {statistics.mean(waits(jobs, never, False)):.0f}s")
-    steps = int(args.bound // args.step) + 1
-    best: Optional[tuple[float, list[float]]] = None
-    for grid in _grid(len(large), steps):
-        planned = {j.name: j.arrival_s + k * args.step for j, k in zip(large, grid)}
-        started = run(jobs, planned)
-        big = waits(jobs, started, True)
-        if len(big) < len(large) or max(big) > args.bound:
-            continue
-        mean = statistics.mean(waits(jobs, started, False))
-        if best is None or mean < best[0]:
-            best = (mean, big)
+    never_large, never_others, best = oracle(args.seed, args.bound, args.step)
+    print(f"never reserved: 8-GPU waits {sorted(round(w) for w in never_large)}, "
+          f"other jobs' mean {never_others:.0f}s")
     if best is None:
         print(f"no start times within {args.bound:.0f}s")
         return

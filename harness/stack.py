@@ -30,6 +30,7 @@ import yaml
 from kubernetes import client
 
 from dds import certs
+from dds.config import Settings
 from dds.model.groups import ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN
 from dds.nodes.kwok import KWOK_PROVIDER_IDS, ProviderIds
 from harness import rbac
@@ -261,7 +262,8 @@ class Stack:
         # only what its fabric (and reservations, when on) ships with: another fabric's grant is refused here.
         self.dds_kubeconfig = rbac.install(self.control_plane, rbac.dds_for(
             self.options.dds_settings.get("fabric", DEFAULT_FABRIC),
-            reservations=bool(self.options.dds_settings.get("reservations"))))
+            reservations=bool(self.options.dds_settings.get("reservations",
+                                                            Settings.model_fields["reservations"].default))))
         self.autoscaler_kubeconfig = rbac.install(self.control_plane, rbac.AUTOSCALER)
         self.tls_dir = self.workdir / "tls"
         self.grpc_port = free_port()

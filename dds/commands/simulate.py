@@ -4,7 +4,8 @@
     dds simulate --trace examples/traces/small.csv --policies best-fit,node-only
     dds simulate --list
 
-Every policy runs the production planner (dds.planner) on the same jobs. The table goes to stdout; summary.csv,
+Every policy runs the production planner (dds.planner) on the same jobs; the last row, `ideal`, is the bound (an ideal
+pool: dds/sim/ideal.py) and "vs ideal" each policy's gap to it. The table goes to stdout; summary.csv,
 jobs.csv, timeline.csv, wait_cdf.png and gpus_over_time.png go to --out. Trace format and policies: docs/simulation.md.
 Exit codes: 0 done, 2 bad flags or an unreadable trace.
 """
@@ -18,8 +19,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from dds.config import Settings
 from dds.planner.reservations import ReservationConfig
 from dds.sim.engine import SimResult, simulate
+from dds.sim.ideal import ideal
 from dds.sim.policies import GANG_BASELINE, POLICIES, Policy, parse_policies
 from dds.sim.progress import ProgressBar
 from dds.sim.results import (baseline_name, compare, jobs_csv, render_legend, render_table, summaries_csv, timeline_csv,
@@ -50,23 +53,30 @@ def register(subparsers: Any) -> None:
                         help="seconds from a node request to a Ready node (default 600)")
     parser.add_argument("--loop-interval", type=_positive_float, help="seconds between scale steps (default 10)")
     parser.add_argument("--gpu-idle-cooldown", type=_non_negative_float,
-                        help="seconds a GPU stays idle before it is detached (default 60 in simulations)")
+                        help="seconds a GPU stays idle before it is detached (default 300, as a group without "
+                             "dds.cdi.dev/gpu-idle-cooldown)")
     parser.add_argument("--solver", choices=("greedy", "auto", "milp"), default="greedy",
                         help="planner batch solver for scale steps (default greedy: reproducible at any CPU speed)")
     parser.add_argument("--reservations", action="store_true",
-                        help="reserve a node for a large GPU pod that waited 600 s (dds/planner/reservations.py; off "
-                             "by default, as the controller's `reservations` setting: docs/reservations.md)")
+                        help="reserve a node for a large GPU pod (dds/planner/reservations.py; on by default, as the "
+                             "controller's `reservations` setting: docs/reservations.md)")
+    parser.add_argument("--no-reservations", action="store_true",
+                        help="no reservations (the controller's `reservations: false`); flags naming one win")
     parser.add_argument("--reserve-after", type=_non_negative_float,
                         help="with reservations (implies --reservations): seconds a large GPU pod waits first")
     parser.add_argument("--reserve-early", type=_non_negative_float, metavar="S",
-                        help="with reservations (implies --reservations): from S seconds on, reserve before "
-                             "--reserve-after while at most one other pending pod could use the node's GPUs")
+                        help="with reservations (implies --reservations): from S seconds on (default 0, the "
+                             "controller's reservation_quiet_age_seconds), reserve before --reserve-after while at "
+                             "most one other pending pod could use the node's GPUs")
     parser.add_argument("--warm-gpus", type=int, default=0, metavar="K",
                         help="warm headroom: idle GPUs each group keeps attached and refills (dds.cdi.dev/warm-gpus)")
     parser.add_argument("--move-idle-gpus", action="store_true",
                         help="release idle GPUs at once when pending pods elsewhere would get them, and keep one "
                              "pod's worth of idle GPUs on every node with room for one more GPU pod (experimental; "
-                             "meant for a long idle cooldown: --gpu-idle-cooldown 600, production's default)")
+                             "meant for a long idle cooldown, e.g. --gpu-idle-cooldown 600)")
+    parser.add_argument("--no-release-idle-gpus", action="store_true",
+                        help="idle GPUs wait out their cooldown even when pending pods elsewhere would get them (the "
+                             "controller's `release_idle_gpus: false`; released at once by default)")
     parser.add_argument("--save-trace", type=Path, help="also write the jobs simulated as a CSV trace")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-files", action="store_true", help="print the table only; write nothing")
@@ -112,7 +122,10 @@ def run(args: argparse.Namespace) -> int:
         print("dds simulate: --warm-gpus must be >= 0", file=sys.stderr)
         return EXIT_USAGE
     results, seconds = run_policies(scenario, policies, args.progress, args.solver, reservations_from_args(args),
-                                    args.move_idle_gpus, args.warm_gpus)
+                                    args.move_idle_gpus, args.warm_gpus, release_idle_from_args(args))
+    started = time.perf_counter()
+    results.append(ideal(scenario))  # the bound every policy's row is measured against ("vs ideal")
+    seconds.append(time.perf_counter() - started)
     summaries = compare(results, scenario.baseline)
     print(f"workload {scenario.name}: {scenario.description}")
     for note in scenario.notes:
@@ -174,23 +187,32 @@ def _pick(value: Optional[float], default: float) -> float:
 
 
 def reservations_from_args(args: argparse.Namespace) -> ReservationConfig:
-    defaults = ReservationConfig()
-    return ReservationConfig(enabled=(args.reservations or args.reserve_after is not None
+    """The controller's defaults (dds/config.py Settings), changed only by the flags given."""
+    defaults = Settings.model_fields
+    enabled = not args.no_reservations and defaults["reservations"].default
+    return ReservationConfig(enabled=(enabled or args.reservations or args.reserve_after is not None
                                       or args.reserve_early is not None),
-                             min_age_seconds=_pick(args.reserve_after, defaults.min_age_seconds),
-                             quiet_age_seconds=args.reserve_early)
+                             min_age_seconds=_pick(args.reserve_after, defaults["reservation_min_age_seconds"].default),
+                             large_fraction=defaults["reservation_large_fraction"].default,
+                             quiet_age_seconds=_pick(args.reserve_early,
+                                                     defaults["reservation_quiet_age_seconds"].default))
+
+
+def release_idle_from_args(args: argparse.Namespace) -> bool:
+    """The controller's release_idle_gpus default, unless told not to."""
+    return not args.no_release_idle_gpus and Settings.model_fields["release_idle_gpus"].default
 
 
 def run_policies(scenario: Scenario, policies: Sequence[Policy], progress: str = "auto", solver: str = "greedy",
                  reservations: ReservationConfig = ReservationConfig(enabled=False), moves: bool = False,
-                 warm_gpus: int = 0) -> tuple[list[SimResult], list[float]]:
+                 warm_gpus: int = 0, release_idle: bool = False) -> tuple[list[SimResult], list[float]]:
     results, seconds = [], []
     enabled = {"auto": None, "always": True, "never": False}[progress]
     for policy in policies:
         bar = ProgressBar(policy.name, enabled=enabled)
         started = time.perf_counter()  # wall time of the run, reported to the user; the simulation itself is virtual
         results.append(simulate(scenario, policy, progress=bar.update, batch_solver=solver, reservations=reservations,
-                                moves=moves, warm_gpus=warm_gpus))
+                                moves=moves, warm_gpus=warm_gpus, release_idle=release_idle))
         seconds.append(time.perf_counter() - started)
         bar.close()
     return results, seconds

@@ -79,6 +79,7 @@ class LoopConfig:
     orphan_timeout_seconds: float = 600.0  # settings.orphan_attach_timeout_seconds; see dds/controller/orphans.py
     reservations: ReservationConfig = ReservationConfig(enabled=False)  # see dds/controller/reservations.py
     move_idle_gpus: bool = False  # settings.move_idle_gpus; see dds/planner/moves.py
+    release_idle_gpus: bool = False  # settings.release_idle_gpus: the moves of move_idle_gpus alone
 
 
 @dataclass(frozen=True)
@@ -294,6 +295,7 @@ class Controller:
                             removing=self.removals.nodes(), reservations=reservations)
         # The reservations' settings are those of the Reservations that carry them out (one place says what they are).
         settings = PassSettings(planner=self.config.planner, move_idle_gpus=self.config.move_idle_gpus,
+                                release_idle_gpus=self.config.release_idle_gpus,
                                 reservations=self.reservations.config)
         return plan_pass(snapshot, inputs, settings,
                          timer=lambda stage: metrics.PLAN_LATENCY.labels(stage).time(), memos=self.memos)

@@ -18,7 +18,7 @@ so a key means the same thing wherever it is written:
 | dds.cdi.dev/gpu-models (comma-separated, first = default)        | gpu_models                       | any model        |
 | dds.cdi.dev/fabric-pool                                          | fabric_pool                      | default          |
 | dds.cdi.dev/template-mode (spec-fixed, observed)                 | template_mode                    | spec-fixed       |
-| dds.cdi.dev/gpu-idle-cooldown, node-idle-cooldown (10m, 600)     | *_cooldown_seconds               | 10m              |
+| dds.cdi.dev/gpu-idle-cooldown, node-idle-cooldown (10m, 600)     | *_cooldown_seconds               | 5m, 10m          |
 | dds.cdi.dev/force-detach (true, false)                           | force_detach                     | false            |
 | dds.cdi.dev/warm-gpus (whole number >= 0)                         | warm_gpus (idle GPUs kept)       | the pool's       |
 | dds.cdi.dev/gpu-api (extended-resource, dra-node-local, dra-pool) | gpu_api (how pods get GPUs)      | extended-resource |
@@ -542,7 +542,8 @@ def parse_group(item: GroupInput) -> tuple[Optional[NodeGroupSpec], tuple[GroupC
             gpu_models=f.get(g.ANN_GPU_MODELS, _models, (), "a list of GPU models separated by commas"),
             initial_gpus=initial_gpus, max_gpus_per_node=max_gpus,
             fabric_pool=f.raw(g.ANN_FABRIC_POOL) or "default", template_mode=mode,
-            gpu_idle_cooldown_seconds=f.get(g.ANN_GPU_IDLE_COOLDOWN, _duration, 600.0, "a duration such as 10m"),
+            gpu_idle_cooldown_seconds=f.get(g.ANN_GPU_IDLE_COOLDOWN, _duration, g.DEFAULT_GPU_IDLE_COOLDOWN_SECONDS,
+                                            "a duration such as 10m"),
             node_idle_cooldown_seconds=f.get(g.ANN_NODE_IDLE_COOLDOWN, _duration, 600.0, "a duration such as 10m"),
             force_detach=f.get(g.ANN_FORCE_DETACH, _bool, False, "true or false"),
             warm_gpus=f.get(g.ANN_WARM_GPUS, _count, None, "a whole number >= 0"),

@@ -55,6 +55,7 @@ class PassSettings:
 
     planner: PlannerConfig = PlannerConfig()
     move_idle_gpus: bool = False  # settings.move_idle_gpus: moves and room headroom (dds/planner/moves.py)
+    release_idle_gpus: bool = False  # settings.release_idle_gpus: the moves alone, without room headroom
     reservations: ReservationConfig = ReservationConfig(enabled=False)  # dds/planner/reservations.py
     # `dds simulate` stands in for cluster-autoscaler too: its fast path also adds the nodes CA's IncreaseSize would
     # (in production CA asks for those, and ca_requests.PlannerScaleUp plans them with the same planner).
@@ -165,10 +166,11 @@ def _room_headroom(snapshot: Snapshot, hungry: frozenset[str], scale_down: Scale
 def _moves(snapshot: Snapshot, waiting: Sequence[PodInfo], fast_path: Optional[ScaleUpPlan],
            scale_down: ScaleDownPlan, reserved: frozenset[str], settings: PassSettings,
            memos: PlannerMemos) -> tuple[Detach, ...]:
-    """Idle GPUs of other nodes to release now, for waiting pods the fast path could not serve (move_idle_gpus).
-    Never from a reserved node (its idle GPUs are being gathered for the pod it is reserved for), nor from a node
+    """Idle GPUs of other nodes to release now, for waiting pods the fast path could not serve (move_idle_gpus or
+    release_idle_gpus): an idle GPU waits out its cooldown on its node only while no pending pod elsewhere could use
+    it, so a long cooldown strands nothing. Never from a reserved node (its idle GPUs are being gathered for the pod it is reserved for), nor from a node
     this pass's scale-down already detaches from or removes."""
-    if not settings.move_idle_gpus or fast_path is None:
+    if not (settings.move_idle_gpus or settings.release_idle_gpus) or fast_path is None:
         return ()
     busy = set(reserved) | {d.node for d in scale_down.detaches} | {r.node for r in scale_down.removals}
     seen, pods = _gang_view(snapshot, waiting, settings)

@@ -5,7 +5,8 @@
     print(render_table(compare([simulate(scenario, p) for p in parse_policies("all")], scenario.baseline)))
 
 Modules: trace (job files), workloads (built-in scenarios), scenario (cluster and timings), policies, engine (the
-discrete-event loop around the production planner and the production simulated fabric), results, plots, progress.
+discrete-event loop around the production planner and the production simulated fabric), ideal (the ideal pool: the
+bound every policy is measured against), results, plots, progress.
 """
 
 from dds.sim.engine import SimResult, Simulation, simulate

@@ -239,13 +239,14 @@ class Simulation:
     def __init__(self, scenario: Scenario, policy: Policy, *, progress: Optional[Progress] = None,
                  batch_solver: str = "greedy", exhaustive: bool = False,
                  reservations: ReservationConfig = ReservationConfig(enabled=False), moves: bool = False,
-                 warm_gpus: int = 0) -> None:
+                 warm_gpus: int = 0, release_idle: bool = False) -> None:
         """`warm_gpus`: idle GPUs each group keeps attached past the cooldown and refills after pods take them (the
         warm headroom of dds/planner/headroom.py, as the controller applies it; attach-first policies only).
         `reservations`: when a large pod that waited too long gets a node reserved (attach-first policies only).
         `moves`: release idle GPUs at once when pending pods elsewhere would get them, and keep idle GPUs for one more
         pod on every node with room (dds/planner/moves.py; off by default, and meant for a long idle cooldown: see
         "Placement" in docs/simulation.md).
+        `release_idle`: the first half of `moves` alone (the controller's release_idle_gpus).
         `exhaustive`: ask the planner at every step about every pending pod on the whole cluster, without the
         shortcuts that skip questions whose answer cannot change (slow; the reference the shortcuts are tested
         against)."""
@@ -263,13 +264,14 @@ class Simulation:
         self._warm = (MappingProxyType({p.name: warm_gpus for p in self._cluster.pools}) if policy.moves_gpus and warm_gpus
                       else MappingProxyType({}))
         self._moves = policy.moves_gpus and moves
+        self._releases_idle = policy.moves_gpus and (moves or release_idle)  # idle GPUs may move to pending pods
         # The pass the control loop runs (dds/planner/passes.py), set as this policy would set the controller; the
         # simulator stands in for cluster-autoscaler too, so its fast path adds nodes.
         self._memos = PlannerMemos()  # what planning keeps from one decision of this simulation to the next
         self._pass_settings = PassSettings(
             planner=PlannerConfig(policy=policy.planner_policy, batch_solver=batch_solver,
                                   warm_gpus_by_pool=self._warm),
-            move_idle_gpus=self._moves,
+            move_idle_gpus=self._moves, release_idle_gpus=policy.moves_gpus and release_idle,
             reservations=reservations if policy.moves_gpus else ReservationConfig(enabled=False),
             fast_path_adds_nodes=True, gang_aware=policy.gang_aware)
         self._gpu_resource = self._groups[0].gpu_resource if self._groups else "nvidia.com/gpu"
@@ -315,6 +317,12 @@ class Simulation:
         # Devices attached for gangs that have not started, by device id: GPUs held for pods that cannot run yet.
         self._held_for_gang: dict[str, str] = {}
         self._attach_gangs: dict[str, tuple[str, ...]] = {}  # attach operation key -> the gangs it was for
+
+    @property
+    def pass_settings(self) -> PassSettings:
+        """The settings of this simulation's decision pass: what a control loop set as this policy would plan with
+        (tests hand a snapshot the loop recorded to both)."""
+        return self._pass_settings
 
     # --- setup ---
     def _planner_groups(self) -> tuple[NodeGroupSpec, ...]:
@@ -602,7 +610,7 @@ class Simulation:
         When neither exists the planner cannot act, however long the queue: spare it the pass."""
         if self.policy.moves_gpus and any(sum(p.free.values()) for p in self._pools()):
             return True
-        if self._moves and any(self._idle.gpus_idle_since(n) is not None for n in self._nodes):
+        if self._releases_idle and any(self._idle.gpus_idle_since(n) is not None for n in self._nodes):
             return True  # an idle GPU may move straight to a pending pod
         live: dict[str, int] = {}
         for node in self._nodes.values():
@@ -960,6 +968,6 @@ def _first_model(devices: dict[str, int]) -> str:
 
 def simulate(scenario: Scenario, policy: Policy, progress: Optional[Progress] = None, batch_solver: str = "greedy",
              exhaustive: bool = False, reservations: ReservationConfig = ReservationConfig(enabled=False),
-             moves: bool = False, warm_gpus: int = 0) -> SimResult:
+             moves: bool = False, warm_gpus: int = 0, release_idle: bool = False) -> SimResult:
     return Simulation(scenario, policy, progress=progress, batch_solver=batch_solver, exhaustive=exhaustive,
-                      reservations=reservations, moves=moves, warm_gpus=warm_gpus).run()
+                      reservations=reservations, moves=moves, warm_gpus=warm_gpus, release_idle=release_idle).run()

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Optional, Sequence
 
 from dds.sim.engine import SimResult
+from dds.sim.ideal import IDEAL_POLICY
 
 # Fallback references for the mean-wait comparison, when the scenario's own baseline is absent or left jobs unrun
 # (its mean would then leave out the hardest jobs and flatter it).
@@ -34,6 +35,8 @@ class Summary:
     wait_vs_baseline: Optional[float] = None  # mean wait relative to the baseline policy: -0.3 = 30% shorter
     # GPU-seconds of GPUs attached for gangs that could not start yet, unused meanwhile.
     gpu_stranded_s: float = 0.0
+    # Mean wait relative to the ideal pool's (dds/sim/ideal.py), the bound: +0.05 = 5% longer than the bound.
+    wait_vs_ideal: Optional[float] = None
 
 
 def percentile(values: Sequence[float], fraction: float) -> Optional[float]:
@@ -77,8 +80,27 @@ def _gpu_seconds(result: SimResult, start: float, end: float) -> tuple[float, fl
 
 
 def compare(results: Sequence[SimResult], baseline: str = "static") -> tuple[Summary, ...]:
-    """One summary per result, each with its mean wait relative to the baseline (see `baseline_name`)."""
-    summaries = [summarize(r) for r in results]
+    """One summary per result, each with its mean wait relative to the baseline (see `baseline_name`) and, when the
+    ideal pool is among the results, to the ideal's."""
+    return _with_ideal_gap(_with_baseline_ratio([summarize(r) for r in results], baseline))
+
+
+def ideal_gap(summary: Summary, bound: Summary) -> Optional[float]:
+    """Mean wait over the bound's, less one; None when either has no mean, when the bound waits not at all, or when
+    the two did not run the same jobs (a policy that could not run some jobs leaves the hardest out of its mean)."""
+    if summary.wait_mean_s is None or not bound.wait_mean_s or summary.never_started != bound.never_started:
+        return None
+    return summary.wait_mean_s / bound.wait_mean_s - 1.0
+
+
+def _with_ideal_gap(summaries: Sequence[Summary]) -> tuple[Summary, ...]:
+    bound = next((s for s in summaries if s.policy == IDEAL_POLICY), None)
+    if bound is None:
+        return tuple(summaries)
+    return tuple(Summary(**{**asdict(s), "wait_vs_ideal": ideal_gap(s, bound)}) for s in summaries)
+
+
+def _with_baseline_ratio(summaries: list[Summary], baseline: str) -> tuple[Summary, ...]:
     name = baseline_name(summaries, baseline)
     reference = next((s for s in summaries if s.policy == name), None)
     if reference is None or not reference.wait_mean_s:
@@ -105,6 +127,7 @@ _COLUMNS = (
     ("wait_p50_s", "p50", "{:.0f}s"),
     ("wait_p95_s", "p95", "{:.0f}s"),
     ("wait_vs_baseline", "vs base", "{:+.0%}"),
+    ("wait_vs_ideal", "vs ideal", "{:+.1%}"),
     ("never_started", "never ran", "{}"),
     ("makespan_s", "makespan", "{:.0f}s"),
     ("gpu_utilization", "GPU util", "{:.0%}"),
@@ -141,6 +164,8 @@ def _cell(value: object, fmt: str, scale: float = 1.0) -> str:
 LEGEND = (
     "wait mean/p50/p95: seconds from a job's arrival to its start, over the jobs that started (lower is better)",
     "vs base: mean wait relative to the baseline policy (negative = shorter waits, better)",
+    "vs ideal: mean wait relative to the ideal pool (GPUs move at once, none idle on the wrong node, every node there "
+    "from the start): the gap to the bound; '-' when the two ran different jobs",
     "never ran: jobs this policy could not start at all; they are left out of the wait columns",
     "makespan: seconds from the first arrival to the last finish (lower is better)",
     "GPU util: GPU-seconds used by jobs / GPU-seconds held by nodes (higher is better)",

@@ -245,3 +245,15 @@ class ControllerHarness:
         for app in self._apps:
             app.stop()
         self.nodes.close()
+
+
+def one_gpu_idle_beside_a_busy_one(dds: ControllerHarness) -> tuple[str, str]:
+    """Two nodes; the first holds the whole 2-GPU pool, one GPU used by a running pod and one idle (its 600 s
+    cooldown started by a pass); the second holds none. Returns (first, second)."""
+    dds.create_group("workers", replicas=2, gpu_cooldown="600s")
+    first, second = dds.node_names()
+    dds.attach_gpus(first, 2)
+    dds.create_pod("busy", gpus=1, node=first)
+    dds.wait_running("busy", first)
+    dds.run_once()
+    return first, second

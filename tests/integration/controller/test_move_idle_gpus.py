@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from dds.fabric.base import OperationKind
-from tests.integration.controller.harness import ControllerHarness
+from tests.integration.controller.harness import ControllerHarness, one_gpu_idle_beside_a_busy_one
 from tests.integration.nodes.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.pool_size(2)]
@@ -17,13 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.pool_size(2)]
 def test_an_idle_gpu_moves_to_the_node_a_pending_pod_needs_before_its_cooldown(dds: ControllerHarness):
     dds.settings = dds.settings.model_copy(update={"move_idle_gpus": True})
     dds.restart_dds()
-    dds.create_group("workers", replicas=2, gpu_cooldown="600s")
-    first, second = dds.node_names()
-    dds.attach_gpus(first, 2)  # the whole pool: one GPU will be used, one idle
-    dds.create_pod("busy", gpus=1, node=first)
-    dds.wait_running("busy", first)
-    dds.run_once()  # the idle GPU's cooldown starts
-
+    first, second = one_gpu_idle_beside_a_busy_one(dds)
     dds.create_pod("waiting", gpus=1, node=second)  # only the second node will do, and the pool is empty
     dds.wait_unschedulable("waiting")
     dds.clock.advance(5)

@@ -228,7 +228,9 @@ def test_the_root_kustomization_ships_the_composability_fabrics_grants_and_the_k
 
     assert {"dds-composability-request"} <= roles(render(MANIFESTS)) and "dds-simulated" not in roles(render(MANIFESTS))
     assert {"dds-simulated", "dds-composability-request"} <= roles(render(MANIFESTS / "overlays" / "kind"))
-    assert "dds-reservations" not in roles(render(MANIFESTS / "overlays" / "kind"))
+    # Reservations are on by default (issue 41), so their grant ships with the root kustomization and the overlay.
+    assert "dds-reservations" in roles(render(MANIFESTS))
+    assert "dds-reservations" in roles(render(MANIFESTS / "overlays" / "kind"))
 
 
 def test_network_policies_bound_egress_and_who_reaches_each_metrics_port(rendered: list[dict[str, Any]]) -> None:

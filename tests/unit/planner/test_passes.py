@@ -99,3 +99,20 @@ def test_the_stages_are_timed_by_the_callers_timer():
     snapshot = make_snapshot([make_node("w1")], [pod], groups=[make_group(replicas=1)])
     plan_pass(snapshot, _inputs(pod), PassSettings(), timer=Timer)
     assert stages == ["scale-up", "scale-down"]
+
+
+def test_release_idle_gpus_moves_an_idle_gpu_to_a_waiting_pod_without_keeping_room_headroom():
+    # w1 holds one idle A30 beside a CPU pod that leaves no room for the waiting 1-GPU pod; w2 has room but no GPU;
+    # the pool is empty. A second GPU idle in the pool would be room headroom for w2 under move_idle_gpus.
+    nodes = [make_node("w1", gpus=1), make_node("w2")]
+    waiting = make_pod("train", gpus=1, cores=2)
+    pods = [make_pod("hog", cores=8, node="w1"), waiting]
+    snapshot = make_snapshot(nodes, pods, groups=[make_group(replicas=2, max_size=2)], pools=[make_pool(A30=0)])
+    released = plan_pass(snapshot, _inputs(waiting), PassSettings(release_idle_gpus=True))
+    assert [(d.node, d.device_ids) for d in released.moves] == [("w1", ("w1-gpu-0",))]
+    assert plan_pass(snapshot, _inputs(waiting), PassSettings()).moves == ()
+
+    running = make_pod("r", gpus=1, cores=1, node="w1")
+    roomy = make_snapshot([make_node("w1", gpus=1)], [running], groups=[make_group(replicas=1)])
+    assert plan_pass(roomy, _inputs(), PassSettings(release_idle_gpus=True)).room_headroom == ()
+    assert plan_pass(roomy, _inputs(), PassSettings(move_idle_gpus=True)).room_headroom

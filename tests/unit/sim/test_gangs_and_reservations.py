@@ -67,6 +67,33 @@ def test_a_large_job_is_reserved_before_its_min_age_while_few_pods_queue_behind_
 
 
 def test_reserve_early_turns_reservations_on_with_its_quiet_age():
-    args = argparse.Namespace(reservations=False, reserve_after=None, reserve_early=30.0)
+    args = argparse.Namespace(reservations=False, no_reservations=False, reserve_after=None, reserve_early=30.0)
     config = reservations_from_args(args)
     assert (config.enabled, config.quiet_age_seconds, config.min_age_seconds) == (True, 30.0, 600.0)
+
+
+def test_simulate_reserves_by_default_as_the_controller_does_and_can_be_told_not_to():
+    plain = argparse.Namespace(reservations=False, no_reservations=False, reserve_after=None, reserve_early=None)
+    config = reservations_from_args(plain)
+    assert (config.enabled, config.quiet_age_seconds, config.min_age_seconds) == (True, 0.0, 600.0)
+    off = reservations_from_args(argparse.Namespace(**{**vars(plain), "no_reservations": True}))
+    assert not off.enabled
+
+
+def test_simulate_releases_idle_gpus_to_pending_pods_by_default_as_the_controller_does():
+    from dds.commands.simulate import release_idle_from_args
+
+    assert release_idle_from_args(argparse.Namespace(no_release_idle_gpus=False)) is True
+    assert release_idle_from_args(argparse.Namespace(no_release_idle_gpus=True)) is False
+
+
+def test_an_idle_gpu_goes_to_a_pod_on_another_node_before_its_cooldown_when_idle_gpus_are_released():
+    # The only GPU serves `first` on w0 until 100 s; `hog` then keeps half of w0's cores, so `second` (a whole node's
+    # cores) can only go to w1. Released at once (detach 10 s, attach 30 s) or after the 600 s cooldown.
+    jobs = [job("first", 0.0, gpus=1, cores=4), job("hog", 1.0, gpus=0, cores=4, duration=2000.0),
+            job("second", 150.0, gpus=1, cores=8)]
+    spec = scenario(cluster((1, 0), pool_gpus=1, gpu_idle_cooldown=600.0), jobs)
+    released = starts(simulate(spec, POLICIES["best-fit"], release_idle=True))["second"]
+    kept = starts(simulate(spec, POLICIES["best-fit"]))["second"]
+    assert released is not None and released <= 150.0 + 10.0 + 30.0 + 10.0  # within one loop interval of the move
+    assert kept is not None and kept >= 100.0 + 600.0

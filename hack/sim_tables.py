@@ -1,0 +1,202 @@
+"""Regenerate the tables of docs/simulation.md from the simulator: `make sim-tables`.
+
+    .venv/bin/python hack/sim_tables.py [--check] [--only NAME,...]
+
+Each table sits between `<!-- generated: NAME -->` and `<!-- /generated: NAME -->` in docs/simulation.md and is
+replaced in place; the text around it is left alone. Every run uses `dds simulate`'s defaults, which are the
+controller's (dds/config.py, group defaults), unless the table says otherwise. `--check` writes nothing and exits 1
+when a table would change. A full run takes about five minutes on a shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+
+import ideal_gap
+import starvation_bound
+from dds.commands.simulate import release_idle_from_args, reservations_from_args
+from dds.sim.engine import SimResult, simulate
+from dds.sim.ideal import IDEAL_POLICY, ideal
+from dds.sim.policies import POLICIES, parse_policies
+from dds.sim.results import Summary, baseline_name, compare, summarize
+from dds.sim.workloads import WorkloadParams, build
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "simulation.md"
+SEEDS = "1,2,3"
+# The defaults before issue 41: a 60 s GPU cooldown in simulations, no reservations, idle GPUs never released early.
+BEFORE = ("--gpu-idle-cooldown", "60", "--no-reservations", "--no-release-idle-gpus")
+SHORT = {"static-concentrated": "static-conc."}
+
+
+def _run(workload: str, policy: str, seed: int = 1, warm: int = 0) -> SimResult:
+    defaults = ideal_gap.parse([])
+    return simulate(build(workload, WorkloadParams(seed=seed)), POLICIES[policy],
+                    reservations=reservations_from_args(defaults), release_idle=release_idle_from_args(defaults),
+                    warm_gpus=warm)
+
+
+def _seconds(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:,.0f} s"
+
+
+def ideal_gap_table(flags: Sequence[str]) -> str:
+    """W1-W4 at 200 jobs (the issue's reference), then W4 at its own 50 jobs, multi-pool and elastic."""
+    long = [line.replace(" |", " (200 jobs) |", 1)
+            for line in ideal_gap.rows(ideal_gap.parse(["--seeds", SEEDS, *flags]))]
+    own = ideal_gap.rows(ideal_gap.parse(["--seeds", SEEDS, "--jobs", "0", "--workloads",
+                                          "kubecomp-w4,kubecomp-multipool,elastic", *flags]))
+    return "\n".join([ideal_gap.HEADER, *long, *own])
+
+
+def large_jobs_table() -> str:
+    lines = ["| seed | 8-GPU waits, before | other jobs' mean, before | 8-GPU waits, defaults | other jobs' mean, "
+             "defaults | oracle: 8-GPU waits ≤ 900 s | oracle: other jobs' mean | defaults over the oracle |",
+             "|---|---|---|---|---|---|---|---|"]
+    for seed in (int(s) for s in SEEDS.split(",")):
+        before = _large_and_others(_before_run(seed))
+        after = _large_and_others(_run("kubecomp-w4", "best-fit", seed))
+        _, _, best = starvation_bound.oracle(seed)
+        oracle_large, oracle_others = (best[1], best[0]) if best else ([], None)
+        gap = "-" if oracle_others is None else f"{after[1] / oracle_others - 1:+.0%}"
+        lines.append(f"| {seed} | {_waits(before[0])} | {before[1]:,.0f} s | {_waits(after[0])} | {after[1]:,.0f} s "
+                     f"| {_waits(oracle_large)} | {_seconds(oracle_others)} | {gap} |")
+    return "\n".join(lines)
+
+
+def _before_run(seed: int) -> SimResult:
+    args = ideal_gap.parse(list(BEFORE))
+    scenario = build("kubecomp-w4", WorkloadParams(seed=seed, gpu_idle_cooldown_s=args.gpu_idle_cooldown))
+    return simulate(scenario, POLICIES["best-fit"], reservations=reservations_from_args(args),
+                    release_idle=release_idle_from_args(args))
+
+
+def _large_and_others(result: SimResult) -> tuple[list[float], float]:
+    large = [j.wait_s for j in result.jobs if j.gpus >= ideal_gap.LARGE_GPUS and j.wait_s is not None]
+    others = [j.wait_s for j in result.jobs if j.gpus < ideal_gap.LARGE_GPUS and j.wait_s is not None]
+    return large, statistics.mean(others)
+
+
+def _waits(values: Sequence[float]) -> str:
+    return ", ".join(f"{v:,.0f}" for v in values) + " s" if values else "-"
+
+
+def results_table() -> str:
+    policies = [p.name for p in parse_policies("all")]
+    header = ["workload", "baseline"] + [SHORT.get(p, p) for p in policies] + ["ideal"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for workload in ("kubecomp-w1", "kubecomp-w2", "kubecomp-w3", "kubecomp-w4", "kubecomp-ae",
+                     "kubecomp-multipool"):
+        scenario = build(workload, WorkloadParams(seed=1))
+        results = [_run(workload, p) for p in policies] + [ideal(scenario)]
+        summaries = compare(results, scenario.baseline)
+        base = baseline_name(summaries, scenario.baseline)
+        cells = [_result_cell(s, base) for s in summaries]
+        lines.append(f"| {workload} | {SHORT.get(base or '-', base or '-')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _result_cell(summary: Summary, base: Optional[str]) -> str:
+    never = f" [{summary.never_started} never]" if summary.never_started else ""
+    if summary.wait_mean_s is None:
+        return never.strip()
+    # No ratio for the baseline itself, the bound, or a policy that left jobs unrun (its mean leaves them out).
+    ratio = ("" if summary.policy in (base, IDEAL_POLICY) or summary.wait_vs_baseline is None or never
+             else f" ({summary.wait_vs_baseline:+.0%})".replace("-", "−"))
+    return f"{summary.wait_mean_s:,.0f}{ratio}{never}"
+
+
+def reallocation_table() -> str:
+    lines = ["| mean gap | best-fit | least-demand | spread | concentrated |", "|---|---|---|---|---|"]
+    for gap in (30, 60, 120):
+        cells = []
+        for policy in ("best-fit", "least-demand", "spread", "concentrated"):
+            s = summarize(_run(f"kubecomp-realloc-{gap}", policy))
+            cells.append(f"{s.gpus_reallocated} ({s.gpus_attached})")
+        lines.append(f"| {gap} s | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def elastic_table() -> str:
+    lines = ["| policy | mean wait | GPU utilization | GPUs held (avg) | nodes added |", "|---|---|---|---|---|"]
+    results = [_run("elastic", p) for p in ("node-only", "best-fit", "least-demand", "spread", "concentrated")]
+    for s in [summarize(r) for r in results] + [summarize(ideal(build("elastic", WorkloadParams(seed=1))))]:
+        added = "-" if s.policy == IDEAL_POLICY else str(s.nodes_added)
+        lines.append(f"| {s.policy} | {_seconds(s.wait_mean_s)} | {s.gpu_utilization:.0%} | {s.gpus_present_avg:.1f} "
+                     f"| {added} |")
+    return "\n".join(lines)
+
+
+def warm_table() -> str:
+    lines = ["| workload | K | mean wait | p50 | p95 | GPUs held (avg) | attaches |", "|---|---|---|---|---|---|---|"]
+    for workload in ("kubecomp-w1", "kubecomp-w2", "kubecomp-w3", "kubecomp-w4", "elastic"):
+        runs = [summarize(_run(workload, "best-fit", warm=k)) for k in (0, 1, 2)]
+
+        def joined(values: Sequence[str]) -> str:
+            return " / ".join(values)
+        lines.append(f"| {workload} | 0 / 1 / 2 | {joined([f'{s.wait_mean_s:,.0f}' for s in runs])} s "
+                     f"| {joined([f'{s.wait_p50_s:,.0f}' for s in runs])} s "
+                     f"| {joined([f'{s.wait_p95_s:,.0f}' for s in runs])} s "
+                     f"| {joined([f'{s.gpus_present_avg:.1f}' for s in runs])} "
+                     f"| {joined([str(s.gpus_attached) for s in runs])} |")
+    return "\n".join(lines)
+
+
+def gangs_table() -> str:
+    lines = ["| policy | mean wait | never ran | GPUs held (avg) | attached / detached | stranded GPU-seconds |",
+             "|---|---|---|---|---|---|"]
+    names = {"best-fit": "best-fit (gang-aware)", "gang-unaware": "gang-unaware (best-fit, pod by pod)",
+             "static": "static 4/4/4/4", IDEAL_POLICY: "ideal"}
+    results = [_run("gangs", p) for p in ("best-fit", "gang-unaware", "static")]
+    for s in [summarize(r) for r in results] + [summarize(ideal(build("gangs", WorkloadParams(seed=1))))]:
+        lines.append(f"| {names[s.policy]} | {_seconds(s.wait_mean_s)} | {s.never_started} | "
+                     f"{s.gpus_present_avg:.1f} | {s.gpus_attached:,} / {s.gpus_detached:,} | "
+                     f"{s.gpu_stranded_s:,.0f} |")
+    return "\n".join(lines)
+
+
+TABLES: Mapping[str, Callable[[], str]] = {
+    "ideal-gap": lambda: ideal_gap_table(()),
+    "ideal-gap-before": lambda: ideal_gap_table(BEFORE),
+    "large-jobs": large_jobs_table,
+    "results": results_table,
+    "reallocation": reallocation_table,
+    "elastic": elastic_table,
+    "warm": warm_table,
+    "gangs": gangs_table,
+}
+
+
+def replace_block(text: str, name: str, table: str) -> str:
+    pattern = re.compile(rf"(<!-- generated: {re.escape(name)} -->\n).*?(<!-- /generated: {re.escape(name)} -->)",
+                         re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"{DOC}: no '<!-- generated: {name} -->' ... '<!-- /generated: {name} -->' block")
+    return pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a table would change")
+    parser.add_argument("--only", help=f"comma-separated tables of: {', '.join(TABLES)}")
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(TABLES)
+    unknown = [n for n in names if n not in TABLES]
+    if unknown:
+        parser.error(f"unknown table(s) {', '.join(unknown)}; known: {', '.join(TABLES)}")
+    text = original = DOC.read_text()
+    for name in names:
+        print(f"{name} ...", file=sys.stderr, flush=True)
+        text = replace_block(text, name, TABLES[name]())
+    if args.check:
+        return 1 if text != original else 0
+    DOC.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

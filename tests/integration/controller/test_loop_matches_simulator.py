@@ -1,0 +1,49 @@
+"""The control loop and `dds simulate` make the same choice on the same snapshot: the loop's pass, on a real apiserver
+with default settings, is recorded (the snapshot it observed), and the simulator's pass (dds/sim/engine.py, its
+defaults: `dds simulate` takes them from the same Settings) is planned on that recording. The case is the one the
+defaults changed (issue 41): a GPU idle on one node, long before its cooldown, while a pod only another node can take
+waits and the pool is empty."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from dds.commands.simulate import release_idle_from_args, reservations_from_args
+from dds.fabric.base import OperationKind
+from dds.planner.passes import PassInputs, plan_pass
+from dds.sim.engine import Simulation
+from dds.sim.policies import POLICIES
+from dds.sim.workloads import WorkloadParams, build
+from tests.integration.controller.harness import DEBOUNCE_SECONDS, ControllerHarness, one_gpu_idle_beside_a_busy_one
+
+pytestmark = [pytest.mark.integration, pytest.mark.pool_size(2)]
+
+SIMULATE_DEFAULTS = argparse.Namespace(reservations=False, no_reservations=False, reserve_after=None,
+                                       reserve_early=None, no_release_idle_gpus=False)
+
+
+def simulator() -> Simulation:
+    """`dds simulate --policies best-fit` with no flags: its pass settings are what is compared."""
+    return Simulation(build("kubecomp-w1", WorkloadParams(jobs=1)), POLICIES["best-fit"],
+                      reservations=reservations_from_args(SIMULATE_DEFAULTS),
+                      release_idle=release_idle_from_args(SIMULATE_DEFAULTS))
+
+
+def test_the_loop_releases_an_idle_gpu_for_a_waiting_pod_as_the_simulator_decides(dds: ControllerHarness):
+    first, second = one_gpu_idle_beside_a_busy_one(dds)
+    dds.create_pod("waiting", gpus=1, node=second)  # only the second node will do
+    dds.wait_unschedulable("waiting")
+    dds.clock.advance(DEBOUNCE_SECONDS + 1)
+
+    recorded = dds.controller.run_once()  # the loop's pass, with the settings' defaults (nothing set here)
+
+    loop_detaches = sorted((op.node, op.requested) for op in dds.operations() if op.kind == OperationKind.DETACH)
+    assert loop_detaches == [(first, 1)]  # released at once, 600 s before its cooldown
+    snapshot = recorded.snapshot
+    pending = tuple(p for p in snapshot.pending_pods() if p.key in recorded.unschedulable_since)
+    plan = plan_pass(snapshot, PassInputs(pending=pending, waiting=pending), simulator().pass_settings)
+    assert sorted((d.node, len(d.device_ids)) for d in plan.moves) == loop_detaches
+    assert plan.fast_path is not None and plan.fast_path.attaches == ()  # the pool is empty: nothing else to do
+    assert plan.scale_down.detaches == ()  # the idle GPU's cooldown is far off: not released by scale-down
