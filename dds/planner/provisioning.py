@@ -175,8 +175,8 @@ def _decide(work: _Pass, request: ProvisioningRequest) -> None:
     if request.error is not None:
         if not request.is_true(FAILED):
             work.decisions.append(RequestDecision(request, accepted + (
-                ConditionChange(FAILED, "True", REASON_INVALID, request.error),), REASON_INVALID,
-                f"refused: {request.error}", warning=True))
+                ConditionChange(FAILED, "True", REASON_INVALID, request.error),), event_reason=REASON_INVALID,
+                event_message=f"refused: {request.error}", warning=True))
         return
     if request.is_true(FAILED) or request.is_true(BOOKING_EXPIRED):
         _release_nodes(work, request.uid)
@@ -217,8 +217,8 @@ def _provisioned(work: _Pass, request: ProvisioningRequest) -> None:
                    f"of Provisioned (provisioning_booking_seconds): the capacity booked on {', '.join(nodes)} is "
                    f"released to other pods")
         work.decisions.append(RequestDecision(request, (
-            ConditionChange(BOOKING_EXPIRED, "True", REASON_EXPIRED, message),), REASON_EXPIRED, message,
-            warning=True))
+            ConditionChange(BOOKING_EXPIRED, "True", REASON_EXPIRED, message),), event_reason=REASON_EXPIRED,
+            event_message=message, warning=True))
         return
     toleration = booking_toleration(request.uid)
     for pod in pods:
@@ -239,11 +239,13 @@ def _provision(work: _Pass, request: ProvisioningRequest, accepted: tuple[Condit
         _release_nodes(work, request.uid)  # all or nothing: what an earlier pass gathered goes too
         refused = next((d for d in mine if d.pod not in placed), None)
         why = refused.reason if refused is not None and refused.reason else "no capacity found for every pod at once"
-        reason = REASON_TOO_LARGE if refused is not None and refused.refusal == GANG_LARGER_THAN_CLUSTER \
-            else REASON_NOT_FOUND
+        reason = REASON_NOT_FOUND
+        if refused is not None and refused.refusal == GANG_LARGER_THAN_CLUSTER:
+            reason = REASON_TOO_LARGE
         message = f"{request.pods} pod(s) cannot all get GPUs at once, nothing attached or added: {why}"
         work.decisions.append(RequestDecision(request, accepted + (
-            ConditionChange(FAILED, "True", reason, message),), reason, message, warning=True))
+            ConditionChange(FAILED, "True", reason, message),), event_reason=reason, event_message=message,
+            warning=True))
         return
     nodes = sorted({d.node for d in mine if d.node})
     for node in nodes:
@@ -254,7 +256,8 @@ def _provision(work: _Pass, request: ProvisioningRequest, accepted: tuple[Condit
         message = f"{request.pods} pod(s) fit now on {_where(snapshot, mine)}; booked for them for " \
                   f"{work.config.booking_seconds:.0f}s"
         work.decisions.append(RequestDecision(request, accepted + (
-            ConditionChange(PROVISIONED, "True", REASON_PROVISIONED, message),), REASON_PROVISIONED, message))
+            ConditionChange(PROVISIONED, "True", REASON_PROVISIONED, message),), event_reason=REASON_PROVISIONED,
+            event_message=message))
         return
     work.attaches.extend(plan.attaches)
     if plan.new_nodes:
@@ -265,8 +268,11 @@ def _provision(work: _Pass, request: ProvisioningRequest, accepted: tuple[Condit
     if current is not None and (current.status, current.reason, current.message) == ("False", REASON_PROVISIONING,
                                                                                     message):
         changes = accepted
-    event = REASON_PROVISIONING if plan.attaches or plan.new_nodes else ""
-    work.decisions.append(RequestDecision(request, changes, event, message if event else ""))
+    if plan.attaches or plan.new_nodes:  # something started this pass: said once, not every pass it is awaited
+        work.decisions.append(RequestDecision(request, changes, event_reason=REASON_PROVISIONING,
+                                              event_message=message))
+    else:
+        work.decisions.append(RequestDecision(request, changes))
 
 
 def _plan_gang(work: _Pass, snapshot: Snapshot, pods: list[PodInfo]) -> ScaleUpPlan:
