@@ -252,7 +252,7 @@ def _provision(work: _Pass, request: ProvisioningRequest, accepted: tuple[Condit
         if work.booked.get(node) != request.uid:
             work.booked[node] = request.uid
             work.book.append((node, request.uid))
-    if all(d.verdict == Verdict.FITS_NOW for d in mine) and not plan.new_nodes:
+    if _all_in_place(snapshot, plan, mine):
         message = f"{request.pods} pod(s) fit now on {_where(snapshot, mine)}; booked for them for " \
                   f"{work.config.booking_seconds:.0f}s"
         work.decisions.append(RequestDecision(request, accepted + (
@@ -262,7 +262,7 @@ def _provision(work: _Pass, request: ProvisioningRequest, accepted: tuple[Condit
     work.attaches.extend(plan.attaches)
     if plan.new_nodes:
         work.new_nodes.append(replace(plan, attaches=()))
-    message = _coming(plan, mine)
+    message = _coming(snapshot, plan, mine)
     changes = accepted + (ConditionChange(PROVISIONED, "False", REASON_PROVISIONING, message),)
     current = request.conditions.get(PROVISIONED)
     if current is not None and (current.status, current.reason, current.message) == ("False", REASON_PROVISIONING,
@@ -273,6 +273,19 @@ def _provision(work: _Pass, request: ProvisioningRequest, accepted: tuple[Condit
                                               event_message=message))
     else:
         work.decisions.append(RequestDecision(request, changes))
+
+
+def _all_in_place(snapshot: Snapshot, plan: ScaleUpPlan, decisions: Sequence[PodDecision]) -> bool:
+    """Every pod fits a live, ready node whose GPUs are all online: not once GPUs already attaching are there, not on
+    a node on its way (the planner says FITS_NOW of both)."""
+    if plan.attaches or plan.new_nodes:
+        return False
+    nodes = {n.name: n for n in snapshot.nodes}
+    for decision in decisions:
+        node = nodes.get(decision.node or "")
+        if decision.verdict != Verdict.FITS_NOW or node is None or not node.ready or node.attaching:
+            return False
+    return True
 
 
 def _plan_gang(work: _Pass, snapshot: Snapshot, pods: list[PodInfo]) -> ScaleUpPlan:
@@ -323,10 +336,15 @@ def _where(snapshot: Snapshot, decisions: Sequence[PodDecision]) -> str:
     return "; ".join(parts)
 
 
-def _coming(plan: ScaleUpPlan, decisions: Sequence[PodDecision]) -> str:
+def _coming(snapshot: Snapshot, plan: ScaleUpPlan, decisions: Sequence[PodDecision]) -> str:
+    """What the request still waits for: this pass's attaches and new nodes, or those already on their way."""
     parts = [f"{a.count} x {a.model} from pool {a.pool} to {a.node}" for a in plan.attaches]
     parts += [f"{n.count} new node(s) of group {n.group}" for n in plan.new_nodes]
-    if not parts:
-        nodes = sorted({d.node for d in decisions if d.node and d.verdict != Verdict.FITS_NOW})
-        return f"waiting for the GPUs already attaching to {', '.join(nodes) or 'new nodes'}"
-    return "attaching " + "; ".join(parts)
+    if parts:
+        return "attaching " + "; ".join(parts)
+    nodes = {n.name: n for n in snapshot.nodes}
+    attaching = sorted({d.node for d in decisions if d.node in nodes and nodes[d.node].attaching})
+    groups = sorted({d.group for d in decisions if d.node is None and d.group})
+    waits = [f"the GPUs already attaching to {', '.join(attaching)}"] if attaching else []
+    waits += [f"the node(s) of group {', '.join(groups)} on their way"] if groups else []
+    return "waiting for " + (" and ".join(waits) or "the nodes to be ready")

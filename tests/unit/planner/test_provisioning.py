@@ -156,3 +156,35 @@ def test_a_failed_request_keeps_nothing_booked():
 def test_serving_no_class_plans_nothing():
     nodes = [make_node("w1", taints=[booked("uid-gone")])]
     assert plan(make_snapshot(nodes, groups=[GROUP]), config=ProvisioningConfig(class_name="")).release == ()
+
+
+def test_nodes_are_added_only_for_what_attaches_on_live_nodes_cannot_serve():
+    group = make_group(replicas=1, max_size=3, max_gpus=4)
+    snapshot = make_snapshot([make_node("w1")], groups=[group], pools=[make_pool(A30=8)])
+    out = plan(snapshot, request(pods=2, gpus=4))
+    assert [(a.node, a.count) for a in out.attaches] == [("w1", 4)]
+    assert out.new_nodes is not None and sum(n.count for n in out.new_nodes.new_nodes) == 1
+    (decision,) = out.decisions
+    assert kinds(decision)[PROVISIONED] == ("False", REASON_PROVISIONING)
+    assert "new node" in decision.conditions[-1].message
+
+
+def test_a_request_whose_node_is_on_its_way_is_not_failed_meanwhile():
+    group = make_group(replicas=2, max_size=3, max_gpus=4)
+    nodes = [make_node("w1", attaching=4, taints=[booked("uid-job-a")])]
+    snapshot = make_snapshot(nodes, groups=[group], pools=[make_pool(A30=4)], upcoming={"gpu": 1})
+    out = plan(snapshot, request(pods=2, gpus=4, conditions={ACCEPTED: Condition("True", "", "")}))
+    (decision,) = out.decisions
+    assert kinds(decision) == {PROVISIONED: ("False", REASON_PROVISIONING)}
+    assert "already attaching to w1" in decision.conditions[0].message
+    assert "group gpu on their way" in decision.conditions[0].message
+    assert out.release == () and out.new_nodes is None and out.attaches == ()
+
+
+def test_gpus_still_attaching_are_not_provisioned_capacity():
+    nodes = [make_node("w1", gpus=2, attaching=2, taints=[booked("uid-job-a")])]
+    snapshot = make_snapshot(nodes, groups=[GROUP], pools=[make_pool(A30=0)])
+    out = plan(snapshot, request(pods=2, gpus=2, conditions={ACCEPTED: Condition("True", "", "")}))
+    (decision,) = out.decisions
+    assert kinds(decision) == {PROVISIONED: ("False", REASON_PROVISIONING)}
+    assert "already attaching to w1" in decision.conditions[0].message
