@@ -248,6 +248,9 @@ def _provision(work: _Pass, request: ProvisioningRequest, accepted: tuple[Condit
             warning=True))
         return
     nodes = sorted({d.node for d in mine if d.node})
+    for node in sorted(n for n, token in work.booked.items() if token == request.uid and n not in nodes):
+        del work.booked[node]  # booked in an earlier pass for a placement this plan no longer uses
+        work.release.append(node)
     for node in nodes:
         if work.booked.get(node) != request.uid:
             work.booked[node] = request.uid

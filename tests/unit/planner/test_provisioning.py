@@ -188,3 +188,13 @@ def test_gpus_still_attaching_are_not_provisioned_capacity():
     (decision,) = out.decisions
     assert kinds(decision) == {PROVISIONED: ("False", REASON_PROVISIONING)}
     assert "already attaching to w1" in decision.conditions[0].message
+
+
+def test_a_node_booked_for_a_placement_the_plan_no_longer_uses_is_released():
+    """w2's attach for the request failed and its pool is empty now: the request is served on w1, w2 is let go."""
+    nodes = [make_node("w1", gpus=4, taints=[booked("uid-job-a")]), make_node("w2", taints=[booked("uid-job-a")])]
+    snapshot = make_snapshot(nodes, groups=[GROUP], pools=[make_pool(A30=0)])
+    out = plan(snapshot, request(pods=2, gpus=2, conditions={ACCEPTED: Condition("True", "", "")}))
+    assert out.release == ("w2",) and out.booked == {"w1"}
+    (decision,) = out.decisions
+    assert kinds(decision) == {PROVISIONED: ("True", REASON_PROVISIONED)}
