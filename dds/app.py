@@ -45,11 +45,13 @@ from dds.kube.machinesets import MachineSetLister
 from dds.kube.nodes import KubeNodeWriter, gpu_capacity_hook, read_node_labels
 from dds.kube.podgroups import PodGroupReader
 from dds.kube.pods import ReservationWrites
+from dds.kube.provisioning import ProvisioningRequestReader, ProvisioningRequestWriter
 from dds.kube.requests import instrument
 from dds.kube.resourceslices import ResourceSlicePublisher, online_gpus, with_resource_slices
 from dds.kube.configmap import INSTANCES_CONFIGMAP
 from dds.kube.state import ConfigMapStateStore
 from dds.planner.reservations import ReservationConfig
+from dds.planner.provisioning import ProvisioningConfig
 from dds.model.groups import DEFAULT_GPU_RESOURCE, LABEL_NODE_GROUP, NodeGroupSpec
 from dds.nodes.factory import build_node_backend
 from dds.nodes.machineset import MachineSetProvisioner
@@ -394,7 +396,9 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                       reservations=ReservationConfig(enabled=settings.reservations,
                                                      min_age_seconds=settings.reservation_min_age_seconds,
                                                      large_fraction=settings.reservation_large_fraction,
-                                                     quiet_age_seconds=settings.reservation_quiet_age_seconds))
+                                                     quiet_age_seconds=settings.reservation_quiet_age_seconds),
+                      provisioning=ProvisioningConfig(class_name=settings.provisioning_class,
+                                                      booking_seconds=settings.provisioning_booking_seconds))
     app_ref: dict[str, App] = {}
     # The applier and the cluster's ports are built here, over dds.kube: the raw ApiClient stays out of the controller.
     node_writer = KubeNodeWriter(api)
@@ -402,7 +406,9 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     cluster = ClusterPorts(pod_groups=PodGroupReader(api, cached=watched_gangs(observer)),
                            reservation_writes=ReservationWrites(api), gpu_labels=GpuLabelKeeper(node_writer, fabric),
                            pool_binder=PoolModeBinder(KubePoolBindingWriter(api), fabric, actions, clock=clock,
-                                                      binding_timeout_seconds=loop.dra_binding_timeout_seconds))
+                                                      binding_timeout_seconds=loop.dra_binding_timeout_seconds),
+                           provisioning_reads=ProvisioningRequestReader(api, settings.provisioning_class),
+                           provisioning_writes=ProvisioningRequestWriter(api))
     controller = Controller(observer, actions, fabric, cluster, events, loop, clock,
                             is_leader=lambda: app_ref["app"].is_leader)
     events.pause = controller.calls_first.wait_for_calls  # a burst's Events are written between CA's calls

@@ -216,6 +216,14 @@ class Settings(BaseSettings):
     # is short, so draining a node costs little); unset: only `reservation_min_age_seconds` applies. 0 by default: of
     # the ages measured (0, 120 s, unset) it serves the 8-GPU jobs soonest and delays the other jobs least.
     reservation_quiet_age_seconds: Optional[float] = Field(default=0.0, ge=0)
+    # ProvisioningRequests (autoscaling.x-k8s.io/v1) of this class are DDS's to serve (docs/kueue.md,
+    # dds/planner/provisioning.py): their pod sets planned as one gang, the capacity booked for their pods, the
+    # conditions Kueue reads written. A DNS subdomain, as Kueue's ProvisioningRequestConfig requires; "" serves none.
+    provisioning_class: str = Field(default="attach-or-provision.dds.cdi.dev", max_length=253,
+                                    pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$")
+    # How long capacity provisioned for a request stays booked for its pods (Kueue creates them once it sees
+    # Provisioned=True); then BookingExpired=True and the capacity is released to every pod.
+    provisioning_booking_seconds: float = Field(default=600.0, gt=0)
     # Move idle GPUs: when pods the fast path cannot serve would get GPUs idle on other nodes, those GPUs are detached
     # now instead of after their idle cooldown, and the next pass attaches them where the pods fit
     # (dds/planner/moves.py; docs/simulation.md has what it does to waits). Off by default.

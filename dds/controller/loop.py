@@ -42,6 +42,7 @@ from dds.controller.journal import DecisionJournal
 from dds.controller.observe import ClusterObserver, Observation
 from dds.controller.orphans import NodeHoldingFabric, OrphanFinder
 from dds.controller.pod_groups import PodGroupObserver
+from dds.controller.provisioning import ProvisioningReads, ProvisioningRequests, ProvisioningWrites
 from dds.controller.refusals import RefusalReporter
 from dds.controller.removals import REMOVAL_TAINT, NodeRemovals
 from dds.controller.reservations import ClusterWrites, Reservations
@@ -54,6 +55,9 @@ from dds.planner import render_scale_down, render_scale_up
 from dds.model.plan import Attach, Case, Detach, PlannerConfig, ScaleDownPlan, ScaleUpPlan
 from dds.planner.passes import PassInputs, PassPlan, PassSettings, plan_pass
 from dds.planner.reservations import ReservationConfig, ReservationPlan
+from dds.model.provisioning import ProvisioningView
+from dds.model.snapshot import Snapshot
+from dds.planner.provisioning import ProvisioningConfig, ProvisioningPlan
 from dds.controller.dra_binding import PoolModeBinder
 from dds.planner.equip import equip_new_nodes
 from dds.planner.gangs import GANG_INCOMPLETE, GANG_LARGER_THAN_CLUSTER
@@ -80,6 +84,8 @@ class LoopConfig:
     reservations: ReservationConfig = ReservationConfig(enabled=False)  # see dds/controller/reservations.py
     move_idle_gpus: bool = False  # settings.move_idle_gpus; see dds/planner/moves.py
     release_idle_gpus: bool = False  # settings.release_idle_gpus: the moves of move_idle_gpus alone
+    # settings.provisioning_class, provisioning_booking_seconds; see dds/controller/provisioning.py
+    provisioning: ProvisioningConfig = ProvisioningConfig(class_name="")
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,9 @@ class ClusterPorts:
     reservation_writes: ClusterWrites  # tolerations and reservation taints (dds/controller/reservations.py)
     gpu_labels: GpuLabelKeeper  # CA's GPU label (dds/controller/gpu_label.py)
     pool_binder: PoolModeBinder  # DRA pool mode (dds/controller/dra_binding.py)
+    # ProvisioningRequests of DDS's class (dds/controller/provisioning.py); None: none is served.
+    provisioning_reads: Optional[ProvisioningReads] = None
+    provisioning_writes: Optional[ProvisioningWrites] = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +174,7 @@ class Controller:
                                   memos=self.memos, planner=config.planner)
         self.reservations = Reservations(cluster.reservation_writes, self.actions, events, self.journal,
                                          config.reservations)
+        self.provisioning = _provisioning(cluster, actions, events, self.journal, config.provisioning, clock)
         # DRA pool mode, for the groups annotated dds.cdi.dev/gpu-api: dra-pool (none: it writes nothing).
         self.gpu_gauges = GpuGauges()  # GPUs per node, idle GPUs past the cooldown: set from each pass's decisions
         self.pool_binder = cluster.pool_binder
@@ -251,13 +261,18 @@ class Controller:
         # The GPU label is bookkeeping for CA, not a decision: written by a thread of its own (dds/controller/
         # gpu_label.py), as thousands of label writes on a first pass must neither hold CA's calls nor the pass.
         self.gpu_labels.offer(observation.snapshot, since=labels_mark)
+        requests = self.provisioning.read()
         waited[0] += self._step_aside_for_calls()
-        decisions = self._decide(observation)
+        decisions = self._decide(observation, requests=requests)
         waited[0] += self._step_aside_for_calls()
         with self._lock:
             for listener in self.listeners:
                 listener(observation)
             self.gangs.reconcile(observation.snapshot)
+            # Before reservations and the fast path: a request's gang gets its capacity first.
+            provisioning = self.provisioning.apply(decisions.provisioning)
+            self._add_nodes(observation.snapshot, provisioning.new_nodes, "control loop: a ProvisioningRequest's "
+                            "pods need a new node that attaches on live nodes cannot make up for", "provisioning")
             # Before the fast path: its GPUs go first.
             reservations = self.reservations.apply(decisions.reservations, observation.snapshot)
             self.removals.resume(observation)
@@ -266,7 +281,7 @@ class Controller:
             # held for its rollback (the plan was made before the reconcile that held it).
             if self.executor.generation != generation or self.gangs.holds_any(decisions.waiting):
                 observation = self.observer.observe()
-                decisions = self._decide(observation, reservations)
+                decisions = self._decide(observation, reservations, requests, provisioning)
             # Before acting: a pass that fails while acting still shows the idle GPUs it meant to release.
             self.gpu_gauges.record(observation.snapshot, decisions.scale_down)
             self._act(observation, decisions)
@@ -283,20 +298,24 @@ class Controller:
         metrics.LOOP_WAITED.inc(waited)
         return waited
 
-    def _decide(self, observation: Observation, reservations: Optional[ReservationPlan] = None) -> PassPlan:
+    def _decide(self, observation: Observation, reservations: Optional[ReservationPlan] = None,
+                requests: ProvisioningView = ProvisioningView(),
+                provisioning: Optional[ProvisioningPlan] = None) -> PassPlan:
         """Everything this pass would do, planned on one snapshot (no I/O, no lock): `plan_pass`, the one decision
-        pass `dds simulate` runs too. `reservations`: the plan already carried out this pass, when planning again."""
+        pass `dds simulate` runs too. `requests`: the ProvisioningRequests read this pass; `reservations`,
+        `provisioning`: the plans already carried out this pass, when planning again."""
         snapshot = observation.snapshot
         pending = [p for p in snapshot.pending_pods() if p.key in observation.unschedulable_since]
         debounce = self.config.pending_debounce_seconds
         waiting = [p for p in pending if observation.unschedulable_since[p.key] + debounce <= snapshot.now]
         # Gangs being rolled back are planned whole once that is done (reserved pods: the pass leaves them out).
         inputs = PassInputs(pending=tuple(pending), waiting=tuple(self.gangs.not_held(waiting)),
-                            removing=self.removals.nodes(), reservations=reservations)
+                            removing=self.removals.nodes(), reservations=reservations, provisioning=requests,
+                            provisioning_done=provisioning)
         # The reservations' settings are those of the Reservations that carry them out (one place says what they are).
         settings = PassSettings(planner=self.config.planner, move_idle_gpus=self.config.move_idle_gpus,
                                 release_idle_gpus=self.config.release_idle_gpus,
-                                reservations=self.reservations.config)
+                                reservations=self.reservations.config, provisioning=self.provisioning.config)
         return plan_pass(snapshot, inputs, settings,
                          timer=lambda stage: metrics.PLAN_LATENCY.labels(stage).time(), memos=self.memos)
 
@@ -320,9 +339,14 @@ class Controller:
         for decision in plan.decisions if plan is not None else ():
             if decision.refusal in (GANG_INCOMPLETE, GANG_LARGER_THAN_CLUSTER):  # gangs left out: say why
                 self.refusals.tell(decision.pod, decision.refusal, decision.reason)
+        self._add_nodes(observation.snapshot, plan, "control loop: pods with ResourceClaims need a new node "
+                        "(cluster-autoscaler's templates carry no DRA devices)", "claims")
+
+    def _add_nodes(self, snapshot: Snapshot, plan: Optional[ScaleUpPlan], trigger: str, key_prefix: str) -> None:
+        """The plan's new nodes, each equipped with the GPUs its pods need from its pool (a node the pool cannot
+        equip is not added: its pods are told why)."""
         if plan is None or not plan.new_nodes:
             return
-        snapshot = observation.snapshot
         for step in plan.new_nodes:
             group = snapshot.group(step.group)
             if group is None:
@@ -334,10 +358,9 @@ class Controller:
                     self.refusals.tell(pod, POOL_EMPTY, f"no node added: {unequipped.message}")
             for kept in equipped.new_nodes:
                 rendered = render_scale_up(replace(plan, new_nodes=(kept,), attaches=()))
-                self.journal.record(Case.SCALE_UP.value, "control loop: pods with ResourceClaims need a new node "
-                                    "(cluster-autoscaler's templates carry no DRA devices)", "node", rendered)
+                self.journal.record(Case.SCALE_UP.value, trigger, "node", rendered)
                 metrics.DECISIONS.labels(Case.SCALE_UP.value, "node").inc()
-                self.actions.add_nodes(kept, group, key=f"claims/{uuid.uuid4().hex[:8]}", case=Case.SCALE_UP)
+                self.actions.add_nodes(kept, group, key=f"{key_prefix}/{uuid.uuid4().hex[:8]}", case=Case.SCALE_UP)
 
     # --- new nodes get the GPUs their group composes at creation ---
     def _attach_initial_gpus(self, observation: Observation) -> None:
@@ -475,3 +498,23 @@ class Controller:
             if self.actions.detach(step, f"orphan/{uuid.uuid4().hex[:8]}", Case.ORPHAN_RECLAIM) is not None:
                 metrics.ORPHANS_RECLAIMED.inc(len(reclaim.device_ids))
 
+
+def _provisioning(cluster: ClusterPorts, actions: Actions, events: EventRecorder, journal: DecisionJournal,
+                  config: ProvisioningConfig, clock: Callable[[], float]) -> ProvisioningRequests:
+    """The ProvisioningRequests the loop serves: none without the cluster's ports for them."""
+    if cluster.provisioning_reads is None or cluster.provisioning_writes is None:
+        return ProvisioningRequests(_NoRequests(), _NoWrites(), cluster.reservation_writes, actions, events, journal,
+                                    ProvisioningConfig(class_name=""), clock)
+    return ProvisioningRequests(cluster.provisioning_reads, cluster.provisioning_writes, cluster.reservation_writes,
+                                actions, events, journal, config, clock)
+
+
+class _NoRequests:
+    def read(self) -> ProvisioningView:
+        return ProvisioningView()
+
+
+class _NoWrites:
+    def set_conditions(self, namespace: str, name: str, changes: Sequence[tuple[str, str, str, str]],
+                       now: float) -> None:
+        raise RuntimeError("no ProvisioningRequest is served without the cluster's ports for them")

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Mapping, Optional
 from dds.model.groups import Taint
 from dds.model.resources import Resources, check_pod_totals
 from dds.model.dra_records import PodClaimRef
+from dds.model.provisioning import CONSUME_ANNOTATION
 from dds.model.snapshot import (ContainerRequests, HostPort, LabelSelector, NodeSelectorTerm, PodAffinityTerm, PodInfo,
                                 SelectorRequirement, Toleration, WorkloadRef)
 
@@ -175,6 +176,7 @@ def pod_info(pod: Any) -> PodInfo:
         workload_ref=_workload_ref(spec),
         scheduling_group=getattr(getattr(spec, "scheduling_group", None), "pod_group_name", None) or None,
         resource_claims=pod_claims(pod),
+        consumes_provisioning_request=(meta.annotations or {}).get(CONSUME_ANNOTATION) or None,
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping, Optional
 from dds.metrics import OBJECTS_REFUSED
 from dds.model.text import bounded_text
 from dds.kube.convert import ANN_MIRROR, ANN_SAFE_TO_EVICT, HOSTNAME_TOPOLOGY, TAINT_TO_BE_DELETED
+from dds.model.provisioning import CONSUME_ANNOTATION
 from dds.model.groups import Taint
 from dds.model.resources import Resources, check_pod_totals
 from dds.model.quantity import to_int
@@ -252,6 +253,7 @@ def pod_info(pod: Obj) -> PodInfo:
         workload_ref=_workload_ref(spec),
         scheduling_group=_scheduling_group(spec),
         resource_claims=pod_claims(pod),
+        consumes_provisioning_request=(meta.get("annotations") or _EMPTY).get(CONSUME_ANNOTATION) or None,
     )
 
 

@@ -29,6 +29,7 @@ class Case(str, Enum):
     ORPHAN_RECLAIM = "orphan-reclaim"  # devices held for a node that is gone, or by an attach that never ended
     GANG_ROLLBACK = "gang-rollback"  # GPUs attached for a gang that cannot start, released
     RESERVATION = "reservation"  # a node reserved for a large pod that waited too long, and GPUs gathered on it
+    PROVISIONING = "provisioning-request"  # capacity gathered and booked for a ProvisioningRequest of DDS's class
     SCALE_DOWN = "case3-scale-down"  # CA asked to remove a node
     SCALE_DOWN_BLOCKED = "case4-scale-down-blocked"  # CA wanted to remove but could not / DDS-owned scale-down
 

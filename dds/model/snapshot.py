@@ -136,6 +136,9 @@ class PodInfo:
     # `spec.schedulingGroup.podGroupName` (Kubernetes 1.36 Workload API, scheduling.k8s.io/v1alpha2): the PodGroup in
     # the pod's namespace; its policy (gang or basic) is read by the edge as for `workload_ref`.
     scheduling_group: Optional[str] = None
+    # Annotation `autoscaling.x-k8s.io/consume-provisioning-request` (set by Kueue on an admitted job's pods): the
+    # ProvisioningRequest, in the pod's namespace, whose booked capacity the pod is to use (dds/planner/provisioning.py).
+    consumes_provisioning_request: Optional[str] = None
 
     @property
     def key(self) -> str:

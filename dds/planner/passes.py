@@ -38,6 +38,8 @@ from dds.planner.equip import equip_every_group
 from dds.planner.gangs import whole_gangs_after_cut
 from dds.planner.headroom import hungry_pools, plan_warm_refill
 from dds.planner.moves import plan_moves, plan_room_headroom
+from dds.model.provisioning import ProvisioningView
+from dds.planner.provisioning import ProvisioningConfig, ProvisioningPlan, plan_provisioning
 from dds.planner.reservations import ReservationConfig, ReservationPlan, keep_reserved, plan_reservations
 from dds.planner.scale_down import plan_scale_down
 from dds.planner.memos import PlannerMemos
@@ -62,6 +64,8 @@ class PassSettings:
     fast_path_adds_nodes: bool = False
     # The `gang-unaware` baseline of `dds simulate`: the fast path and its moves plan as if no pod belonged to a gang.
     gang_aware: bool = True
+    # ProvisioningRequests of DDS's class (dds/planner/provisioning.py); off unless the caller serves them.
+    provisioning: ProvisioningConfig = ProvisioningConfig(class_name="")
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,9 @@ class PassInputs:
     reservations: Optional[ReservationPlan] = None
     # False when the caller knows no idle GPU or empty node is past its cooldown (the simulator's shortcut).
     scale_down_due: bool = True
+    provisioning: ProvisioningView = ProvisioningView()  # the requests of DDS's class, read this pass
+    # The provisioning plan already carried out this pass (the pass is planned again after it): not planned twice.
+    provisioning_done: Optional[ProvisioningPlan] = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,7 @@ class PassPlan:
     moves: tuple[Detach, ...] = ()
     hungry_pools: frozenset[str] = frozenset()  # pools a pending pod waits on: no headroom kept or refilled there
     notes: tuple[str, ...] = ()
+    provisioning: ProvisioningPlan = ProvisioningPlan()  # first of all: requests' gangs get their capacity first
 
     @property
     def fast_path_attaches(self) -> bool:
@@ -105,11 +113,17 @@ def plan_pass(snapshot: Snapshot, inputs: PassInputs, settings: PassSettings,
     """Everything one pass does, planned on `snapshot` in production's order (see the module docstring). `memos`: the
     caller's PlannerMemos, kept from pass to pass (dds/planner/memos.py); without it, one for this pass's plans."""
     memos = memos if memos is not None else PlannerMemos()
+    provisioning = inputs.provisioning_done
+    if provisioning is None:
+        provisioning = plan_provisioning(snapshot, inputs.provisioning, settings.provisioning, settings.planner,
+                                         with_attaches, memos=memos)
+        # Planned on what the requests take: their bookings on the nodes, their attaches on their way.
+        snapshot = provisioning.as_booked(with_attaches(snapshot, provisioning.attaches))
     reservations = inputs.reservations or plan_reservations(snapshot, settings.reservations, planner=settings.planner,
                                                             memos=memos)
     reserved_pods = frozenset(r.pod for r in reservations.reservations)
-    reserved_nodes = reservations.nodes
-    waiting = tuple(p for p in inputs.waiting if p.key not in reserved_pods)
+    reserved_nodes = reservations.nodes | provisioning.booked  # their idle GPUs are the reservation's, the booking's
+    waiting = tuple(p for p in inputs.waiting if p.key not in reserved_pods and p.key not in provisioning.consumers)
     fast_path = _fast_path(snapshot, waiting, settings, timer, memos) if waiting else None
     hungry = hungry_pools(snapshot, inputs.pending)
     scale_down = ScaleDownPlan()
@@ -130,7 +144,7 @@ def plan_pass(snapshot: Snapshot, inputs: PassInputs, settings: PassSettings,
                     scale_down=scale_down, room_headroom=room, warm_refill=tuple(warm),
                     claim_nodes=_nodes_for_claims(snapshot, waiting, fast_path, settings, memos),
                     moves=_moves(snapshot, waiting, fast_path, scale_down, reserved_nodes, settings, memos),
-                    hungry_pools=hungry, notes=tuple(notes))
+                    hungry_pools=hungry, notes=tuple(notes), provisioning=provisioning)
 
 
 def _fast_path_config(settings: PassSettings) -> PlannerConfig:

@@ -27,7 +27,8 @@ OPERATIONS = ROOT / "docs" / "operations.md"
 REASON_ARGUMENT = {"emit": {4: 2}, "tell": {3: 1, 5: 1}, "_tell": {5: 1}}
 # Fields that carry a refusal reason chosen elsewhere (PodDecision.refusal, the DRA demand's and pod's refusal_reason,
 # CannotServe.reason as `found.reason`): where they are read, the reasons are those collected where they are set.
-REFUSAL_FIELDS = {"refusal", "refusal_reason", "dra_refusal_reason"}
+# A ProvisioningRequest's decision's `event_reason` (dds/planner/provisioning.py RequestDecision) likewise.
+REFUSAL_FIELDS = {"refusal", "refusal_reason", "dra_refusal_reason", "event_reason"}
 CANNOT_SERVE_CARRIERS = {"found.reason"}
 
 
