@@ -23,6 +23,7 @@ from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
 from dds.config import FabricBackend, NodeBackend, Settings
+from dds.kube.leader_label import LEADER_LABEL, LEADER_VALUE
 from harness import rbac
 from harness.dry_run import dry_run_apply as check_by_dry_run
 from harness.kustomize import render
@@ -185,8 +186,18 @@ def test_defaults_follow_cluster_autoscalers_chart() -> None:
         assert find(objects, "Deployment", name)["spec"]["template"]["spec"]["priorityClassName"] == \
             "system-cluster-critical"
     assert find(objects, "PodDisruptionBudget", "cluster-autoscaler")["spec"]["maxUnavailable"] == 1
-    # Only the leader is Ready: a budget on DDS would block draining the leader's node, so none by default.
-    assert not [o for o in objects if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"] == "dds"]
+
+
+
+def test_every_replica_ready_upgrades_one_at_a_time_and_the_service_selects_the_leader() -> None:
+    """Every replica is Ready once it can serve: a rolling update never has fewer Ready replicas than asked for, a
+    budget lets a drain take one at a time, and cluster-autoscaler's Service selects the leader's label only."""
+    for objects in (helm_template({"fabric.backend": "composability-request", **POOLS}), render(MANIFESTS)):
+        assert find(objects, "Deployment", "dds")["spec"]["strategy"] == \
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+        assert find(objects, "PodDisruptionBudget", "dds")["spec"]["maxUnavailable"] == 1
+        assert find(objects, "Service", "dds")["spec"]["selector"] == \
+            {"app.kubernetes.io/name": "dds", LEADER_LABEL: LEADER_VALUE}
 
 
 def copies_in_the_chart() -> list[tuple[Path, Path]]:
@@ -219,17 +230,22 @@ def test_the_chart_grants_dds_what_its_fabric_and_features_ship_with(fabric: str
     objects = helm_template({"fabric.backend": fabric, **pools, "settings.reservations": str(reservations).lower()})
     assert rbac.grants_of(objects, "dds", "dds-system") == rbac.granted(rbac.dds_for(fabric, reservations=reservations))
     policies = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
-    assert policies == {"dds-node-writes", "dds-resourceslice-writes"} | ({"dds-pod-writes"} if reservations else set())
+    assert policies == {"dds-node-writes", "dds-resourceslice-writes", "dds-own-pod-writes"} | \
+        ({"dds-pod-writes"} if reservations else set())
 
 
 def test_the_admission_policies_and_state_configmaps_follow_the_release() -> None:
     objects = helm_template({"fabric.backend": "simulated", "settings.reservations": "true",
                              "fabric.settings.state_configmap": "edge-fabric"}, namespace="gpu-scaling", release="edge")
     policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
-    assert set(policies) == {"edge-dds-node-writes", "edge-dds-resourceslice-writes", "edge-dds-pod-writes"}
+    assert set(policies) == {"edge-dds-node-writes", "edge-dds-resourceslice-writes", "edge-dds-pod-writes",
+                             "edge-dds-own-pod-writes"}
     for policy in policies.values():
-        [condition] = policy["spec"]["matchConditions"]
+        condition = policy["spec"]["matchConditions"][0]
         assert condition["expression"] == "request.userInfo.username == 'system:serviceaccount:gpu-scaling:edge-dds'"
+    # DDS's own namespace is the ServiceAccount's, whichever the release's: no namespace written in the expression.
+    assert [c["name"] for c in policies["edge-dds-own-pod-writes"]["spec"]["matchConditions"]] == \
+        ["dds-service-account", "own-namespace"]
     bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
     state = find(objects, "Role", "edge-dds-simulated")
