@@ -445,5 +445,7 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                                           elector.timing.request_timeout) if elector is not None else None)
     ops.add_ready_check("started", app.started.is_set)
     controller.listeners.append(app.heap.on_pass)
+    if app.leader_label is not None:
+        controller.listeners.append(app.leader_label.retry_failed)
     app_ref["app"] = app
     return app

@@ -32,6 +32,8 @@ class LeaderPodLabel:
         self._namespace = namespace
         self._pod = pod_name
         self._timeout = request_timeout
+        self._wanted: Optional[bool] = None  # the last mark asked for
+        self._written = True  # whether it was written
         if pod_name is None:
             log.info("not running in a Pod (no POD_NAME): the leader label %s is not set; a Service selecting it "
                      "would select no replica", LEADER_LABEL)
@@ -40,6 +42,7 @@ class LeaderPodLabel:
         """Set (leading) or clear the label with one merge patch; False, logged with the reason, when it could not
         be written (the next change of leadership writes it again; until then a standby the Service still selects
         answers UNAVAILABLE)."""
+        self._wanted = leading
         if self._pod is None:
             return True
         body = {"metadata": {"labels": {LEADER_LABEL: LEADER_VALUE if leading else None}}}
@@ -51,7 +54,15 @@ class LeaderPodLabel:
                         "clear", LEADER_LABEL, self._namespace, self._pod, f"HTTP {status}" if status else error,
                         "does not route cluster-autoscaler here yet" if leading else "may still route here, where "
                         "calls are refused with UNAVAILABLE")
+            self._written = False
             return False
+        self._written = True
         log.info("%s the leader label %s on Pod %s/%s", "set" if leading else "cleared", LEADER_LABEL,
                  self._namespace, self._pod)
         return True
+
+    def retry_failed(self, _observation: object = None) -> None:
+        """A control-loop listener (the leader's passes): write again a mark that could not be written, so a leader
+        whose label a blip of the apiserver kept off is reachable by the next pass, not only at the next election."""
+        if not self._written and self._wanted is not None:
+            self.mark(self._wanted)

@@ -21,7 +21,7 @@ import requests
 from kubernetes import client
 
 from dds.app import App, build_app
-from dds.kube.leader_label import LEADER_LABEL, LEADER_VALUE
+from dds.kube.leader_label import LEADER_LABEL, LEADER_VALUE, LeaderPodLabel
 from tests.integration.controller.harness import settings_for
 
 pytestmark = pytest.mark.integration
@@ -54,15 +54,19 @@ def ready_at(port: int) -> bool:
         return False
 
 
+def create_pod(admin: client.CoreV1Api, namespace: str, name: str) -> None:
+    """A DDS replica's Pod as the API holds it; a scheduler nobody runs, so nothing but DDS's label changes it."""
+    admin.create_namespaced_pod(namespace, {
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "dds"}},
+        "spec": {"schedulerName": "nobody", "containers": [{"name": "dds", "image": "example.com/dds:1"}]}})
+
+
 @pytest.fixture
 def replicas(control_plane: Any, namespace: str, dds_api: client.ApiClient) -> Iterator[dict[str, App]]:
     admin = client.CoreV1Api(control_plane.api_client())
     apps: dict[str, App] = {}
     for identity in IDENTITIES:
-        # A scheduler nobody runs: the Pod stays as created but for DDS's label.
-        admin.create_namespaced_pod(namespace, {"metadata": {"name": identity, "labels": {"app.kubernetes.io/name": "dds"}},
-                                                "spec": {"schedulerName": "nobody",
-                                                         "containers": [{"name": "dds", "image": "example.com/dds:1"}]}})
+        create_pod(admin, namespace, identity)
         settings = settings_for(namespace).model_copy(update={
             "leader_election": True, "identity": identity, "lease_duration_seconds": LEASE,
             "renew_deadline_seconds": RENEW, "retry_period_seconds": RETRY})
@@ -128,3 +132,17 @@ def test_stopping_the_leader_moves_the_label_within_the_lease_duration(control_p
     assert handover < LEASE, f"the handover took {handover:.2f}s, not under the lease duration ({LEASE}s)"
     assert standby_unready == [], f"{new} was not Ready during the handover at {standby_unready}"
     assert replicas[new].is_leader and not ready_at(leaving_port)
+
+
+def test_a_label_the_apiserver_refused_is_written_by_the_next_pass(control_plane: Any, namespace: str,
+                                                                   dds_api: client.ApiClient) -> None:
+    """A leader whose label could not be written (here: its Pod not there yet, a 404) is not left unreachable until
+    the next election: the control loop's next pass writes it (App wires retry_failed as a loop listener)."""
+    admin = client.CoreV1Api(control_plane.api_client())
+    label = LeaderPodLabel(dds_api, namespace, "dds-late", request_timeout=10.0)
+    assert not label.mark(True)
+    create_pod(admin, namespace, "dds-late")
+    label.retry_failed()
+    assert labelled(admin, namespace) == {"dds-late"}
+    label.retry_failed()  # written: nothing more to do
+    assert labelled(admin, namespace) == {"dds-late"}
