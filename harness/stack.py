@@ -56,6 +56,7 @@ class StackOptions:
     pool_size: int = 8
     workers: int = 2
     dds_settings: dict[str, Any] = field(default_factory=dict)  # merged over the defaults below (nested dicts too)
+    dds_env: dict[str, str] = field(default_factory=dict)  # added to the first DDS process's environment
     autoscaler: bool = True
     autoscaler_binary: Optional[Path] = None  # None: $DDS_CLUSTER_AUTOSCALER, else the binary cache
     autoscaler_timings: dict[str, float] = field(default_factory=dict)
@@ -278,7 +279,7 @@ class Stack:
         self.infrastructure.run_in_thread()
         self._exit.callback(self.infrastructure.stop)
         self.config_path = self.write_dds_config("dds.yaml", self.grpc_port)
-        self.dds = self.start_dds()
+        self.dds = self.start_dds(env=self.options.dds_env or None)
         self._exit.callback(lambda: self.dds.stop() if self.dds else None)
         if self.options.autoscaler:
             self.start_autoscaler()
