@@ -38,6 +38,7 @@ HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.
 POOLS = {"settings.pools[0].name": "rack-1", "settings.pools[0].devices.A100": "16"}
 # The choices manifests/ makes, as chart values.
 AS_KUSTOMIZE = {"fabric.backend": "composability-request", **POOLS, "namespace.create": "true", "priorityClassName": "",
+                "crds.clusterApi": "true", "crds.composability": "true",
                 "clusterAutoscaler.podDisruptionBudget.enabled": "false"}
 # Every optional object on: cert-manager TLS, the Prometheus Operator objects, the dashboard, a budget, Redfish.
 EVERYTHING = {
@@ -277,7 +278,7 @@ def test_crds_are_left_out_when_cluster_api_or_the_operator_brings_them() -> Non
     def crd_groups(values: dict[str, str]) -> set[str]:
         return {o["spec"]["group"] for o in helm_template(values) if o["kind"] == "CustomResourceDefinition"}
 
-    base = {"fabric.backend": "composability-request", **POOLS}
+    base = {"fabric.backend": "composability-request", **POOLS, "crds.clusterApi": "true", "crds.composability": "true"}
     assert crd_groups(base) == {"cluster.x-k8s.io", "cro.hpsys.ibm.ie.com"}
     assert crd_groups({**base, "crds.clusterApi": "false"}) == {"cro.hpsys.ibm.ie.com"}
     assert crd_groups({**base, "crds.clusterApi": "false", "crds.composability": "false"}) == set()
