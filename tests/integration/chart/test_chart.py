@@ -5,7 +5,8 @@ apiserver, and the chart kept in agreement with manifests/ (what `kubectl apply 
 Documented differences between the chart and kustomize (docs/install.md "Chart and manifests"), the only ones the
 agreement test forgives:
 - Helm's labels (helm.sh/chart, app.kubernetes.io/managed-by, instance, version) on every object and pod template;
-- the pod template's checksum/settings annotation (a settings change restarts DDS);
+- the pod templates' checksum/settings and checksum/client-tls annotations (a settings change restarts DDS, a changed
+  client certificate Secret cluster-autoscaler);
 - helm.sh/resource-policy: keep on the CRDs (uninstalling never deletes MachineSets);
 - settings.yaml compared as parsed YAML, with the chart's required `fabric` and `pools` left out (the kustomize base
   leaves the fabric commented out for the user to choose, and a real fabric's pools are the user's to declare).
@@ -298,7 +299,7 @@ def normalised(objects: list[dict[str, Any]], from_helm: bool) -> dict[tuple[str
             for label in HELM_LABELS if from_helm else ():
                 (metadata.get("labels") or {}).pop(label, None)
             annotations = metadata.get("annotations") or {}
-            for annotation in ("checksum/settings", "helm.sh/resource-policy") if from_helm else ():
+            for annotation in ("checksum/settings", "checksum/client-tls", "helm.sh/resource-policy") if from_helm else ():
                 annotations.pop(annotation, None)
             if "annotations" in metadata and not annotations:
                 del metadata["annotations"]

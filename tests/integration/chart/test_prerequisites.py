@@ -74,3 +74,34 @@ def test_a_missing_crd_is_refused_naming_it_and_who_installs_it(bare_plane: Cont
     bare_plane.install_crds([ROOT / "manifests" / "crds" / "cluster-api"])  # Cluster API's, as clusterctl installs them
     installed = install_dry_run(bare_plane, CHOICES)
     assert installed.returncode == 0, installed.stderr
+
+
+def client_tls_checksum(result: Any) -> str:
+    assert result.returncode == 0, result.stderr
+    [deployment] = [d for d in yaml.safe_load_all(result.stdout.split("\nMANIFEST:\n", 1)[-1].split("\nNOTES:\n")[0])
+                    if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "cluster-autoscaler"]
+    return deployment["spec"]["template"]["metadata"]["annotations"]["checksum/client-tls"]
+
+
+@pytest.mark.integration
+def test_a_changed_client_certificate_secret_restarts_cluster_autoscaler_at_the_next_upgrade(
+        bare_plane: ControlPlane) -> None:
+    """cluster-autoscaler reads its client pair once: the pod template carries the checksum of the Secret as the
+    cluster holds it, so `helm upgrade` after a renewal rolls CA onto the new pair (and leaves it alone otherwise)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(bare_plane.api_client())
+    try:
+        core.create_namespace({"metadata": {"name": "dds-system"}})
+    except client.ApiException as error:
+        if error.status != 409:
+            raise
+    secret = "cluster-autoscaler-cloud-config"
+    core.create_namespaced_secret("dds-system", {"metadata": {"name": secret},
+                                                 "stringData": {"client.crt": "first", "client.key": "first"}})
+    bare_plane.install_crds([ROOT / "manifests" / "crds" / "cluster-api"])  # the prerequisite, as clusterctl installs it
+    values = {"fabric.backend": "simulated"}
+    before = client_tls_checksum(install_dry_run(bare_plane, values))
+    assert client_tls_checksum(install_dry_run(bare_plane, values)) == before  # unchanged: no restart
+    core.patch_namespaced_secret(secret, "dds-system", {"stringData": {"client.crt": "renewed"}})
+    assert client_tls_checksum(install_dry_run(bare_plane, values)) != before
