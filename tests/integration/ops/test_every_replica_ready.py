@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import requests
@@ -23,6 +23,7 @@ from kubernetes import client
 from dds.app import App, build_app
 from dds.kube.leader_label import LEADER_LABEL, LEADER_VALUE, LeaderPodLabel
 from tests.integration.controller.harness import settings_for
+from tests.integration.ops.test_leader_election_apiserver import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -31,15 +32,6 @@ LEASE, RENEW, RETRY = 4.0, 3.0, 0.5
 ELECTED_BOUND = LEASE + RETRY * 2.2 + 2.0
 READY_BOUND = 60.0  # the cache's first LIST and the planner's first pass on a loaded machine
 IDENTITIES = ("dds-a", "dds-b")
-
-
-def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def ready(app: App) -> bool:
