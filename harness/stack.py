@@ -208,8 +208,8 @@ class DdsProcess:
 def start_dds(config_path: Path, log_path: Path, metrics_port: int, *, wait_ready: bool = True,
               timeout: float = 60.0, extra_args: tuple[str, ...] = (),
               env: Optional[dict[str, str]] = None) -> DdsProcess:
-    """Start `dds serve`; wait until /readyz answers 200 (or, with wait_ready=False, /healthz: a standby is live but
-    not ready)."""
+    """Start `dds serve`; wait until /readyz answers 200 (started: every replica, leader or standby), or with
+    wait_ready=False only until /healthz does (live, maybe still starting)."""
     command = [sys.executable, "-m", "dds", "serve", "--config", str(config_path), *extra_args]
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,

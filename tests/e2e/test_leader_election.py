@@ -125,6 +125,8 @@ class Scenario:
             self.stack.core.create_namespaced_pod(DDS_NAMESPACE, {
                 "metadata": {"name": identity, "labels": {"app.kubernetes.io/name": "dds"}},
                 "spec": {"schedulerName": "nobody", "containers": [{"name": "dds", "image": "example.com/dds:1"}]}})
+            # Running, as the kubelet of the node the replica runs on would report it (the processes run here).
+            self.stack.core.patch_namespaced_pod_status(identity, DDS_NAMESPACE, {"status": {"phase": "Running"}})
         self.extra: list[DdsProcess] = []
         self.forwarder: Optional[ReadyForwarder] = None
 
@@ -146,6 +148,8 @@ class Scenario:
         self.a = Replica("dds-a", stack.config_path, stack.grpc_port, stack.dds)
         b_port = free_port()
         self.b = Replica("dds-b", stack.write_dds_config("dds-b.yaml", b_port, identity="dds-b"), b_port)
+        # Ready is not leading any more: dds-a leads once its Pod carries the label (written by its next pass).
+        wait_for(stack, "dds-a leading, its Pod labelled", lambda: self.a.labelled(stack.core), timeout=60)
         self.b.process = stack.start_dds(self.b.config, "dds-b.log", wait_ready=False, env={"POD_NAME": "dds-b"})
         self.extra.append(self.b.process)
         core = stack.core
