@@ -65,7 +65,7 @@ soak: setup  ## The long reliability campaign
 lint: setup-python  ## The import-layering contracts: no control-plane binaries needed, none built
 	$(VENV)/bin/lint-imports
 
-.PHONY: chart dashboard
+.PHONY: chart chart-schema dashboard
 chart: setup  ## The Helm chart, alerts and dashboard checked by helm, promtool and a real apiserver (part of make test)
 	$(PYTHON) -m pytest tests/integration/chart $(PYTEST_ARGS)
 
@@ -75,3 +75,6 @@ dashboard: setup-python  ## Regenerate charts/dds/files/dashboard.json from hack
 sim-tables: setup-python  ## Regenerate docs/simulation.md's tables from the simulator (hack/sim_tables.py; about five minutes)
 	$(PYTHON) hack/sim_tables.py
 .PHONY: sim-tables
+
+chart-schema: setup-python  ## Regenerate values.schema.json's `settings` and `fabric.settings` from dds/config.py's Settings
+	$(PYTHON) hack/gen-chart-schema.py

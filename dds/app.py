@@ -5,7 +5,9 @@
     Controller loop (cases 2 and 4) --> ClusterObserver (snapshot) --> planner --> Executor --> fabric / MachineSets
 
 Only the leader acts: the controller loop checks `is_leader` every pass, the gRPC gate answers UNAVAILABLE on a standby,
-and losing the lease ends the process (exit code 1, client-go's convention) so it restarts as a clean standby.
+and losing the lease ends the process (exit code 1, client-go's convention) so it restarts as a clean standby. Every
+replica is Ready once it can serve; the leader labels its own Pod (dds/kube/leader_label.py) and the Service selects
+that label, so cluster-autoscaler reaches the leader.
 A standby becoming the leader first re-reads the state the previous leader kept outside the process (in-flight instances,
 the fabric backend's operations): what it read when it started is as old as the standby itself.
 """
@@ -13,6 +15,7 @@ the fabric backend's operations): what it read when it started is as old as the 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -41,6 +44,7 @@ from dds.kube.controller_ports import KubeClusterReader, KubePoolBindingWriter
 from dds.kube import ApiClient
 from dds.kube.events import KubeEventRecorder
 from dds.kube.leader import LeaderElector, default_identity
+from dds.kube.leader_label import LeaderPodLabel
 from dds.kube.machinesets import MachineSetLister
 from dds.kube.nodes import KubeNodeWriter, gpu_capacity_hook, read_node_labels
 from dds.kube.podgroups import PodGroupReader
@@ -227,6 +231,7 @@ class App:
     scale_down: PlannerScaleDown  # what CA's DeleteNodes calls (case 3)
     infrastructure: Optional[KwokInfrastructure] = None  # node_backend kwok: DDS also makes the Machines and Nodes
     cache: Optional[ClusterCache] = None  # settings.watch_cache: what every decision reads the cluster from
+    leader_label: Optional[LeaderPodLabel] = None  # with leader election: the label the Service selects the leader by
     heap: HeapKeeper = field(default_factory=HeapKeeper)  # the collector kept off the cache's objects (dds/heap.py)
     stopped: threading.Event = field(default_factory=threading.Event)
     # Set once start() is done: the cache's first LIST in, the planner primed, the gRPC server listening. Readiness
@@ -248,6 +253,8 @@ class App:
             self._start_acting()
         else:
             self.server.set_serving(False)
+            if self.leader_label is not None:  # a container restarted in the Pod of a leader is not the leader
+                self.leader_label.mark(False)
             self.elector.run_in_thread()
         self.started.set()
         log.info("DDS serving %d node group(s) on %s (fabric %s, metrics on %s)", len(self.catalog.groups()),
@@ -287,6 +294,8 @@ class App:
         log.info("leading: starting the control loop and serving cluster-autoscaler")
         self._start_acting()
         self.server.set_serving(True)
+        if self.leader_label is not None:
+            self.leader_label.mark(True)
 
     def _start_acting(self) -> None:
         """What only one replica may do: the control loop, and (node_backend kwok) making Machines and Nodes."""
@@ -325,6 +334,8 @@ class App:
 
     def _exit_as_standby(self) -> None:
         self.server.set_serving(False)
+        if self.leader_label is not None:
+            self.leader_label.mark(False)
         self.exit_code = 1
         self.stopped.set()
 
@@ -344,7 +355,8 @@ class App:
 
 
 def build_app(settings: Settings, api: Optional[ApiClient] = None,
-              clock: Callable[[], float] = time.time) -> App:
+              clock: Callable[[], float] = time.time, pod_name: Optional[str] = None) -> App:
+    """`pod_name`: the Pod DDS runs in (default: the POD_NAME variable the Deployment sets from the downward API)."""
     from dds.kube.client import api_client
 
     check_metrics_settings(settings)  # before anything reads the cluster: an unprotected /metrics is a usage error
@@ -430,14 +442,16 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     server = build_server(settings, registry, scale_up, scale_down, interceptors=[gate])
     ops = build_ops_server(settings, lambda: ApiserverAuthorizer.for_cluster(api))
     ops.add_ready_check("node-groups", lambda: catalog.last_error is None)
-    if elector is not None:
-        ops.add_ready_check("leader", lambda: elector.is_leader)
     ops.add_page("/decisions", lambda query: (controller.journal.render_json(), "application/json")
                  if query.get("format") == ["json"] else (controller.journal.render_text(), "text/plain; charset=utf-8"))
     app = App(settings=settings, api=api, fabric=fabric, catalog=catalog, registry=registry, controller=controller,
               server=server, ops=ops, events=events, elector=elector, tracker=tracker, scale_up=scale_up,
-              scale_down=scale_down, infrastructure=nodes.infrastructure, cache=cache)
+              scale_down=scale_down, infrastructure=nodes.infrastructure, cache=cache,
+              leader_label=LeaderPodLabel(api, settings.namespace, pod_name or os.environ.get("POD_NAME"),
+                                          elector.timing.request_timeout) if elector is not None else None)
     ops.add_ready_check("started", app.started.is_set)
     controller.listeners.append(app.heap.on_pass)
+    if app.leader_label is not None:
+        controller.listeners.append(app.leader_label.retry_failed)
     app_ref["app"] = app
     return app

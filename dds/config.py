@@ -51,9 +51,13 @@ class FaultSpec(_Section):
 
 
 class PoolSpec(_Section):
-    name: str
-    devices: dict[str, int]  # model -> count
-    max_slots_per_node: Optional[int] = None  # a fabric-side limit on top of each group's max GPUs
+    # The json_schema_extra constraints repeat what the simulated fabric checks at start (_validate_pools), so the
+    # chart's schema (hack/gen-chart-schema.py) refuses the same pools.
+    name: str = Field(json_schema_extra={"pattern": "^[^/]+$"})
+    devices: dict[str, int] = Field(json_schema_extra={"propertyNames": {"minLength": 1},
+                                                       "additionalProperties": {"type": "integer", "minimum": 0}})
+    # a fabric-side limit on top of each group's max GPUs
+    max_slots_per_node: Optional[int] = Field(default=None, json_schema_extra={"minimum": 0})
     # Idle GPUs each group drawing from this pool keeps attached for the next pods (warm headroom), unless the group's
     # dds.cdi.dev/warm-gpus says otherwise. Never held while a pending pod waits for a device of this pool.
     warm_gpus: int = Field(default=0, ge=0)
@@ -119,7 +123,7 @@ class NamespaceGrant(_Section):
     annotations are written by whoever may edit a MachineSet, these settings only by who deploys DDS."""
 
     # The fabric pools the namespace's groups may draw GPUs from (dds.cdi.dev/fabric-pool); "*": every pool.
-    pools: list[str] = Field(min_length=1)
+    pools: list[str] = Field(min_length=1, json_schema_extra={"items": {"type": "string", "pattern": "\\S"}})
     # Whether its groups may set dds.cdi.dev/force-detach: "true" (detach GPUs while pods use them).
     force_detach: bool = False
     # The shortest dds.cdi.dev/gpu-idle-cooldown and node-idle-cooldown its groups may set: a cooldown of 0 turns
@@ -132,6 +136,12 @@ class NamespaceGrant(_Section):
         if not all(name.strip() for name in value):
             raise ValueError("a pool name must not be empty (\"*\" allows every pool)")
         return value
+
+
+POLICIES = ("best-fit", "least-demand", "concentrated", "spread")
+BATCH_SOLVERS = ("auto", "greedy", "milp")
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL", "NOTSET")
 
 
 class Settings(BaseSettings):
@@ -149,7 +159,9 @@ class Settings(BaseSettings):
     # name or a SAN URI, never its CommonName, else the call is PERMISSION_DENIED (dds/provider/callers.py). The default is the client identity
     # `dds certs` issues to cluster-autoscaler (dds/certs.py CLIENT_COMMON_NAME): any other holder of a certificate of
     # the same CA is refused.
-    grpc_allowed_clients: list[str] = Field(default_factory=lambda: ["cluster-autoscaler"])
+    grpc_allowed_clients: list[str] = Field(default_factory=lambda: ["cluster-autoscaler"],
+                                            json_schema_extra={"minItems": 1,
+                                                               "items": {"type": "string", "pattern": "\\S"}})
     # Every gRPC connection is closed after this long (calls in progress get GRPC_MAX_CONNECTION_AGE_GRACE_SECONDS more)
     # and the client reconnects through a new handshake: a client whose certificate a rotated tls_ca no longer trusts
     # is out within this bound.
@@ -182,8 +194,8 @@ class Settings(BaseSettings):
     kwok: KwokSettings = Field(default_factory=KwokSettings)
 
     # Planning.
-    policy: str = "best-fit"
-    batch_solver: str = "auto"
+    policy: str = Field(default="best-fit", json_schema_extra={"enum": list(POLICIES)})
+    batch_solver: str = Field(default="auto", json_schema_extra={"enum": list(BATCH_SOLVERS)})
     solver_time_budget_seconds: float = Field(default=2.0, gt=0)
     # A pending pod unschedulable this long without CA starting a scale-up is DDS's to serve (case 2).
     # Case 2 starts only after CA had its chance: CA waits 30 s before scaling up for a GPU pod (its
@@ -255,8 +267,9 @@ class Settings(BaseSettings):
     renew_deadline_seconds: float = Field(default=10.0, gt=0)
     retry_period_seconds: float = Field(default=2.0, gt=0)
     identity: Optional[str] = None
-    log_level: str = "INFO"
-    log_format: str = "text"  # text | json
+    # Any of logging's level names, in any case (dds/logs.py configure).
+    log_level: str = Field(default="INFO", json_schema_extra={"pattern": f"(?i)^({'|'.join(LOG_LEVELS)})$"})
+    log_format: str = Field(default="text", json_schema_extra={"enum": list(LOG_FORMATS)})
 
     @property
     def fabric_pools(self) -> list[PoolSpec]:
@@ -295,24 +308,22 @@ class Settings(BaseSettings):
     @field_validator("batch_solver")
     @classmethod
     def _known_solver(cls, value: str) -> str:
-        allowed = ("auto", "greedy", "milp")
-        if value not in allowed:
-            raise ValueError(f"unknown batch solver {value!r}; one of {', '.join(allowed)}")
+        if value not in BATCH_SOLVERS:
+            raise ValueError(f"unknown batch solver {value!r}; one of {', '.join(BATCH_SOLVERS)}")
         return value
 
     @field_validator("log_format")
     @classmethod
     def _known_log_format(cls, value: str) -> str:
-        if value not in ("text", "json"):
+        if value not in LOG_FORMATS:
             raise ValueError(f"unknown log format {value!r}; one of text, json")
         return value
 
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, value: str) -> str:
-        allowed = ("best-fit", "least-demand", "concentrated", "spread")
-        if value not in allowed:
-            raise ValueError(f"unknown policy {value!r}; one of {', '.join(allowed)}")
+        if value not in POLICIES:
+            raise ValueError(f"unknown policy {value!r}; one of {', '.join(POLICIES)}")
         return value
 
     @classmethod

@@ -64,10 +64,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def configure(level_name: str, log_format: str = "text") -> None:
+def parse_level(level_name: str) -> int:
+    """logging's level of a name, in any case; a ValueError for a name logging does not know."""
     level = getattr(logging, level_name.upper(), None)
     if not isinstance(level, int):
         raise ValueError(f"log_level {level_name!r} is not one of DEBUG, INFO, WARNING, ERROR")
+    return level
+
+
+def configure(level_name: str, log_format: str = "text") -> None:
+    level = parse_level(level_name)
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         formatter: logging.Formatter = JsonFormatter()

@@ -75,3 +75,7 @@ OBJECTS_REFUSED = Counter("dds_objects_refused_total",
                           ["kind", "reason"])
 APISERVER_REQUESTS = Counter("dds_apiserver_requests_total", "Requests DDS sent to the kube-apiserver, by verb (LIST "
                              "and WATCH are GETs of a collection)", ["verb"])
+CERTIFICATE_EXPIRY = Gauge("dds_certificate_expiry_seconds",
+                           "Unix time at which the soonest certificate of each file DDS serves with or trusts expires "
+                           "(notAfter): server (tls_cert), client_ca (tls_ca); read at each scrape, so a renewed Secret "
+                           "shows at once (NaN: the file could not be read)", ["certificate"])

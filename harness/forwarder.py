@@ -2,9 +2,9 @@
 Service does for the Ready pods of the DDS Deployment, played on this machine where there is no kube-proxy.
 
 cluster-autoscaler's cloud-config names one address. In a cluster that address is the DDS Service, and the Service routes
-only to pods whose readiness probe passes — and DDS's /readyz passes only on the leader (dds/app.py). This forwarder gives
-the e2e tests the same shape: CA dials the forwarder, the forwarder picks the first replica whose readiness check passes
-*when the connection is opened*, and then copies bytes both ways (TLS stays end to end: CA verifies DDS's certificate,
+only to pods whose readiness probe passes and which carry the leader's label (dds/kube/leader_label.py). This forwarder
+gives the e2e tests the same shape: CA dials the forwarder, the forwarder picks the first replica whose `ready` check
+(readiness and, as the caller defines it, the label) passes *when the connection is opened*, and then copies bytes both ways (TLS stays end to end: CA verifies DDS's certificate,
 DDS verifies CA's).
 
 As with a Service:

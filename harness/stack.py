@@ -57,6 +57,7 @@ class StackOptions:
     pool_size: int = 8
     workers: int = 2
     dds_settings: dict[str, Any] = field(default_factory=dict)  # merged over the defaults below (nested dicts too)
+    dds_env: dict[str, str] = field(default_factory=dict)  # added to the first DDS process's environment
     autoscaler: bool = True
     autoscaler_binary: Optional[Path] = None  # None: $DDS_CLUSTER_AUTOSCALER, else the binary cache
     autoscaler_timings: dict[str, float] = field(default_factory=dict)
@@ -208,8 +209,8 @@ class DdsProcess:
 def start_dds(config_path: Path, log_path: Path, metrics_port: int, *, wait_ready: bool = True,
               timeout: float = 60.0, extra_args: tuple[str, ...] = (),
               env: Optional[dict[str, str]] = None) -> DdsProcess:
-    """Start `dds serve`; wait until /readyz answers 200 (or, with wait_ready=False, /healthz: a standby is live but
-    not ready)."""
+    """Start `dds serve`; wait until /readyz answers 200 (started: every replica, leader or standby), or with
+    wait_ready=False only until /healthz does (live, maybe still starting)."""
     command = [sys.executable, "-m", "dds", "serve", "--config", str(config_path), *extra_args]
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
@@ -280,7 +281,7 @@ class Stack:
         self.infrastructure.run_in_thread()
         self._exit.callback(self.infrastructure.stop)
         self.config_path = self.write_dds_config("dds.yaml", self.grpc_port)
-        self.dds = self.start_dds()
+        self.dds = self.start_dds(env=self.options.dds_env or None)
         self._exit.callback(lambda: self.dds.stop() if self.dds else None)
         if self.options.autoscaler:
             self.start_autoscaler()

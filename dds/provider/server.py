@@ -23,6 +23,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dds.config import Settings
+from dds.metrics import CERTIFICATE_EXPIRY
 from dds.scaling.requests import ScaleDownDecider, ScaleUpDecider
 from dds.provider.gen.externalgrpc import externalgrpc_pb2
 from dds.provider.callers import CallerGate, has_usage
@@ -224,8 +225,28 @@ def build_server(settings: Settings, registry: Registry, scale_up: ScaleUpDecide
     else:
         credentials = server_credentials(settings)
         port = _bind(settings.listen, lambda: server.add_secure_port(settings.listen, credentials))
+        publish_certificate_expiry(settings)
     host = settings.listen.rsplit(":", 1)[0]
     return ProviderServer(server=server, health=health_servicer, address=f"{host}:{port}", port=port)
+
+
+def certificate_expiry(path: Path) -> float:
+    """The soonest notAfter (Unix seconds) of the PEM certificates in `path` (a CA bundle may hold several); NaN, logged,
+    when the file cannot be read or holds none (a Secret being swapped in: the next scrape reads it again)."""
+    try:
+        certificates = x509.load_pem_x509_certificates(Path(path).read_bytes())
+    except (OSError, ValueError) as exc:
+        log.warning("dds_certificate_expiry_seconds: cannot read the certificates of %s: %s", path, exc)
+        return float("nan")
+    return min(c.not_valid_after_utc.timestamp() for c in certificates)
+
+
+def publish_certificate_expiry(settings: Settings) -> None:
+    """dds_certificate_expiry_seconds for the server certificate and the client CA, read from their files at each
+    scrape (the files are re-read on change for serving too, so the metric follows a renewal without a restart)."""
+    for name, path in (("server", settings.tls_cert), ("client_ca", settings.tls_ca)):
+        if path is not None:
+            CERTIFICATE_EXPIRY.labels(name).set_function(lambda path=path: certificate_expiry(path))
 
 
 def _bind(listen: str, add_port: Callable[[], int]) -> int:

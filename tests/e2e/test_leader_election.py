@@ -3,17 +3,20 @@ duration). Real apiserver, scheduler and kwok; both replicas are `dds serve` pro
 on one Lease (dds-system/dds-leader), identities dds-a and dds-b, each on its own ports.
 
 How cluster-autoscaler reaches "DDS": its cloud-config has one address. In a cluster that is the DDS Service, which routes
-only to Ready pods, and DDS is Ready only on the leader. Here a `ReadyForwarder` (harness/forwarder.py) plays the
-Service: CA dials it, each new connection goes to the replica whose /readyz passes at that moment, and a killed replica's
+to the Ready pods carrying the leader's label dds.cdi.dev/leader=true (every replica is Ready once it can serve; the
+leader labels its own Pod: dds/kube/leader_label.py). Each replica here is told its Pod (POD_NAME: an API object in
+dds-system, no kubelet runs it), and a `ReadyForwarder` (harness/forwarder.py) plays the Service: CA dials it, each new
+connection goes to the replica that is Ready and whose Pod is labelled at that moment, and a killed replica's
 connections break so CA's channel reconnects to the new leader. Pointing CA at the leader's port instead would hide the
 one thing worth seeing: that CA finds the new leader by itself.
 
 The scenario runs once for the module (fixture `election`); each test asserts one thing a user would check:
-1. dds-a leads, dds-b is a standby: not Ready, and it answers every CloudProvider RPC UNAVAILABLE naming the leader.
+1. dds-a leads, dds-b is a standby: Ready but not labelled, and it answers every CloudProvider RPC UNAVAILABLE naming
+   the leader.
 2. A memory-heavy pod: CA asks for a node through the forwarder; dds-a adds it and attaches its boot GPU.
 3. SIGKILL dds-a while a new 1-GPU pod arrives: dds-b takes the Lease (handover measured, printed) and serves that
    scale-up: one GPU attached, no node added. Every DDS Event says which replica wrote it (reportingInstance).
-4. dds-a comes back: now it is the standby, naming dds-b.
+4. dds-a comes back: now it is the standby (Ready, its Pod's label cleared at start), naming dds-b.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from kubernetes import client
 
 from dds import certs
 from harness.autoscaler import free_port
+from dds.kube.leader_label import LEADER_LABEL, LEADER_VALUE
 from harness.forwarder import Backend, ReadyForwarder, Route
 from harness.invariants import wait_converged
 from harness.stack import (DDS_NAMESPACE, WORKLOAD_NAMESPACE, DdsProcess, Stack, StackOptions, gpus_allocatable,
@@ -61,14 +65,21 @@ class Replica:
     def address(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
-    def backend(self) -> Backend:
+    def labelled(self, core: client.CoreV1Api) -> bool:
+        """Whether the Service's selector picks this replica's Pod (the leader's label)."""
+        labels = core.read_namespaced_pod(self.identity, DDS_NAMESPACE).metadata.labels or {}
+        return labels.get(LEADER_LABEL) == LEADER_VALUE
+
+    def backend(self, core: client.CoreV1Api) -> Backend:
         process = self.process
-        return Backend(self.identity, "127.0.0.1", self.grpc_port, lambda: process is not None and process.ready())
+        return Backend(self.identity, "127.0.0.1", self.grpc_port,
+                       lambda: process is not None and process.ready() and self.labelled(core))
 
 
 @dataclass
 class ElectionRun:
-    standby_ready_while_a_leads: bool = True
+    standby_ready_while_a_leads: bool = False
+    standby_labelled_while_a_leads: bool = True
     standby_answer_while_a_leads: Optional[tuple[grpc.StatusCode, str]] = None
     leader_answer_while_a_leads: Optional[tuple[grpc.StatusCode, str]] = None
     events_before_kill: list[DdsEvent] = field(default_factory=list)
@@ -84,7 +95,8 @@ class ElectionRun:
     lease_transitions: int = 0
     pool_used_seen_by_new_leader: float = -1.0
     pool_used_at_takeover: int = -1
-    restarted_ready: bool = True
+    restarted_ready: bool = False
+    restarted_labelled: bool = True
     restarted_answer: Optional[tuple[grpc.StatusCode, str]] = None
     invariant_problems: list[str] = field(default_factory=list)
     timeline: list[str] = field(default_factory=list)
@@ -107,7 +119,14 @@ class Scenario:
             node_provisioning_seconds=8.0, gpu_idle_cooldown_seconds=600.0, node_idle_cooldown_seconds=600.0,
             autoscaler_timings={"scale_down_unneeded_time": 600.0, "scale_down_delay_after_add": 600.0},
             dds_settings={"leader_election": True, "identity": "dds-a", "lease_duration_seconds": LEASE_DURATION,
-                          "renew_deadline_seconds": RENEW_DEADLINE, "retry_period_seconds": RETRY_PERIOD}))
+                          "renew_deadline_seconds": RENEW_DEADLINE, "retry_period_seconds": RETRY_PERIOD},
+            dds_env={"POD_NAME": "dds-a"}))
+        for identity in ("dds-a", "dds-b"):  # dds-a's label is written by its next pass once its Pod is there
+            self.stack.core.create_namespaced_pod(DDS_NAMESPACE, {
+                "metadata": {"name": identity, "labels": {"app.kubernetes.io/name": "dds"}},
+                "spec": {"schedulerName": "nobody", "containers": [{"name": "dds", "image": "example.com/dds:1"}]}})
+            # Running, as the kubelet of the node the replica runs on would report it (the processes run here).
+            self.stack.core.patch_namespaced_pod_status(identity, DDS_NAMESPACE, {"status": {"phase": "Running"}})
         self.extra: list[DdsProcess] = []
         self.forwarder: Optional[ReadyForwarder] = None
 
@@ -129,9 +148,12 @@ class Scenario:
         self.a = Replica("dds-a", stack.config_path, stack.grpc_port, stack.dds)
         b_port = free_port()
         self.b = Replica("dds-b", stack.write_dds_config("dds-b.yaml", b_port, identity="dds-b"), b_port)
-        self.b.process = stack.start_dds(self.b.config, "dds-b.log", wait_ready=False)
+        # Ready is not leading any more: dds-a leads once its Pod carries the label (written by its next pass).
+        wait_for(stack, "dds-a leading, its Pod labelled", lambda: self.a.labelled(stack.core), timeout=60)
+        self.b.process = stack.start_dds(self.b.config, "dds-b.log", wait_ready=False, env={"POD_NAME": "dds-b"})
         self.extra.append(self.b.process)
-        self.forwarder = ReadyForwarder(lambda: [self.a.backend(), self.b.backend()]).start()
+        core = stack.core
+        self.forwarder = ReadyForwarder(lambda: [self.a.backend(core), self.b.backend(core)]).start()
         cloud_config = certs.cloud_config(certs.CloudConfigOptions(address=self.forwarder.address,
                                                                    files_dir=str(stack.tls_dir)))
         (stack.tls_dir / certs.CLOUD_CONFIG).write_text(yaml.safe_dump(cloud_config, sort_keys=False))
@@ -147,7 +169,9 @@ class Scenario:
         stack, run = self.stack, self.run
         wait_for(stack, "two Ready workers with their boot GPU",
                  lambda: len([n for n in stack.nodes() if is_ready(n) and gpus_allocatable(n) == 1]) == 2)
+        wait_for(stack, "dds-b Ready (started, a standby)", self.b.process.ready, timeout=60)
         run.standby_ready_while_a_leads = self.b.process.ready()
+        run.standby_labelled_while_a_leads = self.b.labelled(stack.core)
         with ProviderClient(stack, self.b.address) as standby, ProviderClient(stack, self.a.address) as leader:
             run.standby_answer_while_a_leads = standby.refusal()
             run.leader_answer_while_a_leads = leader.refusal()
@@ -178,16 +202,16 @@ class Scenario:
         stack.core.create_namespaced_pod(WORKLOAD_NAMESPACE, pod("train-1", memory_gib=8, gpus=1))
         self.note("SIGKILL dds-a; train-1 (1 GPU) created")
         stack.dds = self.b.process  # the stack now watches the replica that should lead
-        while not self.b.process.ready():
+        while not (self.b.process.ready() and self.b.labelled(stack.core)):
             if time.monotonic() - killed > 3 * HANDOVER_BOUND:
-                raise AssertionError(f"dds-b not Ready {3 * HANDOVER_BOUND:.0f}s after dds-a was killed")
+                raise AssertionError(f"dds-b not Ready and labelled {3 * HANDOVER_BOUND:.0f}s after dds-a was killed")
             stack.check_alive()
             time.sleep(0.1)
         run.handover_seconds = time.monotonic() - killed
         lease = self.lease()
         run.lease_holder = lease.spec.holder_identity or ""
         run.lease_transitions = (lease.spec.lease_transitions or 0) - transitions_before
-        self.note(f"dds-b Ready (leading) {run.handover_seconds:.1f}s after the kill "
+        self.note(f"dds-b labelled (leading) {run.handover_seconds:.1f}s after the kill "
                   f"(lease {LEASE_DURATION:g}s, retry {RETRY_PERIOD:g}s)")
         wait_for(stack, "dds-b's first loop to publish the pool gauges",
                  lambda: used_gauge(self.b.process) is not None, timeout=30)
@@ -198,11 +222,13 @@ class Scenario:
         stack, run = self.stack, self.run
         wait_for(stack, "train-1 Running", lambda: pods_running(stack, ["train-1"]))
         self.note("train-1 Running")
-        a2 = stack.start_dds(self.a.config, "dds-a-restarted.log", wait_ready=False)
+        a2 = stack.start_dds(self.a.config, "dds-a-restarted.log", wait_ready=False, env={"POD_NAME": "dds-a"})
         self.extra.append(a2)
         self.a.process = a2
         time.sleep(2 * JITTERED_RETRY)  # a campaign step or two: it has seen who holds the Lease
+        wait_for(stack, "dds-a restarted Ready (a standby)", a2.ready, timeout=60)
         run.restarted_ready = a2.ready()
+        run.restarted_labelled = self.a.labelled(stack.core)
         with ProviderClient(stack, self.a.address) as restarted:
             run.restarted_answer = restarted.refusal()
         self.note(f"dds-a restarted as a standby: answers {run.restarted_answer}")
@@ -256,11 +282,12 @@ def lines(events: list[DdsEvent]) -> str:
     return "\n".join(e.line() for e in events)
 
 
-def test_the_standby_is_not_ready_and_refuses_ca_naming_the_leader(election: ElectionRun):
+def test_the_standby_is_ready_unlabelled_and_refuses_ca_naming_the_leader(election: ElectionRun):
     assert election.leader_answer_while_a_leads is None, election.leader_answer_while_a_leads
-    assert election.standby_ready_while_a_leads is False
+    assert election.standby_ready_while_a_leads is True and election.standby_labelled_while_a_leads is False
     assert election.standby_answer_while_a_leads == (grpc.StatusCode.UNAVAILABLE, "not the leader; the leader is dds-a")
-    assert election.restarted_ready is False
+    # The killed leader's label stayed on its Pod (SIGKILL); the restarted process cleared it at start.
+    assert election.restarted_ready is True and election.restarted_labelled is False
     assert election.restarted_answer == (grpc.StatusCode.UNAVAILABLE, "not the leader; the leader is dds-b")
 
 
@@ -272,7 +299,7 @@ def test_only_the_leader_acts_and_every_event_names_it(election: ElectionRun):
     assert any(e.reason == "AttachingGPU" and e.involved == "pod/train-1" for e in after), lines(after)
 
 
-def test_ca_reaches_only_the_ready_replica(election: ElectionRun):
+def test_ca_reaches_only_the_labelled_leader(election: ElectionRun):
     assert election.routes_before_kill and {r.backend for r in election.routes_before_kill} <= {"dds-a", None}
     assert "dds-a" in {r.backend for r in election.routes_before_kill}
     assert {r.backend for r in election.routes_after_takeover} <= {"dds-b", None}

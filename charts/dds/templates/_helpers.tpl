@@ -121,7 +121,59 @@ app.kubernetes.io/name: cluster-autoscaler
 {{- $_ := set $settings "namespace" .Release.Namespace }}
 {{- $_ := set $settings "metrics_listen" (printf "0.0.0.0:%d" (int .Values.service.metricsPort)) }}
 {{- $_ := set $settings "lease_name" (include "dds.leaseName" .) }}
+{{- include "dds.refusals" (dict "settings" $settings "Values" .Values) }}
 {{- toYaml $settings }}
+{{- end }}
+
+{{/* What `dds serve` refuses at start across several settings (values.schema.json, generated from dds/config.py,
+     refuses each setting alone), refused here with DDS's reason: tests/integration/chart/test_settings_refusals.py
+     renders each. */}}
+{{- define "dds.refusals" -}}
+{{- $s := .settings }}
+{{- /* dds/ops/http.py check_metrics_settings: the chart binds metrics_listen to the pod's address. */}}
+{{- if ne (toString (get $s "metrics_secure")) "true" }}
+{{- fail (printf "settings.metrics_secure must be true: the chart serves /metrics on the pod's address (%s) for the probes and scrapes, and DDS refuses a metrics_listen that is not a loopback address without metrics_secure (/metrics and /decisions would be open to anyone who can reach it; docs/operations.md \"Who may scrape\")" (get $s "metrics_listen")) }}
+{{- end }}
+{{- if ne (empty (get $s "metrics_tls_cert")) (empty (get $s "metrics_tls_key")) }}
+{{- fail "settings.metrics_tls_cert and settings.metrics_tls_key go together: set both, or neither to serve with the gRPC server's tls_cert and tls_key" }}
+{{- end }}
+{{- /* dds/config.py Settings._pools_of_the_simulated_fabric and dds/fabric/factory.py require_pools. */}}
+{{- $simulated := dig "simulated_fabric" "pools" nil $s }}
+{{- $declared := not (kindIs "invalid" (get $s "pools" | default nil)) }}
+{{- if eq (get $s "fabric") "simulated" }}
+{{- if $declared }}
+{{- fail "settings.pools is for a real fabric (composability-request, redfish); the simulated fabric's pools are fabric.settings.pools (simulated_fabric.pools)" }}
+{{- end }}
+{{- else if and (not $declared) (kindIs "invalid" $simulated) }}
+{{- fail (printf "fabric %s: declare the GPU pools the fabric holds in settings.pools, e.g. --set-json 'settings.pools=[{\"name\":\"pool-a\",\"devices\":{\"A100\":16}}]' (docs/install.md \"Declare the pools\")" (get $s "fabric")) }}
+{{- end }}
+{{- $pools := ternary (get $s "pools") $simulated $declared | default list }}
+{{- /* dds/fabric/simulated.py _validate_pools; dds/fabric/composability.py _capacity_from. */}}
+{{- $names := dict }}
+{{- $poolOfModel := dict }}
+{{- range $index, $pool := $pools }}
+{{- if and (eq (get $s "fabric") "simulated") (hasKey $names $pool.name) }}
+{{- fail (printf "simulated_fabric.pools[%d] (%q): pool name used twice" $index $pool.name) }}
+{{- end }}
+{{- $_ := set $names $pool.name true }}
+{{- if eq (get $s "fabric") "composability-request" }}
+{{- range $model, $count := $pool.devices }}
+{{- if hasKey $poolOfModel $model }}
+{{- fail (printf "pools[%d] (%q): model %s is already in pool %q; the ComposabilityRequest API cannot tell pools apart, so a model must be in one pool only" $index $pool.name $model (get $poolOfModel $model)) }}
+{{- end }}
+{{- $_ := set $poolOfModel $model $pool.name }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- /* dds/config.py Settings._granted_namespaces_are_read. */}}
+{{- $read := get $s "machineset_namespaces" | default list }}
+{{- if $read }}
+{{- range $namespace, $_ := (get $s "node_group_namespaces" | default dict) }}
+{{- if not (has $namespace $read) }}
+{{- fail (printf "settings.node_group_namespaces names %s, which settings.machineset_namespaces leaves unread: add it there too, or remove it here" $namespace) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* metrics_secure serves the operations port over TLS (DDS's default is plain HTTP on localhost). */}}

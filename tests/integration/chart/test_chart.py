@@ -5,10 +5,11 @@ apiserver, and the chart kept in agreement with manifests/ (what `kubectl apply 
 Documented differences between the chart and kustomize (docs/install.md "Chart and manifests"), the only ones the
 agreement test forgives:
 - Helm's labels (helm.sh/chart, app.kubernetes.io/managed-by, instance, version) on every object and pod template;
-- the pod template's checksum/settings annotation (a settings change restarts DDS);
+- the pod templates' checksum/settings and checksum/client-tls annotations (a settings change restarts DDS, a changed
+  client certificate Secret cluster-autoscaler);
 - helm.sh/resource-policy: keep on the CRDs (uninstalling never deletes MachineSets);
-- settings.yaml compared as parsed YAML, with the chart's required `fabric` left out (the kustomize base leaves the
-  fabric commented out for the user to choose).
+- settings.yaml compared as parsed YAML, with the chart's required `fabric` and `pools` left out (the kustomize base
+  leaves the fabric commented out for the user to choose, and a real fabric's pools are the user's to declare).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
 from dds.config import FabricBackend, NodeBackend, Settings
+from dds.kube.leader_label import LEADER_LABEL, LEADER_VALUE
 from harness import rbac
 from harness.dry_run import dry_run_apply as check_by_dry_run
 from harness.kustomize import render
@@ -33,12 +35,15 @@ FIELD_MANAGER = "dds-chart-test"
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance",
                "app.kubernetes.io/version")
 
+# A real fabric's pools, which DDS (and so the chart) refuses to start without.
+POOLS = {"settings.pools[0].name": "rack-1", "settings.pools[0].devices.A100": "16"}
 # The choices manifests/ makes, as chart values.
-AS_KUSTOMIZE = {"fabric.backend": "composability-request", "namespace.create": "true", "priorityClassName": "",
+AS_KUSTOMIZE = {"fabric.backend": "composability-request", **POOLS, "namespace.create": "true", "priorityClassName": "",
+                "crds.clusterApi": "true", "crds.composability": "true",
                 "clusterAutoscaler.podDisruptionBudget.enabled": "false"}
 # Every optional object on: cert-manager TLS, the Prometheus Operator objects, the dashboard, a budget, Redfish.
 EVERYTHING = {
-    "fabric.backend": "redfish", "fabric.settings.endpoint": "https://redfish.example:8443",
+    "fabric.backend": "redfish", **POOLS, "fabric.settings.endpoint": "https://redfish.example:8443",
     "fabric.settings.username": "dds", "fabric.redfish.passwordSecret": "redfish-password",
     "fabric.redfish.caSecret": "redfish-ca", "tls.certManager.enabled": "true",
     "tls.certManager.issuerRef.name": "dds-ca", "tls.certManager.clientIssuerRef.name": "dds-client-ca",
@@ -47,12 +52,13 @@ EVERYTHING = {
     "metricsReaderBinding.subjects[0].name": "prometheus-k8s",
     "metricsReaderBinding.subjects[0].namespace": "monitoring",
 }
-# A kwok test cluster: the simulated fabric, no cluster-autoscaler, CRDs installed by someone else, plain metrics.
+# A kwok test cluster: the simulated fabric, no cluster-autoscaler, CRDs installed by someone else. (Not plain metrics:
+# the chart binds them to the pod's address, where DDS refuses them without metrics_secure: test_settings_refusals.py.)
 MINIMAL = {"fabric.backend": "simulated", "clusterAutoscaler.enabled": "false", "crds.clusterApi": "false",
-           "crds.composability": "false", "settings.node_backend": "kwok", "settings.metrics_secure": "false",
+           "crds.composability": "false", "settings.node_backend": "kwok",
            "serviceMonitor.enabled": "true", "replicaCount": "1"}
 VALUE_SETS = {"as-kustomize": AS_KUSTOMIZE, "everything": EVERYTHING, "minimal": MINIMAL,
-              "defaults": {"fabric.backend": "composability-request"}}
+              "defaults": {"fabric.backend": "composability-request", **POOLS}}
 
 
 def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -177,13 +183,23 @@ def test_cert_manager_refuses_one_ca_for_both_ends(values: dict[str, str], messa
 
 
 def test_defaults_follow_cluster_autoscalers_chart() -> None:
-    objects = helm_template({"fabric.backend": "composability-request"})
+    objects = helm_template({"fabric.backend": "composability-request", **POOLS})
     for name in ("dds", "cluster-autoscaler"):
         assert find(objects, "Deployment", name)["spec"]["template"]["spec"]["priorityClassName"] == \
             "system-cluster-critical"
     assert find(objects, "PodDisruptionBudget", "cluster-autoscaler")["spec"]["maxUnavailable"] == 1
-    # Only the leader is Ready: a budget on DDS would block draining the leader's node, so none by default.
-    assert not [o for o in objects if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"] == "dds"]
+
+
+
+def test_every_replica_ready_upgrades_one_at_a_time_and_the_service_selects_the_leader() -> None:
+    """Every replica is Ready once it can serve: a rolling update never has fewer Ready replicas than asked for, a
+    budget lets a drain take one at a time, and cluster-autoscaler's Service selects the leader's label only."""
+    for objects in (helm_template({"fabric.backend": "composability-request", **POOLS}), render(MANIFESTS)):
+        assert find(objects, "Deployment", "dds")["spec"]["strategy"] == \
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+        assert find(objects, "PodDisruptionBudget", "dds")["spec"]["maxUnavailable"] == 1
+        assert find(objects, "Service", "dds")["spec"]["selector"] == \
+            {"app.kubernetes.io/name": "dds", LEADER_LABEL: LEADER_VALUE}
 
 
 def copies_in_the_chart() -> list[tuple[Path, Path]]:
@@ -212,20 +228,26 @@ GRANT_CHOICES = [(backend.value, False) for backend in FabricBackend] + [(Fabric
 def test_the_chart_grants_dds_what_its_fabric_and_features_ship_with(fabric: str, reservations: bool) -> None:
     """The chart renders the same files as manifests/rbac/<fabric> (and reservations'), picked by its values: what
     DDS may do is what an e2e stack of that fabric runs under (harness/rbac.py dds_for), nothing of another fabric."""
-    objects = helm_template({"fabric.backend": fabric, "settings.reservations": str(reservations).lower()})
+    pools = POOLS if fabric != FabricBackend.SIMULATED.value else {}
+    objects = helm_template({"fabric.backend": fabric, **pools, "settings.reservations": str(reservations).lower()})
     assert rbac.grants_of(objects, "dds", "dds-system") == rbac.granted(rbac.dds_for(fabric, reservations=reservations))
     policies = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
-    assert policies == {"dds-node-writes", "dds-resourceslice-writes"} | ({"dds-pod-writes"} if reservations else set())
+    assert policies == {"dds-node-writes", "dds-resourceslice-writes", "dds-own-pod-writes"} | \
+        ({"dds-pod-writes"} if reservations else set())
 
 
 def test_the_admission_policies_and_state_configmaps_follow_the_release() -> None:
     objects = helm_template({"fabric.backend": "simulated", "settings.reservations": "true",
                              "fabric.settings.state_configmap": "edge-fabric"}, namespace="gpu-scaling", release="edge")
     policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
-    assert set(policies) == {"edge-dds-node-writes", "edge-dds-resourceslice-writes", "edge-dds-pod-writes"}
+    assert set(policies) == {"edge-dds-node-writes", "edge-dds-resourceslice-writes", "edge-dds-pod-writes",
+                             "edge-dds-own-pod-writes"}
     for policy in policies.values():
-        [condition] = policy["spec"]["matchConditions"]
+        condition = policy["spec"]["matchConditions"][0]
         assert condition["expression"] == "request.userInfo.username == 'system:serviceaccount:gpu-scaling:edge-dds'"
+    # DDS's own namespace is the ServiceAccount's, whichever the release's: no namespace written in the expression.
+    assert [c["name"] for c in policies["edge-dds-own-pod-writes"]["spec"]["matchConditions"]] == \
+        ["dds-service-account", "own-namespace"]
     bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
     state = find(objects, "Role", "edge-dds-simulated")
@@ -242,9 +264,9 @@ def test_the_network_policies_bound_egress_and_cluster_autoscalers_metrics() -> 
     assert autoscaler["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert [peer for rule in autoscaler["spec"]["ingress"] for peer in rule["from"]] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
-    composability = helm_template({"fabric.backend": "composability-request"})
+    composability = helm_template({"fabric.backend": "composability-request", **POOLS})
     assert egress_ports(find(composability, "NetworkPolicy", "dds")) == {53, 443, 6443}
-    narrowed = helm_template({"fabric.backend": "redfish", "networkPolicy.apiServer.cidrs[0]": "10.0.0.1/32",
+    narrowed = helm_template({"fabric.backend": "redfish", **POOLS, "networkPolicy.apiServer.cidrs[0]": "10.0.0.1/32",
                               "networkPolicy.fabricEndpoints[0].cidrs[0]": "10.1.0.5/32",
                               "networkPolicy.fabricEndpoints[0].port": "8000"})
     rules = find(narrowed, "NetworkPolicy", "dds")["spec"]["egress"]
@@ -257,7 +279,7 @@ def test_crds_are_left_out_when_cluster_api_or_the_operator_brings_them() -> Non
     def crd_groups(values: dict[str, str]) -> set[str]:
         return {o["spec"]["group"] for o in helm_template(values) if o["kind"] == "CustomResourceDefinition"}
 
-    base = {"fabric.backend": "composability-request"}
+    base = {"fabric.backend": "composability-request", **POOLS, "crds.clusterApi": "true", "crds.composability": "true"}
     assert crd_groups(base) == {"cluster.x-k8s.io", "cro.hpsys.ibm.ie.com"}
     assert crd_groups({**base, "crds.clusterApi": "false"}) == {"cro.hpsys.ibm.ie.com"}
     assert crd_groups({**base, "crds.clusterApi": "false", "crds.composability": "false"}) == set()
@@ -277,13 +299,14 @@ def normalised(objects: list[dict[str, Any]], from_helm: bool) -> dict[tuple[str
             for label in HELM_LABELS if from_helm else ():
                 (metadata.get("labels") or {}).pop(label, None)
             annotations = metadata.get("annotations") or {}
-            for annotation in ("checksum/settings", "helm.sh/resource-policy") if from_helm else ():
+            for annotation in ("checksum/settings", "checksum/client-tls", "helm.sh/resource-policy") if from_helm else ():
                 annotations.pop(annotation, None)
             if "annotations" in metadata and not annotations:
                 del metadata["annotations"]
         if obj["kind"] == "ConfigMap" and "settings.yaml" in obj.get("data", {}):
             settings = yaml.safe_load(obj["data"]["settings.yaml"])
             settings.pop("fabric", None)
+            settings.pop("pools", None)
             obj["data"]["settings.yaml"] = settings
         out[(obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])] = obj
     return out
@@ -339,7 +362,7 @@ def test_every_value_set_renders_the_deployment_dds_runs() -> None:
         assert deployment["spec"]["template"]["spec"]["containers"][0]["args"] == \
             ["serve", "--config", "/etc/dds/settings.yaml"], name
     minimal = find(helm_template(MINIMAL), "Deployment", "dds")["spec"]["template"]["spec"]["containers"][0]
-    assert minimal["readinessProbe"]["httpGet"]["scheme"] == "HTTP"  # metrics_secure off: plain HTTP
+    assert minimal["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"  # metrics_secure: the only choice on a pod address
     assert settings_of(helm_template(MINIMAL))["node_backend"] == NodeBackend.KWOK.value
 
 

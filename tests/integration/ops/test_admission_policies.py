@@ -1,7 +1,8 @@
 """The ValidatingAdmissionPolicies DDS ships (manifests/dds/admission.yaml, manifests/rbac/reservations) on the real
 apiserver, acting with DDS's ServiceAccount token (harness/rbac.py installs them with its RBAC): the writes DDS makes
 pass, and what its RBAC grants but DDS never does — another node label or taint key, a cordon, a pod's image, another
-toleration, a ResourceSlice of another driver — is refused by the apiserver, naming the policy.
+toleration, a ResourceSlice of another driver, any change but the leader's label to a Pod of its own namespace — is
+refused by the apiserver, naming the policy.
 
 Each refused request is declared with `expect_refusal` (harness/rbac_plugin.py): the 403 is what these tests assert,
 not a grant DDS lacks.
@@ -17,6 +18,7 @@ import pytest
 from kubernetes import client
 
 from dds.kube.composability import NODE_FINALIZER
+from dds.kube.leader_label import LEADER_LABEL, LEADER_VALUE, LeaderPodLabel
 from dds.kube.nodes import add_taint, label_node, remove_taint
 from dds.kube.pods import add_toleration
 from dds.model.groups import DDS_DRA_DRIVER, LABEL_ATTACHED_GPU
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.integration
 POLICY_ACTIVE_TIMEOUT_S = 60.0
 ADMIN_TAINT = "example.com/maintenance"
 VENDOR_DRIVER = "gpu.nvidia.com"
+DDS_NAMESPACE = "dds-system"  # where manifests/ install DDS (harness/rbac.py DDS)
 
 
 def refused(call: Callable[[], Any], policy: str) -> str:
@@ -216,3 +219,52 @@ def test_dds_writes_its_own_drivers_slices_and_no_other(active: None, control_pl
         admin.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", vendor)
     objects.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", own)
 
+
+
+# --- Pods of DDS's own namespace: the leader's label only (dds-own-pod-writes) ---
+
+@pytest.fixture
+def own_pod(admin: client.CoreV1Api, namespace: str) -> Iterator[str]:
+    """A Pod in DDS's namespace (dds-system), as a DDS replica's Pod is, with an administrator's label."""
+    name = f"{namespace}-dds"
+    admin.create_namespaced_pod(DDS_NAMESPACE, {
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "dds"}},
+        "spec": {"schedulerName": "nobody", "containers": [{"name": "dds", "image": "example.com/dds:1"}]}})
+    yield name
+    admin.delete_namespaced_pod(name, DDS_NAMESPACE, grace_period_seconds=0)
+
+
+def pod_labels(admin: client.CoreV1Api, name: str) -> dict[str, str]:
+    return admin.read_namespaced_pod(name, DDS_NAMESPACE).metadata.labels or {}
+
+
+def test_dds_sets_and_clears_the_leader_label_on_a_pod_of_its_namespace(active: None, dds_api: client.ApiClient,
+                                                                        admin: client.CoreV1Api, own_pod: str) -> None:
+    label = LeaderPodLabel(dds_api, DDS_NAMESPACE, own_pod, request_timeout=10.0)
+    assert label.mark(True)
+    assert pod_labels(admin, own_pod) == {"app.kubernetes.io/name": "dds", LEADER_LABEL: LEADER_VALUE}
+    assert label.mark(False)
+    assert pod_labels(admin, own_pod) == {"app.kubernetes.io/name": "dds"}
+
+
+def test_dds_changes_nothing_else_of_a_pod_of_its_namespace(active: None, dds_api: client.ApiClient,
+                                                            admin: client.CoreV1Api, own_pod: str,
+                                                            expect_refusal: Callable[[str, str], None]) -> None:
+    expect_refusal("pods", own_pod)
+    core = client.CoreV1Api(dds_api)
+
+    def patch(body: dict[str, Any]) -> Callable[[], Any]:
+        return lambda: core.patch_namespaced_pod(own_pod, DDS_NAMESPACE, body)
+
+    policy = "dds-own-pod-writes"
+    wait_until_refused(patch({"metadata": {"labels": {"app.kubernetes.io/name": "other"}}}),
+                       lambda: admin.patch_namespaced_pod(own_pod, DDS_NAMESPACE,
+                                                          {"metadata": {"labels": {"app.kubernetes.io/name": "dds"}}}))
+    assert "may only set the label dds.cdi.dev/leader=true" in refused(
+        patch({"metadata": {"labels": {"app.kubernetes.io/name": None}}}), policy)
+    refused(patch({"metadata": {"labels": {LEADER_LABEL: "false"}}}), policy)
+    assert "changes nothing of a Pod in its own namespace" in refused(
+        patch({"spec": {"containers": [{"name": "dds", "image": "example.com/not-dds:1"}]}}), policy)
+    refused(patch({"metadata": {"annotations": {"example.com/x": "y"}}}), policy)
+    assert pod_labels(admin, own_pod) == {"app.kubernetes.io/name": "dds"}
+    assert admin.read_namespaced_pod(own_pod, DDS_NAMESPACE).spec.containers[0].image == "example.com/dds:1"

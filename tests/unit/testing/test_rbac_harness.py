@@ -21,7 +21,7 @@ def test_each_identity_applies_the_rbac_objects_its_kustomization_renders() -> N
 
 def test_each_fabric_gets_only_its_own_grants() -> None:
     """What an e2e stack installs for one fabric (harness/stack.py) holds nothing only another fabric needs, and pod
-    writes only with reservations."""
+    writes beyond DDS's own namespace (its Role: the leader's Pod label) only with reservations."""
     nodes_status = Grant("patch", "nodes", "status", "")
     requests = Grant("create", "composabilityrequests", "", "cro.hpsys.ibm.ie.com")
     pod_patch = Grant("patch", "pods", "", "")
@@ -30,9 +30,14 @@ def test_each_fabric_gets_only_its_own_grants() -> None:
         assert nodes_status not in rbac.granted(rbac.dds_for(fabric)), fabric
     assert requests in rbac.granted(rbac.dds_for("composability-request"))
     assert requests not in rbac.granted(rbac.dds_for("simulated"))
+    def cluster_wide(identity: rbac.Identity) -> set[Grant]:
+        return set().union(*(rbac.rule_grants(rule) for obj in identity.objects() if obj["kind"] == "ClusterRole"
+                             for rule in obj.get("rules", [])))
+
     for fabric in rbac.FABRIC_FEATURES:
-        assert pod_patch not in rbac.granted(rbac.dds_for(fabric)), fabric
-        assert pod_patch in rbac.granted(rbac.dds_for(fabric, reservations=True)), fabric
+        assert pod_patch in rbac.granted(rbac.dds_for(fabric)), fabric  # the Role in dds-system
+        assert pod_patch not in cluster_wide(rbac.dds_for(fabric)), fabric
+        assert pod_patch in cluster_wide(rbac.dds_for(fabric, reservations=True)), fabric
     assert rbac.granted(rbac.DDS) == set().union(*(rbac.granted(rbac.dds_for(f, reservations=True))
                                                    for f in rbac.FABRIC_FEATURES))
 

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Generates the `settings` and `fabric.settings` parts of charts/dds/values.schema.json from dds/config.py's Settings.
+
+    .venv/bin/python hack/gen-chart-schema.py           # rewrite the checked-in schema (make chart-schema)
+    .venv/bin/python hack/gen-chart-schema.py --check   # exit 1 if the checked-in schema is not this script's output
+
+One source of truth: `helm template`/`helm install` refuse a misspelt, mistyped or out-of-range setting the way
+`dds serve` does at start, instead of rendering a pod that crash-loops. The refusals that span several values (e.g.
+metrics_secure with the chart's pod-address bind) are `fail`s in templates/_helpers.tpl ("dds.refusals").
+tests/integration/chart/test_settings_refusals.py keeps the checked-in schema equal to this output and renders each
+refusal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from dds.config import Settings
+
+SCHEMA = Path(__file__).resolve().parents[1] / "charts" / "dds" / "values.schema.json"
+# fabric.backend -> the settings section it reads (templates/_helpers.tpl "dds.fabricSection").
+FABRIC_SECTIONS = {"composability-request": "composability", "redfish": "redfish", "simulated": "simulated_fabric"}
+GENERATED = "generated from dds/config.py Settings by hack/gen-chart-schema.py (make chart-schema): do not edit"
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    """The schema with every $ref replaced by its definition and pydantic's titles dropped (helm reads one file)."""
+    if isinstance(node, dict):
+        if "$ref" in node:
+            return _inline(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+        return {key: _inline(value, defs) for key, value in node.items() if key != "title"}
+    if isinstance(node, list):
+        return [_inline(item, defs) for item in node]
+    return node
+
+
+def settings_schema() -> dict[str, Any]:
+    raw = Settings.model_json_schema()
+    defs = raw.get("$defs", {})
+    properties = {name: _inline(prop, defs) for name, prop in raw["properties"].items() if name != "config_file"}
+    return {"type": "object", "description": f"DDS settings (docs/configuration.md); {GENERATED}",
+            "properties": properties, "additionalProperties": False}
+
+
+def fabric_section_rules(settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """fabric.settings is the section of the chosen backend: checked with that section's schema."""
+    return [{"if": {"properties": {"backend": {"const": backend}}, "required": ["backend"]},
+             "then": {"properties": {"settings": settings["properties"][section]}}}
+            for backend, section in FABRIC_SECTIONS.items()]
+
+
+def generate(current: dict[str, Any]) -> dict[str, Any]:
+    out = json.loads(json.dumps(current))
+    settings = settings_schema()
+    out["properties"]["settings"] = settings
+    fabric = out["properties"]["fabric"]
+    fabric["properties"]["settings"] = {"type": "object", "description": f"the fabric.backend's section; {GENERATED}"}
+    fabric["allOf"] = fabric_section_rules(settings)
+    return out
+
+
+def render(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, indent=2) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 if the checked-in schema differs")
+    args = parser.parse_args()
+    text = SCHEMA.read_text()
+    wanted = render(generate(json.loads(text)))
+    if args.check:
+        if text != wanted:
+            print(f"{SCHEMA} is not hack/gen-chart-schema.py's output: run `make chart-schema`", file=sys.stderr)
+            return 1
+        return 0
+    SCHEMA.write_text(wanted)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
