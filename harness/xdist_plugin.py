@@ -13,6 +13,9 @@ What a worker may not share with another, and how each is kept apart:
   modules spread over the workers like any other. Where a namespace cannot be made (the run's header says why),
   every test module that uses harness/cdi_operator.py (directly or through harness/cdi_stack.py) is put in the xdist
   group OPERATOR_GROUP instead, so those modules run one after another in one worker;
+- a module marked `spread` (pyproject.toml) is the exception to a file at a time: each of its tests is a unit of its
+  own and may go to another worker, which then sets the module's fixtures up again (for a long module whose tests
+  share only their fixtures: side by side they end sooner);
 - the whole-run RBAC record of harness/rbac_plugin.py: each worker writes its part at its end (`rbac-gw<N>.json` in
   the run's folder, a temporary folder the controller makes and removes),
   the tests marked `rbac_audit` are held back (group LAST_GROUP) until every other worker has finished and then read
@@ -57,6 +60,7 @@ OPERATOR_MODULES = frozenset({"harness.cdi_operator", "harness.cdi_stack", "harn
 OPERATOR_GROUP = "cdi-operator-webhook-port"
 # The tests that read the whole run's RBAC record: run by one worker once all the others have finished.
 LAST_GROUP = "after-every-other-test"
+SPREAD_MARKER = "spread"
 _RUN_DIR_KEY = "dds_xdist_run"
 _OWN_NETWORK_KEY = "dds_own_network"
 _run_dir_key = pytest.StashKey[Path]()
@@ -120,7 +124,11 @@ def group_of(item: pytest.Item, own_network: bool) -> Optional[str]:
     marker = item.get_closest_marker("xdist_group")
     if marker is not None:
         return str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
-    return OPERATOR_GROUP if not own_network and uses_operator(Path(str(item.path))) else None
+    if not own_network and uses_operator(Path(str(item.path))):
+        return OPERATOR_GROUP
+    # A long module whose tests share only fixtures: each test a unit of its own, so they can run side by side (its
+    # module-scoped fixtures are then set up once in each worker that runs one).
+    return item.nodeid if item.get_closest_marker(SPREAD_MARKER) is not None else None
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist tells the controller that collection is finished

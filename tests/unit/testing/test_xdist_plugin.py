@@ -143,19 +143,23 @@ def test_a_worker_picks_distinct_ports_from_its_own_block_and_passes_over_taken_
     assert after not in second
 
 
-def test_the_longest_file_goes_first_and_each_runs_durations_are_kept(tmp_path: Path) -> None:
+def test_the_longest_unit_goes_first_a_spread_modules_tests_are_units_and_durations_are_kept(tmp_path: Path) -> None:
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["harness.xdist_plugin"]\n' + RECORDING)
     for name in ("test_a.py", "test_b.py", "test_c.py"):
         (tmp_path / name).write_text(PLAIN)
-    # Measured before (seconds, tests): c longest, then a; b never timed (guessed: a fraction of a second).
+    (tmp_path / "test_d.py").write_text("import pytest\npytestmark = pytest.mark.spread\n" + PLAIN)
+    # Measured before (seconds, tests): d longest as a file but spread (500 s a test), then c, then a; b never timed
+    # (guessed: a fraction of a second).
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "file_durations.json").write_text(json.dumps({"test_a.py": [60.0, 2],
-                                                                        "test_c.py": [600.0, 2]}))
+                                                                        "test_c.py": [600.0, 2],
+                                                                        "test_d.py": [1000.0, 2]}))
     log = tmp_path / "runs.jsonl"
     done = _run_pytest(tmp_path, {"TEST_LOG": str(log)}, "-n", "1")
     assert done.returncode == 0, done.stdout + done.stderr
-    order = [json.loads(line)["test"].split("::")[0] for line in log.read_text().splitlines()]
-    assert list(dict.fromkeys(order)) == ["test_c.py", "test_a.py", "test_b.py"], order
+    order = [json.loads(line)["test"] for line in log.read_text().splitlines()]
+    assert order == ["test_c.py::test_one", "test_c.py::test_two", "test_d.py::test_one", "test_d.py::test_two",
+                     "test_a.py::test_one", "test_a.py::test_two", "test_b.py::test_one", "test_b.py::test_two"], order
     kept = json.loads((tmp_path / ".pytest_cache" / "v" / "dds" / "file_durations").read_text())
-    assert set(kept) == {"test_a.py", "test_b.py", "test_c.py"}, kept
+    assert set(kept) == {"test_a.py", "test_b.py", "test_c.py", "test_d.py"}, kept
     assert all(tests == 2 and 1.0 <= seconds < 60 for seconds, tests in kept.values()), kept
