@@ -11,7 +11,9 @@ How: a worker's Python is started through util-linux's `unshare` (`worker_prefix
 `--user --map-root-user --net` as any user where the kernel allows unprivileged user namespaces. The new namespace has
 only a loopback interface, down; the worker brings it up before anything listens (`loopback_up`). Everything the worker
 starts (etcd, apiserver, scheduler, kwok, CA, DDS, the operator, the emulators) inherits the namespace and talks over
-that loopback; the xdist controller reaches the worker over pipes, which a network namespace does not touch.
+that loopback; the xdist controller reaches the worker over pipes, which a network namespace does not touch. A worker
+has no other network: the binaries must be built before it starts (`make test` and `make test-compat` run
+`make setup` first; a lone `pytest -n` on a fresh clone needs `make setup` or DDS_TEST_NETNS=0).
 
 `worker_prefix` tries it once (a throw-away process that brings its loopback up and listens on it) and says why not
 when it cannot (no unshare, user namespaces disabled or restricted, as Ubuntu's AppArmor does by default since 24.04):
