@@ -27,7 +27,8 @@ in this checkout's last parallel run (pytest's cache, `dds/file_durations`), els
 whole `make test` measured on the 2-core machine; refresh it by copying `.pytest_cache/v/dds/file_durations` over it
 after one), else guessed from the file's tier and number of tests (`_GUESS_S`). A worker asks for its next file when
 its current one is down to its last test (xdist's own default, two, held a second file back while one test of the
-first still ran for minutes).
+first still ran for minutes); as a worker cannot start its last test before it has a next one, a worker whose last
+test is expected to be long (over LONG_LAST_TEST_S) is given the shortest file instead.
 
 So a new test: takes its ports from `free_ports`/`free_port` (never a fixed one, never the kernel's port 0 handed on
 to a process started later), its files from `tmp_path`/`tmp_path_factory`, and keeps its state in its process; a
@@ -75,6 +76,8 @@ DURATIONS_FILE = Path("tests") / "file_durations.json"
 # start a control plane at most; unit tests are quick.
 _GUESS_S = {"e2e": (70.0, 35.0), "integration": (3.0, 2.0)}
 _GUESS_OTHER_S = (0.2, 0.05)
+# A worker whose last test is expected to run longer than this is not about to be free (SuiteScheduling).
+LONG_LAST_TEST_S = 30.0
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -223,10 +226,21 @@ class SuiteScheduling(LoadGroupScheduling):
         if self._pending_of(self.assigned_work[node]) <= 1:
             self._assign_work_unit(node)
 
+    def _still_busy_for(self, node: WorkerController) -> float:
+        """The expected seconds of the tests `node` has yet to run."""
+        assert self._per_test is not None
+        return sum(self._per_test.get(file_of(nodeid), 0.0) for unit in self.assigned_work.get(node, {}).values()
+                   for nodeid, done in unit.items() if not done)
+
     def _assign_work_unit(self, node: WorkerController) -> None:
         ready = [scope for scope in self.workqueue if scope != LAST_GROUP]
         if ready:
-            self.workqueue.move_to_end(max(ready, key=self._expected_seconds), last=False)
+            longest = max(ready, key=self._expected_seconds)
+            # A worker starts its last test only once it has a next one. If that last test is a long one (a unit of
+            # one test), the next unit will wait for it: the shortest then, leaving the long ones to workers that will
+            # be free sooner.
+            pick = longest if self._still_busy_for(node) <= LONG_LAST_TEST_S else min(ready, key=self._expected_seconds)
+            self.workqueue.move_to_end(pick, last=False)
             super()._assign_work_unit(node)
             return
         # Only the held-back group is left: this worker will run it; every other one finishes what it has and ends.

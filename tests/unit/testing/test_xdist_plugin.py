@@ -148,18 +148,23 @@ def test_the_longest_unit_goes_first_a_spread_modules_tests_are_units_and_durati
     for name in ("test_a.py", "test_b.py", "test_c.py"):
         (tmp_path / name).write_text(PLAIN)
     (tmp_path / "test_d.py").write_text("import pytest\npytestmark = pytest.mark.spread\n" + PLAIN)
-    # Measured before (seconds, tests): d longest as a file but spread (500 s a test), then c, then a; b never timed
-    # (guessed: a fraction of a second).
+    (tmp_path / "test_e.py").write_text("def test_long():\n    pass\n")
+    # Measured before (seconds, tests): e one long test; c 40 s; d 50 s as a file but spread (25 s a test); a 10 s;
+    # b never timed (guessed: a fraction of a second).
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "file_durations.json").write_text(json.dumps({"test_a.py": [60.0, 2],
-                                                                        "test_c.py": [600.0, 2],
-                                                                        "test_d.py": [1000.0, 2]}))
+    (tmp_path / "tests" / "file_durations.json").write_text(json.dumps({
+        "test_a.py": [10.0, 2], "test_c.py": [40.0, 2], "test_d.py": [50.0, 2], "test_e.py": [1000.0, 1]}))
     log = tmp_path / "runs.jsonl"
     done = _run_pytest(tmp_path, {"TEST_LOG": str(log)}, "-n", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     order = [json.loads(line)["test"] for line in log.read_text().splitlines()]
-    assert order == ["test_c.py::test_one", "test_c.py::test_two", "test_d.py::test_one", "test_d.py::test_two",
-                     "test_a.py::test_one", "test_a.py::test_two", "test_b.py::test_one", "test_b.py::test_two"], order
+    # e first (the longest); as the worker cannot start e's one test before it has a next one, that next one is the
+    # shortest (b: e keeps the worker busy long after); then, longest first, c, d's tests one by one, a.
+    assert order == ["test_e.py::test_long", "test_b.py::test_one", "test_b.py::test_two",
+                     "test_c.py::test_one", "test_c.py::test_two", "test_d.py::test_one", "test_d.py::test_two",
+                     "test_a.py::test_one", "test_a.py::test_two"], order
     kept = json.loads((tmp_path / ".pytest_cache" / "v" / "dds" / "file_durations").read_text())
-    assert set(kept) == {"test_a.py", "test_b.py", "test_c.py", "test_d.py"}, kept
-    assert all(tests == 2 and 1.0 <= seconds < 60 for seconds, tests in kept.values()), kept
+    assert set(kept) == {"test_a.py", "test_b.py", "test_c.py", "test_d.py", "test_e.py"}, kept
+    assert all(tests == 2 and 1.0 <= seconds < 60 for path, (seconds, tests) in kept.items()
+               if path != "test_e.py"), kept
+    assert kept["test_e.py"][1] == 1, kept
