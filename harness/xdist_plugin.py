@@ -23,9 +23,10 @@ What a worker may not share with another, and how each is kept apart:
 
 Which file a free worker gets next: the one expected to take longest (longest processing time first, so the run ends
 when its longest file does rather than when a long file started last does). Expected from the seconds each file took
-in this checkout's last parallel run (pytest's cache, `dds/file_durations`), else from tests/file_durations.json (a
-whole `make test` measured on the 2-core machine; refresh it by copying `.pytest_cache/v/dds/file_durations` over it
-after one), else guessed from the file's tier and number of tests (`_GUESS_S`). A worker asks for its next file when
+in this checkout's last parallel runs (pytest's cache, `dds/file_durations`: every file a run ran), else from
+tests/file_durations.json (files' seconds measured on the 2-core machine, for a fresh clone: after a whole `make test`
+there, copy `.pytest_cache/v/dds/file_durations` over it to refresh it), else guessed from the file's tier and number
+of tests (`_GUESS_S`). A worker asks for its next file when
 its current one is down to its last test (xdist's own default, two, held a second file back while one test of the
 first still ran for minutes); as a worker cannot start its last test before it has a next one, a worker whose last
 test is expected to be long (over LONG_LAST_TEST_S) is given the shortest file instead.
