@@ -21,7 +21,8 @@ harness/cluster_manager.py), and `DEVICE_RESOURCE_TYPE` either `DEVICE_PLUGIN` o
 
 Then it starts the process (own process group, log under the control plane's logs/, stopped with the control plane)
 and returns once its /readyz answers and its webhook serves TLS. The webhook port is fixed at 9443 on all interfaces by
-the operator, so one operator at a time runs on a machine; a taken port is a clear error, never a silent clash.
+the operator, so one operator at a time runs in a network namespace (the machine's, or a parallel test worker's own:
+harness/netns.py); a taken port is a clear error, never a silent clash.
 
 Modes, as this upstream commit behaves:
 - DRA: a node's fabric machine is its providerID `fsas-cdi://<uuid>`; detaches need the alpha DeviceTaintRule API
@@ -88,7 +89,7 @@ class CdiOperatorError(RuntimeError):
 
 
 class WebhookPortTaken(CdiOperatorError):
-    """Another operator (another test run's) holds the fixed webhook port: only one runs on a machine at a time."""
+    """Another operator (another test run's) holds the fixed webhook port: only one runs in a network at a time."""
 
 
 class DeviceResourceType(str, enum.Enum):
@@ -533,8 +534,8 @@ def _check_webhook_port_free() -> None:
                 raise
             raise WebhookPortTaken(
                 f"port {WEBHOOK_PORT} is taken ({_listener_of(WEBHOOK_PORT)}): the CDI operator serves its admission "
-                f"webhook there (fixed by the operator, all interfaces), so only one operator can run on this machine "
-                f"at a time") from exc
+                f"webhook there (fixed by the operator, all interfaces), so only one operator can run in this network "
+                f"namespace at a time") from exc
 
 
 def _listener_of(port: int) -> str:

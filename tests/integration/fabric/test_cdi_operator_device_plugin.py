@@ -10,7 +10,15 @@ CM client's ErrWaitingDeviceAttaching), the device taken from the machine's ADD_
 register, and every attach fails before any fabric call (docs/composability.md, "Known issues").
 
 A control plane of its own (as test_cdi_operator_process.py): the operator reconciles every request in its cluster.
-One operator at a time (its webhook port is fixed), so each test starts and stops its own."""
+One operator at a time in a network (its webhook port is fixed), so each test starts and stops its own.
+
+Why a test takes about two minutes: the operator's own pace, not the harness's. After every resize POST the CM client
+returns ErrWaitingDeviceAttaching (or ...Detaching) and the ComposableResource controller looks again only 30 s later
+(composableresource_controller.go, `requeueAfter(30*time.Second)`, constants at the pinned commit): two attaches and
+two detaches are four such looks; and of two resources requested together one POSTs, the other's POST is refused
+(409: one resize of a spec at a time) and its quick retry takes the device the first one's POST added, so the first
+finds none at its next look and POSTs again: a second round. Nothing on the harness side is slower than a second. The tests share only the control plane, so under pytest-xdist they may run in
+separate workers side by side (`spread`), each with a control plane of its own (about 10 s to start)."""
 
 from __future__ import annotations
 
@@ -28,7 +36,7 @@ from harness.controlplane import KWOK_NODE_ANNOTATION, ControlPlane, ensure_bina
 from harness.fabric_manager import FabricManagerEmulator
 from harness.gpu_node_agent import GPU_RESOURCE, DeviceMode, GpuNodeAgent
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spread]
 
 GROUP, VERSION = "cro.hpsys.ibm.ie.com", "v1alpha1"
 MODEL = "A100"
@@ -37,8 +45,13 @@ UPSTREAM_ERROR = "no kind is registered for the type v1beta1.Metal3Machine"
 # The operator looks at the CM again 30 s after each resize: an attach takes that, a failed one about twice that plus
 # the CM's memory of the failure. The bounds only keep a broken run from hanging.
 SETTLE_TIMEOUT_S = 150.0
-PORT_WAIT_S = 300.0  # another module's operator may hold the fixed webhook port for a while
-FAILED_ADD_VISIBLE_S = 35.0  # > the operator's 30 s requeue: it sees the failure before the CM forgets it
+# Another run's operator (outside pytest-xdist's workers, which each have a network of their own) may hold the fixed
+# webhook port for a while.
+PORT_WAIT_S = 300.0
+# The CM keeps a failed add's ADD_FAILED for this long, then forgets it (and the operator's retry attaches). It must
+# outlast the operator's look 30 s after its POST (the add fails 1-2 s after the POST, the attach latency, so this
+# leaves about 5 s for a loaded machine); any longer only delays the retry the test waits for.
+FAILED_ADD_VISIBLE_S = 35.0
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +121,9 @@ class DevicePluginCluster:
 
 @pytest.fixture
 def cluster(plane: ControlPlane, api: Any) -> Iterator[DevicePluginCluster]:
+    # Attach 1-2 s and detach 1 s: the CM's resize stays asynchronous (the operator's wait-and-look path, and the 409
+    # of a second resize while one is under way), yet far below the operator's 30 s between looks, which the tests'
+    # time is made of.
     with ClusterManagerEmulator({MODEL: 3}, attach_latency_s=(1.0, 2.0), detach_latency_s=1.0,
                                 failed_add_visible_s=FAILED_ADD_VISIBLE_S) as manager:
         started = DevicePluginCluster(plane, api, manager)
