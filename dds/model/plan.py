@@ -12,6 +12,7 @@ from dds.model.quantity import human_amount
 class Verdict(str, Enum):
     FITS_NOW = "fits-now"  # schedulable on an existing node without any action
     FITS_AFTER_GPUS = "fits-after-gpus"  # fits once the planned GPUs are attached
+    FITS_AFTER_MEMORY = "fits-after-memory"  # fits once the planned CXL memory (and GPUs, if any) are attached
     NEEDS_NODE = "needs-node"  # fits only on a new node of some group
     UNSCHEDULABLE = "unschedulable"  # fits nowhere, not even on a new node at max GPUs
     UNSUPPORTED = "unsupported"  # has a constraint the simulation does not model: never promised a fit
@@ -31,6 +32,10 @@ class Case(str, Enum):
     RESERVATION = "reservation"  # a node reserved for a large pod that waited too long, and GPUs gathered on it
     SCALE_DOWN = "case3-scale-down"  # CA asked to remove a node
     SCALE_DOWN_BLOCKED = "case4-scale-down-blocked"  # CA wanted to remove but could not / DDS-owned scale-down
+
+
+DEVICE_GPU = "gpu"
+DEVICE_CXL_MEMORY = "cxl-memory"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,7 @@ class PodDecision:
     node: Optional[str] = None  # chosen existing node (FITS_NOW / FITS_AFTER_GPUS)
     group: Optional[str] = None  # chosen group (NEEDS_NODE)
     gpus_added: int = 0  # GPUs this pod's placement adds to `node`
+    memory_added: int = 0  # bytes of CXL memory this pod's placement adds to `node`
     score: Optional[float] = None
     reason: str = ""  # human sentence: "fits on worker-1 after 1 GPU (best-fit score 0.92)"
     rejected: tuple[Reject, ...] = ()
@@ -82,6 +88,22 @@ class Attach:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryAttach:
+    """CXL memory attached to a live node: `chunks` chunks of `chunk_bytes` each from `pool`'s memory devices."""
+
+    node: str
+    pool: str
+    chunks: int
+    chunk_bytes: int
+    pods: tuple[str, ...]
+    reason: str
+
+    @property
+    def bytes(self) -> int:
+        return self.chunks * self.chunk_bytes
+
+
+@dataclass(frozen=True, slots=True)
 class NewNodes:
     group: str
     count: int
@@ -98,10 +120,16 @@ class ScaleUpPlan:
     policy: str = ""
     solver: str = "greedy"  # "greedy" | "milp" — which produced the plan
     notes: tuple[str, ...] = ()
+    memory_attaches: tuple[MemoryAttach, ...] = ()
 
     @property
     def gpus(self) -> int:
         return sum(a.count for a in self.attaches)
+
+    @property
+    def cxl_memory(self) -> int:
+        """Bytes of CXL memory the plan attaches."""
+        return sum(m.bytes for m in self.memory_attaches)
 
     @property
     def nodes(self) -> int:
@@ -109,7 +137,7 @@ class ScaleUpPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.attaches and not self.new_nodes
+        return not self.attaches and not self.new_nodes and not self.memory_attaches
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +146,7 @@ class Detach:
     device_ids: tuple[str, ...]
     reason: str
     force: bool = False
+    kind: str = "gpu"  # what the devices are: DEVICE_GPU or DEVICE_CXL_MEMORY (chunks of CXL memory)
 
 
 @dataclass(frozen=True, slots=True)
