@@ -156,6 +156,18 @@ def gpu_resource_of(api: ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]
     return resource_of
 
 
+def own_memory_of(api: ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]],
+                  cache: Optional[ClusterCache] = None) -> Callable[[str], Optional[int]]:
+    """A node's own memory (its group's, without CXL memory); None for a node whose group takes no CXL memory, or that
+    DDS does not manage, or that is gone."""
+
+    def memory_of(node_name: str) -> Optional[int]:
+        found = _node_group(api, groups, cache, node_name)
+        return found.memory if isinstance(found, NodeGroupSpec) and found.max_cxl_chunks else None
+
+    return memory_of
+
+
 def lists_node_local_devices(api: ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]],
                              cache: Optional[ClusterCache] = None) -> Callable[[str], bool]:
     """Whether a node's GPUs are devices of its own ResourceSlice: its group's gpu-api is dra-node-local."""
@@ -367,7 +379,8 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     simulating_on_kwok_only = (settings.fabric == FabricBackend.SIMULATED
                                and not settings.simulated_fabric.allow_non_kwok_nodes)
     on_devices = gpu_capacity_hook(api, gpu_resource_of(api, catalog.groups, cache),
-                                   kwok_only=ALLOW_NON_KWOK_NODES_ADVICE if simulating_on_kwok_only else None)
+                                   kwok_only=ALLOW_NON_KWOK_NODES_ADVICE if simulating_on_kwok_only else None,
+                                   own_memory=own_memory_of(api, catalog.groups, cache))
     built: dict[str, Fabric] = {}  # the hook reads the fabric it is given to (re-entrant: see dds/fabric/simulated.py)
     slices: Optional[ResourceSlicePublisher] = None
     if settings.fabric == FabricBackend.SIMULATED:  # DDS plays the DRA driver of dra-node-local groups: docs/dra.md
