@@ -370,7 +370,8 @@ class Controller:
         if plan is None:
             return False
         self.refusals.report_plan(plan, nodes_allowed=False)
-        if not plan.attaches:
+        steps = plan.device_attaches  # GPUs and CXL memory chunks alike
+        if not steps:
             return False
         rendered = render_scale_up(plan)
         waiting = len(decisions.waiting)
@@ -379,7 +380,7 @@ class Controller:
         self.journal.record(Case.FAST_PATH.value, f"control loop: {waiting} pending pod(s) fit live nodes once "
                             "GPUs are attached", "gpu", rendered)
         metrics.DECISIONS.labels(Case.FAST_PATH.value, "gpu").inc()
-        started = self.actions.attach_all(plan.attaches, f"fast-path/{uuid.uuid4().hex[:8]}", Case.FAST_PATH)
+        started = self.actions.attach_all(steps, f"fast-path/{uuid.uuid4().hex[:8]}", Case.FAST_PATH)
         self.gangs.started(snapshot, [step for step, _ in started], [op.key for _, op in started])
         return True
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping, Optional
 
+from dds.model.cxl import cxl_model
 from dds.model.quantity import human_amount
 
 
@@ -130,6 +131,14 @@ class ScaleUpPlan:
     def cxl_memory(self) -> int:
         """Bytes of CXL memory the plan attaches."""
         return sum(m.bytes for m in self.memory_attaches)
+
+    @property
+    def device_attaches(self) -> tuple[Attach, ...]:
+        """Every attach the fabric carries out: the GPUs, then the CXL memory as chunks of a model naming their size
+        (dds/model/cxl.py), which the fabric attaches like any device."""
+        return self.attaches + tuple(
+            Attach(node=m.node, pool=m.pool, model=cxl_model(m.chunk_bytes), count=m.chunks, pods=m.pods,
+                   reason=m.reason) for m in self.memory_attaches)
 
     @property
     def nodes(self) -> int:
