@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 from dds import metrics
 from dds.controller.apply import Actions
 from dds.controller.calls_first import CallsFirst
+from dds.controller.cxl_visibility import MemoryVisibility
 from dds.controller.gang_attaches import GangAttaches
 from dds.controller.gpu_gauges import GpuGauges
 from dds.controller.gpu_label import GpuLabelKeeper
@@ -79,6 +80,8 @@ class LoopConfig:
     orphan_timeout_seconds: float = 600.0  # settings.orphan_attach_timeout_seconds; see dds/controller/orphans.py
     reservations: ReservationConfig = ReservationConfig(enabled=False)  # see dds/controller/reservations.py
     move_idle_gpus: bool = False  # settings.move_idle_gpus; see dds/planner/moves.py
+    # settings.cxl_memory_visible_timeout_seconds; see dds/controller/cxl_visibility.py
+    cxl_memory_visible_timeout_seconds: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,7 @@ class Controller:
         self.removals = NodeRemovals(actions, _RemovalTaints(actions), events, self.watcher.in_flight)
         self.orphans = OrphanFinder(config.orphan_timeout_seconds)
         self.listeners: list[Callable[[Observation], None]] = []  # e.g. the instance tracker's reconcile
+        self.memory_visibility = MemoryVisibility(events, config.cxl_memory_visible_timeout_seconds)
         # CA's GPU label follows each node's GPUs; every detach, whoever plans it, goes through this executor.
         self.gpu_labels = cluster.gpu_labels
         self.executor.before_detach = self.gpu_labels.before_detach
@@ -257,6 +261,7 @@ class Controller:
             for listener in self.listeners:
                 listener(observation)
             self.gangs.reconcile(observation.snapshot)
+            self.memory_visibility.check(observation.snapshot)
             # Before the fast path: its GPUs go first.
             reservations = self.reservations.apply(decisions.reservations, observation.snapshot)
             self.removals.resume(observation)
