@@ -33,6 +33,10 @@ demo: setup-demo  ## The talk's demo end to end: control plane, DDS, the real cl
 demo-dra: setup  ## The same demo with GPUs asked for through ResourceClaims (node-local DRA: docs/dra.md)
 	$(PYTHON) -m harness.demo --dra
 
+.PHONY: demo-cxl
+demo-cxl: setup-demo  ## The same demo with CXL memory in the pool: the memory-heavy pods get memory attached to a worker, no node added (docs/cxl-memory.md)
+	DDS_BINARIES=demo $(PYTHON) -m harness.demo --cxl-memory
+
 demo-cdi: setup  ## The same demo through CoHDI's real CDI operator and the fabric-manager emulator (GPUs claimed from NVIDIA's DRA driver)
 	$(PYTHON) -m harness.demo --fabric composability
 

@@ -162,6 +162,18 @@ def gpu_resource_of(api: ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]
     return resource_of
 
 
+def own_memory_of(api: ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]],
+                  cache: Optional[ClusterCache] = None) -> Callable[[str], Optional[int]]:
+    """A node's own memory (its group's, without CXL memory); None for a node whose group takes no CXL memory, or that
+    DDS does not manage, or that is gone."""
+
+    def memory_of(node_name: str) -> Optional[int]:
+        found = _node_group(api, groups, cache, node_name)
+        return found.memory if isinstance(found, NodeGroupSpec) and found.max_cxl_chunks else None
+
+    return memory_of
+
+
 def lists_node_local_devices(api: ApiClient, groups: Callable[[], Sequence[NodeGroupSpec]],
                              cache: Optional[ClusterCache] = None) -> Callable[[str], bool]:
     """Whether a node's GPUs are devices of its own ResourceSlice: its group's gpu-api is dra-node-local."""
@@ -381,7 +393,8 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     simulating_on_kwok_only = (settings.fabric == FabricBackend.SIMULATED
                                and not settings.simulated_fabric.allow_non_kwok_nodes)
     on_devices = gpu_capacity_hook(api, gpu_resource_of(api, catalog.groups, cache),
-                                   kwok_only=ALLOW_NON_KWOK_NODES_ADVICE if simulating_on_kwok_only else None)
+                                   kwok_only=ALLOW_NON_KWOK_NODES_ADVICE if simulating_on_kwok_only else None,
+                                   own_memory=own_memory_of(api, catalog.groups, cache))
     built: dict[str, Fabric] = {}  # the hook reads the fabric it is given to (re-entrant: see dds/fabric/simulated.py)
     slices: Optional[ResourceSlicePublisher] = None
     if settings.fabric == FabricBackend.SIMULATED:  # DDS plays the DRA driver of dra-node-local groups: docs/dra.md
@@ -405,6 +418,7 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                       dra_binding_timeout_seconds=settings.dra_binding_timeout_seconds,
                       move_idle_gpus=settings.move_idle_gpus, release_idle_gpus=settings.release_idle_gpus,
                       orphan_timeout_seconds=settings.orphan_attach_timeout_seconds,
+                      cxl_memory_visible_timeout_seconds=settings.cxl_memory_visible_timeout_seconds,
                       reservations=ReservationConfig(enabled=settings.reservations,
                                                      min_age_seconds=settings.reservation_min_age_seconds,
                                                      large_fraction=settings.reservation_large_fraction,

@@ -211,6 +211,8 @@ class Settings(BaseSettings):
     # scheduler configuration sets another). An attach for a pool slot still running shortly before it gets the
     # failure condition, so the scheduler allocates again at once (dds/controller/dra_binding.py, docs/dra.md).
     dra_binding_timeout_seconds: float = Field(default=600.0, ge=1)
+    # How long a node may take to report CXL memory the fabric has online before DDS says so (docs/cxl-memory.md).
+    cxl_memory_visible_timeout_seconds: float = Field(default=600.0, gt=0)
     # Tenants' CEL selectors (ResourceClaims, DeviceClasses): a longer selector is refused unevaluated (the default is
     # the apiserver's own limit, CELSelectorExpressionMaxLength); past this many distinct evaluations, or seconds of
     # them, in one pass the claims not judged yet are refused and judged next pass (dds/planner/dra.py CelBudget).

@@ -19,6 +19,8 @@ The scenario (shared/seeds/004, the talk's demo):
                            [--fabric simulated|composability]
 
 `--dra` runs the same scenario with every GPU asked for through a ResourceClaim (harness/demo_dra.py, docs/dra.md).
+`--cxl-memory` gives the pool CXL memory too: step 3's pods get memory attached to a worker, no node added
+(harness/demo_cxl.py, docs/cxl-memory.md).
 `--fabric composability` runs it through CoHDI's real CDI operator and the fabric-manager emulator, GPUs claimed from
 NVIDIA's DRA driver (harness/demo_cdi.py); its second line is the operator's version.
 """
@@ -235,9 +237,16 @@ class DemoResult:
     samples: list[Sample] = field(default_factory=list)  # what the watcher saw at each poll
     spans: list[Span] = field(default_factory=list)  # the GPU path and the node path, in timeline seconds
     picture: Optional[Path] = None  # the timeline's PNG, beside the logs
+    memory_path: str = "node path"  # how the memory-heavy pods were served (harness/demo_cxl.py: "memory path")
 
 
 class Demo:
+    # The memory-heavy pods' step: what is expected, and the name of the path that serves them (a variant with CXL
+    # memory in the pool expects an attach instead: harness/demo_cxl.py).
+    memory_step = ("two memory-heavy pods (24Gi each) no worker can hold even with all 4 GPU slots: expect CA's "
+                   "scale-up and a new node")
+    memory_path = "node path"
+
     def __init__(self, options: DemoOptions, out: Optional[TextIO]) -> None:
         self.options = options
         self.timeline = Timeline(out if options.echo else None)
@@ -314,8 +323,7 @@ class Demo:
         gpu_path = time.monotonic() - gpu_started
         self.step(f"train-0 Running {gpu_path:.1f}s after it was created, on a worker that got a GPU")
 
-        self.step("two memory-heavy pods (24Gi each) no worker can hold even with all 4 GPU slots: expect CA's "
-                  "scale-up and a new node")
+        self.step(self.memory_step)
         for name in ("mem-0", "mem-1"):
             self.core.create_namespaced_pod(DEMO_NAMESPACE, pod(name, memory_gib=24))
         node_started = time.monotonic()
@@ -323,7 +331,7 @@ class Demo:
                       describe=lambda: f"{self.pods_describe()} | {self.nodes_describe()}")
         node_path = time.monotonic() - node_started
         added = {n.metadata.name for n in self.nodes()} - workers
-        self.step(f"mem-0 and mem-1 Running {node_path:.1f}s after creation, on new node(s) {', '.join(sorted(added))}")
+        self.step(self.memory_served(node_path, added))
 
         self.step("train-0, mem-0 and mem-1 finish: expect idle GPUs detached after the cooldown, the empty node removed")
         for name in ("train-0", "mem-0", "mem-1"):
@@ -332,7 +340,7 @@ class Demo:
         def settled() -> bool:
             nodes = self.nodes()
             names = {n.metadata.name for n in nodes}
-            return names == workers and all(gpus_allocatable(n) == 1 for n in nodes)
+            return names == workers and all(gpus_allocatable(n) == 1 and self.memory_settled(n) for n in nodes)
 
         self.wait_for("the added node removed and each worker back to 1 GPU", settled,
                       timeout=self.options.step_timeout_seconds + self.options.stack.gpu_idle_cooldown_seconds
@@ -340,12 +348,19 @@ class Demo:
         self.step("back to two workers with one busy A30 each")
         return self.result(gpu_path, node_path, workers, added)
 
+    def memory_served(self, seconds: float, added: set[str]) -> str:
+        return f"mem-0 and mem-1 Running {seconds:.1f}s after creation, on new node(s) {', '.join(sorted(added))}"
+
+    def memory_settled(self, node: Any) -> bool:
+        """Whether `node` is back to its own memory at the end (always: this scenario attaches none)."""
+        return True
+
     def result(self, gpu_path: float, node_path: float, workers: set[str], added: set[str]) -> DemoResult:
         """What the run showed, once the watcher has printed the last Events."""
         time.sleep(1.5)
         after = self.dds.metrics()
         spans = [self.span("GPU path", ["train-0"], gpu_path, "1 pod, a GPU attached to a worker, no node added"),
-                 self.span("node path", ["mem-0", "mem-1"], node_path,
+                 self.span(self.memory_path, ["mem-0", "mem-1"], node_path,
                            f"2 pods, {len(added)} node{'' if len(added) == 1 else 's'} added")]
         result = DemoResult(
             timeline=list(self.timeline.entries), autoscaler=self.stack.autoscaler.kind, gpu_path_seconds=gpu_path,
@@ -355,7 +370,7 @@ class Demo:
             gpus_attached_at_boot=BOOT_GPUS * (len(workers) + len(added)),
             gpus_detached=int(_total(after, "dds_gpus_detached_total")),
             metrics=after, decisions=self.dds.decisions(), workdir=self.options.workdir,
-            samples=list(self.timeline.samples), spans=spans)
+            samples=list(self.timeline.samples), spans=spans, memory_path=self.memory_path)
         result.picture = self.draw(result, workers)
         return result
 
@@ -418,7 +433,7 @@ def summary(result: DemoResult) -> str:
         "",
         f"autoscaler:            {result.autoscaler}",
         f"GPU path:              1 pod Pending -> Running in {result.gpu_path_seconds:.1f}s (no node added for it)",
-        f"node path:             2 pods Pending -> Running in {result.node_path_seconds:.1f}s",
+        f"{result.memory_path + ':':<22} 2 pods Pending -> Running in {result.node_path_seconds:.1f}s",
         f"GPUs attached by DDS:  {result.gpus_attached} ({result.gpus_attached_at_boot} at node boot, "
         f"{result.gpus_attached - result.gpus_attached_at_boot} for pending pods)",
         f"GPUs detached by DDS:  {result.gpus_detached} (idle past the cooldown, or with a removed node)",
@@ -442,6 +457,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON at the end")
     parser.add_argument("--dra", action="store_true",
                         help="the same demo with GPUs asked for through ResourceClaims (harness/demo_dra.py)")
+    parser.add_argument("--cxl-memory", action="store_true",
+                        help="the pool also holds CXL memory: the memory-heavy pods get memory attached to a worker "
+                             "instead of a new node (harness/demo_cxl.py, docs/cxl-memory.md)")
     parser.add_argument("--fabric", choices=("simulated", "composability"), default="simulated",
                         help="composability: DDS drives the real CDI operator (harness/demo_cdi.py; DRA claims)")
     args = parser.parse_args(argv)
@@ -462,6 +480,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         from harness.demo_dra import DraDemo, dra_options
 
         options, scenario = dra_options(options), DraDemo
+    elif args.cxl_memory:
+        from harness.demo_cxl import CxlDemo, cxl_options
+
+        options, scenario = cxl_options(options), CxlDemo
     try:
         result = run_demo(options, scenario=scenario)
     except failures as exc:

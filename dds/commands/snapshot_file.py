@@ -11,13 +11,15 @@ every other key is optional, every top-level key too:
          maxPods: 110, maxGpusPerNode: 4, initialGpus: 0, gpuModels: [A30], fabricPool: pool-a,
          gpuResource: nvidia.com/gpu, labels: {}, taints: [], templateMode: spec-fixed,
          gpuIdleCooldownSeconds: 600, nodeIdleCooldownSeconds: 600, forceDetach: false}
-    pools:     [{name: pool-a, free: {A30: 6}, maxSlotsPerNode: null}]
+    pools:     [{name: pool-a, free: {A30: 6}, maxSlotsPerNode: null, freeCxlMemory: 256Gi}]
     upcomingNodes: {gpu: 0}                  # nodes on their way, per group
     nodes:
       - {name: worker-1, group: gpu, providerID: "", labels: {}, taints: [{key, value, effect}],
          unschedulable: false, ready: true, allocatable: {cpu: "8", memory: 32Gi, pods: 110, nvidia.com/gpu: 1},
          gpuResource: nvidia.com/gpu, devices: [{id: a30-7, model: A30, pool: pool-a, attachedAt: 0}],
-         attaching: 0, detaching: [], createdAt: 0, gpusIdleSince: null, emptySince: null, beingDeleted: false}
+         attaching: 0, detaching: [], createdAt: 0, gpusIdleSince: null, emptySince: null, beingDeleted: false,
+         cxlChunks: [{id: mem-3, model: cxl-memory, pool: pool-a, attachedAt: 0}], cxlAttaching: 0,
+         cxlIdleSince: null}                 # CXL memory (docs/cxl-memory.md); a group's maxCxlMemory, cxlMemoryChunk
     pods:
       - {namespace: default, name: train, uid: "", node: null, labels: {},
          containers: [{requests: {cpu: "1", nvidia.com/gpu: 1}}],
@@ -277,7 +279,9 @@ def _node(data: Any, path: str) -> NodeInfo:
         gpu_resource=o.text("gpuResource", "nvidia.com/gpu"), devices=o.items("devices", _device),
         attaching=o.integer("attaching"), detaching=tuple(str(d) for d in o.typed("detaching", list, [])),
         created_at=o.number("createdAt") or 0.0, gpus_idle_since=o.number("gpusIdleSince", None),
-        empty_since=o.number("emptySince", None), being_deleted=o.flag("beingDeleted"))
+        empty_since=o.number("emptySince", None), being_deleted=o.flag("beingDeleted"),
+        cxl_chunks=o.items("cxlChunks", _device), cxl_attaching=o.integer("cxlAttaching"),
+        cxl_idle_since=o.number("cxlIdleSince", None))
     o.done()
     return node
 
@@ -291,13 +295,21 @@ def _pool(data: Any, path: str) -> PoolInfo:
     slots = o.get("maxSlotsPerNode")
     if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 0):
         raise SnapshotFormatError(f"{o.at('maxSlotsPerNode')}: expected an integer >= 0, got {slots!r}")
-    pool = PoolInfo(name=str(o.need("name")), free={str(k): v for k, v in free.items()}, max_slots_per_node=slots)
+    cxl = o.get("freeCxlMemory", 0)
+    try:
+        free_cxl = to_int(cxl)
+    except (QuantityError, TypeError):
+        raise SnapshotFormatError(f"{o.at('freeCxlMemory')}: expected a memory quantity such as 256Gi, "
+                                  f"got {cxl!r}") from None
+    pool = PoolInfo(name=str(o.need("name")), free={str(k): v for k, v in free.items()}, max_slots_per_node=slots,
+                    free_cxl_memory=free_cxl)
     o.done()
     return pool
 
 
 _GROUP_QUANTITIES = {"cpu": ("milli_cpu", to_milli), "memory": ("memory", to_int),
-                     "ephemeralStorage": ("ephemeral_storage", to_int)}
+                     "ephemeralStorage": ("ephemeral_storage", to_int),
+                     "maxCxlMemory": ("max_cxl_memory", to_int), "cxlMemoryChunk": ("cxl_memory_chunk", to_int)}
 
 
 def _snake(key: str) -> str:
@@ -434,7 +446,17 @@ def _node_out(n: NodeInfo) -> dict[str, Any]:
         "gpuResource": n.gpu_resource,
         "devices": [{"id": d.id, "model": d.model, "pool": d.pool, "attachedAt": d.attached_at} for d in n.devices],
         "attaching": n.attaching, "detaching": list(n.detaching), "createdAt": n.created_at,
-        "gpusIdleSince": n.gpus_idle_since, "emptySince": n.empty_since, "beingDeleted": n.being_deleted}
+        "gpusIdleSince": n.gpus_idle_since, "emptySince": n.empty_since, "beingDeleted": n.being_deleted,
+        **_cxl_out(n)}
+
+
+def _cxl_out(n: NodeInfo) -> dict[str, Any]:
+    """Only nodes with CXL memory carry its keys, so snapshots written before it read back unchanged."""
+    if not n.cxl_chunks and not n.cxl_attaching and n.cxl_idle_since is None:
+        return {}
+    return {"cxlChunks": [{"id": d.id, "model": d.model, "pool": d.pool, "attachedAt": d.attached_at}
+                          for d in n.cxl_chunks],
+            "cxlAttaching": n.cxl_attaching, "cxlIdleSince": n.cxl_idle_since}
 
 
 def _camel(key: str) -> str:
@@ -452,7 +474,8 @@ def _group_out(g: NodeGroupSpec) -> dict[str, Any]:
 def snapshot_to_dict(snapshot: Snapshot) -> dict[str, Any]:
     return {"now": snapshot.now, "gpuModelLabel": snapshot.gpu_model_label,
             "groups": [_group_out(g) for g in snapshot.groups],
-            "pools": [{"name": p.name, "free": dict(p.free), "maxSlotsPerNode": p.max_slots_per_node}
+            "pools": [{"name": p.name, "free": dict(p.free), "maxSlotsPerNode": p.max_slots_per_node,
+                       **({"freeCxlMemory": p.free_cxl_memory} if p.free_cxl_memory else {})}
                       for p in snapshot.pools],
             "upcomingNodes": dict(snapshot.upcoming_nodes),
             "nodes": [_node_out(n) for n in snapshot.nodes], "pods": [_pod_out(p) for p in snapshot.pods]}

@@ -115,8 +115,8 @@ class PlannerScaleUp:
         records = self._out_of_resources(group, failing, unequipped, request_key)
         if delta > failing:
             records += self._execute(group, delta - failing, plan, request_key, observation.snapshot)
-        elif plan.attaches:
-            self._attach_without_instance(observation.snapshot, plan.attaches, key_prefix=records[0].id)
+        elif plan.device_attaches:
+            self._attach_without_instance(observation.snapshot, plan.device_attaches, key_prefix=records[0].id)
         return records
 
     def _equip_whole_gangs(self, group: NodeGroupSpec, decision: "_ScaleUpDecision") -> AfterCut[Unequipped]:
@@ -163,7 +163,7 @@ class PlannerScaleUp:
                  snapshot: Snapshot) -> list[InstanceRecord]:
         nodes_wanted = min(sum(n.count for n in plan.new_nodes if n.group == group.id), delta)
         gpu_slots = delta - nodes_wanted
-        outcome = "mixed" if plan.attaches and nodes_wanted else ("node" if nodes_wanted else "gpu")
+        outcome = "mixed" if plan.device_attaches and nodes_wanted else ("node" if nodes_wanted else "gpu")
         metrics.DECISIONS.labels(Case.SCALE_UP.value, outcome if not plan.is_empty else "none").inc()
         instances: list[InstanceRecord] = []
         if nodes_wanted:
@@ -175,21 +175,21 @@ class PlannerScaleUp:
             self.ports.actions.add_nodes(NewNodes(group=group.id, count=nodes_wanted, pods=pods, reason=reason),
                                               group, key=instances[0].id, case=Case.SCALE_UP)
         gpu_instances = self.tracker.add_all([self.new_instance(group, InstanceKind.GPU, reason, request_key)
-                                              for reason in _gpu_instance_reasons(plan.attaches, gpu_slots)])
+                                              for reason in _gpu_instance_reasons(plan.device_attaches, gpu_slots)])
         instances += gpu_instances
         if gpu_instances:
             crashpoint("scale-up.gpu-instance-recorded")
         for instance in gpu_instances:
             self.gpu_instances.start(instance.id)
-        if gpu_instances and not plan.attaches:
+        if gpu_instances and not plan.device_attaches:
             # The pods fit on capacity already on its way: each instance stays "creating" until the attaches in
             # flight end, so CA sees the scale-up it asked for as upcoming instead of asking again every loop.
             self._wait_for_in_flight_attaches(gpu_instances)
         if gpu_instances:
-            self._attach_for_instances(snapshot, plan.attaches, gpu_instances)
-        elif plan.attaches:
+            self._attach_for_instances(snapshot, plan.device_attaches, gpu_instances)
+        elif plan.device_attaches:
             # CA asked for nodes only (delta used up by nodes); the attaches serve the rest of the pods meanwhile.
-            self._attach_without_instance(snapshot, plan.attaches, key_prefix=instances[0].id)
+            self._attach_without_instance(snapshot, plan.device_attaches, key_prefix=instances[0].id)
         return instances
 
     def _attach_for_instances(self, snapshot: Snapshot, attaches: Sequence[Attach],

@@ -17,12 +17,14 @@ class NodeUsage:
     fabric_gpus: int  # devices attached through the fabric and online
     used_gpus: int  # GPUs requested by pods bound to the node
     has_work: bool  # any pod that is not a DaemonSet or mirror pod
+    spare_cxl_chunks: int = 0  # CXL memory chunks attached that the node's pods' requests do not need
 
 
 @dataclass
 class IdleTracker:
     _gpus_idle_since: dict[str, float] = field(default_factory=dict)
     _empty_since: dict[str, float] = field(default_factory=dict)
+    _cxl_idle_since: dict[str, float] = field(default_factory=dict)
     # CA's calls and the loop observe concurrently (they decide outside the controller's lock).
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -42,8 +44,14 @@ class IdleTracker:
                 self._empty_since.pop(usage.name, None)
             else:
                 self._empty_since.setdefault(usage.name, now)
+            if usage.spare_cxl_chunks:
+                self._cxl_idle_since.setdefault(usage.name, now)
+            else:
+                self._cxl_idle_since.pop(usage.name, None)
         for gone in set(self._gpus_idle_since) - seen:
             del self._gpus_idle_since[gone]
+        for gone in set(self._cxl_idle_since) - seen:
+            del self._cxl_idle_since[gone]
         for gone in set(self._empty_since) - seen:
             del self._empty_since[gone]
 
@@ -53,6 +61,10 @@ class IdleTracker:
     def empty_since(self, node: str) -> Optional[float]:
         return self._empty_since.get(node)
 
+    def cxl_idle_since(self, node: str) -> Optional[float]:
+        """Since when the node has had CXL memory chunks its pods' requests do not need."""
+        return self._cxl_idle_since.get(node)
+
     def lookups(self) -> tuple[Callable[[str], Optional[float]], Callable[[str], Optional[float]]]:
         """`gpus_idle_since` and `empty_since` as plain lookups, for a walk over thousands of nodes."""
         return self._gpus_idle_since.get, self._empty_since.get
@@ -61,6 +73,7 @@ class IdleTracker:
         """After acting on a node, idleness starts over (a detach that is still running must not be repeated)."""
         with self._lock:
             self._gpus_idle_since.pop(node, None)
+            self._cxl_idle_since.pop(node, None)
 
     def as_dict(self) -> Mapping[str, Mapping[str, float]]:
         with self._lock:

@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 from dds import metrics
 from dds.controller.apply import Actions
 from dds.controller.calls_first import CallsFirst
+from dds.controller.cxl_visibility import MemoryVisibility
 from dds.controller.gang_attaches import GangAttaches
 from dds.controller.gpu_gauges import GpuGauges
 from dds.controller.gpu_label import GpuLabelKeeper
@@ -86,6 +87,8 @@ class LoopConfig:
     release_idle_gpus: bool = False  # settings.release_idle_gpus: the moves of move_idle_gpus alone
     # settings.provisioning_class, provisioning_booking_seconds; see dds/controller/provisioning.py
     provisioning: ProvisioningConfig = ProvisioningConfig(class_name="")
+    # settings.cxl_memory_visible_timeout_seconds; see dds/controller/cxl_visibility.py
+    cxl_memory_visible_timeout_seconds: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,7 @@ class Controller:
         self.removals = NodeRemovals(actions, _RemovalTaints(actions), events, self.watcher.in_flight)
         self.orphans = OrphanFinder(config.orphan_timeout_seconds)
         self.listeners: list[Callable[[Observation], None]] = []  # e.g. the instance tracker's reconcile
+        self.memory_visibility = MemoryVisibility(events, config.cxl_memory_visible_timeout_seconds)
         # CA's GPU label follows each node's GPUs; every detach, whoever plans it, goes through this executor.
         self.gpu_labels = cluster.gpu_labels
         self.executor.before_detach = self.gpu_labels.before_detach
@@ -273,6 +277,7 @@ class Controller:
             provisioning = self.provisioning.apply(decisions.provisioning)
             self._add_nodes(observation.snapshot, provisioning.new_nodes, "control loop: a ProvisioningRequest's "
                             "pods need a new node that attaches on live nodes cannot make up for", "provisioning")
+            self.memory_visibility.check(observation.snapshot)
             # Before the fast path: its GPUs go first.
             reservations = self.reservations.apply(decisions.reservations, observation.snapshot)
             self.removals.resume(observation)
@@ -395,7 +400,8 @@ class Controller:
         if plan is None:
             return False
         self.refusals.report_plan(plan, nodes_allowed=False)
-        if not plan.attaches:
+        steps = plan.device_attaches  # GPUs and CXL memory chunks alike
+        if not steps:
             return False
         rendered = render_scale_up(plan)
         waiting = len(decisions.waiting)
@@ -404,7 +410,7 @@ class Controller:
         self.journal.record(Case.FAST_PATH.value, f"control loop: {waiting} pending pod(s) fit live nodes once "
                             "GPUs are attached", "gpu", rendered)
         metrics.DECISIONS.labels(Case.FAST_PATH.value, "gpu").inc()
-        started = self.actions.attach_all(plan.attaches, f"fast-path/{uuid.uuid4().hex[:8]}", Case.FAST_PATH)
+        started = self.actions.attach_all(steps, f"fast-path/{uuid.uuid4().hex[:8]}", Case.FAST_PATH)
         self.gangs.started(snapshot, [step for step, _ in started], [op.key for _, op in started])
         return True
 

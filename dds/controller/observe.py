@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from itertools import chain
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
 from dds.controller.idle import IdleTracker, NodeUsage
@@ -32,7 +32,8 @@ from dds.model.resources import Resources
 # The planner owns kube-scheduler's request rule and remembers it per pod object: with the watch cache the same
 # PodInfo comes back every observe until the pod changes, so only changed pods are computed again.
 from dds.planner.requests import LastingRequests, is_work
-from dds.model.snapshot import NodeInfo, PodInfo, PoolInfo, Snapshot
+from dds.model.cxl import cxl_memory_of, is_cxl_model
+from dds.model.snapshot import Device, NodeInfo, PodInfo, PoolInfo, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -283,16 +284,20 @@ class ClusterObserver:
         grouped = devices_by_node(fabric_devices)
         online_by_node, detaching_by_node = grouped.online, grouped.detaching
         attaching_by_node: dict[str, int] = {}
+        cxl_attaching_by_node: dict[str, int] = {}
         online_ids: Optional[set[str]] = None  # built at the first attach in flight: most passes have none
         for op in self._fabric.operations():
             if op.kind == OperationKind.ATTACH and not op.state.done:
                 if online_ids is None:
-                    online_ids = {dev.id for devs in online_by_node.values() for dev in devs}
+                    online_ids = {dev.id for devs in (*online_by_node.values(), *grouped.cxl_online.values())
+                                  for dev in devs}
                 online = sum(1 for device_id in op.devices if device_id in online_ids)
-                attaching_by_node[op.node] = attaching_by_node.get(op.node, 0) + max(0, op.requested - online)
+                into = cxl_attaching_by_node if is_cxl_model(op.model) else attaching_by_node
+                into[op.node] = into.get(op.node, 0) + max(0, op.requested - online)
 
         seen = []
         usages = []
+        cxl: dict[str, tuple[tuple[Device, ...], int]] = {}  # CXL memory per node: chunks online, chunks on their way
         groups_by_id = {g.id: g for g in groups}
         for raw in self.node_records():
             name = raw.name
@@ -303,13 +308,20 @@ class ClusterObserver:
             gpu_resource = group.gpu_resource if group else "nvidia.com/gpu"
             online = online_by_node.get(name, ())
             devices = tuple(sorted(online, key=_attach_order)) if len(online) > 1 else tuple(online)
+            spare = 0
             if group is not None:
                 entry = on_nodes.get(name, _NO_PODS)
+                if group.cxl_memory_chunk:
+                    cxl[name], spare = _cxl_memory(raw, group, grouped.cxl_online.get(name, ()),
+                                                   cxl_attaching_by_node.get(name, 0), entry, self._requests)
                 usages.append(NodeUsage(name=name, fabric_gpus=len(devices), used_gpus=entry.used(gpu_resource),
-                                        has_work=entry.working))
+                                        has_work=entry.working, spare_cxl_chunks=spare))
             seen.append((raw, group_id, gpu_resource, devices))
         self.idle.observe(usages, now)
         nodes = self._node_infos(seen, attaching_by_node, detaching_by_node, deleting_nodes)
+        if cxl:
+            nodes = [replace(n, cxl_chunks=cxl[n.name][0], cxl_attaching=cxl[n.name][1],
+                             cxl_idle_since=self.idle.cxl_idle_since(n.name)) if n.name in cxl else n for n in nodes]
 
         # A Machine whose node is not Ready yet is still capacity to come (CA counts such nodes as upcoming too).
         registered = {n.name for n in nodes if n.ready}
@@ -322,13 +334,29 @@ class ClusterObserver:
             missing = replicas_without_machine(machines, replicas, group_id)
             if missing:
                 upcoming[group_id] = upcoming.get(group_id, 0) + missing
-        pools = tuple(PoolInfo(p.name, dict(p.free)) for p in self._fabric.pools())
+        pools = tuple(PoolInfo(p.name, {m: c for m, c in p.free.items() if not is_cxl_model(m)},
+                               free_cxl_memory=cxl_memory_of(p.free)) for p in self._fabric.pools())
         snapshot = mark_claimed(Snapshot(now=now, nodes=tuple(nodes), pods=pods, groups=groups, pools=pools,
                                          upcoming_nodes=upcoming, gpu_model_label=self._gpu_model_label, dra=dra),
                                 fabric_ids=fabric_ids)
         snapshot.index_pods({name: entry.pods for name, entry in on_nodes.items()},
                             pending=pending)
         return Observation(snapshot=snapshot, unschedulable_since=unschedulable, machines=machines, replicas=replicas)
+
+
+def _cxl_memory(raw: NodeRecord, group: NodeGroupSpec, online: Sequence[Device], attaching: int, pods: "NodePods",
+                requests: LastingRequests) -> tuple[tuple[tuple[Device, ...], int], int]:
+    """A node's CXL memory as the planner sees it: (chunks online, chunks on their way), and how many chunks its pods'
+    requests do not need. A chunk the fabric has online but the node does not report yet (its memory not grown: a
+    kubelet publishes hot-added memory only once the kernel has it online, docs/cxl-memory.md) is still on its way: it
+    is neither ordered again nor counted as room."""
+    chunk = group.cxl_memory_chunk
+    reported = max(0, (raw.allocatable.memory - group.memory) // chunk)
+    unreported = max(0, len(online) - reported)
+    requested = sum(requests.get(pod).memory for pod in pods.pods)
+    spare = min(len(online) - unreported, max(0, raw.allocatable.memory - requested) // chunk)
+    chunks = tuple(sorted(online, key=_attach_order))
+    return (chunks, attaching + unreported), max(0, spare)
 
 
 def machine_refs(items: Iterable[Mapping[str, Any]]) -> tuple[MachineRef, ...]:

@@ -61,6 +61,7 @@ from dds.kube import ApiClient
 from dds.kube.composability import (FIELD_MANAGER, GROUP, NODE_FINALIZER, REQUESTS, RESOURCES, VERSION,
                                     ComposabilityObjects, ObjectCache)
 from dds.kube.errors import ApiError
+from dds.model.cxl import is_cxl_model
 
 __all__ = ["GROUP", "VERSION", "REQUESTS", "RESOURCES", "ComposabilityRequestFabric", "request_name"]
 
@@ -107,12 +108,35 @@ class _View:
     resources: dict[str, dict[str, Any]]  # by name, all ComposableResources of our type
 
 
+# Why this backend composes no CXL memory, as read in the pinned operator (CoHDI composable-resource-operator 38251b7,
+# third_party/): its CRDs accept `type: cxlmemory` (api/v1alpha1/composabilityrequest_types.go:41,
+# composableresource_types.go:28), but each of its CDI manager clients keeps GPUs only when it lists a node's devices
+# (internal/cdi/fti/cm/client.go:344, internal/cdi/fti/fm/client.go:389 `if ... Type != "gpu" { continue }`;
+# internal/cdi/nec/client.go:303 and 704-709 `isTargetTypeGPU`), and its upstream syncer makes every detach resource a
+# GPU's (internal/controller/upstreamsyncer_controller.go:141-147: the NVIDIA driver check, "gpu" names). A memory
+# request would be accepted and never seen attached: refused here instead, before anything is written.
+CXL_MEMORY_REFUSAL = ("the CDI operator (composable-resource-operator 38251b7) attaches GPUs only: its CRDs accept "
+                      "cxlmemory, but its fabric-manager clients list and attach GPU devices only; use the simulated "
+                      "fabric for CXL memory (docs/cxl-memory.md)")
+
+
+def refuse_cxl_memory(settings: ComposabilitySettings, pools: Sequence[PoolSpec]) -> None:
+    """Raises ValueError naming the setting when the configuration asks this backend for CXL memory."""
+    if settings.resource_type != "gpu":
+        raise ValueError(f"composability.resource_type {settings.resource_type!r}: {CXL_MEMORY_REFUSAL}")
+    for pool in pools:
+        memory = sorted(model for model in pool.devices if is_cxl_model(model))
+        if memory:
+            raise ValueError(f"pool {pool.name!r} lists {', '.join(memory)}: {CXL_MEMORY_REFUSAL}")
+
+
 class ComposabilityRequestFabric:
     """A `Fabric` on the CDI operator's ComposabilityRequest API; see the module docstring."""
 
     def __init__(self, api: ApiClient, settings: ComposabilitySettings, pools: Sequence[PoolSpec], *,
                  clock: Clock, name: str = "composability-request", cache: Optional[ObjectCache] = None) -> None:
         """`cache`: the operator's objects watched (`ClusterCache.composability`); without it each query lists them."""
+        refuse_cxl_memory(settings, pools)
         self.name = name
         self._objects = ComposabilityObjects(api, cache)
         self._settings = settings
@@ -333,6 +357,8 @@ class ComposabilityRequestFabric:
             raise FabricError(ErrorCode.INVALID, f"attach {key}: node {node} is being deleted")
 
     def _validate_attach(self, request: AttachRequest) -> None:
+        if is_cxl_model(request.model):
+            raise FabricError(ErrorCode.INVALID, f"attach {request.key}: {request.model}: {CXL_MEMORY_REFUSAL}")
         if not request.key or not request.node or request.count <= 0:
             raise FabricError(ErrorCode.INVALID, f"attach {request.key or '<no key>'}: key, node and a positive "
                                                  f"count are required (count {request.count})")

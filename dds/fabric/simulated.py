@@ -27,6 +27,10 @@ returns, so an acknowledged operation is never lost and never done twice: the sa
 Finished operations are kept for `FINISHED_RETENTION_SECONDS` (far longer than any caller retries a key), then dropped.
 The trace simulator builds it with `persist=False` (no store): its process is the manager's whole life.
 
+Memory pools: a pool's CXL memory is devices too, one per chunk, whose model names the chunk's size
+(`cxl-memory-16Gi`, dds/model/cxl.py): `devices: {A30: 8, cxl-memory-16Gi: 16}` is 8 GPUs and 256 GiB of memory.
+Chunks attach and detach like GPUs and take none of a node's GPU slots (`max_slots_per_node`).
+
 Visibility: `on_node_devices_changed(node, {model: online count})` is called whenever the ONLINE devices of a node change
 (the lead wires it to patch the Node's GPU capacity). A failed callback is retried by the next `tick()`, which also
 delivers the current counts of every node once after a restart.
@@ -45,6 +49,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, Union
 
 from dds.config import LatencySpec, PoolSpec, SimulatedFabricSettings
 from dds.crashpoints import crashpoint
+from dds.model.cxl import CXL_MODEL_PREFIX, chunk_bytes, cxl_model, is_cxl_model
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, FabricDevice, FabricError, Operation,
                              OperationKind, OperationState, PoolState)
 from dds.fabric.state import (Document, FabricStateStore, InMemoryFabricStateStore, StateConflict,
@@ -419,8 +424,10 @@ class SimulatedFabric:
                                                 f"{request.count} asked for {request.node}")
         limit = self._slots.get(request.pool)
         if limit is not None:
-            used = sum(1 for d in state.devices.values() if d.node == request.node and d.pool == request.pool)
-            if used + request.count > limit:
+            # Slots hold GPUs: CXL memory chunks take none (a node's memory has its own maximum, the group's).
+            used = sum(1 for d in state.devices.values() if d.node == request.node and d.pool == request.pool
+                       and not is_cxl_model(d.model))
+            if not is_cxl_model(request.model) and used + request.count > limit:
                 return ErrorCode.SLOTS_FULL, (f"{request.node} uses {used} of {limit} slot(s) for pool "
                                               f"{request.pool}; {request.count} more asked")
         return None
@@ -539,6 +546,9 @@ def _validate_pools(pools: Iterable[PoolSpec]) -> None:
         for model, count in pool.devices.items():
             if not model or count < 0:
                 raise ValueError(f"{where}.devices[{model!r}]: model must be non-empty and count >= 0, got {count}")
+            if is_cxl_model(model) and chunk_bytes(model) is None:
+                raise ValueError(f"{where}.devices[{model!r}]: a CXL memory model names its chunk size after "
+                                 f"{CXL_MODEL_PREFIX!r}, a positive memory quantity such as {cxl_model(16 * 2**30)}")
         if pool.max_slots_per_node is not None and pool.max_slots_per_node < 0:
             raise ValueError(f"{where}.max_slots_per_node: must be >= 0, got {pool.max_slots_per_node}")
 

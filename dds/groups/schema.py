@@ -22,6 +22,8 @@ so a key means the same thing wherever it is written:
 | dds.cdi.dev/force-detach (true, false)                           | force_detach                     | false            |
 | dds.cdi.dev/warm-gpus (whole number >= 0)                         | warm_gpus (idle GPUs kept)       | the pool's       |
 | dds.cdi.dev/gpu-api (extended-resource, dra-node-local, dra-pool) | gpu_api (how pods get GPUs)      | extended-resource |
+| dds.cdi.dev/max-cxl-memory-per-node (a memory quantity, 256Gi)   | max_cxl_memory                   | 0 (no CXL memory) |
+| dds.cdi.dev/cxl-memory-chunk (a memory quantity, 16Gi)           | cxl_memory_chunk                 | required with the max |
 | dds.cdi.dev/dra-driver (a DRA group's driver, e.g. gpu.nvidia.com) | dra.driver                     | gpu.dds.cdi.dev  |
 | dds.cdi.dev/dra-device-class                                     | dra.device_class                 | the driver name  |
 | dds.cdi.dev/dra-model-attribute, dra-memory-capacity             | dra.model_attribute, memory_capacity | productName, memory |
@@ -34,6 +36,9 @@ Options as cluster-autoscaler's clusterapi provider names them: scaledownutiliza
 scaledowngpuutilizationthreshold (0..1), scaledownunneededtime, scaledownunreadytime, maxnodeprovisiontime (Go
 durations such as `10m0s`); DDS also reads zeroormaxnodescaling and ignoredaemonsetsutilization (true/false).
 maxnodestartuptime is accepted and ignored: no released externalgrpc client has a field for it.
+
+CXL memory (docs/cxl-memory.md) is planned in chunks: the maximum must be a whole number of chunks, and a chunk size
+without a maximum (or the other way round) is an error.
 
 A DRA group (gpu-api dra-node-local or dra-pool) has no GPU resource: dds.cdi.dev/gpu-resource is refused on it and
 gpu-type is ignored; a dra-pool group's nodes boot with no GPU (gpu-count 0). docs/dra.md says what each API means.
@@ -89,7 +94,8 @@ KNOWN_DDS_KEYS = frozenset({
     g.ANN_ENABLED, g.ANN_MAX_GPUS, g.ANN_GPU_RESOURCE, g.ANN_GPU_MODELS, g.ANN_FABRIC_POOL, g.ANN_TEMPLATE_MODE,
     g.ANN_GPU_IDLE_COOLDOWN, g.ANN_NODE_IDLE_COOLDOWN, g.ANN_FORCE_DETACH, g.ANN_WARM_GPUS, g.ANN_GPU_API,
     g.ANN_DRA_DRIVER, g.ANN_DRA_DEVICE_CLASS, g.ANN_DRA_MODEL_ATTRIBUTE, g.ANN_DRA_MEMORY_CAPACITY,
-    g.ANN_DRA_DEVICE_ID_ATTRIBUTE, g.ANN_DRA_MODELS, g.ANN_DRA_DEVICE_ATTRIBUTES, g.ANN_SCALE_REQUESTS})
+    g.ANN_DRA_DEVICE_ID_ATTRIBUTE, g.ANN_DRA_MODELS, g.ANN_DRA_DEVICE_ATTRIBUTES, g.ANN_SCALE_REQUESTS,
+    g.ANN_MAX_CXL_MEMORY, g.ANN_CXL_MEMORY_CHUNK})
 KNOWN_OPTION_KEYS = frozenset({
     OPT_SCALE_DOWN_UTILIZATION, OPT_SCALE_DOWN_GPU_UTILIZATION, OPT_SCALE_DOWN_UNNEEDED, OPT_SCALE_DOWN_UNREADY,
     OPT_MAX_NODE_PROVISION, OPT_ZERO_OR_MAX, OPT_IGNORE_DAEMONSETS, OPT_MAX_NODE_STARTUP})
@@ -453,6 +459,29 @@ def _parse_dra_driver(f: "_Fields", api: GpuApi) -> Optional[g.DraDriverConfig]:
                                 "a list of NAME=VALUE separated by commas"))
 
 
+def _parse_cxl_memory(f: "_Fields") -> tuple[int, int]:
+    """The group's CXL memory: (maximum per node, chunk size) in bytes; (0, 0) when it takes none. The two keys go
+    together and the maximum is a whole number of chunks; each mistake is an error naming the fix."""
+    maximum = f.get(g.ANN_MAX_CXL_MEMORY, _quantity(to_int), 0, "a memory quantity such as 256Gi")
+    chunk = f.get(g.ANN_CXL_MEMORY_CHUNK, _positive_quantity(to_int), 0, "a positive memory quantity such as 16Gi")
+    if f.raw(g.ANN_CXL_MEMORY_CHUNK) and not f.raw(g.ANN_MAX_CXL_MEMORY):
+        f.error(g.ANN_CXL_MEMORY_CHUNK, f"a chunk size attaches nothing without {g.ANN_MAX_CXL_MEMORY}; set the "
+                                        f"maximum CXL memory a node may hold, or remove it")
+        return 0, 0
+    if not maximum:
+        return 0, 0
+    if not f.raw(g.ANN_CXL_MEMORY_CHUNK):
+        f.error(g.ANN_CXL_MEMORY_CHUNK, f"missing; {g.ANN_MAX_CXL_MEMORY} needs the size memory is attached in, "
+                                        f"a memory quantity such as 16Gi")
+        return 0, 0
+    if chunk and maximum % chunk:
+        f.error(g.ANN_MAX_CXL_MEMORY, f"{_shown(f.raw(g.ANN_MAX_CXL_MEMORY) or '')} is not a whole number of "
+                                      f"{_shown(f.raw(g.ANN_CXL_MEMORY_CHUNK) or '')} chunks "
+                                      f"({g.ANN_CXL_MEMORY_CHUNK}); make it a multiple of the chunk size")
+        return 0, 0
+    return maximum, chunk
+
+
 def unknown_key_message(key: str) -> Optional[str]:
     """Why `key` is refused, with the nearest known key as a hint; None for a key DDS knows or does not own."""
     for prefix, known in ((g.ANNOTATION_PREFIX, KNOWN_DDS_KEYS), (g.ANN_OPTIONS_PREFIX, KNOWN_OPTION_KEYS)):
@@ -511,6 +540,7 @@ def parse_group(item: GroupInput) -> tuple[Optional[NodeGroupSpec], tuple[GroupC
     max_gpus = f.get(g.ANN_MAX_GPUS, _count, initial_gpus, "a whole number >= 0")
     gpu_api, gpu_resource = _parse_gpu_api(f, initial_gpus)
     dra = _parse_dra_driver(f, gpu_api)
+    max_cxl_memory, cxl_memory_chunk = _parse_cxl_memory(f)
     labels = f.get(CAP_LABELS, _labels, {}, "a list of key=value separated by commas")
     annotation_taints = f.get(CAP_TAINTS, _taints, (), "a list of key=value:Effect separated by commas")
     taints = _merge_taints(item.template_taints, annotation_taints, f)
@@ -547,6 +577,7 @@ def parse_group(item: GroupInput) -> tuple[Optional[NodeGroupSpec], tuple[GroupC
             node_idle_cooldown_seconds=f.get(g.ANN_NODE_IDLE_COOLDOWN, _duration, 600.0, "a duration such as 10m"),
             force_detach=f.get(g.ANN_FORCE_DETACH, _bool, False, "true or false"),
             warm_gpus=f.get(g.ANN_WARM_GPUS, _count, None, "a whole number >= 0"),
+            max_cxl_memory=max_cxl_memory, cxl_memory_chunk=cxl_memory_chunk,
             options=options, source=item.source)
     except ValidationError as exc:
         for problem in exc.errors():

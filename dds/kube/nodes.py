@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 from kubernetes import client
 
 from dds.kube.errors import ApiError, api_errors
+from dds.model.cxl import cxl_memory_of, gpus_of
 from dds.model.groups import DEFAULT_GPU_RESOURCE
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 DevicesChanged = Callable[[str, dict[str, int]], None]
 # The GPU resource to publish for a node (its group's gpu_resource), or None when DDS does not manage the node.
 ResourceOfNode = Callable[[str], Optional[str]]
+# A node's own memory in bytes (its group's, without CXL memory), or None when its group takes no CXL memory.
+OwnMemoryOfNode = Callable[[str], Optional[int]]
 Obj = dict[str, Any]
 
 
@@ -83,6 +86,19 @@ def set_gpu_capacity(api: client.ApiClient, node_name: str, resource: str, count
     _node_call(what, lambda: client.CoreV1Api(api).patch_node_status(
         node_name, gpu_capacity_patch(resource, count), _request_timeout=request_timeout_seconds))
     log.info("%s (device hot-plug made visible)", what)
+
+
+def set_memory_capacity(api: client.ApiClient, node_name: str, memory: int, *,
+                        request_timeout_seconds: float = 10.0) -> None:
+    """Set the Node's memory capacity and allocatable to `memory` bytes (its own plus the CXL memory online): what a
+    kubelet reports once hot-added memory is online. Idempotent; errors as `set_gpu_capacity`."""
+    if memory <= 0:
+        raise ValueError(f"node {node_name}: memory must be > 0, got {memory}")
+    what = f"node {node_name}: setting memory capacity and allocatable to {memory}"
+    patch = {"status": {"capacity": {"memory": str(memory)}, "allocatable": {"memory": str(memory)}}}
+    _node_call(what, lambda: client.CoreV1Api(api).patch_node_status(node_name, patch,
+                                                                     _request_timeout=request_timeout_seconds))
+    log.info("%s (CXL memory hot-plug made visible)", what)
 
 
 def set_node_label(api: client.ApiClient, node_name: str, key: str, value: Optional[str], *,
@@ -258,7 +274,8 @@ def work_on_node(api: client.ApiClient, node_name: str) -> list[str]:
 
 def gpu_capacity_hook(api: client.ApiClient,
                       resource: Union[str, ResourceOfNode] = DEFAULT_GPU_RESOURCE, *,
-                      request_timeout_seconds: float = 10.0, kwok_only: Optional[str] = None) -> DevicesChanged:
+                      request_timeout_seconds: float = 10.0, kwok_only: Optional[str] = None,
+                      own_memory: Optional[OwnMemoryOfNode] = None) -> DevicesChanged:
     """An `on_node_devices_changed` callback that publishes a node's online device count as its GPU capacity.
 
     `resource` is the GPU resource name, or a function giving it per node (its group's `gpu_resource`; None skips a
@@ -267,20 +284,29 @@ def gpu_capacity_hook(api: client.ApiClient,
 
     `kwok_only`: publish on kwok nodes only (simulated GPUs); any other node raises `NotAKwokNode`, whose message ends
     with this text (what to change to allow it).
+
+    `own_memory`: the node's memory without CXL memory (its group's), or None for a node whose group takes no CXL
+    memory. For the others, the node's memory is published as that plus the CXL memory chunks online
+    (dds/model/cxl.py), as a kubelet reports hot-added memory (docs/cxl-memory.md); chunks are never counted as GPUs.
     """
 
     def publish(node_name: str, online: Mapping[str, int]) -> None:
         name = resource(node_name) if callable(resource) else resource
-        if name is None:
+        base = own_memory(node_name) if own_memory is not None else None
+        if name is None and base is None:
             log.debug("node %s has no DDS GPU resource: not publishing its %s", node_name, dict(online))
             return
-        count = sum(online.values())
+        count = gpus_of(online)
         try:
             if kwok_only is not None:
                 _require_kwok_node(api, node_name, kwok_only, request_timeout_seconds)
-            set_gpu_capacity(api, node_name, name, count, request_timeout_seconds=request_timeout_seconds)
+            if name is not None:
+                set_gpu_capacity(api, node_name, name, count, request_timeout_seconds=request_timeout_seconds)
+            if base is not None:
+                set_memory_capacity(api, node_name, base + cxl_memory_of(online),
+                                    request_timeout_seconds=request_timeout_seconds)
         except NodeNotFound:
-            if count == 0:
+            if sum(online.values()) == 0:
                 log.debug("node %s is gone and holds no devices: nothing to publish", node_name)
                 return
             raise

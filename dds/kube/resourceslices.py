@@ -26,6 +26,7 @@ from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Seque
 
 from kubernetes import client
 
+from dds.model.cxl import is_cxl_model
 from dds.model.groups import LABEL_NODE_GROUP
 from dds.model.dra_devices import DRIVER, dra_pool_name, gpu_device
 from dds.model.dra_records import DeviceTaintInfo, DraDevice
@@ -200,5 +201,7 @@ def with_resource_slices(hook: Callable[[str, Mapping[str, int]], None], publish
 
 
 def online_gpus(fabric: Any, node: str) -> list[tuple[str, str]]:
-    """(id, model) of the ONLINE devices a fabric shows on `node` (any backend: `devices(node)` of dds/fabric/base.py)."""
-    return [(d.id, d.model) for d in fabric.devices(node) if str(getattr(d.state, "value", d.state)) == "online"]
+    """(id, model) of the ONLINE GPUs a fabric shows on `node` (any backend: `devices(node)` of dds/fabric/base.py);
+    CXL memory chunks are memory, never GPU devices."""
+    return [(d.id, d.model) for d in fabric.devices(node)
+            if str(getattr(d.state, "value", d.state)) == "online" and not is_cxl_model(d.model)]

@@ -26,6 +26,10 @@ DEFAULT_GPU_IDLE_COOLDOWN_SECONDS = 300.0
 ANN_FORCE_DETACH = ANNOTATION_PREFIX + "force-detach"  # "true": detach GPUs even while in use
 ANN_WARM_GPUS = ANNOTATION_PREFIX + "warm-gpus"  # idle GPUs kept attached across the group's nodes (headroom)
 ANN_GPU_API = ANNOTATION_PREFIX + "gpu-api"  # how pods get the group's GPUs: GpuApi (docs/dra.md)
+# CXL memory a node of the group can have attached from its fabric pool, on top of its own (docs/cxl-memory.md): up to
+# the maximum, in chunks of the chunk size (what the pool's memory devices hand out at a time).
+ANN_MAX_CXL_MEMORY = ANNOTATION_PREFIX + "max-cxl-memory-per-node"
+ANN_CXL_MEMORY_CHUNK = ANNOTATION_PREFIX + "cxl-memory-chunk"
 # A DRA group's devices (DraDriverConfig; docs/dra.md "A GPU vendor's DRA driver"): which driver publishes them, the
 # DeviceClass claims name, where the model and the memory are in a device, and how DDS describes a model no device of
 # the cluster shows yet.
@@ -213,6 +217,10 @@ class NodeGroupSpec(BaseModel):
     # PlannerConfig.warm_gpus_by_pool): dds/planner/headroom.py.
     warm_gpus: Optional[int] = Field(default=None, ge=0)
     gpu_api: GpuApi = GpuApi.EXTENDED_RESOURCE
+    # CXL memory attachable to a node from its fabric pool, beyond `memory` (its own): at most `max_cxl_memory`
+    # bytes, in chunks of `cxl_memory_chunk` bytes (0 and 0: the group takes no CXL memory).
+    max_cxl_memory: int = Field(default=0, ge=0)
+    cxl_memory_chunk: int = Field(default=0, ge=0)
     dra: DraDriverConfig = Field(default_factory=DraDriverConfig)  # a DRA group's driver and device shape
     options: OptionOverrides = Field(default_factory=OptionOverrides)
     source: SourceRef
@@ -240,6 +248,9 @@ class NodeGroupSpec(BaseModel):
             raise ValueError(f"GPU resource {self.gpu_resource} does not go with GPU API {self.gpu_api.value}: "
                              f"{DRA_GPU_RESOURCE} (dra.dds.cdi.dev/<driver> for a vendor's DRA driver) is the "
                              f"planner's name for DRA groups' GPUs, and theirs only")
+        if self.max_cxl_memory and (not self.cxl_memory_chunk or self.max_cxl_memory % self.cxl_memory_chunk):
+            raise ValueError(f"max CXL memory per node {self.max_cxl_memory} is not a whole number of chunks of "
+                             f"{self.cxl_memory_chunk} bytes")
         if self.gpu_api is GpuApi.DRA_POOL and not self.dra.own:
             raise ValueError(f"a {GpuApi.DRA_POOL.value} group's GPUs are slots DDS publishes under its own driver "
                              f"{DDS_DRA_DRIVER}, not {self.dra.driver}")
@@ -258,13 +269,23 @@ class NodeGroupSpec(BaseModel):
     def default_gpu_model(self) -> Optional[str]:
         return self.gpu_models[0] if self.gpu_models else None
 
+    @property
+    def max_cxl_chunks(self) -> int:
+        """The CXL memory chunks a node of the group can hold (0: it takes none)."""
+        return self.max_cxl_memory // self.cxl_memory_chunk if self.cxl_memory_chunk else 0
+
     def template_allocatable(self) -> Resources:
-        """What the template node advertises: the node's capacity with every GPU slot filled. A DRA group's GPUs are
-        ResourceSlice devices, which cluster-autoscaler's externalgrpc templates cannot carry: none are advertised."""
+        """What the template node advertises: the node's capacity with every GPU slot filled and its CXL memory at the
+        maximum, so CA's simulation says a node of the group would fit a GPU- or memory-bound pod. A DRA group's GPUs
+        are ResourceSlice devices, which cluster-autoscaler's externalgrpc templates cannot carry: none are
+        advertised."""
         advertised = self.max_gpus_per_node if not self.gpu_api.dra else 0
         scalar = {self.gpu_resource: advertised} if advertised else {}
-        return Resources(self.milli_cpu, self.memory, self.ephemeral_storage, self.max_pods, scalar)
+        return Resources(self.milli_cpu, self.memory + self.max_cxl_memory, self.ephemeral_storage, self.max_pods,
+                         scalar)
 
-    def node_allocatable(self, gpus: int) -> Resources:
-        """A node of this group with `gpus` GPUs attached."""
-        return self.template_allocatable().with_scalar(self.gpu_resource, gpus)
+    def node_allocatable(self, gpus: int, cxl_chunks: int = 0) -> Resources:
+        """A node of this group with `gpus` GPUs and `cxl_chunks` chunks of CXL memory attached."""
+        base = self.template_allocatable().with_scalar(self.gpu_resource, gpus)
+        return Resources(base.milli_cpu, self.memory + cxl_chunks * self.cxl_memory_chunk, base.ephemeral_storage,
+                         base.pods, base.scalar)

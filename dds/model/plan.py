@@ -6,12 +6,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping, Optional
 
+from dds.model.cxl import cxl_model
 from dds.model.quantity import human_amount
 
 
 class Verdict(str, Enum):
     FITS_NOW = "fits-now"  # schedulable on an existing node without any action
     FITS_AFTER_GPUS = "fits-after-gpus"  # fits once the planned GPUs are attached
+    FITS_AFTER_MEMORY = "fits-after-memory"  # fits once the planned CXL memory (and GPUs, if any) are attached
     NEEDS_NODE = "needs-node"  # fits only on a new node of some group
     UNSCHEDULABLE = "unschedulable"  # fits nowhere, not even on a new node at max GPUs
     UNSUPPORTED = "unsupported"  # has a constraint the simulation does not model: never promised a fit
@@ -32,6 +34,10 @@ class Case(str, Enum):
     PROVISIONING = "provisioning-request"  # capacity gathered and booked for a ProvisioningRequest of DDS's class
     SCALE_DOWN = "case3-scale-down"  # CA asked to remove a node
     SCALE_DOWN_BLOCKED = "case4-scale-down-blocked"  # CA wanted to remove but could not / DDS-owned scale-down
+
+
+DEVICE_GPU = "gpu"
+DEVICE_CXL_MEMORY = "cxl-memory"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +69,7 @@ class PodDecision:
     node: Optional[str] = None  # chosen existing node (FITS_NOW / FITS_AFTER_GPUS)
     group: Optional[str] = None  # chosen group (NEEDS_NODE)
     gpus_added: int = 0  # GPUs this pod's placement adds to `node`
+    memory_added: int = 0  # bytes of CXL memory this pod's placement adds to `node`
     score: Optional[float] = None
     reason: str = ""  # human sentence: "fits on worker-1 after 1 GPU (best-fit score 0.92)"
     rejected: tuple[Reject, ...] = ()
@@ -83,6 +90,22 @@ class Attach:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryAttach:
+    """CXL memory attached to a live node: `chunks` chunks of `chunk_bytes` each from `pool`'s memory devices."""
+
+    node: str
+    pool: str
+    chunks: int
+    chunk_bytes: int
+    pods: tuple[str, ...]
+    reason: str
+
+    @property
+    def bytes(self) -> int:
+        return self.chunks * self.chunk_bytes
+
+
+@dataclass(frozen=True, slots=True)
 class NewNodes:
     group: str
     count: int
@@ -99,10 +122,24 @@ class ScaleUpPlan:
     policy: str = ""
     solver: str = "greedy"  # "greedy" | "milp" — which produced the plan
     notes: tuple[str, ...] = ()
+    memory_attaches: tuple[MemoryAttach, ...] = ()
 
     @property
     def gpus(self) -> int:
         return sum(a.count for a in self.attaches)
+
+    @property
+    def cxl_memory(self) -> int:
+        """Bytes of CXL memory the plan attaches."""
+        return sum(m.bytes for m in self.memory_attaches)
+
+    @property
+    def device_attaches(self) -> tuple[Attach, ...]:
+        """Every attach the fabric carries out: the GPUs, then the CXL memory as chunks of a model naming their size
+        (dds/model/cxl.py), which the fabric attaches like any device."""
+        return self.attaches + tuple(
+            Attach(node=m.node, pool=m.pool, model=cxl_model(m.chunk_bytes), count=m.chunks, pods=m.pods,
+                   reason=m.reason) for m in self.memory_attaches)
 
     @property
     def nodes(self) -> int:
@@ -110,7 +147,7 @@ class ScaleUpPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.attaches and not self.new_nodes
+        return not self.attaches and not self.new_nodes and not self.memory_attaches
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +156,7 @@ class Detach:
     device_ids: tuple[str, ...]
     reason: str
     force: bool = False
+    kind: str = "gpu"  # what the devices are: DEVICE_GPU or DEVICE_CXL_MEMORY (chunks of CXL memory)
 
 
 @dataclass(frozen=True, slots=True)

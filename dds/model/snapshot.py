@@ -178,6 +178,12 @@ class NodeInfo:
     gpus_idle_since: Optional[float] = None
     empty_since: Optional[float] = None
     being_deleted: bool = False  # tainted ToBeDeletedByClusterAutoscaler or a Machine marked for deletion
+    # CXL memory chunks attached from the fabric (their bytes are in `allocatable.memory` once the node reports them),
+    # chunks on their way (promised, not yet reported), and since when the node has had a chunk its pods' requests do
+    # not need (None = none), kept by the controller like `gpus_idle_since` (docs/cxl-memory.md).
+    cxl_chunks: tuple[Device, ...] = ()
+    cxl_attaching: int = 0
+    cxl_idle_since: Optional[float] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +195,8 @@ class PoolInfo:
     # A fabric-side limit on devices per node from this pool (PoolSpec.max_slots_per_node); None = only the group's
     # max_gpus_per_node applies.
     max_slots_per_node: Optional[int] = None
+    # CXL memory the pool can still attach, in bytes (its memory devices' free chunks).
+    free_cxl_memory: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 Public API (the controller, `dds plan` and the simulator call exactly these):
 
-    plan_scale_up(snapshot, config, pods=None) -> ScaleUpPlan     cases 1 and 2: GPUs first, nodes when needed
+    plan_scale_up(snapshot, config, pods=None) -> ScaleUpPlan     cases 1 and 2: GPUs (and CXL memory) first, nodes
+                                                                  when needed
     plan_scale_down(snapshot, config, candidates=None) -> ScaleDownPlan   cases 3 and 4
     (both take `memos=`: a PlannerMemos kept by a caller that decides repeatedly, dds/planner/memos.py)
     render_scale_up(plan) / render_scale_down(plan) -> str         what and why, for people
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from dds.planner.batch import improve_with_batch
+from dds.planner.cxl_memory import plan_with_cxl_memory, takes_cxl_memory
 from dds.planner.dra import leave_pool_slots_to_the_scheduler
 from dds.planner.existing import FastExisting
 from dds.planner.gangs import plan_all_or_nothing
@@ -41,11 +43,19 @@ def plan_scale_up(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequ
     check_policy(config.policy)
     memos = memos if memos is not None else PlannerMemos()  # one for every plan of this call (gangs plan again)
 
-    def plan_pods(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]]) -> ScaleUpPlan:
-        return _plan_pods(snapshot, config, pods, memos)
+    def plan_gpus(snapshot: Snapshot, memos: PlannerMemos) -> ScaleUpPlan:
+        def plan_pods(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]]) -> ScaleUpPlan:
+            return _plan_pods(snapshot, config, pods, memos)
 
-    plan = with_refusals(plan_all_or_nothing(plan_pods, snapshot, config, pods, memos=memos), snapshot)
-    return leave_pool_slots_to_the_scheduler(plan, snapshot)
+        plan = with_refusals(plan_all_or_nothing(plan_pods, snapshot, config, pods, memos=memos), snapshot)
+        return leave_pool_slots_to_the_scheduler(plan, snapshot)
+
+    if not takes_cxl_memory(snapshot):
+        return plan_gpus(snapshot, memos)
+    # CXL memory tried on live nodes for what the GPU plan leaves to new nodes (dds/planner/cxl_memory.py). Each
+    # re-run sees a snapshot with more memory on a node: memos are kept per snapshot, so each run gets its own.
+    first = [memos]
+    return plan_with_cxl_memory(snapshot, config, lambda seen: plan_gpus(seen, first.pop() if first else PlannerMemos()))
 
 
 def _plan_pods(snapshot: Snapshot, config: PlannerConfig, pods: Optional[Sequence[PodInfo]],

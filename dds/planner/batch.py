@@ -288,7 +288,7 @@ class _Program:
             rows.add(terms, -np.inf, float(s.pool_free[pool, m]))
         for slot, (group_id, _) in enumerate(self.slots):
             group = groups[group_id]
-            capacity = group.node_allocatable(0)
+            capacity = group.node_allocatable(0, group.max_cxl_chunks)  # as template_node: memory at its maximum
             members = [p for (p, t) in self.y if t == slot]
             for p in members:
                 rows.add({self.y[(p, slot)]: 1.0, self.opened[slot]: -1.0}, -np.inf, 0.0)

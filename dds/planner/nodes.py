@@ -225,10 +225,12 @@ def sim_node(node: NodeInfo, snapshot: Snapshot, config_groups: Optional[Sequenc
 
 
 def template_node(group: NodeGroupSpec, name: str, gpus: int, free_slots: int, snapshot: Snapshot) -> SimNode:
-    """A node of `group` that does not exist yet (on its way, or planned here) with `gpus` GPUs present."""
+    """A node of `group` that does not exist yet (on its way, or planned here) with `gpus` GPUs present and its CXL
+    memory at the group's maximum: like the GPUs a new node needs beyond its boot GPUs, that memory is attached once it
+    is up (the memory pass serves its pods then, dds/planner/cxl_memory.py)."""
     labels = dict(group.labels)
     labels.setdefault(HOSTNAME_TOPOLOGY, name)
-    allocatable = _allocatable(group.node_allocatable(gpus))
+    allocatable = _allocatable(group.node_allocatable(gpus, group.max_cxl_chunks))
     allocatable[group.gpu_resource] = gpus
     pool = snapshot.pool(group.fabric_pool)
     return SimNode(name=name, base_labels=labels, taints=group.taints, unschedulable=False, ready=True,

@@ -105,7 +105,7 @@ class PassPlan:
 
     @property
     def fast_path_attaches(self) -> bool:
-        return self.fast_path is not None and bool(self.fast_path.attaches)
+        return self.fast_path is not None and bool(self.fast_path.device_attaches)
 
 
 def plan_pass(snapshot: Snapshot, inputs: PassInputs, settings: PassSettings,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from dds.model.groups import NodeGroupSpec
+from dds.planner.cxl_memory import release_idle_cxl_memory
 from dds.planner.device_modes import IDLE_NODE_ONLY, detaches_only_from_idle_node, held_by_node_load, held_reason
 from dds.planner.existing import FastExisting
 from dds.planner.headroom import WarmBudget
@@ -293,5 +294,6 @@ def plan_scale_down(snapshot: Snapshot, config: PlannerConfig, candidates: Optio
     else:
         run.notes.append("node removal is disabled (CA owns it): only idle GPUs are released")
     run.idle_gpus()
-    return ScaleDownPlan(detaches=tuple(run.detaches), removals=tuple(run.removals), kept=tuple(run.kept),
+    plan = ScaleDownPlan(detaches=tuple(run.detaches), removals=tuple(run.removals), kept=tuple(run.kept),
                          notes=tuple(run.notes), idle_past_cooldown=tuple(run.idle_past_cooldown))
+    return release_idle_cxl_memory(snapshot, plan)
