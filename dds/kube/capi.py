@@ -97,18 +97,11 @@ class CapiObjects:
     def serves(self, plural: str, version: str, namespace: Optional[str] = None) -> bool:
         """Whether `plural` is served in `version` (MachineDeployments are not where only MachineSet CRDs are
         installed)."""
-        try:
-            if namespace:
-                self._custom.list_namespaced_custom_object(CAPI_GROUP, version, namespace, plural, limit=1,
-                                                           _request_timeout=self._timeout)
-            else:
-                self._custom.list_cluster_custom_object(CAPI_GROUP, version, plural, limit=1,
-                                                        _request_timeout=self._timeout)
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise ApiError.of(exc) from exc
-        return True
+        if namespace:
+            return _found(lambda: self._custom.list_namespaced_custom_object(
+                CAPI_GROUP, version, namespace, plural, limit=1, _request_timeout=self._timeout))
+        return _found(lambda: self._custom.list_cluster_custom_object(
+            CAPI_GROUP, version, plural, limit=1, _request_timeout=self._timeout))
 
     def forget_version(self) -> None:
         """Discover again on the next call (the version in use stopped being served)."""
@@ -173,14 +166,19 @@ class CapiObjects:
     def delete(self, plural: str, namespace: str, name: str) -> bool:
         """Delete; False when it was already gone."""
         version = self.version(namespace)
-        try:
-            self._custom.delete_namespaced_custom_object(CAPI_GROUP, version, namespace, plural, name,
-                                                         _request_timeout=self._timeout)
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise ApiError.of(exc) from exc
-        return True
+        return _found(lambda: self._custom.delete_namespaced_custom_object(
+            CAPI_GROUP, version, namespace, plural, name, _request_timeout=self._timeout))
+
+
+def _found(call: Callable[[], Any]) -> bool:
+    """Run `call`: False on a 404, True otherwise; any other API error raised as ApiError."""
+    try:
+        call()
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise ApiError.of(exc) from exc
+    return True
 
 
 # --- pure readers over the dicts (the same fields in v1beta1 and v1beta2) ---
