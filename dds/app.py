@@ -324,7 +324,7 @@ class App:
         if release is None:
             return
         for group in self.catalog.groups():
-            if group.source.kind != "MachineSet":
+            if group.source.kind not in ("MachineSet", "MachineDeployment"):
                 continue
             try:
                 release(group)

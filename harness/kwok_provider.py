@@ -32,6 +32,8 @@ from typing import Any, Callable, Mapping, Optional
 
 from kubernetes import client
 
+from dds.groups.labels import LABEL_HOSTNAME, template_labels
+from dds.model.groups import LABEL_ATTACHED_GPU, NodeGroupSpec
 from harness.capi import AGGREGATE_TO_MANAGER, AGGREGATED_ROLE
 from harness.install import AdminApi
 from harness.reconcile_loop import ReconcileLoop
@@ -122,6 +124,22 @@ def install_cluster(api: AdminApi, namespace: str, cluster: str) -> None:
     api.apply({"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
                "metadata": {"name": BOOTSTRAP_SECRET, "namespace": namespace, "labels": {LABEL_CLUSTER_NAME: cluster}},
                "stringData": {"value": "#!/bin/sh\n# kwok nodes need no bootstrap\n"}}, secrets)
+
+
+def node_shape(group: NodeGroupSpec, gpu_label: str) -> dict[str, Any]:
+    """A KwokMachineTemplate's `node` for hosts of a DDS group: the labels, taints and capacity the group's template
+    node shows cluster-autoscaler (the real node must match what CA simulated), its GPUs at 0: they come from the
+    fabric. The host's own name and CA's attached-GPU label are not in a template."""
+    labels = template_labels(group, "", gpu_label)
+    labels.pop(LABEL_HOSTNAME, None)
+    labels.pop(LABEL_ATTACHED_GPU, None)  # a node boots with 0 GPUs visible: DDS labels it once its GPUs are usable
+    capacity = group.node_allocatable(0).to_kubernetes()
+    if group.gpu_api.dra:
+        capacity.pop(group.gpu_resource, None)  # a DRA group's GPUs are ResourceSlice devices, never node capacity
+    elif group.max_gpus_per_node > 0:
+        capacity[group.gpu_resource] = "0"  # the resource is there from the start; the fabric's attaches raise it
+    return {"labels": labels, "capacity": capacity,
+            "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in group.taints]}
 
 
 def machine_template(namespace: str, name: str, node: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:

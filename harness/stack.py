@@ -3,7 +3,9 @@
     control plane (etcd, kube-apiserver, kube-scheduler, kwok; harness/controlplane.py)
     + MachineSet default/gpu-workers (manifests/examples, with short cooldowns)
     + Cluster API's part, played by KwokInfrastructure in this process (as in a cluster, it is not DDS: killing DDS
-      does not stop machines from being made)
+      does not stop machines from being made); with `StackOptions.cluster_api`, Cluster API's own manager
+      (harness/capi.py, as shipped) and the kwok infrastructure provider (harness/kwok_provider.py) instead, the
+      MachineSet written as v1beta2 with its template on the provider's KwokMachineTemplate
     + DDS: `python -m dds serve --config ...` as a process of its own, on mutual TLS, restartable and killable, with
       its ServiceAccount's kubeconfig (`dds_kubeconfig`: the RBAC of manifests/dds, harness/rbac.py)
     + the real cluster-autoscaler (--cloud-provider=externalgrpc; $DDS_CLUSTER_AUTOSCALER or the binary cache, the
@@ -78,6 +80,8 @@ class StackOptions:
     # DDS exist, closed with the stack: called with the Stack, returns a context manager (harness/cdi_stack.py: the
     # fabric-manager emulator, the GPU node agent and the real CDI operator).
     fabric_side: Optional[Callable[["Stack"], Any]] = None
+    # Cluster API's own manager and the harness's kwok infrastructure provider make the machines (not KwokInfrastructure).
+    cluster_api: bool = False
 
 
 def machineset(options: StackOptions) -> dict:
@@ -89,6 +93,31 @@ def machineset(options: StackOptions) -> dict:
     annotations[ANN_NODE_IDLE_COOLDOWN] = f"{options.node_idle_cooldown_seconds:g}s"
     annotations.update(options.machineset_annotations)
     return obj
+
+
+def cluster_api_machineset(options: StackOptions) -> dict:
+    """The example MachineSet as v1beta2 for Cluster API's own manager: its template's infrastructureRef on the kwok
+    provider's KwokMachineTemplate of the same name, the bootstrap phase skipped (kwok hosts need none)."""
+    from harness.kwok_provider import BOOTSTRAP_SECRET, infrastructure_ref
+
+    obj = machineset(options)
+    obj["apiVersion"] = "cluster.x-k8s.io/v1beta2"
+    template = obj["spec"]["template"]["spec"]
+    template["infrastructureRef"] = infrastructure_ref(obj["metadata"]["name"])
+    template["bootstrap"] = {"dataSecretName": BOOTSTRAP_SECRET}
+    return obj
+
+
+def group_of(obj: dict) -> Any:
+    """The DDS node group a MachineSet object is, as DDS parses it."""
+    from dds.groups.schema import parse_group
+    from dds.groups.sources import group_input_from_machineset
+    from dds.kube.machinesets import machineset_from_object
+
+    group, problems = parse_group(group_input_from_machineset(machineset_from_object(obj)))
+    if group is None:
+        raise StackError(f"the stack's MachineSet is no DDS group: {problems}")
+    return group
 
 
 def pod(name: str, memory_gib: int, gpus: int = 0, cpu: str = "1", namespace: str = WORKLOAD_NAMESPACE) -> dict:
@@ -273,18 +302,43 @@ class Stack:
                                                                           files_dir=str(self.tls_dir)))
         self.fabric_side = (self._exit.enter_context(self.options.fabric_side(self))
                             if self.options.fabric_side is not None else None)
-        client.CustomObjectsApi(self.api).create_namespaced_custom_object(
-            "cluster.x-k8s.io", "v1beta1", "default", "machinesets", machineset(self.options))
-        self.infrastructure = KwokInfrastructure(self.control_plane.api_client(), time.time,
-                                                 provisioning_delay_seconds=self.options.node_provisioning_seconds,
-                                                 provider_ids=self.options.provider_ids)
-        self.infrastructure.run_in_thread()
-        self._exit.callback(self.infrastructure.stop)
+        if self.options.cluster_api:
+            self._start_cluster_api()
+        else:
+            client.CustomObjectsApi(self.api).create_namespaced_custom_object(
+                "cluster.x-k8s.io", "v1beta1", "default", "machinesets", machineset(self.options))
+            self.infrastructure = KwokInfrastructure(self.control_plane.api_client(), time.time,
+                                                     provisioning_delay_seconds=self.options.node_provisioning_seconds,
+                                                     provider_ids=self.options.provider_ids)
+            self.infrastructure.run_in_thread()
+            self._exit.callback(self.infrastructure.stop)
         self.config_path = self.write_dds_config("dds.yaml", self.grpc_port)
         self.dds = self.start_dds(env=self.options.dds_env or None)
         self._exit.callback(lambda: self.dds.stop() if self.dds else None)
         if self.options.autoscaler:
             self.start_autoscaler()
+
+    def _start_cluster_api(self) -> None:
+        """Cluster API's manager (stopped with the control plane) and the kwok provider; the workload cluster the
+        example MachineSet names; its hosts shaped as DDS's group template; the MachineSet as v1beta2."""
+        from harness import kwok_provider
+        from harness.capi import ClusterApiManager
+
+        self.cluster_api = ClusterApiManager(self.control_plane).start()
+        self._exit.callback(self.cluster_api.stop)
+        admin = self.cluster_api.admin_api()
+        kwok_provider.install(admin)
+        self.provider = kwok_provider.KwokInfrastructureProvider(
+            self.control_plane.api_client(), provisioning_delay_seconds=self.options.node_provisioning_seconds,
+            active=self.cluster_api.running).start()
+        self._exit.callback(self.provider.stop)
+        obj = cluster_api_machineset(self.options)
+        kwok_provider.install_cluster(admin, obj["metadata"]["namespace"], obj["spec"]["clusterName"])
+        gpu_label = self.options.dds_settings.get("gpu_label", Settings.model_fields["gpu_label"].default)
+        kwok_provider.create_template(admin, kwok_provider.machine_template(
+            obj["metadata"]["namespace"], obj["metadata"]["name"], kwok_provider.node_shape(group_of(obj), gpu_label)))
+        client.CustomObjectsApi(self.api).create_namespaced_custom_object(
+            "cluster.x-k8s.io", "v1beta2", obj["metadata"]["namespace"], "machinesets", obj)
 
     # --- DDS ---
     def write_dds_config(self, name: str, grpc_port: int, **overrides: Any) -> Path:

@@ -47,7 +47,8 @@ class ClusterReader(Protocol):
         ...
 
     def machinesets(self) -> Sequence[Mapping[str, Any]]:
-        """Cluster API MachineSets, as objects; none when Cluster API is not installed."""
+        """Cluster API MachineSets and MachineDeployments (each with its `kind`), as objects; none when Cluster API is
+        not installed."""
         ...
 
     def pod_records(self) -> Sequence[PodRecord]:
@@ -185,10 +186,12 @@ class ClusterObserver:
         return memo[1]
 
     def machineset_replicas(self) -> dict[str, int]:
-        """spec.replicas per MachineSet group id, read now (the group catalog may be a loop old)."""
+        """spec.replicas per MachineSet and MachineDeployment group id, read now (the group catalog may be a loop
+        old)."""
         cached = self.cache.machinesets if self.cache is not None else None
-        if cached is not None and cached.synced:
-            return replicas_by_group(cached.values())
+        deployments = self.cache.machinedeployments if self.cache is not None else None
+        if cached is not None and cached.synced and (deployments is None or deployments.synced):
+            return replicas_by_group((*cached.values(), *(deployments.values() if deployments is not None else ())))
         return replicas_by_group(self._reader.machinesets())
 
     # --- pods and nodes: from the cache when it is synced, else one LIST each ---
@@ -366,7 +369,7 @@ def machine_refs(items: Iterable[Mapping[str, Any]]) -> tuple[MachineRef, ...]:
     for claim in capi.node_claims(items):
         item, namespace = claim.machine, capi.namespace_of(claim.machine)
         out.append(MachineRef(
-            namespace=namespace, name=capi.name_of(item), group_id=f"MachineSet/{namespace}/{claim.machineset}",
+            namespace=namespace, name=capi.name_of(item), group_id=group_of_machine(item, claim.machineset),
             provider_id=capi.provider_id(item), node_name=claim.node,
             deleting=capi.is_deleting(item) or capi.marked_for_deletion(item), terminating=capi.is_deleting(item),
             uid=str(capi.meta(item).get("uid") or ""), api_version=str(item.get("apiVersion") or ""),
@@ -376,11 +379,24 @@ def machine_refs(items: Iterable[Mapping[str, Any]]) -> tuple[MachineRef, ...]:
     return tuple(out)
 
 
+def group_of_machine(machine: Mapping[str, Any], machineset: str) -> str:
+    """The group id a Machine counts in: its MachineDeployment's when it has one (whose controller labels the Machines
+    of its MachineSets with its name; a MachineSet a MachineDeployment owns is never a group of its own), else its
+    MachineSet's."""
+    namespace = capi.namespace_of(machine)
+    deployment = (capi.meta(machine).get("labels") or {}).get(capi.LABEL_DEPLOYMENT_NAME)
+    if deployment:
+        return f"MachineDeployment/{namespace}/{deployment}"
+    return f"MachineSet/{namespace}/{machineset}"
+
+
 def replicas_by_group(items: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """spec.replicas by group id of MachineSets and MachineDeployments (by their `kind`)."""
     out = {}
     for item in items:
         replicas = capi.spec_replicas(item)
         if replicas is not None:
-            out[f"MachineSet/{capi.namespace_of(item)}/{capi.name_of(item)}"] = replicas
+            kind = "MachineDeployment" if item.get("kind") == "MachineDeployment" else "MachineSet"
+            out[f"{kind}/{capi.namespace_of(item)}/{capi.name_of(item)}"] = replicas
     return out
 

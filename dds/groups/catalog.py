@@ -21,10 +21,12 @@ log = logging.getLogger(__name__)
 
 # --- the catalog: last good groups, errors reported once ---
 
+CAPI_KINDS = ("MachineSet", "MachineDeployment")
+
 def _event_target(error: GroupConfigError) -> ObjectRef:
     source = error.source
     return ObjectRef(kind=source.kind, name=source.name, namespace=source.namespace,
-                     api_version=source.api_version or ("v1" if source.kind != "MachineSet" else "cluster.x-k8s.io/v1beta2"),
+                     api_version=source.api_version or ("cluster.x-k8s.io/v1beta2" if source.kind in CAPI_KINDS else "v1"),
                      uid=source.uid)
 
 

@@ -1,4 +1,5 @@
-"""Where node groups come from: Cluster API MachineSets opted in with `dds.cdi.dev/enabled: "true"`, or a YAML file
+"""Where node groups come from: Cluster API MachineSets and MachineDeployments opted in with
+`dds.cdi.dev/enabled: "true"` (a MachineSet only when no MachineDeployment owns it), or a YAML file
 with the same annotations (no cluster). Both are read through one parser (dds/groups/schema.py `parse_group`); the
 catalog that serves them to cluster-autoscaler is dds/groups/catalog.py. A MachineSet is a group only within what the
 administrator grants its namespace (dds/groups/access.py); a file is the administrator's own.
@@ -39,7 +40,7 @@ class NodeGroupSource(Protocol):
 # --- MachineSets ---
 
 def group_input_from_machineset(machineset: MachineSetObject) -> GroupInput:
-    source = SourceRef(kind="MachineSet", name=machineset.name, namespace=machineset.namespace,
+    source = SourceRef(kind=machineset.kind, name=machineset.name, namespace=machineset.namespace,
                        api_version=machineset.api_version, uid=machineset.uid)
     return GroupInput(id=machineset.group_id, annotations=machineset.annotations, source=source,
                       replicas=machineset.replicas, template_taints=machineset.template_taints)
@@ -50,8 +51,14 @@ def opted_in(annotations: Mapping[str, str]) -> bool:
 
 
 class MachineSetSource:
-    """The opted-in MachineSets of the namespaces in `grants` (settings node_group_namespaces), each within its
-    namespace's grant; an opted-in MachineSet anywhere else is refused, not ignored, so its owner is told why."""
+    """The opted-in MachineSets and MachineDeployments of the namespaces in `grants` (settings
+    node_group_namespaces), each within its namespace's grant; an opted-in one anywhere else is refused, not ignored,
+    so its owner is told why.
+
+    A MachineDeployment's group scales the MachineDeployment. A MachineSet it owns is never a group of its own (its
+    controller sets that MachineSet's replicas, as cluster-autoscaler's clusterapi provider also skips it). Cluster API
+    copies a MachineDeployment's annotations to its MachineSets, so the MachineSets of an opted-in MachineDeployment
+    carry the opt-in too: they are passed over in silence; one opted in by itself is refused with the reason."""
 
     kind = "machineset"
 
@@ -65,11 +72,14 @@ class MachineSetSource:
         except MachineSetReadError as exc:
             raise SourceUnavailable(str(exc)) from exc
         inputs, refused = [], []
+        deployments = {(m.namespace, m.name) for m in machinesets
+                       if m.kind == "MachineDeployment" and opted_in(m.annotations)}
         for machineset in machinesets:
             if not opted_in(machineset.annotations):
                 continue
             if machineset.owner_deployment:
-                refused.append(_deployment_owned(machineset))
+                if (machineset.namespace, machineset.owner_deployment) not in deployments:
+                    refused.append(_deployment_owned(machineset))
                 continue
             item = group_input_from_machineset(machineset)
             refusal = namespace_refusal(item, self._grants)
@@ -83,12 +93,14 @@ class MachineSetSource:
 
 def _deployment_owned(machineset: MachineSetObject) -> GroupConfigError:
     """A MachineSet a MachineDeployment owns cannot be a node group: its controller sets the MachineSet's replicas, so
-    every scale DDS wrote would be undone."""
+    every scale DDS wrote would be undone. Its MachineDeployment can."""
     source = group_input_from_machineset(machineset).source
+    deployment = f"{machineset.namespace}/{machineset.owner_deployment}"
     return GroupConfigError(source, machineset.group_id, g.ANN_ENABLED,
-                            f"this MachineSet is owned by MachineDeployment {machineset.namespace}/"
-                            f"{machineset.owner_deployment}, whose controller sets its replicas (a scale written here "
-                            f"would be undone); remove {g.ANN_ENABLED} from it")
+                            f"this MachineSet is owned by MachineDeployment {deployment}, whose controller sets its "
+                            f"replicas (a scale written here would be undone); put {g.ANN_ENABLED} and the group's "
+                            f"annotations on MachineDeployment {deployment} instead (DDS then scales the "
+                            f"MachineDeployment), and remove them from this MachineSet")
 
 
 # --- YAML file ---

@@ -458,6 +458,7 @@ class ClusterCache:
     nodes: Collection[decode.NodeRecord]
     machines: Optional[Collection[Obj]] = None  # None: Cluster API not served when the cache started
     machinesets: Optional[Collection[Obj]] = None
+    machinedeployments: Optional[Collection[Obj]] = None  # None also where only MachineSets are served
     # resource.k8s.io/v1 collections by name (dra_resources), present when the apiserver serves that API.
     dra: Optional[dict[str, Collection[Any]]] = None
     # The CDI operator's ComposabilityRequests and ComposableResources by plural, when that fabric backend is in use.
@@ -469,7 +470,7 @@ class ClusterCache:
 
     @classmethod
     def for_cluster(cls, api: client.ApiClient, *, capi_version: Optional[str], machineset_namespaces: Sequence[str] = (),
-                    dra: bool = False, composability: Sequence[tuple[str, str, str]] = (),
+                    deployments: bool = False, dra: bool = False, composability: Sequence[tuple[str, str, str]] = (),
                     gangs: Sequence[Any] = (), **options: Any) -> "ClusterCache":
         """`composability`: (group, version, plural) of cluster-scoped fabric objects to watch."""
         """`capi_version`: the served cluster.x-k8s.io version, or None when Cluster API is not installed."""
@@ -478,10 +479,13 @@ class ClusterCache:
         def collection(resources: Sequence[Resource[Any]]) -> Collection[Any]:
             return Collection([Reflector(api, r, **options) for r in resources])
 
-        machines = machinesets = None
+        machines = machinesets = machinedeployments = None
         if capi_version is not None:
             machines = collection(custom_objects(CAPI_GROUP, capi_version, "machines", machineset_namespaces))
             machinesets = collection(custom_objects(CAPI_GROUP, capi_version, "machinesets", machineset_namespaces))
+            if deployments:
+                machinedeployments = collection(custom_objects(CAPI_GROUP, capi_version, "machinedeployments",
+                                                               machineset_namespaces))
         dra_collections = {name: collection([r]) for name, r in dra_resources().items()} if dra else None
         fabric = {plural: collection(custom_objects(group, version, plural))
                   for group, version, plural in composability} or None
@@ -489,11 +493,12 @@ class ClusterCache:
         gang_collections = {kind: collection([Resource(kind.name, f"/apis/{kind.group}/{kind.version}/{kind.plural}",
                                                        decode.lean_object)]) for kind in gangs} or None
         return cls(pods=collection([pods()]), nodes=collection([nodes()]), machines=machines, machinesets=machinesets,
-                   dra=dra_collections, composability=fabric, gangs=gang_collections)
+                   machinedeployments=machinedeployments, dra=dra_collections, composability=fabric, gangs=gang_collections)
 
     def assume(self, obj: Mapping[str, Any]) -> None:
         """A Machine or MachineSet a write of DDS's answered, read back at once (`Reflector.assume`)."""
-        collection = {"Machine": self.machines, "MachineSet": self.machinesets}.get(str(obj.get("kind")))
+        collection = {"Machine": self.machines, "MachineSet": self.machinesets,
+                      "MachineDeployment": self.machinedeployments}.get(str(obj.get("kind")))
         if collection is not None:
             collection.assume(dict(obj))
 
@@ -501,7 +506,8 @@ class ClusterCache:
         extra = tuple(self.dra.values()) if self.dra else ()
         extra += tuple(self.composability.values()) if self.composability else ()
         extra += tuple(self.gangs.values()) if self.gangs else ()
-        return tuple(c for c in (self.pods, self.nodes, self.machines, self.machinesets) if c is not None) + extra
+        capi_collections = (self.machines, self.machinesets, self.machinedeployments)
+        return tuple(c for c in (self.pods, self.nodes, *capi_collections) if c is not None) + extra
 
     def reflectors(self) -> tuple[Reflector[Any], ...]:
         return tuple(r for c in self.collections() for r in c.reflectors)
@@ -543,10 +549,13 @@ class ClusterCache:
 def cluster_cache(api: client.ApiClient, machineset_namespaces: Sequence[str] = (),
                   composability: Sequence[tuple[str, str, str]] = (), **options: Any) -> ClusterCache:
     """A ClusterCache for this cluster, Machines and MachineSets included when Cluster API is served now."""
-    from dds.kube.capi import CapiNotInstalled, CapiObjects
+    from dds.kube.capi import MACHINEDEPLOYMENTS, CapiNotInstalled, CapiObjects
 
+    deployments = False
     try:
-        version: Optional[str] = CapiObjects(api).version(machineset_namespaces[0] if machineset_namespaces else None)
+        namespace = machineset_namespaces[0] if machineset_namespaces else None
+        version: Optional[str] = CapiObjects(api).version(namespace)
+        deployments = CapiObjects(api).serves(MACHINEDEPLOYMENTS, version, namespace)
     except CapiNotInstalled:
         version = None  # the observer lists (and finds nothing) should Cluster API be installed later
     except Exception as exc:  # the apiserver is unreachable right now: pods and nodes are still watched
@@ -556,7 +565,7 @@ def cluster_cache(api: client.ApiClient, machineset_namespaces: Sequence[str] = 
     from dds.kube.podgroups import served_gang_apis
 
     return ClusterCache.for_cluster(api, capi_version=version, machineset_namespaces=machineset_namespaces,
-                                    dra=dra_served(api), composability=composability, gangs=served_gang_apis(api),
+                                    deployments=deployments, dra=dra_served(api), composability=composability, gangs=served_gang_apis(api),
                                     **options)
 
 
@@ -581,7 +590,9 @@ class CachedMachineSetLister:
     def list(self) -> list[Any]:
         from dds.kube.machinesets import machineset_from_object
 
-        cached = self._cache.machinesets
-        if cached is None or not cached.synced:
+        cached, deployments = self._cache.machinesets, self._cache.machinedeployments
+        if cached is None or not cached.synced or (deployments is not None and not deployments.synced):
             return self._fallback.list()
-        return [machineset_from_object(item) for item in cached.values()]
+        items = (*cached.values(), *(dict(d, kind="MachineDeployment") for d in
+                                     (deployments.values() if deployments is not None else ())))
+        return [machineset_from_object(item) for item in items]

@@ -30,10 +30,15 @@ CAPI_VERSIONS = ("v1beta2", "v1beta1")  # newest first
 
 MACHINESETS = "machinesets"
 MACHINES = "machines"
+MACHINEDEPLOYMENTS = "machinedeployments"
+# The plural of each kind a node group can scale (cluster-autoscaler's clusterapi provider scales the same two).
+SCALABLE_PLURALS = {"MachineSet": MACHINESETS, "MachineDeployment": MACHINEDEPLOYMENTS}
 
 # Labels and Node annotations as Cluster API sets them (and cluster-autoscaler's clusterapi provider reads them).
 LABEL_SET_NAME = "cluster.x-k8s.io/set-name"
 LABEL_CLUSTER_NAME = "cluster.x-k8s.io/cluster-name"
+# Set by the MachineDeployment controller on its MachineSets and their Machine template (so on every Machine).
+LABEL_DEPLOYMENT_NAME = "cluster.x-k8s.io/deployment-name"
 NODE_ANN_MACHINE = "cluster.x-k8s.io/machine"
 NODE_ANN_CLUSTER_NAME = "cluster.x-k8s.io/cluster-name"
 NODE_ANN_CLUSTER_NAMESPACE = "cluster.x-k8s.io/cluster-namespace"
@@ -82,21 +87,21 @@ class CapiObjects:
             return self._version
         candidates = tuple(dict.fromkeys(v for v in (self._preferred, *CAPI_VERSIONS) if v))
         for version in candidates:
-            try:
-                if namespace:
-                    self._custom.list_namespaced_custom_object(CAPI_GROUP, version, namespace, MACHINESETS, limit=1,
-                                                               _request_timeout=self._timeout)
-                else:
-                    self._custom.list_cluster_custom_object(CAPI_GROUP, version, MACHINESETS, limit=1,
-                                                            _request_timeout=self._timeout)
-            except client.ApiException as exc:
-                if exc.status == 404:
-                    continue
-                raise ApiError.of(exc) from exc
+            if not self.serves(MACHINESETS, version, namespace):
+                continue
             self._version = version
             log.debug("writing Cluster API objects as %s/%s", CAPI_GROUP, version)
             return version
         raise CapiNotInstalled(f"{MACHINESETS}.{CAPI_GROUP} is not served in any of {', '.join(candidates)}")
+
+    def serves(self, plural: str, version: str, namespace: Optional[str] = None) -> bool:
+        """Whether `plural` is served in `version` (MachineDeployments are not where only MachineSet CRDs are
+        installed)."""
+        if namespace:
+            return _found(lambda: self._custom.list_namespaced_custom_object(
+                CAPI_GROUP, version, namespace, plural, limit=1, _request_timeout=self._timeout))
+        return _found(lambda: self._custom.list_cluster_custom_object(
+            CAPI_GROUP, version, plural, limit=1, _request_timeout=self._timeout))
 
     def forget_version(self) -> None:
         """Discover again on the next call (the version in use stopped being served)."""
@@ -161,14 +166,19 @@ class CapiObjects:
     def delete(self, plural: str, namespace: str, name: str) -> bool:
         """Delete; False when it was already gone."""
         version = self.version(namespace)
-        try:
-            self._custom.delete_namespaced_custom_object(CAPI_GROUP, version, namespace, plural, name,
-                                                         _request_timeout=self._timeout)
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise ApiError.of(exc) from exc
-        return True
+        return _found(lambda: self._custom.delete_namespaced_custom_object(
+            CAPI_GROUP, version, namespace, plural, name, _request_timeout=self._timeout))
+
+
+def _found(call: Callable[[], Any]) -> bool:
+    """Run `call`: False on a 404, True otherwise; any other API error raised as ApiError."""
+    try:
+        call()
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise ApiError.of(exc) from exc
+    return True
 
 
 # --- pure readers over the dicts (the same fields in v1beta1 and v1beta2) ---
@@ -189,19 +199,25 @@ def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in (meta(obj).get("annotations") or {}).items()}
 
 
+def owner_of_kind(obj: Mapping[str, Any], kind: str) -> Optional[Mapping[str, Any]]:
+    """The object's ownerReference of that kind, if any."""
+    return next((o for o in meta(obj).get("ownerReferences") or () if o.get("kind") == kind), None)
+
+
 def owner_machineset(machine: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
     """The MachineSet ownerReference of a Machine, if any."""
-    return next((o for o in meta(machine).get("ownerReferences") or () if o.get("kind") == "MachineSet"), None)
+    return owner_of_kind(machine, "MachineSet")
 
 
-def owned_by(machine: Mapping[str, Any], machineset: Mapping[str, Any]) -> bool:
-    """The Machine belongs to this MachineSet: same namespace, an owner reference with its name (and uid, when both
-    carry one: a MachineSet deleted and recreated under the same name does not inherit the old Machines)."""
-    owner = owner_machineset(machine)
-    if owner is None or owner.get("name") != name_of(machineset) or namespace_of(machine) != namespace_of(machineset):
+def owned_by(child: Mapping[str, Any], owner: Mapping[str, Any], kind: str = "MachineSet") -> bool:
+    """`child` (a Machine; a MachineSet for kind MachineDeployment) belongs to `owner`: same namespace, an owner
+    reference of that kind with its name (and uid, when both carry one: an owner deleted and recreated under the same
+    name does not inherit the old children)."""
+    ref = owner_of_kind(child, kind)
+    if ref is None or ref.get("name") != name_of(owner) or namespace_of(child) != namespace_of(owner):
         return False
-    uid, owner_uid = meta(machineset).get("uid"), owner.get("uid")
-    return not (uid and owner_uid and uid != owner_uid)
+    uid, ref_uid = meta(owner).get("uid"), ref.get("uid")
+    return not (uid and ref_uid and uid != ref_uid)
 
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")

@@ -48,10 +48,18 @@ class KubeClusterReader:
             raise
 
     def machinesets(self) -> Sequence[Mapping[str, Any]]:
+        """MachineSets, then MachineDeployments (where served), each with its kind."""
         try:
-            return self._capi.list(capi.MACHINESETS, self._namespaces)
+            sets = self._capi.list(capi.MACHINESETS, self._namespaces)
         except capi.CapiNotInstalled:
             return ()
+        try:
+            deployments = self._capi.list(capi.MACHINEDEPLOYMENTS, self._namespaces)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            deployments = []  # only MachineSets are served here
+        return [*sets, *(dict(d, kind="MachineDeployment") for d in deployments)]
 
     def pod_records(self) -> Sequence[PodRecord]:
         return list_pod_records(self._api)

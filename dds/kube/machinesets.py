@@ -1,4 +1,5 @@
-"""Read Cluster API MachineSets (cluster.x-k8s.io v1beta2 or v1beta1) through the custom-objects API.
+"""Read Cluster API MachineSets and MachineDeployments (cluster.x-k8s.io v1beta2 or v1beta1) through the
+custom-objects API: the two kinds a node group can scale, as cluster-autoscaler's clusterapi provider has them.
 
 Only reads: turning a MachineSet into a node group is dds/groups/sources.py's job, scaling one is dds/nodes'.
 The served version is discovered once (newest first) and kept; a 404 for every version means Cluster API is not
@@ -13,7 +14,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from kubernetes import client
 
-from dds.kube.capi import CAPI_GROUP, MACHINESETS, CapiNotInstalled, CapiObjects
+from dds.kube.capi import CAPI_GROUP, MACHINEDEPLOYMENTS, MACHINESETS, CapiNotInstalled, CapiObjects
 from dds.kube.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,8 @@ class MachineSetReadError(Exception):
 
 @dataclass(frozen=True)
 class MachineSetObject:
-    """The fields of a MachineSet that a node group is built from, the same for v1beta1 and v1beta2."""
+    """The fields of a MachineSet or MachineDeployment that a node group is built from, the same for v1beta1 and
+    v1beta2 (both kinds have spec.replicas and spec.template)."""
 
     namespace: str
     name: str
@@ -36,11 +38,12 @@ class MachineSetObject:
     annotations: Mapping[str, str]
     replicas: Optional[int]  # spec.replicas; None when unset (v1beta2 leaves it to defaulting)
     template_taints: tuple[Mapping[str, str], ...] = ()  # spec.template.spec.taints (v1beta2, CAPI 1.12+)
-    owner_deployment: str = ""  # the MachineDeployment that owns it (and sets its replicas), if any
+    owner_deployment: str = ""  # a MachineSet's: the MachineDeployment that owns it (and sets its replicas), if any
+    kind: str = "MachineSet"  # or "MachineDeployment"
 
     @property
     def group_id(self) -> str:
-        return f"MachineSet/{self.namespace}/{self.name}"
+        return f"{self.kind}/{self.namespace}/{self.name}"
 
 
 def machineset_from_object(item: Mapping[str, Any]) -> MachineSetObject:
@@ -56,7 +59,8 @@ def machineset_from_object(item: Mapping[str, Any]) -> MachineSetObject:
         replicas=None if replicas is None else replicas,
         template_taints=tuple(t for t in taints if isinstance(t, Mapping)),
         owner_deployment=next((str(o.get("name", "")) for o in meta.get("ownerReferences") or ()
-                               if o.get("kind") == "MachineDeployment"), ""))
+                               if o.get("kind") == "MachineDeployment"), ""),
+        kind="MachineDeployment" if item.get("kind") == "MachineDeployment" else "MachineSet")
 
 
 class MachineSetLister:
@@ -66,9 +70,11 @@ class MachineSetLister:
         self._logged_version: Optional[str] = None
 
     def list(self) -> list[MachineSetObject]:
-        """All MachineSets in the configured namespaces (all namespaces when none are configured)."""
+        """All MachineSets and MachineDeployments in the configured namespaces (all namespaces when none are
+        configured)."""
         try:
             items = self._capi.list(MACHINESETS, self._namespaces)
+            items += [dict(item, kind="MachineDeployment") for item in self._deployments()]
             version = self._capi.version()
         except CapiNotInstalled:
             log.debug("Cluster API is not installed (no %s served): no MachineSet node groups", PLURAL)
@@ -85,3 +91,12 @@ class MachineSetLister:
             log.info("reading Cluster API MachineSets as %s/%s", CAPI_GROUP, version)
             self._logged_version = version
         return [machineset_from_object(item) for item in items]
+
+    def _deployments(self) -> list[dict[str, Any]]:
+        """MachineDeployments; none where only MachineSets are served (a cluster with MachineSet CRDs alone)."""
+        try:
+            return self._capi.list(MACHINEDEPLOYMENTS, self._namespaces)
+        except ApiError as exc:
+            if exc.status == 404:
+                return []
+            raise

@@ -263,7 +263,8 @@ def needed_access(settings: Settings) -> tuple[Access, ...]:
     capi = "cluster.x-k8s.io"
     scopes: Sequence[Optional[str]] = settings.machineset_namespaces or [None]
     out = [Access(verb, resource, capi, scope) for scope in scopes
-           for resource, verbs in (("machinesets", ("list", "watch", "patch")), ("machines", ("list", "watch", "patch")))
+           for resource, verbs in (("machinesets", ("list", "watch", "patch")), ("machines", ("list", "watch", "patch")),
+                                   ("machinedeployments", ("list", "watch", "patch")))
            for verb in verbs]
     out += [Access(verb, "nodes") for verb in ("get", "list", "watch", "patch")]
     out += [Access(verb, "pods") for verb in ("list", "watch")]

@@ -132,7 +132,7 @@ class SourceRef(BaseModel):
     """Where a group was read from, for messages and Events."""
 
     model_config = ConfigDict(frozen=True)
-    kind: str  # "MachineSet" | "File"
+    kind: str  # "MachineSet" | "MachineDeployment" | "File"
     name: str
     namespace: str = ""
     api_version: str = ""

@@ -1,7 +1,10 @@
-"""The Cluster API node backend: a group is a MachineSet; adding nodes raises its spec.replicas, removing one marks
-that node's Machine `cluster.x-k8s.io/delete-machine` and lowers replicas by one, so Cluster API's deletion order
-(Machines already deleting, then marked ones, first) removes exactly that Machine. An infrastructure provider makes the
-machines; in tests and the demo that is `dds/nodes/kwok.py`.
+"""The Cluster API node backend: a group is a MachineSet or a MachineDeployment (its scalable resource, as in
+cluster-autoscaler's clusterapi provider); adding nodes raises its spec.replicas, removing one marks that node's
+Machine `cluster.x-k8s.io/delete-machine` and lowers replicas by one, so Cluster API's deletion order (Machines already
+deleting, then marked ones, first) removes exactly that Machine. A MachineDeployment's Machines are those of the
+MachineSets it owns; its controller passes the lower count to the MachineSet, whose deletion order then applies (with
+several MachineSets, mid-rollout, the MachineDeployment controller picks which one shrinks). An infrastructure provider
+makes the machines; in tests and the demo that is `dds/nodes/kwok.py`.
 
 Idempotency: every applied request is recorded by key in the MachineSet annotation `dds.cdi.dev/scale-requests` (a JSON
 list, the newest `HISTORY_LIMIT` entries), written in the same conditional patch (metadata.resourceVersion) as the
@@ -29,7 +32,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
 from dds.crashpoints import crashpoint
 from dds.kube import ApiClient, capi
-from dds.kube.capi import MACHINES, MACHINESETS, CapiNotInstalled, CapiObjects
+from dds.kube.capi import MACHINES, MACHINESETS, SCALABLE_PLURALS, CapiNotInstalled, CapiObjects
 from dds.kube.errors import ApiError
 from dds.model.groups import ANN_CAPI_DELETE_MACHINE, ANN_SCALE_REQUESTS, NodeGroupSpec
 from dds.nodes.base import MachineInfo, MachinePhase
@@ -98,17 +101,34 @@ def find_request(history: Sequence[AppliedRequest], key: str) -> Optional[Applie
     return next((e for e in history if e.key == key), None)
 
 
-def machineset_ref(group: NodeGroupSpec) -> tuple[str, str]:
-    """(namespace, name) of the group's MachineSet."""
+@dataclass(frozen=True)
+class ScalableRef:
+    """The object a group scales: a MachineSet or a MachineDeployment."""
+
+    kind: str
+    namespace: str
+    name: str
+
+    @property
+    def plural(self) -> str:
+        return SCALABLE_PLURALS[self.kind]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+def scalable_ref(group: NodeGroupSpec) -> ScalableRef:
+    """The group's MachineSet or MachineDeployment."""
     source = group.source
-    if source.kind == "MachineSet" and source.name:
-        return source.namespace or "default", source.name
+    if source.kind in SCALABLE_PLURALS and source.name:
+        return ScalableRef(source.kind, source.namespace or "default", source.name)
     kind, _, rest = group.id.partition("/")
     namespace, _, name = rest.partition("/")
-    if kind != "MachineSet" or not namespace or not name or "/" in name:
-        raise ValueError(f"node group {group.id} ({source.describe()}) is not a Cluster API MachineSet; the "
-                         f"machineset node backend scales MachineSets only (without a cluster: node_backend memory)")
-    return namespace, name
+    if kind not in SCALABLE_PLURALS or not namespace or not name or "/" in name:
+        raise ValueError(f"node group {group.id} ({source.describe()}) is not a Cluster API MachineSet or "
+                         f"MachineDeployment; the machineset node backend scales those only (without a cluster: "
+                         f"node_backend memory)")
+    return ScalableRef(kind, namespace, name)
 
 
 def machine_phase(machine: Mapping[str, Any]) -> MachinePhase:
@@ -138,7 +158,8 @@ def machine_of_node(machines: Sequence[Mapping[str, Any]], node_name: str) -> Op
 # --- the backend ---
 
 class MachineSetProvisioner:
-    """`NodeProvisioner` on Cluster API MachineSets and Machines (v1beta2 or v1beta1, whichever is served)."""
+    """`NodeProvisioner` on Cluster API MachineSets, MachineDeployments and Machines (v1beta2 or v1beta1, whichever
+    is served)."""
 
     def __init__(self, api: ApiClient, clock: Callable[[], float], *, request_timeout_seconds: float = 10.0,
                  history_limit: int = HISTORY_LIMIT,
@@ -157,7 +178,7 @@ class MachineSetProvisioner:
     def add_nodes(self, group: NodeGroupSpec, count: int, key: str) -> None:
         if count <= 0:
             raise ValueError(f"add_nodes for {group.id}: count must be positive, got {count}")
-        namespace, name = machineset_ref(group)
+        ref = scalable_ref(group)
         what = f"adding {count} node(s) (request {key})"
         for _ in range(CONFLICT_ATTEMPTS):
             machineset = self._get_machineset(group, what)
@@ -175,11 +196,11 @@ class MachineSetProvisioner:
                 crashpoint("nodes.add.patched")
                 log.info("%s: spec.replicas %d -> %d (%s)", group.id, current, wanted, what)
                 return
-        raise NodeBackendUnavailable(f"{group.id}: {what}: MachineSet {namespace}/{name} kept changing under us "
+        raise NodeBackendUnavailable(f"{group.id}: {what}: {ref} kept changing under us "
                                      f"({CONFLICT_ATTEMPTS} conflicts); nothing changed, retry with the same key")
 
     def remove_node(self, group: NodeGroupSpec, node_name: str, key: str) -> None:
-        namespace, name = machineset_ref(group)
+        ref = scalable_ref(group)
         what = f"removing node {node_name} (request {key})"
         machine: Optional[Mapping[str, Any]] = None
         marked_here = False  # this call set the mark (then it is this call's to remove if the removal fails)
@@ -193,7 +214,7 @@ class MachineSetProvisioner:
             machine = machine_of_node(owned, node_name)
             if machine is None:
                 known = ", ".join(sorted(capi.node_ref_name(m) or capi.name_of(m) for m in owned)) or "none"
-                raise NodeNotInGroup(f"{group.id}: {what}: no Machine of MachineSet {namespace}/{name} has node "
+                raise NodeNotInGroup(f"{group.id}: {what}: no Machine of {ref} has node "
                                      f"{node_name} (its nodes: {known}); nothing changed")
             machine_name = capi.name_of(machine)
             if any(e.kind == RequestKind.REMOVE and e.machine == machine_name for e in history):
@@ -215,7 +236,7 @@ class MachineSetProvisioner:
                 log.info("%s: Machine %s marked %s, spec.replicas %d -> %d (%s)", group.id, machine_name,
                          ANN_CAPI_DELETE_MACHINE, current, wanted, what)
                 return
-        failure = NodeBackendUnavailable(f"{group.id}: {what}: MachineSet {namespace}/{name} kept changing under us "
+        failure = NodeBackendUnavailable(f"{group.id}: {what}: {ref} kept changing under us "
                                          f"({CONFLICT_ATTEMPTS} conflicts); retry with the same key")
         if machine is not None:
             self._unmark_after_failure(group, machine, marked_here, what, failure)
@@ -244,7 +265,7 @@ class MachineSetProvisioner:
     def set_hook(self, group: NodeGroupSpec, machine: str, hook: str, held: bool, api_version: str = "") -> None:
         """Add (`held`) or remove the annotation `hook` on the group's Machine `machine`, written in the version it was
         read in (`api_version`, e.g. cluster.x-k8s.io/v1beta2; a decision then sends no discovery request)."""
-        namespace, _ = machineset_ref(group)
+        namespace = scalable_ref(group).namespace
         body = {"metadata": {"annotations": {hook: "" if held else None}}}
         version = api_version.rpartition("/")[2]
         self._call(group, f"{'adding' if held else 'removing'} {hook}", f"patching Machine {namespace}/{machine}",
@@ -252,15 +273,22 @@ class MachineSetProvisioner:
 
     # --- steps ---
     def _get_machineset(self, group: NodeGroupSpec, what: str) -> dict[str, Any]:
-        namespace, name = machineset_ref(group)
-        return self._call(group, what, f"reading MachineSet {namespace}/{name}",
-                          lambda: self._capi.get(MACHINESETS, namespace, name))
+        """The group's scalable resource (a MachineSet or a MachineDeployment)."""
+        ref = scalable_ref(group)
+        return self._call(group, what, f"reading {ref}", lambda: self._capi.get(ref.plural, ref.namespace, ref.name))
 
     def _owned_machines(self, group: NodeGroupSpec, machineset: Mapping[str, Any], what: str) -> list[dict[str, Any]]:
+        """The Machines of the group's MachineSet; of a MachineDeployment, those of every MachineSet it owns (old ones
+        mid-rollout too: they are its nodes until they go)."""
         namespace = capi.namespace_of(machineset)
+        owners: Sequence[Mapping[str, Any]] = (machineset,)
+        if scalable_ref(group).kind == "MachineDeployment":
+            sets = self._call(group, what, f"listing MachineSets in {namespace}",
+                              lambda: self._capi.list(MACHINESETS, (namespace,)))
+            owners = [s for s in sets if capi.owned_by(s, machineset, "MachineDeployment")]
         machines = self._call(group, what, f"listing Machines in {namespace}",
                               lambda: self._capi.list(MACHINES, (namespace,)))
-        return [m for m in machines if capi.owned_by(m, machineset)]
+        return [m for m in machines if any(capi.owned_by(m, owner) for owner in owners)]
 
     def _current_replicas(self, group: NodeGroupSpec, machineset: Mapping[str, Any], what: str) -> int:
         replicas = capi.spec_replicas(machineset)
@@ -306,14 +334,14 @@ class MachineSetProvisioner:
     def _patch_machineset(self, group: NodeGroupSpec, machineset: Mapping[str, Any],
                           history: Sequence[AppliedRequest], entry: AppliedRequest, what: str) -> bool:
         """Replicas and the record in one conditional patch; False on a conflict (re-read and try again)."""
-        namespace, name = capi.namespace_of(machineset), capi.name_of(machineset)
+        ref = scalable_ref(group)
         body = {"metadata": {"resourceVersion": capi.meta(machineset).get("resourceVersion"),
                              "annotations": {ANN_SCALE_REQUESTS: history_text(
                                  with_request(history, entry, self._history_limit))}},
                 "spec": {"replicas": entry.replicas}}
         try:
-            self._call(group, what, f"patching MachineSet {namespace}/{name}",
-                       lambda: self._capi.patch(MACHINESETS, namespace, name, body), conflict_ok=True)
+            self._call(group, what, f"patching {ref}",
+                       lambda: self._capi.patch(ref.plural, ref.namespace, ref.name, body), conflict_ok=True)
         except _Conflict:
             return False
         return True

@@ -30,8 +30,8 @@ def node_ref(name: str) -> ObjectRef:
 
 def machineset_ref(group: NodeGroupSpec) -> ObjectRef:
     src = group.source
-    if src.kind == "MachineSet":
-        return ObjectRef("MachineSet", src.name, src.namespace, src.api_version or "cluster.x-k8s.io/v1beta2", src.uid)
+    if src.kind in ("MachineSet", "MachineDeployment"):
+        return ObjectRef(src.kind, src.name, src.namespace, src.api_version or "cluster.x-k8s.io/v1beta2", src.uid)
     return ObjectRef("NodeGroup", group.id)
 
 

@@ -195,3 +195,51 @@ def test_a_mark_left_between_the_mark_and_the_replica_write_is_released_before_c
     scale(custom, namespace, group.source.name, 1)
     wait_for("one Machine left", lambda: len(machines(custom, namespace)) == 1, timeout=120)
     assert [m["metadata"]["name"] for m in machines(custom, namespace)] == [leftover]
+
+
+# --- a MachineDeployment node group: DDS scales the MachineDeployment, Cluster API's controllers do the rest ---
+
+def dds_machinedeployment(namespace: str, name: str) -> dict[str, Any]:
+    manifest = dds_machineset(namespace, name)
+    manifest["kind"] = "MachineDeployment"
+    return manifest
+
+
+def test_a_machinedeployment_group_scales_the_machinedeployment_and_its_removal_takes_the_node_asked_for(
+        capi: tuple[ClusterApi, client.ApiClient], namespace: str, dds_api: client.ApiClient) -> None:
+    cluster_api, api = capi
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    name = f"{namespace}-md"
+    custom.create_namespaced_custom_object(GROUP, V1BETA2, namespace, "machinedeployments",
+                                           dds_machinedeployment(namespace, name))
+    # Cluster API copies the MachineDeployment's annotations (the opt-in too) to its MachineSet: one group, no error.
+    wait_for("the MachineDeployment's MachineSet", lambda: custom.list_namespaced_custom_object(
+        GROUP, V1BETA2, namespace, "machinesets")["items"], timeout=60)
+    group = dds_group(dds_api, namespace, name)
+    assert (group.id, group.source.kind) == (f"MachineDeployment/{namespace}/{name}", "MachineDeployment")
+    provisioner = MachineSetProvisioner(dds_api, time.time)
+
+    provisioner.add_nodes(group, 2, key="up-md")
+
+    running = wait_for("2 Machines with nodeRefs", lambda: with_node_refs(custom, namespace, 2), timeout=120)
+    assert custom.get_namespaced_custom_object(GROUP, V1BETA2, namespace, "machinedeployments", name)[
+        "spec"]["replicas"] == 2
+    assert sorted(m.name for m in provisioner.machines(group)) == sorted(m["metadata"]["name"] for m in running)
+    # The observer counts them in the MachineDeployment's group (the label its controller puts on its Machines).
+    assert {m.group_id for m in refs(custom, namespace).values()} == {group.id}
+    chosen = max(m["metadata"]["name"] for m in running)  # the MachineSet's own order would take the other first
+    kept = min(m["metadata"]["name"] for m in running)
+    node = next(m["status"]["nodeRef"]["name"] for m in running if m["metadata"]["name"] == chosen)
+
+    provisioner.remove_node(group, node, key="down-md")
+
+    wait_for(f"Machine {chosen} deleted", lambda: chosen not in {m["metadata"]["name"]
+                                                                 for m in machines(custom, namespace)}, timeout=120)
+    assert chosen in cluster_api.provider.removed_hosts
+    wait_for(f"Node {node} deleted by Cluster API",
+             lambda: node not in {n.metadata.name for n in core.list_node().items}, timeout=60)
+    assert [m["metadata"]["name"] for m in machines(custom, namespace)] == [kept]
+    deployment = custom.get_namespaced_custom_object(GROUP, V1BETA2, namespace, "machinedeployments", name)
+    assert deployment["spec"]["replicas"] == 1
+    (machineset,) = custom.list_namespaced_custom_object(GROUP, V1BETA2, namespace, "machinesets")["items"]
+    assert machineset["spec"]["replicas"] == 1  # the MachineDeployment controller passed the lower count on

@@ -11,7 +11,8 @@ from dds.kube import capi
 from dds.model.groups import SourceRef
 from dds.nodes.base import MachinePhase
 from dds.nodes.machineset import (ANN_SCALE_REQUESTS, AppliedRequest, RequestKind, find_request, history_text,
-                                  machine_info, machine_of_node, machine_phase, machineset_ref, read_history,
+                                  ScalableRef, machine_info, machine_of_node, machine_phase, read_history,
+                                  scalable_ref,
                                   with_request)
 from tests.unit.nodes.builders import make_group, make_machine, make_machineset
 
@@ -43,18 +44,25 @@ def test_an_unreadable_history_counts_as_empty(text: str) -> None:
 
 
 def test_machineset_of_a_group_comes_from_its_source() -> None:
-    assert machineset_ref(make_group("gpu-workers", "team-a")) == ("team-a", "gpu-workers")
+    assert scalable_ref(make_group("gpu-workers", "team-a")) == ScalableRef("MachineSet", "team-a", "gpu-workers")
+
+
+def test_a_machinedeployment_group_scales_its_machinedeployment() -> None:
+    source = SourceRef(kind="MachineDeployment", name="md-0", namespace="team-a")
+    group = make_group().model_copy(update={"id": "MachineDeployment/team-a/md-0", "source": source})
+    ref = scalable_ref(group)
+    assert (ref, ref.plural) == (ScalableRef("MachineDeployment", "team-a", "md-0"), "machinedeployments")
 
 
 def test_machineset_of_a_group_falls_back_to_its_id() -> None:
     group = make_group().model_copy(update={"source": SourceRef(kind="File", name="groups.yaml#x")})
-    assert machineset_ref(group) == ("default", "gpu-workers")
+    assert scalable_ref(group) == ScalableRef("MachineSet", "default", "gpu-workers")
 
 
 def test_a_group_that_is_no_machineset_is_refused_with_its_source() -> None:
     group = make_group().model_copy(update={"id": "small", "source": SourceRef(kind="File", name="groups.yaml#small")})
-    with pytest.raises(ValueError, match="small .*groups.yaml#small.* not a Cluster API MachineSet"):
-        machineset_ref(group)
+    with pytest.raises(ValueError, match="small .*groups.yaml#small.* not a Cluster API MachineSet or MachineDeploym"):
+        scalable_ref(group)
 
 
 @pytest.mark.parametrize(("machine", "phase"), [

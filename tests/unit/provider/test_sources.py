@@ -178,8 +178,8 @@ nodeGroups:
 
 # --- MachineSets ---
 
-def machineset(name, version="v1beta1", enabled="true", replicas=2, taints=None, **extra):
-    item = {"apiVersion": f"cluster.x-k8s.io/{version}", "kind": "MachineSet",
+def machineset(name, version="v1beta1", enabled="true", replicas=2, taints=None, kind="MachineSet", **extra):
+    item = {"apiVersion": f"cluster.x-k8s.io/{version}", "kind": kind,
             "metadata": {"name": name, "namespace": "capi", "uid": f"uid-{name}",
                          "annotations": {**annotations(), "dds.cdi.dev/enabled": enabled, **extra}},
             "spec": {"template": {"spec": {}}}}
@@ -202,7 +202,8 @@ class FakeCustomObjects:
             raise self.error
         if version not in self.served:
             raise client.ApiException(status=404, reason="Not Found")
-        return {"items": self.served[version]}
+        kind = {"machinesets": "MachineSet", "machinedeployments": "MachineDeployment"}[plural]
+        return {"items": [i for i in self.served[version] if i["kind"] == kind]}
 
     def list_namespaced_custom_object(self, group, version, namespace, plural, **_options):
         items = self.list_cluster_custom_object(group, version, plural)["items"]
@@ -273,3 +274,35 @@ def test_a_machineset_a_machinedeployment_owns_is_refused_with_the_reason():
     (error,) = read.errors
     assert (error.group_id, error.key) == ("MachineSet/capi/md-0-abcde", "dds.cdi.dev/enabled")
     assert "owned by MachineDeployment capi/md-0" in error.message and "would be undone" in error.message
+    assert "on MachineDeployment capi/md-0 instead" in error.message
+
+
+def owned_by_deployment(item, deployment):
+    item["metadata"]["ownerReferences"] = [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+                                             "name": deployment, "uid": f"uid-{deployment}"}]
+    return item
+
+
+def test_an_opted_in_machinedeployment_is_a_group_and_its_machinesets_are_passed_over():
+    # Cluster API copies the MachineDeployment's annotations to its MachineSets: they carry the opt-in too.
+    deployment = machineset("md-0", "v1beta2", kind="MachineDeployment", replicas=1)
+    owned = owned_by_deployment(machineset("md-0-abcde", "v1beta2"), "md-0")
+    fake = FakeCustomObjects({"v1beta2": [deployment, owned]})
+
+    read = MachineSetSource(lister(fake), GRANTS).read()
+
+    (group,) = read.groups
+    assert read.errors == ()
+    assert (group.id, group.source.kind, group.source.name, group.source.namespace) == (
+        "MachineDeployment/capi/md-0", "MachineDeployment", "md-0", "capi")
+
+
+def test_no_machinedeployments_served_means_machinesets_only():
+    class MachineSetsOnly(FakeCustomObjects):
+        def list_cluster_custom_object(self, group, version, plural, **options):
+            if plural == "machinedeployments":
+                raise client.ApiException(status=404, reason="Not Found")
+            return super().list_cluster_custom_object(group, version, plural, **options)
+
+    read = MachineSetSource(lister(MachineSetsOnly({"v1beta2": [machineset("gpu", "v1beta2")]})), GRANTS).read()
+    assert [g.id for g in read.groups] == ["MachineSet/capi/gpu"]

@@ -1,0 +1,177 @@
+"""DDS with the real cluster-autoscaler and Cluster API's own manager (v1.14, as shipped, harness/capi.py): the
+MachineSet's Machines are made by Cluster API's controllers and their hosts by the kwok infrastructure provider
+(harness/kwok_provider.py, the hardware's stand-in). In file order:
+1. a pod that needs GPUs gets them attached to the live node of a real Machine, no node added;
+2. a pod that needs a node gets one: CA's IncreaseSize, DDS raises the MachineSet's replicas, Cluster API makes the
+   Machine, the provider the host, Cluster API sets its nodeRef;
+3. the empty node goes: DDS marks the Machine it chose and lowers replicas; Cluster API deletes that Machine, its host
+   and its Node; the host held no GPU when it went, and the pool is whole;
+4. a Machine deleted by someone else while its node holds GPUs: Cluster API drains it and waits on DDS's pre-terminate
+   hook with the GPUs still attached and the host up; DDS detaches them; only then the host goes; the pool is whole,
+   and Cluster API replaces the Machine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from dds.controller.observe import machine_refs
+from dds.kube.capi import DDS_PRE_TERMINATE_HOOK
+from harness.stack import Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
+from tests.e2e.cluster_facts import describe, fabric_facts, pods_running
+
+pytestmark = pytest.mark.e2e
+
+CAPI, V1BETA2, NAMESPACE, MACHINESET = "cluster.x-k8s.io", "v1beta2", "default", "gpu-workers"
+POOL = 8
+TIMEOUT = 180.0
+NODE_IDLE_COOLDOWN_SECONDS = 20.0
+DETACH_LATENCY = (8.0, 10.0)  # long enough to see Cluster API waiting on DDS's hook while a detach runs
+
+
+def machines(stack: Stack) -> list[dict[str, Any]]:
+    return client.CustomObjectsApi(stack.api).list_namespaced_custom_object(CAPI, V1BETA2, NAMESPACE,
+                                                                             "machines")["items"]
+
+
+def machineset_replicas(stack: Stack) -> int:
+    return client.CustomObjectsApi(stack.api).get_namespaced_custom_object(
+        CAPI, V1BETA2, NAMESPACE, "machinesets", MACHINESET)["spec"]["replicas"]
+
+
+def machine_of_node(stack: Stack, node: str) -> dict[str, Any]:
+    (machine,) = [m for m in machines(stack) if ((m.get("status") or {}).get("nodeRef") or {}).get("name") == node]
+    return machine
+
+
+def node_of_pod(stack: Stack, name: str) -> str:
+    return next(p.spec.node_name for p in stack.pods() if p.metadata.name == name)
+
+
+def node_names(stack: Stack) -> set[str]:
+    return {n.metadata.name for n in stack.nodes()}
+
+
+def pool_whole(stack: Stack, expected_attached: int) -> bool:
+    return fabric_facts(stack).attached_count() == expected_attached
+
+
+def wait_for_host_removed(stack: Stack, host: str, node: str, timeout: float) -> list[str]:
+    """Wait until the provider has removed `host`; return what the fabric had attached to `node` at the first look
+    after (a host removed with devices attached leaves them attached to a node that is gone)."""
+    seen: list[list[str]] = []
+
+    def removed() -> bool:
+        attached = fabric_facts(stack).attached().get(node, [])
+        if host in stack.provider.removed_hosts:
+            seen.append(attached)
+            return True
+        return False
+
+    stack.wait_for(f"host {host} removed", removed, timeout, lambda: describe(stack), interval=0.2)
+    return seen[0]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    options = StackOptions(cluster_api=True, workers=1, pool_size=POOL, attach_latency=(2.0, 3.0),
+                           detach_latency=DETACH_LATENCY, node_provisioning_seconds=5.0,
+                           gpu_idle_cooldown_seconds=600.0, node_idle_cooldown_seconds=NODE_IDLE_COOLDOWN_SECONDS)
+    with start_stack(tmp_path_factory.mktemp("cluster-api"), options) as started:
+        started.wait_for("a Ready worker of a real Machine with its boot GPU",
+                         lambda: [n for n in started.nodes() if is_ready(n) and gpus_allocatable(n) == 1]
+                         and len([m for m in machines(started) if (m.get("status") or {}).get("nodeRef")]) == 1,
+                         TIMEOUT, lambda: describe(started))
+        assert started.cluster_api.running()
+        yield started
+
+
+def test_a_gpu_pod_gets_gpus_attached_to_a_real_machines_node(stack: Stack) -> None:
+    before = node_names(stack)
+    stack.core.create_namespaced_pod("demo", pod("gpu-0", memory_gib=8, gpus=2))
+    stack.wait_for("gpu-0 Running", lambda: pods_running(stack, ["gpu-0"]), TIMEOUT, lambda: describe(stack))
+    node = node_of_pod(stack, "gpu-0")
+    assert node in before and node_names(stack) == before, "a node was added for a pod one attach serves"
+    assert gpus_allocatable(stack.core.read_node(node)) == 2
+    assert machineset_replicas(stack) == 1
+    # Its node holds fabric devices: DDS's pre-terminate hook is on its Machine.
+    stack.wait_for(f"DDS's pre-terminate hook on {node}'s Machine", lambda: DDS_PRE_TERMINATE_HOOK in (
+        machine_of_node(stack, node)["metadata"].get("annotations") or {}), 30.0)
+
+
+def test_a_pod_that_needs_a_node_gets_one_through_a_real_machine(stack: Stack) -> None:
+    before = node_names(stack)
+    stack.core.create_namespaced_pod("demo", pod("mem-0", memory_gib=60))  # the worker has 56 GiB left
+    stack.wait_for("mem-0 Running on a new node", lambda: pods_running(stack, ["mem-0"]), TIMEOUT,
+                   lambda: f"{describe(stack)}; CA log {stack.autoscaler.log_path}")
+    node = node_of_pod(stack, "mem-0")
+    assert node not in before
+    # The pod may land on the host before Cluster API has set its Machine's nodeRef (it polls the workload cluster).
+    machine = stack.wait_for(f"a Machine's nodeRef naming {node}", lambda: [
+        m for m in machines(stack) if ((m.get("status") or {}).get("nodeRef") or {}).get("name") == node], 60.0)[0]
+    assert machine["spec"]["providerID"] == stack.core.read_node(node).spec.provider_id
+    assert [o["name"] for o in machine["metadata"]["ownerReferences"] if o["kind"] == "MachineSet"] == [MACHINESET]
+    assert machineset_replicas(stack) == 2
+    assert {m.group_id for m in machine_refs(machines(stack))} == {f"MachineSet/{NAMESPACE}/{MACHINESET}"}
+
+
+def test_the_empty_node_goes_by_the_machine_dds_chose(stack: Stack) -> None:
+    node = node_of_pod(stack, "mem-0")
+    machine = machine_of_node(stack, node)["metadata"]["name"]
+    kept = {m["metadata"]["name"] for m in machines(stack)} - {machine}
+    attached_elsewhere = sum(gpus_allocatable(n) for n in stack.nodes() if n.metadata.name != node)
+    stack.core.delete_namespaced_pod("mem-0", "demo", grace_period_seconds=0)
+
+    assert wait_for_host_removed(stack, machine, node, NODE_IDLE_COOLDOWN_SECONDS + TIMEOUT) == [], \
+        "the host went with GPUs attached"
+    stack.wait_for(f"Machine {machine} gone", lambda: machine not in {m["metadata"]["name"] for m in machines(stack)},
+                   TIMEOUT, lambda: describe(stack))
+    stack.wait_for(f"Node {node} deleted by Cluster API", lambda: node not in node_names(stack), 60.0)
+
+    assert {m["metadata"]["name"] for m in machines(stack)} == kept, "Cluster API deleted another Machine"
+    assert machineset_replicas(stack) == 1
+    stack.wait_for("the pool whole", lambda: pool_whole(stack, attached_elsewhere), 30.0,
+                   lambda: str(fabric_facts(stack).attached()))
+    removing = [e for e in stack.core.list_namespaced_event(NAMESPACE).items
+                if e.reason == "RemovingNode" and e.source and e.source.component == "dds"]
+    assert any(node in (e.message or "") for e in removing), [e.message for e in removing]
+
+
+def test_a_machine_deleted_by_someone_else_waits_on_ddss_hook_until_its_gpus_are_back(stack: Stack) -> None:
+    node = node_of_pod(stack, "gpu-0")
+    machine = machine_of_node(stack, node)["metadata"]["name"]
+    held = gpus_allocatable(stack.core.read_node(node))
+    assert held == 2
+    custom = client.CustomObjectsApi(stack.api)
+    # Its pod ends first, so Cluster API's drain is quick: its GPUs, idle now, stay attached (GPU idle cooldown 10 min)
+    # until the Machine's deletion makes DDS release them, which then runs while Cluster API waits on the hook.
+    stack.core.delete_namespaced_pod("gpu-0", "demo", grace_period_seconds=0)
+    stack.wait_for("gpu-0 gone", lambda: "gpu-0" not in {p.metadata.name for p in stack.pods()}, 60.0)
+
+    custom.delete_namespaced_custom_object(CAPI, V1BETA2, NAMESPACE, "machines", machine)  # a user, a health check
+
+    def waiting_with_gpus() -> bool:
+        # The fabric's record, not the Node's allocatable (DDS shows 0 there as soon as a detach starts).
+        ref = next((r for r in machine_refs(machines(stack)) if r.name == machine), None)
+        return bool(ref and ref.awaiting_pre_terminate and machine in stack.provider.hosts
+                    and fabric_facts(stack).attached().get(node))
+
+    stack.wait_for(f"Machine {machine} drained and held by DDS's hook with its GPUs attached and its host up",
+                   waiting_with_gpus, 60.0, lambda: describe(stack), interval=0.2)
+    assert wait_for_host_removed(stack, machine, node, TIMEOUT) == [], "the host went with GPUs attached"
+    stack.wait_for(f"Machine {machine} gone", lambda: machine not in {m["metadata"]["name"] for m in machines(stack)},
+                   TIMEOUT, lambda: describe(stack))
+    stack.wait_for(f"Node {node} deleted by Cluster API", lambda: node not in node_names(stack), 60.0)
+    # The replacement Cluster API makes gets its boot GPU from the pool the detach refilled.
+    started = time.monotonic()
+    stack.wait_for("a replacement Machine's node Ready with its boot GPU", lambda: [
+        n for n in stack.nodes() if n.metadata.name != node and is_ready(n) and gpus_allocatable(n) == 1], TIMEOUT,
+        lambda: describe(stack))
+    assert machineset_replicas(stack) == 1
+    stack.wait_for("the pool whole", lambda: pool_whole(stack, 1), 30.0,
+                   lambda: f"{fabric_facts(stack).attached()} after {time.monotonic() - started:.0f}s")
