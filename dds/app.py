@@ -375,7 +375,7 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                                         lists=lists_node_local_devices(api, catalog.groups, cache))
         on_devices = with_resource_slices(on_devices, slices)
     fabric = built["fabric"] = build_fabric(settings, clock=clock, api_client=api, on_node_devices_changed=on_devices,
-                                            cache=cache.composability if cache else None)
+                                            cache=cache.composability if cache else None, events=events)
     nodes = build_node_backend(settings, clock=clock, api_client=api, on_written=cache.assume if cache else None)
     groups = fresh_groups(catalog, clock, settings.loop_interval_seconds)
     observer = ClusterObserver(KubeClusterReader(api, settings.machineset_namespaces, cache), fabric, groups, clock,

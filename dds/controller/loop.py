@@ -52,6 +52,7 @@ from dds.model.events import EventRecorder
 from dds.model.groups import TemplateMode
 from dds.planner import render_scale_down, render_scale_up
 from dds.model.plan import Attach, Case, Detach, PlannerConfig, ScaleDownPlan, ScaleUpPlan
+from dds.model.snapshot import Snapshot
 from dds.planner.passes import PassInputs, PassPlan, PassSettings, plan_pass
 from dds.planner.reservations import ReservationConfig, ReservationPlan
 from dds.controller.dra_binding import PoolModeBinder
@@ -434,10 +435,10 @@ class Controller:
             log.info("scale-down plan:\n%s", rendered)
             self.journal.record(Case.SCALE_DOWN_BLOCKED.value, "control loop: idle GPUs / empty nodes past cooldown",
                                 "node" if owned_removals else "gpu", rendered)
-        in_flight = {op.node for op in self.watcher.in_flight()}
+        in_flight = self.watcher.in_flight()
         for index, step in enumerate(detaches):
-            if step.node in in_flight:
-                continue  # a detach already runs there; idleness is judged again when it ends
+            if detach_waits_for_in_flight(step, snapshot, in_flight):
+                continue  # an operation on these devices' model runs there; idleness is judged again when it ends
             operation = self.actions.detach(step, f"detach/{uuid.uuid4().hex[:8]}/{index}", Case.SCALE_DOWN_BLOCKED)
             if operation is not None:
                 self.observer.idle.reset(step.node)
@@ -473,3 +474,13 @@ class Controller:
             if self.actions.detach(step, f"orphan/{uuid.uuid4().hex[:8]}", Case.ORPHAN_RECLAIM) is not None:
                 metrics.ORPHANS_RECLAIMED.inc(len(reclaim.device_ids))
 
+
+
+def detach_waits_for_in_flight(step: Detach, snapshot: Snapshot, in_flight: Sequence[Operation]) -> bool:
+    """Whether a scale-down detach waits for an operation in flight: one on the same node and model (a fabric changes
+    one (node, model) at a time: the CDI operator keeps one request for it, and its size must not change twice at
+    once). A stuck operation on another model of the node, or on another node, holds nothing back."""
+    node = next((n for n in snapshot.nodes if n.name == step.node), None)
+    wanted = set(step.device_ids)
+    models = {d.model for d in (node.devices if node is not None else ()) if d.id in wanted}
+    return any(op.node == step.node and (not models or not op.model or op.model in models) for op in in_flight)
