@@ -219,14 +219,14 @@ class Controller:
     # --- one pass ---
     def decide_then_act(self, decide: Callable[[], _Decision], act: Callable[[_Decision], _Result]) -> _Result:
         """Decide without the lock, act under it. Deciding (observe and plan) is most of a pass, so the loop and CA's
-        calls do not wait for each other's planning; a decision taken on a snapshot older than a change started since
-        (any attach, detach, node added or removed: `Executor.generation`) is taken again under the lock, on a fresh
-        snapshot, so no two decisions ever count on the same free GPU or miss each other's capacity."""
+        calls do not wait for each other's planning; a decision taken on a snapshot that may miss a change (any attach,
+        detach, node added or removed, finished since or under way then: `Executor.changed_since`) is taken again
+        under the lock, on a fresh snapshot, so no two decisions ever count on the same free GPU or miss each other's capacity."""
         with self.calls_first.call():
-            generation = self.executor.generation
+            mark = self.executor.mark()
             decision = decide()
             with self._lock:
-                if self.executor.generation != generation:
+                if self.executor.changed_since(mark):
                     decision = decide()
                 return act(decision)
 
@@ -246,7 +246,7 @@ class Controller:
             self.watcher.poll()
         self._record_pools()
         waited[0] += self._step_aside_for_calls()
-        generation, labels_mark = self.executor.generation, self.gpu_labels.mark()
+        changes, labels_mark = self.executor.mark(), self.gpu_labels.mark()
         observation = self.observer.observe()
         # The GPU label is bookkeeping for CA, not a decision: written by a thread of its own (dds/controller/
         # gpu_label.py), as thousands of label writes on a first pass must neither hold CA's calls nor the pass.
@@ -264,7 +264,7 @@ class Controller:
             self._attach_initial_gpus(observation)
             # Decide again on what changed since the snapshot: something started, or a gang this plan serves is now
             # held for its rollback (the plan was made before the reconcile that held it).
-            if self.executor.generation != generation or self.gangs.holds_any(decisions.waiting):
+            if self.executor.changed_since(changes) or self.gangs.holds_any(decisions.waiting):
                 observation = self.observer.observe()
                 decisions = self._decide(observation, reservations)
             # Before acting: a pass that fails while acting still shows the idle GPUs it meant to release.

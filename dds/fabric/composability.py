@@ -863,19 +863,25 @@ def _taken_by_earlier(record: dict[str, Any], request: dict[str, Any],
 def _check_operator_caught_up(what: str, name: str, existing: Optional[dict[str, Any]],
                               resources: Mapping[str, dict[str, Any]]) -> None:
     """Refuse (retryably) a size change the operator could not take apart from the last one: until it has taken up
-    the size last written (status.scalarResource) and created a ComposableResource for every entry it listed, a new
-    size is counted against the objects alone, and the entries without one get new ones on top: more devices attached
-    than the size says (composabilityrequest_controller.go, NodeAllocating then Updating)."""
+    the size last written (status.scalarResource), listed its entries for it (it writes the size taken up when it
+    *enters* NodeAllocating, the entries when it leaves it) and created a ComposableResource for every entry it listed,
+    a new size is counted against the objects alone, and the entries without one get new ones on top: more devices
+    attached than the size says (composabilityrequest_controller.go, NodeAllocating then Updating)."""
     if existing is None:
         return
     status = existing.get("status") or {}
     size = int(existing["spec"]["resource"].get("size", 0))
     taken_up = (status.get("scalarResource") or {}).get("size")
+    allocating = status.get("state") == "NodeAllocating"
     uncreated = sorted(n for n in (status.get("resources") or {}) if n not in resources)
-    if taken_up is not None and int(taken_up) == size and not uncreated:
+    if taken_up is not None and int(taken_up) == size and not allocating and not uncreated:
         return
-    waiting = (f"it has not taken up size {size} yet (it works on {taken_up if taken_up is not None else 'none'})"
-               if taken_up is None or int(taken_up) != size else f"{', '.join(uncreated)} listed but not created yet")
+    if taken_up is None or int(taken_up) != size:
+        waiting = f"it has not taken up size {size} yet (it works on {taken_up if taken_up is not None else 'none'})"
+    elif allocating:
+        waiting = f"it is still listing the devices of size {size} (NodeAllocating)"
+    else:
+        waiting = f"{', '.join(uncreated)} listed but not created yet"
     raise FabricError(ErrorCode.BACKEND, f"{what}: the operator is still applying the last size change of "
                                          f"ComposabilityRequest {name} ({waiting}); a second one now could attach "
                                          f"more devices than the size says, so it waits")
