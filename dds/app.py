@@ -391,6 +391,8 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                       dra_binding_timeout_seconds=settings.dra_binding_timeout_seconds,
                       move_idle_gpus=settings.move_idle_gpus,
                       orphan_timeout_seconds=settings.orphan_attach_timeout_seconds,
+                      unheld_grace_seconds=(settings.composability.unheld_device_grace_seconds
+                                            if settings.fabric == FabricBackend.COMPOSABILITY_REQUEST else None),
                       reservations=ReservationConfig(enabled=settings.reservations,
                                                      min_age_seconds=settings.reservation_min_age_seconds,
                                                      large_fraction=settings.reservation_large_fraction,

@@ -109,6 +109,9 @@ class ComposabilitySettings(_Section):
     # ends FAILED (Timeout) naming the operator's state; a failed attach gives back what it did not get. Below the
     # orphan timeout, so the backend ends a hung attach before the orphan reclaim would try to cancel it.
     operator_wait_bound_seconds: float = Field(default=480.0, gt=0)
+    # A node of an extended-resource group showing more GPUs than the operator's ComposableResources on it for this
+    # long holds a device no resource does (the operator lost it): reported (UnheldDevice Event, dds_unheld_devices).
+    unheld_device_grace_seconds: float = Field(default=120.0, gt=0)
 
 
 class KwokSettings(_Section):

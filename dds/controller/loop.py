@@ -45,11 +45,13 @@ from dds.controller.pod_groups import PodGroupObserver
 from dds.controller.refusals import RefusalReporter
 from dds.controller.removals import REMOVAL_TAINT, NodeRemovals
 from dds.controller.reservations import ClusterWrites, Reservations
+from dds.controller.unheld import UnheldDevices
 from dds.crashpoints import crashpoint
+from dds.scaling.node_actions import node_ref
 from dds.fabric.base import Fabric, FabricError, Operation, OperationKind
 from dds.kube.podgroups import PodGroupReader
-from dds.model.events import EventRecorder
-from dds.model.groups import TemplateMode
+from dds.model.events import WARNING, EventRecorder
+from dds.model.groups import GpuApi, TemplateMode
 from dds.planner import render_scale_down, render_scale_up
 from dds.model.plan import Attach, Case, Detach, PlannerConfig, ScaleDownPlan, ScaleUpPlan
 from dds.model.snapshot import Snapshot
@@ -80,6 +82,9 @@ class LoopConfig:
     orphan_timeout_seconds: float = 600.0  # settings.orphan_attach_timeout_seconds; see dds/controller/orphans.py
     reservations: ReservationConfig = ReservationConfig(enabled=False)  # see dds/controller/reservations.py
     move_idle_gpus: bool = False  # settings.move_idle_gpus; see dds/planner/moves.py
+    # settings.composability.unheld_device_grace_seconds with the CDI operator (None: not judged); see
+    # dds/controller/unheld.py
+    unheld_grace_seconds: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,7 @@ class Controller:
         # Node removals, CA's and the loop's: GPUs released first, the node next (a table: dds/controller/removals.py).
         self.removals = NodeRemovals(actions, _RemovalTaints(actions), events, self.watcher.in_flight)
         self.orphans = OrphanFinder(config.orphan_timeout_seconds)
+        self.unheld = UnheldDevices(config.unheld_grace_seconds) if config.unheld_grace_seconds is not None else None
         self.listeners: list[Callable[[Observation], None]] = []  # e.g. the instance tracker's reconcile
         # CA's GPU label follows each node's GPUs; every detach, whoever plans it, goes through this executor.
         self.gpu_labels = cluster.gpu_labels
@@ -221,7 +227,8 @@ class Controller:
         """Decide without the lock, act under it. Deciding (observe and plan) is most of a pass, so the loop and CA's
         calls do not wait for each other's planning; a decision taken on a snapshot that may miss a change (any attach,
         detach, node added or removed, finished since or under way then: `Executor.changed_since`) is taken again
-        under the lock, on a fresh snapshot, so no two decisions ever count on the same free GPU or miss each other's capacity."""
+        under the lock, on a fresh snapshot, so no two decisions ever count on the same free GPU or miss each other's
+        capacity."""
         with self.calls_first.call():
             mark = self.executor.mark()
             decision = decide()
@@ -272,6 +279,7 @@ class Controller:
             self._act(observation, decisions)
             self.pool_binder.reconcile(observation.snapshot)
             self._reclaim_orphans(observation)
+            self._report_unheld(observation.snapshot)
         return observation
 
     def _step_aside_for_calls(self) -> float:
@@ -474,6 +482,29 @@ class Controller:
             if self.actions.detach(step, f"orphan/{uuid.uuid4().hex[:8]}", Case.ORPHAN_RECLAIM) is not None:
                 metrics.ORPHANS_RECLAIMED.inc(len(reclaim.device_ids))
 
+    # --- devices a node shows that no fabric record holds: reported, as DDS cannot detach them ---
+    def _report_unheld(self, snapshot: Snapshot) -> None:
+        if self.unheld is None:
+            return
+        judged = {n.name: n for n in snapshot.nodes if n.ready and not n.being_deleted and n.group_id is not None
+                  and (group := snapshot.group(n.group_id)) is not None and group.gpu_api is GpuApi.EXTENDED_RESOURCE}
+        held: dict[str, int] = {}
+        for device in self.fabric.devices():
+            if device.node in judged:
+                held[device.node] = held.get(device.node, 0) + 1
+        shown = {name: node.allocatable.get(node.gpu_resource) for name, node in judged.items()}
+        found = self.unheld.find(shown, held, snapshot.now)
+        metrics.UNHELD_DEVICES.set(sum(u.count for u in found))
+        for unheld in self.unheld.newly_reported(found):
+            node = judged[unheld.node]
+            message = (f"{unheld.node} shows {unheld.shown} {node.gpu_resource} where the fabric's records of devices "
+                       f"on it (and its own GPUs) account for {unheld.held}, for {snapshot.now - unheld.since:.0f} s "
+                       f"(grace {self.unheld.grace_seconds:g} s): {unheld.count} device(s) attached that no "
+                       f"ComposableResource holds. DDS cannot detach them and its pools do not count them; the CDI "
+                       f"operator's upstream syncer releases such a device after its 10-minute grace. Check the "
+                       f"fabric for devices of this node's machine that no ComposableResource names")
+            log.warning(message)
+            self.events.emit(node_ref(unheld.node), WARNING, "UnheldDevice", message)
 
 
 def detach_waits_for_in_flight(step: Detach, snapshot: Snapshot, in_flight: Sequence[Operation]) -> bool:
