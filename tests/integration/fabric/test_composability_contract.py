@@ -680,6 +680,33 @@ def test_two_quick_increases_attach_no_more_than_the_size_says(fresh: World) -> 
         h.close()
 
 
+def test_an_increase_waits_while_the_operator_lists_the_devices_of_the_last_one(fresh: World) -> None:
+    """The operator writes the size it takes up when it enters NodeAllocating and lists its entries only when it leaves
+    it: an increase written in between would be counted against the objects alone (CI: the fast path's attach and
+    CA's, 75 ms apart, both applied, and a device was left that no resource held)."""
+    h = RealOperatorHarness(fresh)
+    try:
+        fresh.operator.stop()
+        _attach(h, "first", NODE_A, 1)
+        name = request_name("dds-", NODE_A, "gpu", MODEL)
+        request = _request_named(h, name)
+        request["status"] = {"state": "NodeAllocating", "scalarResource": dict(request["spec"]["resource"])}
+        h.objects.replace_cluster_custom_object_status(GROUP, VERSION, REQUESTS, name, request)
+        with pytest.raises(FabricError) as waits:
+            _attach(h, "second", NODE_A, 1)
+        assert waits.value.code == ErrorCode.BACKEND and "NodeAllocating" in waits.value.message
+        fresh.operator.start_when_port_free(PORT_WAIT_S)
+        wait_for("the second attach accepted", fresh, lambda: _accepted(lambda: _attach(h, "second", NODE_A, 1)))
+        assert h.settle("first").state == OperationState.SUCCEEDED
+        assert h.settle("second").state == OperationState.SUCCEEDED
+        wait_for("the request Running", fresh, lambda: _request_named(h, name)["status"].get("state") == "Running")
+        assert _request_named(h, name)["spec"]["resource"]["size"] == 2
+        assert len(h.resources()) == 2 and len(fresh.fm.attachments()[fresh.machines[NODE_A]]) == 2
+    finally:
+        _operator_back(fresh)
+        h.close()
+
+
 def _operator_back(world: World) -> None:
     """The operator running again after a test stopped it (started at most once: its webhook port is fixed)."""
     if not world.operator.running():
