@@ -481,6 +481,34 @@ def test_of_two_gpus_the_one_dds_chose_is_the_one_removed(fresh: World) -> None:
         h.close()
 
 
+def test_a_decrease_racing_an_increase_waits_and_then_takes_the_device_dds_chose(fresh: World) -> None:
+    """An idle GPU's detach asked while an attach on the same request is on its way: the operator removes a resource
+    still attaching before the one marked, so lowering the size now would cancel the attach instead. The detach waits
+    (refused, retryably, with the reason) and, once the attach is done, takes the device DDS chose."""
+    h = RealOperatorHarness(fresh)
+    fresh.fm.attach_latency_s = 3.0  # the second attach is still on its way when the detach is asked
+    try:
+        first = h.settle(_attach(h, "first", NODE_A, 1).key)
+        assert first.state == OperationState.SUCCEEDED, first
+        second = _attach(h, "second", NODE_A, 1)
+        with pytest.raises(FabricError) as waits:
+            h.fabric.detach(DetachRequest(key="drop-first", node=NODE_A, device_ids=first.devices))
+        assert waits.value.code == ErrorCode.BACKEND and (
+            "on their way" in waits.value.message or "still applying the last size change" in waits.value.message), \
+            waits.value.message
+        assert h.settle(second.key).state == OperationState.SUCCEEDED
+        accepted: list[Operation] = []
+        wait_for("the detach accepted", fresh, lambda: _accepted(lambda: accepted.append(h.fabric.detach(
+            DetachRequest(key="drop-first", node=NODE_A, device_ids=first.devices)))))
+        done = h.settle(accepted[0].key)
+        assert done.state == OperationState.SUCCEEDED and done.devices == first.devices, done
+        assert [d.id for d in h.fabric.devices(NODE_A)] == list(h.settle(second.key).devices)
+        assert len(fresh.fm.attachments()[fresh.machines[NODE_A]]) == 1
+    finally:
+        fresh.fm.attach_latency_s = 0.0
+        h.close()
+
+
 def test_a_gpu_in_use_is_not_detached_and_stays_counted_detaching(fresh: World) -> None:
     h = short_bound(fresh)
     try:
