@@ -692,17 +692,8 @@ def test_two_quick_increases_attach_no_more_than_the_size_says(fresh: World) -> 
     h = RealOperatorHarness(fresh)
     try:
         name = _stopped_between_its_two_writes(fresh, h, "first")
-        with pytest.raises(FabricError) as waits:  # the operator would put new resources on top of the listed one
-            _attach(h, "second", NODE_A, 1)
-        assert waits.value.code == ErrorCode.BACKEND and "listed but not created yet" in waits.value.message
-        fresh.operator.start_when_port_free(PORT_WAIT_S)
-        # as DDS's next passes do: ask again until the operator has applied the first
-        wait_for("the second attach accepted", fresh, lambda: _accepted(lambda: _attach(h, "second", NODE_A, 1)))
-        assert h.settle("first").state == OperationState.SUCCEEDED
-        assert h.settle("second").state == OperationState.SUCCEEDED
-        wait_for("the request Running", fresh, lambda: _request_named(h, name)["status"].get("state") == "Running")
-        assert _request_named(h, name)["spec"]["resource"]["size"] == 2
-        assert len(h.resources()) == 2 and len(fresh.fm.attachments()[fresh.machines[NODE_A]]) == 2
+        # the operator would put new resources on top of the listed one
+        _a_second_increase_waits_then_each_gets_one_device(fresh, h, name, "listed but not created yet")
     finally:
         _operator_back(fresh)
         h.close()
@@ -720,19 +711,27 @@ def test_an_increase_waits_while_the_operator_lists_the_devices_of_the_last_one(
         request = _request_named(h, name)
         request["status"] = {"state": "NodeAllocating", "scalarResource": dict(request["spec"]["resource"])}
         h.objects.replace_cluster_custom_object_status(GROUP, VERSION, REQUESTS, name, request)
-        with pytest.raises(FabricError) as waits:
-            _attach(h, "second", NODE_A, 1)
-        assert waits.value.code == ErrorCode.BACKEND and "NodeAllocating" in waits.value.message
-        fresh.operator.start_when_port_free(PORT_WAIT_S)
-        wait_for("the second attach accepted", fresh, lambda: _accepted(lambda: _attach(h, "second", NODE_A, 1)))
-        assert h.settle("first").state == OperationState.SUCCEEDED
-        assert h.settle("second").state == OperationState.SUCCEEDED
-        wait_for("the request Running", fresh, lambda: _request_named(h, name)["status"].get("state") == "Running")
-        assert _request_named(h, name)["spec"]["resource"]["size"] == 2
-        assert len(h.resources()) == 2 and len(fresh.fm.attachments()[fresh.machines[NODE_A]]) == 2
+        _a_second_increase_waits_then_each_gets_one_device(fresh, h, name, "(NodeAllocating)")
     finally:
         _operator_back(fresh)
         h.close()
+
+
+def _a_second_increase_waits_then_each_gets_one_device(fresh: World, h: RealOperatorHarness, name: str,
+                                                       why: str) -> None:
+    """With the operator stopped before it applied the attach "first": a second attach is refused, retryably, saying
+    `why`; once the operator runs again, asked again as DDS's next passes do, it is accepted, and the two attaches
+    get one device each: no more than the size says."""
+    with pytest.raises(FabricError) as waits:
+        _attach(h, "second", NODE_A, 1)
+    assert waits.value.code == ErrorCode.BACKEND and why in waits.value.message, waits.value.message
+    fresh.operator.start_when_port_free(PORT_WAIT_S)
+    wait_for("the second attach accepted", fresh, lambda: _accepted(lambda: _attach(h, "second", NODE_A, 1)))
+    assert h.settle("first").state == OperationState.SUCCEEDED
+    assert h.settle("second").state == OperationState.SUCCEEDED
+    wait_for("the request Running", fresh, lambda: _request_named(h, name)["status"].get("state") == "Running")
+    assert _request_named(h, name)["spec"]["resource"]["size"] == 2
+    assert len(h.resources()) == 2 and len(fresh.fm.attachments()[fresh.machines[NODE_A]]) == 2
 
 
 def _operator_back(world: World) -> None:
