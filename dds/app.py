@@ -402,7 +402,7 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                                         lists=lists_node_local_devices(api, catalog.groups, cache))
         on_devices = with_resource_slices(on_devices, slices)
     fabric = built["fabric"] = build_fabric(settings, clock=clock, api_client=api, on_node_devices_changed=on_devices,
-                                            cache=cache.composability if cache else None)
+                                            cache=cache.composability if cache else None, events=events)
     nodes = build_node_backend(settings, clock=clock, api_client=api, on_written=cache.assume if cache else None)
     groups = fresh_groups(catalog, clock, settings.loop_interval_seconds)
     observer = ClusterObserver(KubeClusterReader(api, settings.machineset_namespaces, cache), fabric, groups, clock,
@@ -419,6 +419,8 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                       move_idle_gpus=settings.move_idle_gpus, release_idle_gpus=settings.release_idle_gpus,
                       orphan_timeout_seconds=settings.orphan_attach_timeout_seconds,
                       cxl_memory_visible_timeout_seconds=settings.cxl_memory_visible_timeout_seconds,
+                      unheld_grace_seconds=(settings.composability.unheld_device_grace_seconds
+                                            if settings.fabric == FabricBackend.COMPOSABILITY_REQUEST else None),
                       reservations=ReservationConfig(enabled=settings.reservations,
                                                      min_age_seconds=settings.reservation_min_age_seconds,
                                                      large_fraction=settings.reservation_large_fraction,

@@ -108,6 +108,14 @@ class ComposabilitySettings(_Section):
     # The operator writes every reconcile error into status.error and retries it with backoff, clearing it on success:
     # an error is final for DDS only once an operation has lasted this long with the error still there.
     operator_error_bound_seconds: float = Field(default=120.0, gt=0)
+    # The operator also waits without an error: for an attached GPU to show on the node, for a detached one to leave it
+    # (its ResourceSlice or nvidia-smi), every 3-30 s for ever. An operation still running this long with no error
+    # ends FAILED (Timeout) naming the operator's state; a failed attach gives back what it did not get. Below the
+    # orphan timeout, so the backend ends a hung attach before the orphan reclaim would try to cancel it.
+    operator_wait_bound_seconds: float = Field(default=480.0, gt=0)
+    # A node of an extended-resource group showing more GPUs than the operator's ComposableResources on it for this
+    # long holds a device no resource does (the operator lost it): reported (UnheldDevice Event, dds_unheld_devices).
+    unheld_device_grace_seconds: float = Field(default=120.0, gt=0)
 
 
 class KwokSettings(_Section):

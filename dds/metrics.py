@@ -21,6 +21,11 @@ GPUS_ATTACHED = Counter("dds_gpus_attached_total", "GPUs attached to nodes", ["p
 GPUS_DETACHED = Counter("dds_gpus_detached_total", "GPUs detached from nodes", ["pool", "model"])
 FABRIC_ERRORS = Counter("dds_fabric_errors_total", "Fabric operations that failed, by kind and error code",
                         ["backend", "kind", "code"])
+OPERATOR_WEBHOOK_REFUSALS = Counter("dds_operator_webhook_refusals_total", "Writes of DDS's ComposabilityRequests "
+                                    "the CDI operator's webhook refused because of another writer's request for the "
+                                    "same node, type and model", ["other_request"])
+UNHELD_DEVICES = Gauge("dds_unheld_devices", "GPUs nodes show beyond the fabric's records of devices on them, past "
+                       "the grace: attached devices no ComposableResource holds")
 ATTACH_LATENCY = Histogram("dds_attach_duration_seconds", "From attach request to the GPU visible on the node",
                            ["backend"], buckets=_FABRIC_BUCKETS)
 DETACH_LATENCY = Histogram("dds_detach_duration_seconds", "From detach request to the GPU back in the pool",

@@ -31,6 +31,7 @@ POLICY: dict[str, Any] = {
 }
 
 FORBIDDEN = 403
+_ADMISSION_DENIAL = "denied the request"  # `admission webhook "<name>" denied the request: <its reason>`
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class AuditedRequest:
     code: int
     uri: str
     received: float = 0.0  # when the apiserver received it (epoch seconds)
+    # A 403 from an admission webhook's denial (the CDI operator's refuses a request clashing with another's), not
+    # from RBAC: the roles are not in question.
+    denied_by_admission: bool = False
 
     @property
     def grant(self) -> Grant:
@@ -88,7 +92,8 @@ def _request(event: dict[str, Any]) -> AuditedRequest | None:
         api_group=ref.get("apiGroup", ""), resource=ref["resource"], subresource=ref.get("subresource", ""),
         namespace=ref.get("namespace", ""), name=ref.get("name", ""),
         code=int((event.get("responseStatus") or {}).get("code", 0)), uri=event.get("requestURI", ""),
-        received=_epoch(event.get("requestReceivedTimestamp")))
+        received=_epoch(event.get("requestReceivedTimestamp")),
+        denied_by_admission=_ADMISSION_DENIAL in str((event.get("responseStatus") or {}).get("message", "")))
 
 
 def _epoch(stamp: Any) -> float:
@@ -128,8 +133,8 @@ def forbidden(requests: Iterable[AuditedRequest], users: Iterable[str],
     def restarting(request: AuditedRequest) -> bool:
         return any(began <= request.received <= ready + RESTART_MARGIN_S for began, ready in windows)
 
-    return list(dict.fromkeys(r for r in requests
-                              if r.user in wanted and r.code == FORBIDDEN and not restarting(r)))
+    return list(dict.fromkeys(r for r in requests if r.user in wanted and r.code == FORBIDDEN
+                              and not r.denied_by_admission and not restarting(r)))
 
 
 def grants_used(requests: Iterable[AuditedRequest], user: str) -> set[Grant]:

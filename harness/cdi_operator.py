@@ -56,6 +56,9 @@ import yaml
 from dds import certs
 from harness.controlplane import ControlPlane, ManagedProcess, free_ports
 from harness.install import AdminApi, as_installed, yaml_documents
+# Restarted by the operator after an attach or detach in DEVICE_PLUGIN mode (internal/controller); the node agent
+# plays their pods.
+from harness.gpu_node_agent import GPU_OPERATOR_DAEMONSETS
 
 OPERATOR_BINARY = "cro-manager"
 # config/default/kustomization.yaml of the operator: every object of its install gets this namespace and name prefix.
@@ -64,9 +67,6 @@ NAME_PREFIX = "composable-resource-operator-"
 SERVICE_ACCOUNT = f"{NAME_PREFIX}controller-manager"
 CREDENTIALS_SECRET = "credentials"  # name and namespace are fixed in the operator (internal/cdi/fti/token.go)
 DEFAULT_GPU_OPERATOR_NAMESPACE = "gpu-operator"  # the operator's default for NVIDIA_GPU_OPERATOR_NAMESPACE
-# Restarted by the operator after an attach or detach in DEVICE_PLUGIN mode (internal/controller).
-GPU_OPERATOR_DAEMONSETS = {"nvidia-device-plugin-daemonset": "nvcr.io/nvidia/k8s-device-plugin",
-                           "nvidia-dcgm": "nvcr.io/nvidia/cloud-native/dcgm"}
 CLUSTER_POLICY_NAME = "cluster-policy"
 WEBHOOK_PORT = 9443  # controller-runtime's default; cmd/main.go does not change it
 WEBHOOK_CERT_SUBDIR = Path("k8s-webhook-server") / "serving-certs"
@@ -512,8 +512,9 @@ def _check_device_taint_rules_served(api: AdminApi) -> None:
 
 
 def _daemonset(namespace: str, name: str, image: str) -> dict[str, Any]:
-    """One of the GPU operator's DaemonSets: it only has to exist (no DaemonSet controller runs in the harness, so it
-    schedules nothing and the operator's restart of it is a no-op, as on a cluster whose nodes carry no GPU yet)."""
+    """One of the GPU operator's DaemonSets. No DaemonSet controller runs in the harness: it schedules nothing and the
+    operator's restart of it is a no-op, as on a cluster whose nodes carry no GPU yet, unless the GPU node agent plays
+    its pods (NodeTimings.plugin_restart_s, harness/gpu_node_agent.py)."""
     labels = {"app": name}
     return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name, "namespace": namespace},
             "spec": {"selector": {"matchLabels": labels},

@@ -29,11 +29,13 @@ The model, as the client reads it:
   done (ADD_COMPLETE); one being removed is listed as REMOVING (a name of this emulator: the client only tells
   REMOVE_FAILED apart).
 - one resize of a spec at a time: another resize of it while one is under way is answered 409 (the client would
-  otherwise add twice: `_check_no_resize_under_way` says why). The operator retries a 409 with backoff.
+  otherwise add twice: `_check_no_resize_under_way` says why). The operator retries a 409 with backoff. Which a real
+  CM does is FTI's to say: `repeated_resize=RepeatedResize.ACCEPT` plays the other answer (the repeat is applied).
 - an add the fabric failed (`fail_next_attaches`) is listed as ADD_FAILED with the fault's message as status_reason,
   outside the target, for `failed_add_visible_s`; then dropped. The client has no call that acknowledges a failed add
   (it reports any unused ADD_FAILED device as its error and retries), so a CM that kept the entry would block every
-  later add of that model to the machine: this emulator assumes the CM forgets it, and says how long it shows it.
+  later add of that model to the machine: this emulator forgets it by default, and says how long it shows it;
+  `failed_adds=FailedAdds.KEEP` plays a CM that keeps it (until `clear_failed_adds`).
 - a remove the fabric failed (`fail_next_detaches`) leaves the device attached, listed REMOVE_FAILED with the reason,
   until it is removed again.
 - errors answer `{"status": <http status>, "detail": {"code", "message"}}` (cm/api ErrorBody).
@@ -54,6 +56,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Mapping, Optional, Sequence
 
 from harness.fabric_manager import (CODE_BAD_REQUEST, CODE_IN_PROGRESS, CODE_NOT_FOUND, OP_STATUS_OK,
@@ -77,6 +80,23 @@ CODE_COUNT_MISMATCH = "E40903"
 _SPEC_NAMESPACE = uuid.UUID("0b5e4d8a-6c2f-4f1e-8a3d-7e9c1b2a4f60")  # spec uuids derived from (machine, model)
 
 
+class RepeatedResize(str, Enum):
+    """What the CM does with a resize of a spec while an earlier one is under way (FTI has not said: docs/composability.md
+    "Known issues"). REFUSE (409) is what the operator's client needs; ACCEPT is the other possibility, under which
+    the client adds twice."""
+
+    REFUSE = "refuse"
+    ACCEPT = "accept"
+
+
+class FailedAdds(str, Enum):
+    """How long the CM lists a failed add (ADD_FAILED): FORGET it after `failed_add_visible_s`, or KEEP it (the
+    client has no call to acknowledge it, so every later add of the model to the machine fails on it)."""
+
+    FORGET = "forget"
+    KEEP = "keep"
+
+
 @dataclass
 class _FailedAdd:
     machine_uuid: str
@@ -90,12 +110,16 @@ class ClusterManagerEmulator(FabricManagerEmulator):
     """The fabric-manager emulator's hardware behind the cluster manager's API. `start()` serves on 127.0.0.1."""
 
     def __init__(self, pools: Mapping[str, int], *, cluster_uuid: str = DEFAULT_CLUSTER,
-                 failed_add_visible_s: float = DEFAULT_FAILED_ADD_VISIBLE_S, **options: Any) -> None:
+                 failed_add_visible_s: float = DEFAULT_FAILED_ADD_VISIBLE_S,
+                 repeated_resize: RepeatedResize = RepeatedResize.REFUSE, failed_adds: FailedAdds = FailedAdds.FORGET,
+                 **options: Any) -> None:
         if failed_add_visible_s <= 0:
             raise ValueError(f"cluster manager: failed_add_visible_s must be positive, got {failed_add_visible_s}")
         super().__init__(pools, **options)
         self.cluster_uuid = cluster_uuid
         self.failed_add_visible_s = failed_add_visible_s
+        self.repeated_resize = RepeatedResize(repeated_resize)
+        self.failed_adds_kept = FailedAdds(failed_adds) is FailedAdds.KEEP
         self._pending_adds: dict[tuple[str, str], int] = {}  # (machine, model) -> devices on their way
         self._failed_adds: list[_FailedAdd] = []
         self._remove_failures: dict[str, str] = {}  # serial -> why the fabric refused its removal
@@ -154,7 +178,8 @@ class ClusterManagerEmulator(FabricManagerEmulator):
             raise FabricManagerError(400, CODE_BAD_REQUEST, f"{action} must be an object")
         model = self._model_of_spec(machine_uuid, target.get("spec_uuid"))
         count = _count(target)
-        self._check_no_resize_under_way(machine_uuid, model)
+        if self.repeated_resize is RepeatedResize.REFUSE:
+            self._check_no_resize_under_way(machine_uuid, model)
         if action == "increase_resource_count":
             self._increase(machine_uuid, model, count)
         else:
@@ -301,7 +326,14 @@ class ClusterManagerEmulator(FabricManagerEmulator):
                                      f"(its specs: {_describe(specs)})")
         return specs[spec_uuid]
 
+    def clear_failed_adds(self) -> None:
+        """What an administrator does on a CM that keeps failed adds: acknowledge them (no API call of the client's)."""
+        with self._lock:
+            self._failed_adds = []
+
     def _forget_expired_failures(self) -> None:
+        if self.failed_adds_kept:
+            return
         now = time.monotonic()
         self._failed_adds = [f for f in self._failed_adds if f.until > now]
 

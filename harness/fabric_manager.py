@@ -228,13 +228,16 @@ class FabricManagerEmulator:
         self.ca_cert_path = self.state_dir / "fm-ca.crt"
         self._server: Optional[http.server.ThreadingHTTPServer] = None
         self._thread: Optional[threading.Thread] = None
+        self._context: Optional[ssl.SSLContext] = None
 
     # -- lifecycle --
 
     def start(self) -> "FabricManagerEmulator":
         if self._server is not None:
             raise RuntimeError("fabric manager: already started")
-        context = self._tls_context()
+        if self._context is None:  # kept across restart_service: the clients trust this CA
+            self._context = self._tls_context()
+        context = self._context
         server = http.server.ThreadingHTTPServer((self._host, self._port), self._handler_class())
         server.daemon_threads = True
         server.socket = context.wrap_socket(server.socket, server_side=True)
@@ -259,6 +262,22 @@ class FabricManagerEmulator:
             self._thread.join(timeout=10)
         if self._own_dir is not None:
             self._own_dir.cleanup()
+
+    def restart_service(self, down_s: float = 0.0) -> None:
+        """The fabric manager's service dies and comes back `down_s` later, on the same port with the same
+        certificate; the hardware (what is attached where) keeps its state. Calls meanwhile are refused, and a call
+        under way may lose its answer while the fabric has done it (the hazard of a real restart)."""
+        port = self.port
+        server, self._server = self._server, None
+        assert server is not None
+        server.shutdown()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        log.info("fabric manager emulator: service down for %.1f s", down_s)
+        time.sleep(down_s)
+        self._port = port
+        self.start()
 
     def __enter__(self) -> "FabricManagerEmulator":
         return self.start()

@@ -16,7 +16,12 @@ Node to its server. Nothing of that runs here, so this agent plays it, driven by
   `nvidia-driver-daemonset`; kwok makes it Running and Ready) and a kwok `Exec` for it: an exec into that pod, as the
   operator runs through the apiserver, runs harness/bin/nvidia-smi on this machine with the node's state file, which
   this agent writes (the GPUs attached to the node, and a process on each GPU a running pod uses).
-- DEVICE_PLUGIN mode: the node's `nvidia.com/gpu` capacity and allocatable follow the devices attached to its machine.
+- DEVICE_PLUGIN mode: the node's `nvidia.com/gpu` capacity and allocatable follow the devices attached to its machine;
+  with `NodeTimings.plugin_restart_s` set, the GPU operator's device-plugin and DCGM DaemonSets run a pod per GPU node
+  and the operator's restart of them (after each attach and detach) takes the node's allocatable down for that long.
+- `NodeTimings` makes the node as slow as a real server (`REALISTIC_NODE`): the driver pod only some time after the
+  node's first GPU (no GPU shows before), a slow or failing `nvidia-smi drain`; `freeze(node)` stops a node's driver
+  noticing the fabric at all.
 - DRA mode: one ResourceSlice per node in the NVIDIA DRA driver's shape (driver `gpu.nvidia.com`, pool = node name,
   devices `gpu-<minor>` with attributes `uuid` = the fabric's serial, `productName`, `type: gpu`, and capacity
   `memory`), and the driver's kubelet-plugin pod (name prefix `dra-driver-nvidia-gpu-kubelet-plugin`, label
@@ -35,12 +40,14 @@ where harness/bin overlays /usr/bin.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -105,6 +112,32 @@ class DeviceMode(str, Enum):
 
 
 @dataclass(frozen=True)
+class NodeTimings:
+    """How fast the node side answers. The defaults are the instant node side most tests want; `REALISTIC_NODE` has
+    what a real GPU server does (tests that are about slowness use it, scaled to their bounds)."""
+
+    # The GPU driver pod comes this long after the node first has a GPU (node feature discovery labels the node, the
+    # GPU operator schedules and builds the driver); until then the node shows no GPU and nvidia-smi cannot run.
+    driver_delay_s: float = 0.0
+    # DEVICE_PLUGIN mode: the GPU operator's device-plugin and DCGM DaemonSets run a pod on every GPU node, so the CDI
+    # operator's restart of them after each attach and detach really restarts them: the node's nvidia.com/gpu
+    # allocatable drops to 0 for this long, then comes back. None: the DaemonSets have no pods (the operator skips
+    # restarting them), as before.
+    plugin_restart_s: Optional[float] = None
+    drain_delay_s: float = 0.0  # `nvidia-smi drain` takes this long
+    drain_failure: str = ""  # `nvidia-smi drain` fails with this message (exit 255), while set
+
+
+# A real server: the driver minutes after the first GPU, a device-plugin restart of tens of seconds, a drain of seconds.
+REALISTIC_NODE = NodeTimings(driver_delay_s=180.0, plugin_restart_s=20.0, drain_delay_s=5.0)
+RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"  # the operator's RestartDaemonset sets it (internal/utils/nodes.go)
+DEVICE_PLUGIN_DAEMONSET = "nvidia-device-plugin-daemonset"
+# The DaemonSets the operator restarts in DEVICE_PLUGIN mode, with their images (harness/cdi_operator.py creates them).
+GPU_OPERATOR_DAEMONSETS = {DEVICE_PLUGIN_DAEMONSET: "nvcr.io/nvidia/k8s-device-plugin",
+                           "nvidia-dcgm": "nvcr.io/nvidia/cloud-native/dcgm"}
+
+
+@dataclass(frozen=True)
 class AgentNamespaces:
     driver: str = "gpu-operator"  # the NVIDIA GPU operator's namespace (the CDI operator's default)
     dra_plugin: str = "nvidia-dra-driver-gpu"
@@ -147,6 +180,8 @@ class _NodeRecord:
     minors: dict[str, int] = field(default_factory=dict)  # serial -> minor, stable while attached
     pod_gpus: dict[str, list[str]] = field(default_factory=dict)  # device-plugin pod uid -> serials it was given
     slice_generation: int = 0
+    first_gpu_at: Optional[float] = None  # monotonic: when the fabric first gave the node a GPU
+    driver_ready: bool = False
 
 
 class GpuNodeAgent:
@@ -154,8 +189,9 @@ class GpuNodeAgent:
 
     def __init__(self, api_client: Any, fabric: FabricManagerEmulator, *, mode: DeviceMode,
                  state_dir: Optional[Path] = None, namespaces: AgentNamespaces = AgentNamespaces(),
-                 resync_interval_s: float = 1.0) -> None:
+                 resync_interval_s: float = 1.0, timings: NodeTimings = NodeTimings()) -> None:
         self.mode = DeviceMode(mode)
+        self.timings = timings
         self.fabric = fabric
         self.namespaces = namespaces
         self.resync_interval_s = resync_interval_s
@@ -171,6 +207,10 @@ class GpuNodeAgent:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._daemonsets: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid
+        self._frozen: set[str] = set()  # nodes whose driver shows no change (freeze)
+        self._restarts_seen: dict[str, str] = {}  # GPU operator DaemonSet -> the restartedAt last acted on
+        self._restarting_until: dict[str, float] = {}  # GPU operator DaemonSet -> monotonic end of its restart
+        self.plugin_restarts = 0  # device-plugin DaemonSet restarts played (each one a capacity drop)
         fabric.add_listener(self._on_fabric_change)
 
     # -- lifecycle --
@@ -234,12 +274,25 @@ class GpuNodeAgent:
     def slice_name(node_name: str) -> str:
         return f"{node_name}-{NVIDIA_DRA_DRIVER}"
 
+    def freeze(self, node_name: str, frozen: bool = True) -> None:
+        """A node whose GPU driver stops noticing the fabric (a GPU whose PCIe link never trains, a hot-unplug the
+        kernel misses): while frozen, the node keeps showing the GPUs it showed — a GPU attached since is not visible
+        there, one detached since still is. Unfrozen, it catches up at its next sync."""
+        with self._lock:
+            if frozen:
+                self._frozen.add(node_name)
+            else:
+                self._frozen.discard(node_name)
+        self._wake.set()
+
     def sync(self, node_name: str) -> None:
         """Make the node show what the fabric has attached to its machine, now."""
         with self._lock:
             record = self._nodes.get(node_name)
             if record is None:
                 raise KeyError(f"gpu node agent: node {node_name} was never added")
+            if node_name in self._frozen:
+                return
             try:
                 node = self._core.read_node(node_name)
             except ApiException as exc:
@@ -248,16 +301,51 @@ class GpuNodeAgent:
                     self._forget_slice(node_name)
                     return
                 raise
-            gpus = self._node_gpus(record, self.fabric.devices_of(record.machine_uuid))
+            devices = self.fabric.devices_of(record.machine_uuid)
+            if not self._driver_ready(record, devices):
+                devices = []  # no driver: the node shows no GPU yet
+            gpus = self._node_gpus(record, devices)
             processes = self._processes(record, gpus)
             _write_json(record.state_file, {"node": node_name, "gpus": [gpu.as_state() for gpu in gpus],
-                                            "processes": processes})
+                                            "processes": processes,
+                                            "drain_delay_s": self.timings.drain_delay_s,
+                                            "drain_failure": self.timings.drain_failure})
+            if not record.driver_ready:
+                return
             self._ensure_driver_pod(node_name, record)
             if self.mode is DeviceMode.DEVICE_PLUGIN:
-                self._publish_capacity(node, len(gpus))
+                self._play_gpu_operator_pods(node_name)
+                plugin_down = self._restarting(DEVICE_PLUGIN_DAEMONSET)
+                self._publish_capacity(node, len(gpus), 0 if plugin_down else len(gpus))
             else:
                 self._ensure_dra_plugin_pod(node_name)
                 self._publish_slice(record, node, gpus)
+
+    def set_timings(self, timings: NodeTimings) -> None:
+        """Change how the node side answers from now on (the next sync writes the drain settings)."""
+        with self._lock:
+            self.timings = timings
+        self._wake.set()
+
+    def driver_ready(self, node_name: str) -> bool:
+        with self._lock:
+            return self._nodes[node_name].driver_ready
+
+    def _driver_ready(self, record: _NodeRecord, devices: list[Device]) -> bool:
+        """Whether the node's GPU driver runs: at once without a delay, else `driver_delay_s` after the node first
+        had a GPU (and from then on)."""
+        if record.driver_ready or self.timings.driver_delay_s <= 0:
+            record.driver_ready = True
+            return True
+        now = time.monotonic()
+        if devices and record.first_gpu_at is None:
+            record.first_gpu_at = now
+            log.info("gpu node agent: node %s has its first GPU; its driver comes in %.0f s", record.name,
+                     self.timings.driver_delay_s)
+        if record.first_gpu_at is not None and now - record.first_gpu_at >= self.timings.driver_delay_s:
+            record.driver_ready = True
+            log.info("gpu node agent: node %s's GPU driver is up", record.name)
+        return record.driver_ready
 
     # -- the loop --
 
@@ -342,15 +430,65 @@ class GpuNodeAgent:
 
     # -- what the node publishes --
 
-    def _publish_capacity(self, node: Any, count: int) -> None:
+    def _publish_capacity(self, node: Any, count: int, allocatable: int) -> None:
+        """`allocatable` below `count` while the device plugin restarts: the kubelet has no plugin to allocate from."""
         quantity = str(count)
         status = node.status
         current = ((status.capacity or {}).get(GPU_RESOURCE), (status.allocatable or {}).get(GPU_RESOURCE))
-        if current == (quantity, quantity):
+        if current == (quantity, str(allocatable)):
             return
         self._core.patch_node_status(node.metadata.name, {"status": {"capacity": {GPU_RESOURCE: quantity},
-                                                                     "allocatable": {GPU_RESOURCE: quantity}}})
-        log.info("gpu node agent: node %s now has %s %s", node.metadata.name, quantity, GPU_RESOURCE)
+                                                                     "allocatable": {GPU_RESOURCE: str(allocatable)}}})
+        log.info("gpu node agent: node %s now has %s %s (%d allocatable)", node.metadata.name, quantity,
+                 GPU_RESOURCE, allocatable)
+
+    # -- the GPU operator's DaemonSets (DEVICE_PLUGIN mode, timings.plugin_restart_s set) --
+
+    def _restarting(self, daemonset: str) -> bool:
+        return time.monotonic() < self._restarting_until.get(daemonset, 0.0)
+
+    def _play_gpu_operator_pods(self, node_name: str) -> None:
+        """A pod of each GPU operator DaemonSet on this GPU node, and the DaemonSets' status as their controller would
+        write it (the operator restarts only a DaemonSet whose pods are all ready). A new restartedAt on a template
+        (the operator's restart) deletes their pods; they come back `plugin_restart_s` later."""
+        if self.timings.plugin_restart_s is None:
+            return
+        namespace = self.namespaces.driver
+        gpu_nodes = sum(1 for record in self._nodes.values() if record.driver_ready)
+        for name, image in GPU_OPERATOR_DAEMONSETS.items():
+            try:
+                daemonset = self._apps.read_namespaced_daemon_set(name, namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            restarted_at = ((daemonset.spec.template.metadata.annotations or {}) if daemonset.spec.template.metadata
+                            else {}).get(RESTARTED_AT)
+            if restarted_at and restarted_at != self._restarts_seen.get(name):
+                self._restarts_seen[name] = restarted_at
+                self._restarting_until[name] = time.monotonic() + self.timings.plugin_restart_s
+                self.plugin_restarts += name == DEVICE_PLUGIN_DAEMONSET
+                log.info("gpu node agent: DaemonSet %s/%s restarted (%s): its pods are down for %.0f s", namespace,
+                         name, restarted_at, self.timings.plugin_restart_s)
+                for pod in self._core.list_namespaced_pod(namespace, label_selector=f"app={name}").items:
+                    with contextlib.suppress(ApiException):
+                        self._core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+            restarting = self._restarting(name)
+            owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": daemonset.metadata.uid,
+                     "controller": True, "blockOwnerDeletion": True}
+            if not restarting:
+                self._ensure_pod(namespace, f"{name}-{_suffix(node_name)}", node_name, {"app": name}, name, image,
+                                 owner)
+            ready = 0 if restarting else gpu_nodes
+            status = daemonset.status
+            if status is not None and (status.desired_number_scheduled, status.number_ready,
+                                       status.observed_generation) == (gpu_nodes, ready,
+                                                                       daemonset.metadata.generation):
+                continue
+            self._apps.patch_namespaced_daemon_set_status(name, namespace, {"status": {
+                "desiredNumberScheduled": gpu_nodes, "currentNumberScheduled": gpu_nodes, "numberReady": ready,
+                "numberAvailable": ready, "numberUnavailable": gpu_nodes - ready, "updatedNumberScheduled": gpu_nodes,
+                "numberMisscheduled": 0, "observedGeneration": daemonset.metadata.generation}})
 
     def _forget_slice(self, node_name: str) -> None:
         """The garbage collector's part (no kube-controller-manager runs here): a slice goes with its Node owner."""

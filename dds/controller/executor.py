@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Optional, Sequence, Union
+from typing import Callable, Collection, Iterator, Optional, Sequence, Union
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -41,20 +42,44 @@ class Executor:
         self.events = events
         # Runs before every detach reaches the fabric (the controller's GPU label keeper: dds/controller/gpu_label.py).
         self.before_detach = before_detach
-        # Bumped by every change started (attach, detach, node added or removed): a decision taken on a snapshot
-        # older than the last change is taken again before it acts (Controller.decide_then_act).
+        # Changes (attach, detach, node added or removed) finished, and under way: a decision taken on a snapshot
+        # that a change may not show is taken again before it acts (Controller.decide_then_act, `changed_since`).
         self._generation = 0
+        self._under_way = 0
         self._generation_lock = threading.Lock()
         # Node adds and removals: the same port the no-cluster mode uses (dds/scaling/node_actions.py).
-        self.nodes = NodeActions(provisioner, events, on_change=self._changing)
+        self.nodes = NodeActions(provisioner, events, changing=self._changing)
 
     @property
     def generation(self) -> int:
+        """Changes finished (each one counted once it has been written, or refused)."""
         return self._generation
 
-    def _changing(self) -> None:
+    def mark(self) -> tuple[int, int]:
+        """Where the changes stand, taken before a snapshot: (finished, under way)."""
         with self._generation_lock:
-            self._generation += 1
+            return self._generation, self._under_way
+
+    def changed_since(self, mark: tuple[int, int]) -> bool:
+        """Whether a snapshot taken after `mark` may miss a change: one finished since, or one that was under way
+        then. A change counts from before its first write until after its last: a snapshot read while an attach's
+        write is on its way to the fabric shows the state before it, though the attach has started (a decision on
+        it would count the same pending pod again: the fast path and CA's IncreaseSize attaching twice for one
+        pod)."""
+        finished, under_way = mark
+        with self._generation_lock:
+            return under_way > 0 or self._generation != finished
+
+    @contextmanager
+    def _changing(self) -> Iterator[None]:
+        with self._generation_lock:
+            self._under_way += 1
+        try:
+            yield
+        finally:
+            with self._generation_lock:
+                self._under_way -= 1
+                self._generation += 1
 
     def attach(self, step: Attach, key: str, case: Case) -> Operation:
         """Start an attach; raises FabricError when the fabric refuses the request outright."""
@@ -73,20 +98,20 @@ class Executor:
         requests = [AttachRequest(key=key, node=step.node, pool=step.pool, model=step.model, count=step.count,
                                   reason=step.reason) for step, key in steps]
         crashpoint("attach.before-fabric")
-        self._changing()
         results: list[Union[Operation, FabricError]]
-        if isinstance(self.fabric, BatchAttachFabric) and len(requests) > 1:
-            try:
-                results = _fabric_call(self.fabric.attach_many)(requests)
-            except FabricError as exc:
-                results = [exc] * len(requests)
-        else:
-            results = []
-            for request in requests:
+        with self._changing():
+            if isinstance(self.fabric, BatchAttachFabric) and len(requests) > 1:
                 try:
-                    results.append(_fabric_call(self.fabric.attach)(request))
+                    results = _fabric_call(self.fabric.attach_many)(requests)
                 except FabricError as exc:
-                    results.append(exc)
+                    results = [exc] * len(requests)
+            else:
+                results = []
+                for request in requests:
+                    try:
+                        results.append(_fabric_call(self.fabric.attach)(request))
+                    except FabricError as exc:
+                        results.append(exc)
         for (step, key), result in zip(steps, results):
             self._report_attach(step, key, case, result)
         return results
@@ -110,18 +135,18 @@ class Executor:
         request = DetachRequest(key=key, node=step.node, device_ids=step.device_ids, force=step.force,
                                 reason=step.reason)
         crashpoint("detach.before-fabric")
-        self._changing()
-        if self.before_detach is not None:
-            self.before_detach(step)
-        try:
-            operation = _fabric_call(self.fabric.detach)(request)
-        except FabricError as exc:
-            metrics.FABRIC_ERRORS.labels(self.fabric.name, "detach", exc.code.value).inc()
-            log.warning("detach of %s from %s refused: %s", ",".join(step.device_ids), step.node, exc,
-                        extra={"case": case.value, "key": key})
-            self.events.emit(node_ref(step.node), WARNING, "DetachFailed",
-                             f"could not detach {len(step.device_ids)} GPU(s): {exc.message}")
-            return None
+        with self._changing():
+            if self.before_detach is not None:
+                self.before_detach(step)
+            try:
+                operation = _fabric_call(self.fabric.detach)(request)
+            except FabricError as exc:
+                metrics.FABRIC_ERRORS.labels(self.fabric.name, "detach", exc.code.value).inc()
+                log.warning("detach of %s from %s refused: %s", ",".join(step.device_ids), step.node, exc,
+                            extra={"case": case.value, "key": key})
+                self.events.emit(node_ref(step.node), WARNING, "DetachFailed",
+                                 f"could not detach {len(step.device_ids)} GPU(s): {exc.message}")
+                return None
         message = f"detaching {len(step.device_ids)} GPU(s) ({', '.join(step.device_ids)}) from {step.node}: {step.reason}"
         log.info(message, extra={"case": case.value, "key": key, "node": step.node})
         self.events.emit(node_ref(step.node), NORMAL, "DetachingGPU", message)

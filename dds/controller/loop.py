@@ -47,17 +47,19 @@ from dds.controller.provisioning import ProvisioningReads, ProvisioningRequests,
 from dds.controller.refusals import RefusalReporter
 from dds.controller.removals import REMOVAL_TAINT, NodeRemovals
 from dds.controller.reservations import ClusterWrites, Reservations
+from dds.controller.unheld import UnheldDevices
 from dds.crashpoints import crashpoint
+from dds.scaling.node_actions import node_ref
 from dds.fabric.base import Fabric, FabricError, Operation, OperationKind
 from dds.kube.podgroups import PodGroupReader
-from dds.model.events import EventRecorder
-from dds.model.groups import TemplateMode
+from dds.model.events import WARNING, EventRecorder
+from dds.model.groups import GpuApi, TemplateMode
 from dds.planner import render_scale_down, render_scale_up
 from dds.model.plan import Attach, Case, Detach, PlannerConfig, ScaleDownPlan, ScaleUpPlan
+from dds.model.snapshot import Snapshot
 from dds.planner.passes import PassInputs, PassPlan, PassSettings, plan_pass
 from dds.planner.reservations import ReservationConfig, ReservationPlan
 from dds.model.provisioning import ProvisioningView
-from dds.model.snapshot import Snapshot
 from dds.planner.provisioning import ProvisioningConfig, ProvisioningPlan
 from dds.controller.dra_binding import PoolModeBinder
 from dds.planner.equip import equip_new_nodes
@@ -89,6 +91,9 @@ class LoopConfig:
     provisioning: ProvisioningConfig = ProvisioningConfig(class_name="")
     # settings.cxl_memory_visible_timeout_seconds; see dds/controller/cxl_visibility.py
     cxl_memory_visible_timeout_seconds: float = 600.0
+    # settings.composability.unheld_device_grace_seconds with the CDI operator (None: not judged); see
+    # dds/controller/unheld.py
+    unheld_grace_seconds: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,7 @@ class Controller:
         # Node removals, CA's and the loop's: GPUs released first, the node next (a table: dds/controller/removals.py).
         self.removals = NodeRemovals(actions, _RemovalTaints(actions), events, self.watcher.in_flight)
         self.orphans = OrphanFinder(config.orphan_timeout_seconds)
+        self.unheld = UnheldDevices(config.unheld_grace_seconds) if config.unheld_grace_seconds is not None else None
         self.listeners: list[Callable[[Observation], None]] = []  # e.g. the instance tracker's reconcile
         self.memory_visibility = MemoryVisibility(events, config.cxl_memory_visible_timeout_seconds)
         # CA's GPU label follows each node's GPUs; every detach, whoever plans it, goes through this executor.
@@ -233,14 +239,15 @@ class Controller:
     # --- one pass ---
     def decide_then_act(self, decide: Callable[[], _Decision], act: Callable[[_Decision], _Result]) -> _Result:
         """Decide without the lock, act under it. Deciding (observe and plan) is most of a pass, so the loop and CA's
-        calls do not wait for each other's planning; a decision taken on a snapshot older than a change started since
-        (any attach, detach, node added or removed: `Executor.generation`) is taken again under the lock, on a fresh
-        snapshot, so no two decisions ever count on the same free GPU or miss each other's capacity."""
+        calls do not wait for each other's planning; a decision taken on a snapshot that may miss a change (any attach,
+        detach, node added or removed, finished since or under way then: `Executor.changed_since`) is taken again
+        under the lock, on a fresh snapshot, so no two decisions ever count on the same free GPU or miss each other's
+        capacity."""
         with self.calls_first.call():
-            generation = self.executor.generation
+            mark = self.executor.mark()
             decision = decide()
             with self._lock:
-                if self.executor.generation != generation:
+                if self.executor.changed_since(mark):
                     decision = decide()
                 return act(decision)
 
@@ -260,7 +267,7 @@ class Controller:
             self.watcher.poll()
         self._record_pools()
         waited[0] += self._step_aside_for_calls()
-        generation, labels_mark = self.executor.generation, self.gpu_labels.mark()
+        changes, labels_mark = self.executor.mark(), self.gpu_labels.mark()
         observation = self.observer.observe()
         # The GPU label is bookkeeping for CA, not a decision: written by a thread of its own (dds/controller/
         # gpu_label.py), as thousands of label writes on a first pass must neither hold CA's calls nor the pass.
@@ -284,7 +291,7 @@ class Controller:
             self._attach_initial_gpus(observation)
             # Decide again on what changed since the snapshot: something started, or a gang this plan serves is now
             # held for its rollback (the plan was made before the reconcile that held it).
-            if self.executor.generation != generation or self.gangs.holds_any(decisions.waiting):
+            if self.executor.changed_since(changes) or self.gangs.holds_any(decisions.waiting):
                 observation = self.observer.observe()
                 decisions = self._decide(observation, reservations, requests, provisioning)
             # Before acting: a pass that fails while acting still shows the idle GPUs it meant to release.
@@ -292,6 +299,7 @@ class Controller:
             self._act(observation, decisions)
             self.pool_binder.reconcile(observation.snapshot)
             self._reclaim_orphans(observation)
+            self._report_unheld(observation.snapshot)
         return observation
 
     def _step_aside_for_calls(self) -> float:
@@ -465,10 +473,10 @@ class Controller:
             log.info("scale-down plan:\n%s", rendered)
             self.journal.record(Case.SCALE_DOWN_BLOCKED.value, "control loop: idle GPUs / empty nodes past cooldown",
                                 "node" if owned_removals else "gpu", rendered)
-        in_flight = {op.node for op in self.watcher.in_flight()}
+        in_flight = self.watcher.in_flight()
         for index, step in enumerate(detaches):
-            if step.node in in_flight:
-                continue  # a detach already runs there; idleness is judged again when it ends
+            if detach_waits_for_in_flight(step, snapshot, in_flight):
+                continue  # an operation on these devices' model runs there; idleness is judged again when it ends
             operation = self.actions.detach(step, f"detach/{uuid.uuid4().hex[:8]}/{index}", Case.SCALE_DOWN_BLOCKED)
             if operation is not None:
                 self.observer.idle.reset(step.node)
@@ -504,6 +512,39 @@ class Controller:
             if self.actions.detach(step, f"orphan/{uuid.uuid4().hex[:8]}", Case.ORPHAN_RECLAIM) is not None:
                 metrics.ORPHANS_RECLAIMED.inc(len(reclaim.device_ids))
 
+    # --- devices a node shows that no fabric record holds: reported, as DDS cannot detach them ---
+    def _report_unheld(self, snapshot: Snapshot) -> None:
+        if self.unheld is None:
+            return
+        judged = {n.name: n for n in snapshot.nodes if n.ready and not n.being_deleted and n.group_id is not None
+                  and (group := snapshot.group(n.group_id)) is not None and group.gpu_api is GpuApi.EXTENDED_RESOURCE}
+        held: dict[str, int] = {}
+        for device in self.fabric.devices():
+            if device.node in judged:
+                held[device.node] = held.get(device.node, 0) + 1
+        shown = {name: node.allocatable.get(node.gpu_resource) for name, node in judged.items()}
+        found = self.unheld.find(shown, held, snapshot.now)
+        metrics.UNHELD_DEVICES.set(sum(u.count for u in found))
+        for unheld in self.unheld.newly_reported(found):
+            node = judged[unheld.node]
+            message = (f"{unheld.node} shows {unheld.shown} {node.gpu_resource} where the fabric's records of devices "
+                       f"on it (and its own GPUs) account for {unheld.held}, for {snapshot.now - unheld.since:.0f} s "
+                       f"(grace {self.unheld.grace_seconds:g} s): {unheld.count} device(s) attached that no "
+                       f"ComposableResource holds. DDS cannot detach them and its pools do not count them; the CDI "
+                       f"operator's upstream syncer releases such a device after its 10-minute grace. Check the "
+                       f"fabric for devices of this node's machine that no ComposableResource names")
+            log.warning(message)
+            self.events.emit(node_ref(unheld.node), WARNING, "UnheldDevice", message)
+
+
+def detach_waits_for_in_flight(step: Detach, snapshot: Snapshot, in_flight: Sequence[Operation]) -> bool:
+    """Whether a scale-down detach waits for an operation in flight: one on the same node and model (a fabric changes
+    one (node, model) at a time: the CDI operator keeps one request for it, and its size must not change twice at
+    once). A stuck operation on another model of the node, or on another node, holds nothing back."""
+    node = next((n for n in snapshot.nodes if n.name == step.node), None)
+    wanted = set(step.device_ids)
+    models = {d.model for d in (node.devices if node is not None else ()) if d.id in wanted}
+    return any(op.node == step.node and (not models or not op.model or op.model in models) for op in in_flight)
 
 def _provisioning(cluster: ClusterPorts, actions: Actions, events: EventRecorder, journal: DecisionJournal,
                   config: ProvisioningConfig, clock: Callable[[], float]) -> ProvisioningRequests:

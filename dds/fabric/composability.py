@@ -6,12 +6,18 @@ ONE `samenode` request per (node, type, model), named `<prefix><node>-<type>-<mo
 
 - attach n  = raise `spec.resource.size` by n;
 - detach ids = annotate those ComposableResources `cohdi.io/delete-device: "true"`, then lower `size` by len(ids).
-  The operator removes not-yet-attached resources first, then the annotated ones, then the least recently used, so
-  the devices DDS chose are the ones that go — unless an attach is still in flight on the same request, which is why
-  a detach is refused (retryably) until the request's resources are all Online. `force` is honoured when the
-  detach empties the request (the chosen resources get `spec.force_detach`, and the operator skips its in-use check);
-  otherwise it is sent as a normal detach (a resource whose `force_detach` differs from its request's is replaced by
-  the operator while the request keeps devices, so forcing a few would replace the others).
+  The operator's removal order (composabilityrequest_controller.go, NodeAllocating): resources `Attaching` without a
+  device first, then annotated `Online` ones, then `Attaching` ones with a device, then unannotated `Online` ones
+  least recently used first, and last everything else — a resource in state "" (its controller has not taken it up:
+  the code tests for a state "None" it never writes) goes after the Online ones. So the devices DDS chose are the
+  ones that go only when nothing is on its way on the same request, which is why a detach is refused (retryably)
+  until the request's resources are all Online, a size change waits until the operator has applied the last one
+  (`_check_operator_caught_up`), and a failed attach's give-back waits while a resource is in state "". The marks
+  (and force flags) come off again when the size write fails, and off the devices a failed detach leaves in place.
+  `force` is honoured when the detach empties the request (the chosen resources get `spec.force_detach`, and the
+  operator skips its in-use check); otherwise it is sent as a normal detach (a resource whose `force_detach` differs
+  from its request's is replaced by the operator while the request keeps devices, so forcing a few would replace the
+  others).
 - a node is held with DDS's finalizer `dds.cdi.dev/fabric-devices` from its first attach: the operator detaches only
   from a node that still exists, so a deleted node waits while DDS reclaims its devices (`deleted_nodes_to_reclaim`).
 
@@ -25,7 +31,12 @@ operator in tests/integration/fabric and tests/e2e), and what this backend makes
   success. An error ends an operation only once the operation has lasted `operator_error_bound_seconds` with the error
   still there: FAILED with that error (DeviceInUse when the operator found load on the GPU). A failed attach gives
   back what it could not attach (the size is lowered by the missing devices in the same write that records the
-  outcome; the operator removes not-yet-attached resources first), so no device arrives later unplanned.
+  outcome; the operator removes resources still Attaching before unannotated Online ones), so no device arrives
+  later unplanned.
+- the operator also waits *without* an error (a GPU the node never shows, one that never leaves it): past
+  `operator_wait_bound_seconds` the operation ends FAILED (Timeout) naming each device's state; a device the fabric
+  attached that the node never showed cannot be given back (the operator releases it only once it is visible) and is
+  reported stranded.
 - an Online resource whose `error` names a Critical device is FAILED (to be replaced); other errors on an Online
   resource (a Warning, a fabric read that failed) leave it Online and are logged.
 
@@ -53,6 +64,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
+from dds import metrics
 from dds.config import ComposabilitySettings, PoolSpec
 from dds.crashpoints import crashpoint
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, FabricDevice, FabricError, Operation,
@@ -62,6 +74,7 @@ from dds.kube.composability import (FIELD_MANAGER, GROUP, NODE_FINALIZER, REQUES
                                     ComposabilityObjects, ObjectCache)
 from dds.kube.errors import ApiError
 from dds.model.cxl import is_cxl_model
+from dds.model.events import WARNING, EventRecorder, ObjectRef
 
 __all__ = ["GROUP", "VERSION", "REQUESTS", "RESOURCES", "ComposabilityRequestFabric", "request_name"]
 
@@ -86,6 +99,11 @@ _MAX_NAME = 253
 # (internal/cdi/fti/fm/client.go CheckResource, internal/utils/gpus.go CheckNoGPULoads).
 _CRITICAL = "Critical"
 _IN_USE = "found gpu load"
+# What the operator writes while the target node has no (ready) GPU driver yet (internal/utils/gpus.go:
+# EnsureGPUDriverExists, and getGPUInfoFromNvidiaPod behind nvidia-smi's visibility check and drain).
+_NODE_NOT_READY = ("no nvidia driver found on node", "nvidia-driver-daemonset pod is not found on node",
+                   "nvidia-driver-daemonset pod is not ready on node",
+                   "nvidia-driver-daemonset pod is not running on node")
 _RESOURCE_STATES = {"": DeviceState.ATTACHING, "Attaching": DeviceState.ATTACHING, "Online": DeviceState.ONLINE,
                     "Detaching": DeviceState.DETACHING, "Deleting": DeviceState.DETACHING}
 
@@ -134,10 +152,14 @@ class ComposabilityRequestFabric:
     """A `Fabric` on the CDI operator's ComposabilityRequest API; see the module docstring."""
 
     def __init__(self, api: ApiClient, settings: ComposabilitySettings, pools: Sequence[PoolSpec], *,
-                 clock: Clock, name: str = "composability-request", cache: Optional[ObjectCache] = None) -> None:
-        """`cache`: the operator's objects watched (`ClusterCache.composability`); without it each query lists them."""
+                 clock: Clock, name: str = "composability-request", cache: Optional[ObjectCache] = None,
+                 events: Optional[EventRecorder] = None) -> None:
+        """`cache`: the operator's objects watched (`ClusterCache.composability`); without it each query lists them.
+        `events`: where what the operator does beside DDS's operations is reported (a refusal by its webhook, an
+        over-attachment); logged only without it."""
         refuse_cxl_memory(settings, pools)
         self.name = name
+        self._events = events
         self._objects = ComposabilityObjects(api, cache)
         self._settings = settings
         self._type = settings.resource_type
@@ -184,6 +206,7 @@ class ComposabilityRequestFabric:
                     return self._operation_from(record, existing)
                 self._check_sole_writer(request.key, name, request.node, request.model, existing)
                 existing = self._settle_ended(name, existing)
+                _check_operator_caught_up(f"attach {request.key}", name, existing, self._view().resources)
                 refusal = self._refusal(request, existing)
                 if refusal is not None:
                     self._refused[request.key] = refusal
@@ -220,16 +243,25 @@ class ComposabilityRequestFabric:
                 existing = self._settle_ended(name, existing)
                 if existing is None:
                     continue
+                if request.force and self._cancels_hung_attaches(request, name, existing):
+                    return self._follow_reclaimed(request, name, model)
                 self._check_nothing_attaching(request.key, name, existing)
+                _check_operator_caught_up(f"detach {request.key}", name, existing, self._view().resources)
                 force = request.force and len(request.device_ids) == size
                 if request.force and not force:
                     log.info("detach %s: forced, but the request keeps devices, so the operator's in-use check "
                              "applies (see _mark_for_removal)", request.key)
-                self._mark_for_removal(request.key, request.device_ids, force)
                 record = self._new_record(request.key, OperationKind.DETACH, request.node, model,
                                           self._pool_of_model.get(model, ""), len(request.device_ids), existing)
                 record["asked"] = list(request.device_ids)
-                if self._write_size(name, existing, request.node, model, record, -len(request.device_ids)):
+                written = False
+                try:
+                    self._mark_for_removal(request.key, request.device_ids, force)
+                    written = self._write_size(name, existing, request.node, model, record, -len(request.device_ids))
+                finally:
+                    if not written:  # a mark left behind would make a later decrease take these devices
+                        self._unmark(request.key, request.device_ids)
+                if written:
                     crashpoint("fabric.detach.accepted")
                     return self._operation_from(record, self._get_request(name))
             raise FabricError(ErrorCode.BACKEND, f"ComposabilityRequest {name} kept changing; detach {request.key} "
@@ -246,8 +278,12 @@ class ComposabilityRequestFabric:
         return None
 
     def operations(self) -> tuple[Operation, ...]:
+        requests = self._our_requests()
         out = [self._operation_from(record, request)
-               for request in self._our_requests() for record in _records(request).values()]
+               for request in requests for record in _records(request).values()]
+        for request in requests:
+            if _over_attached(request):  # read again: the outcomes just stored changed it
+                self._correct_over_attachment(self._get_request(request["metadata"]["name"]))
         with self._lock:
             out.extend(self._refused.values())
         return tuple(out)
@@ -315,9 +351,59 @@ class ComposabilityRequestFabric:
                 f"other's sizes, so DDS stops changing it: stop the other writer on {node}, then delete the request's "
                 f"managedFields entry for it or recreate the request"))
 
+    def _cancels_hung_attaches(self, request: DetachRequest, name: str, existing: dict[str, Any]) -> bool:
+        """A forced detach of devices still attaching (the orphan reclaim of a hung attach): end the attaches running
+        on the request now, as their wait bound would, which gives back what they did not get (the operator removes
+        resources still Attaching before unmarked Online ones). True when that was done; the detach then only follows
+        the devices out (recorded without a size change of its own). False when a device asked is not attaching or
+        no attach runs: the ordinary detach rules apply."""
+        resources = self._view().resources
+        asked = [resources.get(d) for d in request.device_ids]
+        if not all(r is not None and _labels(r).get(LABEL_MANAGED_BY) == name
+                   and _device_state(r) == DeviceState.ATTACHING for r in asked):
+            return False
+        running = [r for r in _records(existing).values()
+                   if "state" not in r and r.get("kind") == OperationKind.ATTACH.value]
+        if not running or _not_picked_up(name, resources):
+            return False  # a resource in state "" would go after the Online ones: the ordinary refusal applies
+        now = self._clock()
+        for record in running:
+            outcome = _outcome(record, existing, resources, now, self._settings.operator_error_bound_seconds,
+                               wait_bound=self._settings.operator_wait_bound_seconds,
+                               ended_by=f"cancelled by the forced detach {request.key} ({request.reason})")
+            if outcome is None:
+                continue
+            current = self._get_request(name)
+            if current is None or "state" in _records(current).get(record["key"], {"state": ""}):
+                continue
+            if not self._remember_result(current, {**record, **outcome, "finished_at": now}):
+                raise FabricError(ErrorCode.BACKEND, f"detach {request.key}: could not end the hung attach "
+                                                     f"{record['key']} on ComposabilityRequest {name}; try again")
+        return True
+
+    def _follow_reclaimed(self, request: DetachRequest, name: str, model: str) -> Operation:
+        """The forced detach of a hung attach's devices, once that attach has given them back: recorded without a
+        size change of its own, done when they are gone."""
+        for _ in range(_CONFLICT_ATTEMPTS):
+            current = self._get_request(name)
+            if current is None:
+                raise FabricError(ErrorCode.NOT_FOUND, f"detach {request.key}: ComposabilityRequest {name} is gone")
+            record = _records(current).get(request.key)
+            if record is not None:
+                return self._operation_from(record, current)
+            record = self._new_record(request.key, OperationKind.DETACH, request.node, model,
+                                      self._pool_of_model.get(model, ""), len(request.device_ids), current)
+            record.update(before=sorted(request.device_ids), asked=list(request.device_ids),
+                          target=int(current["spec"]["resource"].get("size", 0)))
+            if self._write_size(name, current, request.node, model, record, 0):
+                return self._operation_from(record, self._get_request(name))
+        raise FabricError(ErrorCode.BACKEND, f"ComposabilityRequest {name} kept changing; detach {request.key} "
+                                             f"not recorded (the hung attach it reclaims has ended)")
+
     def _check_nothing_attaching(self, key: str, name: str, existing: dict[str, Any]) -> None:
-        """The operator removes not-yet-attached resources before the ones marked for removal: lowering the size while
-        an attach is in flight would cancel that attach instead of releasing the devices asked for."""
+        """The operator removes resources still Attaching before the ones marked for removal (and one in state "" only
+        after the Online ones): lowering the size while an attach is in flight would cancel that attach, or take a GPU
+        in use, instead of releasing the devices asked for."""
         view = self._view()
         attaching = sorted(n for n, r in view.resources.items()
                            if _labels(r).get(LABEL_MANAGED_BY) == name and _device_state(r) == DeviceState.ATTACHING)
@@ -344,6 +430,18 @@ class ComposabilityRequestFabric:
                 raise _api_error(f"detach {key}: mark ComposableResource {device_id} for removal", exc) from exc
             if not found:
                 raise FabricError(ErrorCode.NOT_FOUND, f"detach {key}: ComposableResource {device_id} is gone")
+
+    def _unmark(self, key: str, device_ids: Sequence[str]) -> None:
+        """Take the removal mark and force flag off devices whose size change did not happen (or failed): left on, a
+        later decrease would take them first, and a force flag differing from the request's makes the operator replace
+        the resource. Best effort: a device gone meanwhile needs nothing, an error is logged with what is left."""
+        for device_id in device_ids:
+            try:
+                if self._objects.annotate_resource(device_id, {ANN_DELETE_DEVICE: None}):
+                    self._objects.force_detach_resource(device_id, False)
+            except ApiError as exc:
+                log.warning("detach %s: could not clear the removal mark of ComposableResource %s (%s %s); a later "
+                            "size decrease would take it first", key, device_id, exc.status, exc.reason)
 
     def _hold_node(self, key: str, node: str) -> None:
         """DDS's finalizer on the node before any device is asked for it: see `deleted_nodes_to_reclaim`."""
@@ -428,7 +526,55 @@ class ComposabilityRequestFabric:
             # replace (PUT) carries metadata.resourceVersion: a conflict when the operator or another writer came first.
             return self._objects.replace_request(name, body)
         except ApiError as exc:
+            other = self._webhook_refused(exc, name, node, f"{record['kind']} {record['key']}")
+            if other:
+                raise FabricError(ErrorCode.INVALID, f"{record['kind']} {record['key']}: the operator's webhook "
+                                                     f"refused ComposabilityRequest {name} because of {other} "
+                                                     f"({exc.message})") from exc
             raise _api_error(f"write ComposabilityRequest {name}", exc) from exc
+
+    def _correct_over_attachment(self, request: Optional[dict[str, Any]]) -> None:
+        """A settled request holding more devices than its size (the operator put new resources on top of entries it
+        had not created yet: `_check_operator_caught_up` keeps DDS from causing it, another writer or an older DDS may
+        not have): the size is raised to what is attached, so the request describes the node again and the extra GPU
+        is an ordinary idle one scale-down releases; said in a warning Event on the node."""
+        extra = _over_attached(request) if request is not None else 0
+        if request is None or not extra or any("state" not in r for r in _records(request).values()):
+            return
+        name = request["metadata"]["name"]
+        node, model = _targets(request)
+        size = int(request["spec"]["resource"].get("size", 0))
+        body = json.loads(json.dumps(request))
+        body["spec"]["resource"]["size"] = size + extra
+        try:
+            if not self._objects.replace_request(name, body):
+                return  # changed meanwhile: judged again on the next read
+        except ApiError as exc:
+            log.warning("ComposabilityRequest %s holds %d device(s) more than its size %d; raising the size failed: "
+                        "%s %s", name, extra, size, exc.status, exc.reason)
+            return
+        message = (f"ComposabilityRequest {name} holds {size + extra} {model} device(s) where its size said {size} "
+                   f"(the operator attached {extra} more than asked); its size is now {size + extra}, so the extra "
+                   f"GPU is counted on {node} and released when idle")
+        log.warning(message)
+        if self._events is not None and node:
+            self._events.emit(ObjectRef("Node", node), WARNING, "OverAttached", message)
+
+    def _webhook_refused(self, exc: ApiError, name: str, node: str, what: str) -> str:
+        """When the operator's admission webhook refused a write of DDS's request because another writer's request
+        holds the same node, type and model: say so (a warning Event on the node, a metric naming the other request,
+        a log line) and return the other request's name; "" for any other error."""
+        other = _webhook_rival(exc)
+        if not other:
+            return ""
+        message = (f"the CDI operator's webhook refused DDS's write of ComposabilityRequest {name} ({what}): "
+                   f"{other} (another writer's) is for the same node, type and model; DDS cannot change {name} "
+                   f"while it exists: delete it or stop its writer on {node}")
+        log.warning(message)
+        metrics.OPERATOR_WEBHOOK_REFUSALS.labels(other).inc()
+        if self._events is not None:
+            self._events.emit(ObjectRef("Node", node), WARNING, "OperatorWebhookRefused", message)
+        return other
 
     def _settle_ended(self, name: str, existing: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
         """Store the outcome of every operation on the request that has ended, before a new one is recorded: the new
@@ -444,29 +590,37 @@ class ComposabilityRequestFabric:
             self._operation_from(record, current)
         return self._get_request(name) if existing is not None else None
 
-    def _remember_result(self, request: dict[str, Any], record: dict[str, Any]) -> None:
-        """Store a finished operation's outcome in the annotation, so it stays stable as the request moves on."""
+    def _remember_result(self, request: dict[str, Any], record: dict[str, Any]) -> bool:
+        """Store a finished operation's outcome in the annotation, so it stays stable as the request moves on. True
+        when it is stored (by this call or another). A failed detach's marks come off the devices the operator kept."""
+        if record.get("kind") == OperationKind.DETACH.value and record.get("state") == OperationState.FAILED.value:
+            resources = self._view().resources
+            kept = [d for d in record.get("asked", ()) if d in resources
+                    and not (resources[d].get("metadata") or {}).get("deletionTimestamp")]
+            self._unmark(record["key"], kept)
         body = self._with_result(request, record)
         # Not stored now (an error, or conflicts throughout): the outcome is computed again on the next read.
         name = request["metadata"]["name"]
         for _ in range(_CONFLICT_ATTEMPTS):
             try:
                 if self._objects.replace_request(name, body):
-                    return
+                    return True
             except ApiError as exc:
-                log.debug("could not record the outcome of %s: %s", record["key"], exc.status)
-                return
+                if not self._webhook_refused(exc, name, record["node"], f"record the outcome of {record['key']}"):
+                    log.debug("could not record the outcome of %s: %s", record["key"], exc.status)
+                return False
             fresh = self._get_request(name)  # the operator wrote its status meanwhile: apply the record again
             if fresh is None or "state" in _records(fresh).get(record["key"], {}):
-                return
+                return fresh is not None
             body = self._with_result(fresh, record)
         log.debug("could not record the outcome of %s: 409 on every attempt", record["key"])
+        return False
 
     @staticmethod
     def _with_result(request: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
         """The request with the finished operation's record stored (and what a failed attach did not get given back,
-        in the same write: the operator removes not-yet-attached resources first, so nothing arrives later that no
-        plan asked for)."""
+        in the same write: the operator removes resources still Attaching before unannotated Online ones, so nothing
+        arrives later that no plan asked for; see `_not_picked_up` for the one state it removes last)."""
         body = json.loads(json.dumps(request))
         records = _records(request)
         records[record["key"]] = record
@@ -483,11 +637,19 @@ class ComposabilityRequestFabric:
     def _operation_from(self, record: dict[str, Any], request: Optional[dict[str, Any]]) -> Operation:
         if "state" not in record and request is not None:
             now = self._clock()
-            outcome = _outcome(record, request, self._view().resources, now,
-                               self._settings.operator_error_bound_seconds)
+            resources = self._view().resources
+            outcome = _outcome(record, request, resources, now, self._settings.operator_error_bound_seconds,
+                               wait_bound=self._settings.operator_wait_bound_seconds)
             if outcome is not None:
                 record = {**record, **outcome, "finished_at": now}
-                self._remember_result(request, record)
+                unpicked = _not_picked_up(request["metadata"]["name"], resources)
+                if _not_attached(record) and unpicked:
+                    # The operator removes a resource in state "" last, after Online ones: giving back now would
+                    # detach a GPU in use. Stored (and given back) once its resource controller has taken them up.
+                    log.info("attach %s on %s failed; its give-back waits until the operator has taken up %s",
+                             record["key"], record["node"], ", ".join(unpicked))
+                else:
+                    self._remember_result(request, record)
         elif "state" not in record:
             record = {**record, "state": OperationState.FAILED.value, "error_code": ErrorCode.NOT_FOUND.value,
                       "error": "the ComposabilityRequest was deleted", "devices": [], "finished_at": self._clock()}
@@ -579,13 +741,16 @@ def _bounded(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _outcome(record: dict[str, Any], request: dict[str, Any], resources: Mapping[str, dict[str, Any]], now: float,
-             error_bound: float) -> Optional[dict[str, Any]]:
+             error_bound: float, *, wait_bound: float, ended_by: str = "") -> Optional[dict[str, Any]]:
     """The end of an operation as the operator's objects show it, or None while it is still running.
 
     `resources`: the ComposableResources by name. An error ends the operation only past `error_bound` seconds (the
-    operator retries every error and clears it on success). An attach's devices are the first `count` resources the
-    operator created for the request after it started, less those an earlier attach on the same request takes: two
-    attaches started before the operator listed either's resources would otherwise both count the first one."""
+    operator retries every error and clears it on success); an operation still running past `wait_bound` seconds
+    without one ends too (Timeout), naming where each of its devices stands: the operator waits without an error for
+    a GPU to show on the node or to leave it, and never gives up. An attach's devices are the first `count` resources
+    the operator created for the request after it started, less those an earlier attach on the same request takes:
+    two attaches started before the operator listed either's resources would otherwise both count the first one.
+    `ended_by`: why a running operation ends now whatever the bounds (a forced reclaim of its devices)."""
     status = request.get("status") or {}
     listed: dict[str, dict[str, Any]] = status.get("resources") or {}
     name = (request.get("metadata") or {}).get("name", "")
@@ -606,12 +771,78 @@ def _outcome(record: dict[str, Any], request: dict[str, Any], resources: Mapping
     messages = [e for e in errors if e]
     if status.get("error"):
         messages.append(f"{name}: {status['error']}")
-    if messages and now - float(record["started_at"]) >= error_bound:
+    lasted = now - float(record["started_at"])
+    # A node that has no GPU driver yet is a wait, not a failure: on a real node the driver comes minutes after the
+    # node's first GPU (feature discovery labels the node, the GPU operator installs the driver).
+    waits = [m for m in messages if any(w in m for w in _NODE_NOT_READY)]
+    messages = [m for m in messages if m not in waits]
+    if messages and lasted >= error_bound:
         in_use = record["kind"] == OperationKind.DETACH.value and any(_IN_USE in m for m in messages)
         retrying = " (the operator keeps retrying it)" if record["kind"] == OperationKind.DETACH.value else ""
         return _done(OperationState.FAILED, done, ErrorCode.DEVICE_IN_USE if in_use else ErrorCode.BACKEND,
                      f"still failing after {error_bound:g} s{retrying}: " + "; ".join(messages))
+    if lasted >= wait_bound or ended_by:
+        if record["kind"] == OperationKind.ATTACH.value:
+            waiting = _attach_waits(mine, ours, count - len(done), done)
+        else:
+            waiting = _detach_waits(sorted(before - set(done)), resources, listed)
+        quiet = (f"for the node: {'; '.join(waits)}" if waits else
+                 f"(errors it retries: {'; '.join(messages)})" if messages else "without an error")
+        why = (f"{ended_by} after {lasted:.0f} s" if ended_by else
+               f"the operator has waited {lasted:.0f} s {quiet} (operator_wait_bound_seconds {wait_bound:g})")
+        return _done(OperationState.FAILED, done, ErrorCode.TIMEOUT,
+                     f"{why}; request {name} {status.get('state') or 'with no state yet'}: {waiting}")
     return None
+
+
+def _attach_waits(mine: Sequence[str], ours: Mapping[str, dict[str, Any]], missing: int,
+                  done: Sequence[str]) -> str:
+    """Where an overdue attach's devices stand, and what becomes of them: the ones it did not get are given back (the
+    size lowered); one the fabric attached that the node never showed stays attached (the operator detaches a
+    resource only once it was Online or failed), so it is reported stranded."""
+    parts, stranded = [], []
+    for name in mine:
+        if name in done:
+            continue
+        status = (ours.get(name) or {}).get("status") or {}
+        state, device = status.get("state") or "", status.get("device_id") or ""
+        if name not in ours:
+            parts.append(f"{name} listed, not created yet")
+        elif state == "Attaching" and device:
+            parts.append(f"{name} Attaching: device {device} attached in the fabric, not visible on the node")
+            stranded.append(f"{device} ({name})")
+        else:
+            known = f", device {device}" if device else ""
+            parts.append(f"{name} {state or 'not picked up by the operator'}{known}")
+    unseen = missing - len(parts)
+    if unseen > 0:
+        parts.append(f"{unseen} not created yet")
+    text = "; ".join(parts) + f"; giving back the {missing} not attached"
+    if stranded:
+        text += (f"; stranded: {', '.join(stranded)} stays attached to the node until it shows there (the operator "
+                 f"releases it only then): check the node's GPU driver")
+    return text
+
+
+def _detach_waits(left: Sequence[str], resources: Mapping[str, dict[str, Any]],
+                  listed: Mapping[str, dict[str, Any]]) -> str:
+    """Where an overdue detach's devices stand: each one still there stays counted as detaching (stranded) until the
+    operator lets it go."""
+    parts = []
+    for name in left:
+        if name in listed and name not in resources:
+            parts.append(f"{name} still listed by the request")
+            continue
+        status = (resources.get(name) or {}).get("status") or {}
+        state, device = status.get("state") or "", status.get("device_id") or ""
+        if state == "Detaching" and device:
+            where = f"device {device} being drained or removed, or still visible on the node"
+        elif state == "Deleting":
+            where = "off the fabric, its finalizer not yet removed"
+        else:
+            where = f"device {device or 'unknown'} not yet taken up for detaching"
+        parts.append(f"{name} {state or 'with no state'}: {where}")
+    return "; ".join(parts) + "; stranded: counted as detaching until the operator lets them go"
 
 
 def _attach_claim(record: dict[str, Any], request: dict[str, Any], ours: Mapping[str, dict[str, Any]],
@@ -653,6 +884,61 @@ def _taken_by_earlier(record: dict[str, Any], request: dict[str, Any],
         else:
             taken.update(_attach_claim(other, request, ours, taken))
     return frozenset(taken)
+
+
+def _check_operator_caught_up(what: str, name: str, existing: Optional[dict[str, Any]],
+                              resources: Mapping[str, dict[str, Any]]) -> None:
+    """Refuse (retryably) a size change the operator could not take apart from the last one: until it has taken up
+    the size last written (status.scalarResource), listed its entries for it (it writes the size taken up when it
+    *enters* NodeAllocating, the entries when it leaves it) and created a ComposableResource for every entry it listed,
+    a new size is counted against the objects alone, and the entries without one get new ones on top: more devices
+    attached than the size says (composabilityrequest_controller.go, NodeAllocating then Updating)."""
+    if existing is None:
+        return
+    status = existing.get("status") or {}
+    size = int(existing["spec"]["resource"].get("size", 0))
+    taken_up = (status.get("scalarResource") or {}).get("size")
+    allocating = status.get("state") == "NodeAllocating"
+    uncreated = sorted(n for n in (status.get("resources") or {}) if n not in resources)
+    if taken_up is not None and int(taken_up) == size and not allocating and not uncreated:
+        return
+    if taken_up is None or int(taken_up) != size:
+        waiting = f"it has not taken up size {size} yet (it works on {taken_up if taken_up is not None else 'none'})"
+    elif allocating:
+        waiting = f"it is still listing the devices of size {size} (NodeAllocating)"
+    else:
+        waiting = f"{', '.join(uncreated)} listed but not created yet"
+    raise FabricError(ErrorCode.BACKEND, f"{what}: the operator is still applying the last size change of "
+                                         f"ComposabilityRequest {name} ({waiting}); a second one now could attach "
+                                         f"more devices than the size says, so it waits")
+
+
+def _not_picked_up(name: str, resources: Mapping[str, dict[str, Any]]) -> list[str]:
+    """The request's ComposableResources its resource controller has not taken up yet (state "", no deletion): the
+    operator's removal order puts them last, after Online ones."""
+    return sorted(n for n, r in resources.items() if _labels(r).get(LABEL_MANAGED_BY) == name
+                  and not ((r.get("status") or {}).get("state")) and not (r.get("metadata") or {}).get(
+                      "deletionTimestamp"))
+
+
+def _over_attached(request: dict[str, Any]) -> int:
+    """How many more devices the operator keeps for a settled request than its size says (0 when none or while it
+    still works on the request): it listed more entries than the size it took up."""
+    status = request.get("status") or {}
+    size = int(((request.get("spec") or {}).get("resource") or {}).get("size", 0))
+    taken_up = (status.get("scalarResource") or {}).get("size")
+    if status.get("state") != "Running" or taken_up is None or int(taken_up) != size:
+        return 0
+    return max(0, len(status.get("resources") or {}) - size)
+
+
+_WEBHOOK_RIVAL = re.compile(r"admission webhook .*denied the request: composabilityRequest resource (\S+) with type")
+
+
+def _webhook_rival(exc: ApiError) -> str:
+    """The other request named by the operator's webhook when it refused a write (its "already exists" check), or ""."""
+    found = _WEBHOOK_RIVAL.search(exc.message or exc.body or "")
+    return found.group(1) if found else ""
 
 
 def _error_of(name: str, resource: Optional[dict[str, Any]], listed: Optional[dict[str, Any]]) -> str:

@@ -26,6 +26,7 @@ from dds.kube import ApiClient
 from dds.kube.composability import ObjectCache
 from dds.kube.configmap import REDFISH_LOG_SUFFIX
 from dds.kube.nodes import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, non_kwok_nodes
+from dds.model.events import EventRecorder
 from dds.model.groups import LABEL_NODE_GROUP
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,9 @@ def refuse_simulation_on_real_nodes(settings: Settings, api_client: ApiClient) -
 
 def build_fabric(settings: Settings, *, clock: Callable[[], float], api_client: Optional[ApiClient] = None,
                  on_node_devices_changed: Optional[VisibilityHook] = None,
-                 cache: Optional[ObjectCache] = None) -> Fabric:
-    """`cache`: the fabric's own custom objects as the watch cache holds them (composability-request only)."""
+                 cache: Optional[ObjectCache] = None, events: Optional[EventRecorder] = None) -> Fabric:
+    """`cache`: the fabric's own custom objects as the watch cache holds them (composability-request only); `events`:
+    where that backend reports what the operator does beside DDS's operations."""
     backend = require_fabric_choice(settings)
     if backend == FabricBackend.SIMULATED:
         store = _store(settings, api_client, settings.simulated_fabric.state_configmap)
@@ -86,7 +88,7 @@ def build_fabric(settings: Settings, *, clock: Callable[[], float], api_client: 
         if on_node_devices_changed is not None:
             log.info("fabric composability-request: the CDI operator makes devices visible on nodes itself")
         return ComposabilityRequestFabric(api_client, settings.composability, require_pools(settings),
-                                          clock=clock, cache=cache)
+                                          clock=clock, cache=cache, events=events)
     if backend == FabricBackend.REDFISH:
         store = _store(settings, api_client, settings.simulated_fabric.state_configmap + REDFISH_LOG_SUFFIX)
         return RedfishFabric(settings.redfish, clock=clock, store=store, pools=require_pools(settings))

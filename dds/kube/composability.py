@@ -106,10 +106,10 @@ class ComposabilityObjects:
             listed = _with_retries(self._objects.list_cluster_custom_object)(GROUP, VERSION, RESOURCES)
         return list(listed.get("items", []))
 
-    def force_detach_resource(self, name: str) -> bool:
+    def force_detach_resource(self, name: str, force: bool = True) -> bool:
         """Set `spec.force_detach` on a ComposableResource (the operator then skips its in-use check when it detaches
-        it); False when it no longer exists."""
-        body = {"spec": {"force_detach": True}}
+        it; False clears it again); False when it no longer exists."""
+        body = {"spec": {"force_detach": force}}
         return self._write(RESOURCES, lambda: _with_retries(self._objects.patch_cluster_custom_object)(
             GROUP, VERSION, RESOURCES, name, body, field_manager=FIELD_MANAGER), refused=404)
 

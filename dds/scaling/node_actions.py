@@ -8,6 +8,7 @@ removed is counted (metrics), logged and told as an Event the same way.
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager, nullcontext
 from typing import Callable
 
 from dds import metrics
@@ -35,25 +36,21 @@ def machineset_ref(group: NodeGroupSpec) -> ObjectRef:
     return ObjectRef("NodeGroup", group.id)
 
 
-def _nothing_changes() -> None:
-    return None
-
-
 class NodeActions:
     """Ask the provisioner for nodes and remove them; each raises what the provisioner raises (nothing is counted or
     told then)."""
 
     def __init__(self, provisioner: NodeProvisioner, events: EventRecorder,
-                 on_change: Callable[[], None] = _nothing_changes) -> None:
+                 changing: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
         self.provisioner = provisioner
         self.events = events
-        # Runs before every change reaches the provisioner (the executor's generation: a decision taken before a change
-        # is taken again before it acts).
-        self._on_change = on_change
+        # Spans every change the provisioner makes (the executor's generation: a decision taken on a snapshot that may
+        # not show a change is taken again before it acts).
+        self._changing = changing
 
     def add_nodes(self, step: NewNodes, group: NodeGroupSpec, key: str, case: Case) -> None:
-        self._on_change()
-        self.provisioner.add_nodes(group, step.count, key)
+        with self._changing():
+            self.provisioner.add_nodes(group, step.count, key)
         metrics.NODES_ADDED.labels(group.id).inc(step.count)
         message = (f"adding {step.count} node(s) to {group.id} for {', '.join(step.pods) or 'capacity'}: "
                    f"{step.reason}")
@@ -63,8 +60,8 @@ class NodeActions:
             self.events.emit(pod_ref(pod), NORMAL, "AddingNode", message)
 
     def remove_node(self, step: RemoveNode, group: NodeGroupSpec, key: str, case: Case) -> None:
-        self._on_change()
-        self.provisioner.remove_node(group, step.node, key)
+        with self._changing():
+            self.provisioner.remove_node(group, step.node, key)
         metrics.NODES_REMOVED.labels(group.id).inc()
         message = f"removing node {step.node} from {group.id}: {step.reason}"
         log.info(message, extra={"case": case.value, "key": key, "node": step.node})

@@ -18,7 +18,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from harness.cluster_manager import (ADD_COMPLETE, ADD_FAILED, REMOVE_FAILED, REMOVING, ClusterManagerEmulator)
+from harness.cluster_manager import (ADD_COMPLETE, ADD_FAILED, REMOVE_FAILED, REMOVING, ClusterManagerEmulator,
+                                     FailedAdds, RepeatedResize)
 from tests.unit.test_fabric_manager_contract import ARCHIVE, Client, GoField, _FIELD, _STRUCT, assert_conforms
 
 CM_SOURCES = ("internal/cdi/fti/cm/api/machine.go", "internal/cdi/fti/cm/client.go")
@@ -176,16 +177,22 @@ def test_a_second_add_while_one_is_under_way_is_refused_so_the_client_cannot_add
     assert cm.request("POST", path, increase(spec_uuid, 2))[0] == 202
 
 
+def _one_failed_add(manager: ClusterManagerEmulator) -> tuple[Client, str]:
+    """An add of one A100 to a new machine that the fabric fails; returns once the CM lists it ADD_FAILED."""
+    cm = Client(manager)
+    machine = manager.register_machine("node-1")
+    manager.fail_next_attaches(1, message="switch port 7 did not come up")
+    spec = spec_of(get_machine(cm, manager, machine), "A100")
+    assert cm.request("POST", machine_path(manager, machine, "actions/resize"),
+                      increase(spec["spec_uuid"], 1))[0] == 202
+    wait_until(lambda: manager.failed_adds(machine))
+    return cm, machine
+
+
 def test_a_failed_add_shows_add_failed_with_the_reason_for_a_while(tmp_path: Path,
                                                                    go_structs: dict[str, list[GoField]]) -> None:
     with ClusterManagerEmulator({"A100": 2}, state_dir=tmp_path, failed_add_visible_s=0.5) as manager:
-        cm = Client(manager)
-        machine = manager.register_machine("node-1")
-        manager.fail_next_attaches(1, message="switch port 7 did not come up")
-        spec = spec_of(get_machine(cm, manager, machine), "A100")
-        assert cm.request("POST", machine_path(manager, machine, "actions/resize"),
-                          increase(spec["spec_uuid"], 1))[0] == 202
-        wait_until(lambda: manager.failed_adds(machine))
+        cm, machine = _one_failed_add(manager)
         answer = get_machine(cm, manager, machine)
         assert_conforms(answer, "MachineData", go_structs)
         [device] = spec_of(answer, "A100")["devices"]
@@ -193,6 +200,31 @@ def test_a_failed_add_shows_add_failed_with_the_reason_for_a_while(tmp_path: Pat
         assert spec_of(answer, "A100")["device_count"] == 0  # a failed add is not part of the target
         assert not manager.attachments() and manager.free_count("A100") == 2  # nothing stayed attached
         wait_until(lambda: not spec_of(get_machine(cm, manager, machine), "A100")["devices"], timeout=5)
+
+
+def test_a_cm_that_accepts_a_repeated_resize_adds_again(tmp_path: Path) -> None:
+    """The other answer a real CM may give (RepeatedResize.ACCEPT): the client's repeat adds a second device."""
+    with ClusterManagerEmulator({"A100": 2}, state_dir=tmp_path, attach_latency_s=0.5,
+                                repeated_resize=RepeatedResize.ACCEPT) as manager:
+        cm = Client(manager)
+        machine = manager.register_machine("node-1")
+        path = machine_path(manager, machine, "actions/resize")
+        spec_uuid = manager.spec_uuid(machine, "A100")
+        assert cm.request("POST", path, increase(spec_uuid, 1))[0] == 202
+        during = spec_of(get_machine(cm, manager, machine), "A100")
+        assert cm.request("POST", path, increase(spec_uuid, during["device_count"] + 1))[0] == 202
+        wait_until(lambda: len(manager.attachments().get(machine, [])) == 2)
+        assert manager.free_count("A100") == 0
+
+
+def test_a_cm_that_keeps_failed_adds_lists_them_until_cleared(tmp_path: Path) -> None:
+    with ClusterManagerEmulator({"A100": 2}, state_dir=tmp_path, failed_add_visible_s=0.2,
+                                failed_adds=FailedAdds.KEEP) as manager:
+        cm, machine = _one_failed_add(manager)
+        time.sleep(0.5)  # past failed_add_visible_s: kept all the same
+        assert [d["status"] for d in spec_of(get_machine(cm, manager, machine), "A100")["devices"]] == [ADD_FAILED]
+        manager.clear_failed_adds()
+        assert not spec_of(get_machine(cm, manager, machine), "A100")["devices"]
 
 
 def test_a_failed_removal_keeps_the_device_attached_as_remove_failed(cm: Client,

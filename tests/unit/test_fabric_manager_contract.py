@@ -57,6 +57,58 @@ def _read_client_structs() -> dict[str, list[GoField]]:
     return structs
 
 
+FM_CLIENT = "internal/cdi/fti/fm/client.go"
+_FUNC = re.compile(r"^func \(\w+ \*FTIClient\) (\w+)\(", re.M)
+_REQUEST = re.compile(r'pathPrefix := fmt\.Sprintf\("([^"]+)", machineID\)\s*\n'
+                      r'\s*req, err := http\.NewRequest\("(\w+)"')
+
+
+@dataclass(frozen=True)
+class ClientCall:
+    """One HTTP call of the operator's FM client, as fm/client.go makes it."""
+
+    function: str  # the client's method that makes it
+    method: str
+    path_format: str  # a Go format with one %s, the machine uuid
+    query: tuple[str, ...]  # the query parameters it adds
+    body: str  # the struct it marshals ("" for none)
+    literals: dict[str, str]  # constant fields of that body (Column, Operator, Num)
+
+    def path(self, machine: str) -> str:
+        return self.path_format.replace("%s", machine, 1)
+
+
+def _read_client_calls() -> dict[str, ClientCall]:
+    """The client's calls by the client's function name: path, method, query and body, read from fm/client.go."""
+    with tarfile.open(ARCHIVE) as archive:
+        member = archive.extractfile(f"composable-resource-operator/{FM_CLIENT}")
+        assert member is not None, f"{FM_CLIENT} is not a file in {ARCHIVE}"
+        source = member.read().decode()
+    starts = [(m.start(), m.group(1)) for m in _FUNC.finditer(source)] + [(len(source), "")]
+    calls = {}
+    for (start, function), (end, _) in zip(starts, starts[1:]):
+        chunk = source[start:end]
+        request = _REQUEST.search(chunk)
+        if request is None:
+            continue
+        body = re.search(r"body := ftifmapi\.(\w+)\{", chunk)
+        literals = dict(re.findall(r'\b(Column|Operator):\s*"([^"]*)"', chunk) + re.findall(r"\b(Num):\s*(\d+)", chunk))
+        calls[function] = ClientCall(function, request.group(2), request.group(1),
+                                     tuple(re.findall(r'params\.Add\("(\w+)"', chunk)), body.group(1) if body else "",
+                                     literals)
+    return calls
+
+
+CALLS = _read_client_calls() if ARCHIVE.is_file() else {}
+
+
+def call(function: str) -> ClientCall:
+    if not CALLS:
+        pytest.fail(f"the operator's source archive is missing: {ARCHIVE} (set DDS_CRO_SOURCE_ARCHIVE to its path)")
+    assert function in CALLS, f"fm/client.go has no HTTP call in {function} (found: {sorted(CALLS)})"
+    return CALLS[function]
+
+
 @pytest.fixture(scope="module")
 def go_structs() -> dict[str, list[GoField]]:
     structs = _read_client_structs()
@@ -158,16 +210,31 @@ class Client:
 
 
 def scale_up_body(tenant: str, machine: str, model: str, res_type: str = "gpu") -> dict[str, Any]:
-    # The shape fm/client.go AddResource marshals (ScaleUpBody).
+    # The shape fm/client.go AddResource marshals (its body struct: test_the_bodies_are_the_clients), with the
+    # constants it writes into it.
+    add = call("AddResource").literals
     return {"tenants": {"tenant_uuid": tenant, "machines": [{"mach_uuid": machine, "resources": [{"res_specs": [
-        {"res_type": res_type, "res_spec": {"condition": [{"column": "model", "operator": "eq", "value": model}]},
-         "res_num": 1}]}]}]}}
+        {"res_type": res_type, "res_spec": {"condition": [{"column": add["Column"], "operator": add["Operator"],
+                                                           "value": model}]},
+         "res_num": int(add["Num"])}]}]}]}}
 
 
 def scale_down_body(tenant: str, machine: str, res_uuid: str) -> dict[str, Any]:
-    # The shape fm/client.go RemoveResource marshals (ScaleDownBody).
+    # The shape fm/client.go RemoveResource marshals, with its constant count.
     return {"tenants": {"tenant_uuid": tenant, "machines": [{"mach_uuid": machine, "resources": [{"res_specs": [
-        {"res_type": "gpu", "res_uuid": res_uuid, "res_num": 1}]}]}]}}
+        {"res_type": "gpu", "res_uuid": res_uuid, "res_num": int(call("RemoveResource").literals["Num"])}]}]}]}}
+
+
+def add_path(machine: str) -> str:
+    return call("AddResource").path(machine)
+
+
+def remove_path(machine: str) -> str:
+    return call("RemoveResource").path(machine)
+
+
+def machine_path(machine: str) -> str:
+    return call("getMachineInfo").path(machine)
 
 
 @pytest.fixture
@@ -182,8 +249,26 @@ def client(fabric: FabricManagerEmulator) -> Client:
 
 
 def test_request_bodies_the_emulator_parses_are_the_clients_shapes(go_structs: dict[str, list[GoField]]) -> None:
-    assert_conforms(scale_up_body("t", "m", "A100"), "ScaleUpBody", go_structs)
-    assert_conforms(scale_down_body("t", "m", "r"), "ScaleDownBody", go_structs)
+    assert_conforms(scale_up_body("t", "m", "A100"), call("AddResource").body, go_structs)
+    assert_conforms(scale_down_body("t", "m", "r"), call("RemoveResource").body, go_structs)
+
+
+def test_the_clients_calls_are_read_from_its_source_and_each_is_served(client: Client,
+                                                                        fabric: FabricManagerEmulator) -> None:
+    # Every call fm/client.go makes to the fabric manager (method, path, query), the emulator answers as the client
+    # expects; a call added upstream shows here first.
+    assert {c.function for c in CALLS.values()} >= {"AddResource", "RemoveResource", "getMachineInfo"}
+    assert all(c.query == ("tenant_uuid",) for c in CALLS.values()), CALLS  # what Client.request sends
+    machine = fabric.register_machine("node-1")
+    status, _ = client.request(call("getMachineInfo").method, machine_path(machine))
+    assert status == 200
+    status, answer = client.request(call("AddResource").method, add_path(machine),
+                                    scale_up_body(fabric.tenant_uuid, machine, "A100"))
+    assert status == 200, answer
+    res_uuid = answer["data"]["machines"][0]["resources"][0]["res_uuid"]
+    status, _ = client.request(call("RemoveResource").method, remove_path(machine),
+                               scale_down_body(fabric.tenant_uuid, machine, res_uuid))
+    assert status in (200, 204) and fabric.attachments() == {}
 
 
 def test_token_answer_and_its_jwt_payload(client: Client, go_structs: dict[str, list[GoField]]) -> None:
@@ -212,7 +297,7 @@ def test_get_machine_answer(client: Client, fabric: FabricManagerEmulator,
                             go_structs: dict[str, list[GoField]]) -> None:
     machine = fabric.register_machine("node-1")
     fabric.attach(machine, "A100")
-    status, answer = client.request("GET", f"fabric_manager/api/v1/machines/{machine}")
+    status, answer = client.request(call("getMachineInfo").method, machine_path(machine))
     assert status == 200  # getMachineInfo accepts nothing else
     assert_conforms(answer, "GetMachineResponse", go_structs)
     [item] = answer["data"]["machines"]
@@ -226,7 +311,7 @@ def test_get_machine_answer(client: Client, fabric: FabricManagerEmulator,
 def test_scale_up_answer_is_the_attached_resource(client: Client, fabric: FabricManagerEmulator,
                                                    go_structs: dict[str, list[GoField]]) -> None:
     machine = fabric.register_machine("node-1")
-    status, answer = client.request("PATCH", f"fabric_manager/api/v1/machines/{machine}/update",
+    status, answer = client.request(call("AddResource").method, add_path(machine),
                                     scale_up_body(fabric.tenant_uuid, machine, "H100"))
     assert status == 200  # AddResource: anything else is an error
     assert_conforms(answer, "ScaleUpResponse", go_structs)
@@ -240,23 +325,23 @@ def test_scale_up_answer_is_the_attached_resource(client: Client, fabric: Fabric
 def test_scale_down_answers_no_content_and_detaches(client: Client, fabric: FabricManagerEmulator) -> None:
     machine = fabric.register_machine("node-1")
     [device] = fabric.attach(machine, "A100")
-    status, answer = client.request("DELETE", f"fabric_manager/api/v1/machines/{machine}/update",
+    status, answer = client.request(call("RemoveResource").method, remove_path(machine),
                                     scale_down_body(fabric.tenant_uuid, machine, device.res_uuid))
     assert status in (200, 204)  # RemoveResource accepts both
     assert fabric.attachments() == {}
 
 
-@pytest.mark.parametrize("call", ["get", "patch", "delete"])
-def test_errors_carry_the_clients_error_body(client: Client, fabric: FabricManagerEmulator, call: str,
+@pytest.mark.parametrize("which", ["get", "patch", "delete"])
+def test_errors_carry_the_clients_error_body(client: Client, fabric: FabricManagerEmulator, which: str,
                                             go_structs: dict[str, list[GoField]]) -> None:
     machine = fabric.register_machine("node-1")
-    path = f"fabric_manager/api/v1/machines/{machine}"
-    if call == "get":
-        status, answer = client.request("GET", "fabric_manager/api/v1/machines/no-such-machine")
-    elif call == "patch":
-        status, answer = client.request("PATCH", f"{path}/update", scale_up_body(fabric.tenant_uuid, machine, "B200"))
+    if which == "get":
+        status, answer = client.request(call("getMachineInfo").method, machine_path("no-such-machine"))
+    elif which == "patch":
+        status, answer = client.request(call("AddResource").method, add_path(machine),
+                                        scale_up_body(fabric.tenant_uuid, machine, "B200"))
     else:
-        status, answer = client.request("DELETE", f"{path}/update",
+        status, answer = client.request(call("RemoveResource").method, remove_path(machine),
                                         scale_down_body(fabric.tenant_uuid, machine, "not-attached"))
     assert status != 200
     assert_conforms(answer, "ErrorBody", go_structs)
@@ -266,7 +351,7 @@ def test_errors_carry_the_clients_error_body(client: Client, fabric: FabricManag
 
 def test_no_free_device_of_the_model_says_which_models_exist(client: Client, fabric: FabricManagerEmulator) -> None:
     machine = fabric.register_machine("node-1")
-    status, answer = client.request("PATCH", f"fabric_manager/api/v1/machines/{machine}/update",
+    status, answer = client.request(call("AddResource").method, add_path(machine),
                                     scale_up_body(fabric.tenant_uuid, machine, "B200"))
     assert status == 409
     assert "B200" in answer["detail"]["message"] and "A100, H100" in answer["detail"]["message"]
@@ -275,16 +360,16 @@ def test_no_free_device_of_the_model_says_which_models_exist(client: Client, fab
 def test_bearer_token_is_required_and_must_be_current(client: Client, fabric: FabricManagerEmulator,
                                                       go_structs: dict[str, list[GoField]]) -> None:
     machine = fabric.register_machine("node-1")
-    path = f"fabric_manager/api/v1/machines/{machine}"
-    status, answer = client.request("GET", path, bearer=False)
+    get, path = call("getMachineInfo").method, machine_path(machine)
+    status, answer = client.request(get, path, bearer=False)
     assert status == 401
     assert_conforms(answer, "ErrorBody", go_structs)
-    assert client.request("GET", path)[0] == 200
+    assert client.request(get, path)[0] == 200
     fabric.revoke_tokens()
-    status, answer = client.request("GET", path)
+    status, answer = client.request(get, path)
     assert status == 401 and "revoked" in answer["detail"]["message"]
     client.access_token = None  # the operator re-obtains a token
-    assert client.request("GET", path)[0] == 200
+    assert client.request(get, path)[0] == 200
 
 
 def test_expired_tokens_are_refused(tmp_path: Path) -> None:
@@ -292,15 +377,15 @@ def test_expired_tokens_are_refused(tmp_path: Path) -> None:
     with FabricManagerEmulator({"A100": 1}, token_lifetime_s=60, state_dir=tmp_path, clock=lambda: now[0]) as fabric:
         client = Client(fabric)
         machine = fabric.register_machine("node-1")
-        assert client.request("GET", f"fabric_manager/api/v1/machines/{machine}")[0] == 200
+        assert client.request(call("getMachineInfo").method, machine_path(machine))[0] == 200
         now[0] += 61
-        status, answer = client.request("GET", f"fabric_manager/api/v1/machines/{machine}")
+        status, answer = client.request(call("getMachineInfo").method, machine_path(machine))
         assert status == 401 and "expired" in answer["detail"]["message"]
 
 
 def test_wrong_tenant_is_refused(client: Client, fabric: FabricManagerEmulator) -> None:
     machine = fabric.register_machine("node-1")
-    status, answer = client.request("GET", f"fabric_manager/api/v1/machines/{machine}", tenant="other-tenant")
+    status, answer = client.request(call("getMachineInfo").method, machine_path(machine), tenant="other-tenant")
     assert status == 403 and "other-tenant" in answer["detail"]["message"]
 
 
@@ -308,18 +393,18 @@ def test_injected_attach_failure_changes_nothing_then_the_fabric_behaves(client:
                                                                          fabric: FabricManagerEmulator) -> None:
     machine = fabric.register_machine("node-1")
     fabric.fail_next_attaches(1, status=503, code="E50301", message="switch busy")
-    path = f"fabric_manager/api/v1/machines/{machine}/update"
-    status, answer = client.request("PATCH", path, scale_up_body(fabric.tenant_uuid, machine, "A100"))
+    patch, path = call("AddResource").method, add_path(machine)
+    status, answer = client.request(patch, path, scale_up_body(fabric.tenant_uuid, machine, "A100"))
     assert (status, answer["detail"]["code"], answer["detail"]["message"]) == (503, "E50301", "switch busy")
     assert fabric.attachments() == {} and fabric.free_count("A100") == 2
-    assert client.request("PATCH", path, scale_up_body(fabric.tenant_uuid, machine, "A100"))[0] == 200
+    assert client.request(patch, path, scale_up_body(fabric.tenant_uuid, machine, "A100"))[0] == 200
 
 
 def test_injected_detach_failure_keeps_the_device_attached(client: Client, fabric: FabricManagerEmulator) -> None:
     machine = fabric.register_machine("node-1")
     [device] = fabric.attach(machine, "A100")
     fabric.fail_next_detaches(1)
-    status, _ = client.request("DELETE", f"fabric_manager/api/v1/machines/{machine}/update",
+    status, _ = client.request(call("RemoveResource").method, remove_path(machine),
                                scale_down_body(fabric.tenant_uuid, machine, device.res_uuid))
     assert status == 500
     assert fabric.attachments() == {machine: [device.serial]}
@@ -328,14 +413,14 @@ def test_injected_detach_failure_keeps_the_device_attached(client: Client, fabri
 def test_critical_devices_show_op_status_two(client: Client, fabric: FabricManagerEmulator) -> None:
     machine = fabric.register_machine("node-1")
     fabric.attach_as_critical(1)
-    status, answer = client.request("PATCH", f"fabric_manager/api/v1/machines/{machine}/update",
+    status, answer = client.request(call("AddResource").method, add_path(machine),
                                     scale_up_body(fabric.tenant_uuid, machine, "A100"))
     assert status == 200
     # AddResource refuses a critical device; the fabric has attached it nonetheless (the operator must detach it)
     assert answer["data"]["machines"][0]["resources"][0]["res_op_status"] == "2"
     [serial] = fabric.attachments()[machine]
     fabric.set_op_status(serial, "0")
-    _, document = client.request("GET", f"fabric_manager/api/v1/machines/{machine}")
+    _, document = client.request(call("getMachineInfo").method, machine_path(machine))
     assert document["data"]["machines"][0]["resources"][0]["res_op_status"] == "0"
 
 

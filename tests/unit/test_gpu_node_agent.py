@@ -4,12 +4,16 @@ and which GPU a pod asking for nvidia.com/gpu holds (the answer to the CDI opera
 from __future__ import annotations
 
 import datetime
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from harness.fabric_manager import Device
-from harness.gpu_node_agent import GpuNodeAgent, NodeGpu, _NodeRecord
+from harness.gpu_node_agent import NVIDIA_SMI, STATE_ENV, GpuNodeAgent, NodeGpu, NodeTimings, _NodeRecord
 
 
 def device(serial: str, model: str = "A100") -> Device:
@@ -62,3 +66,44 @@ def test_slice_device_in_the_nvidia_drivers_shape() -> None:
     assert entry["attributes"]["type"] == {"string": "gpu"}
     assert entry["attributes"]["productName"] == {"string": "NVIDIA A100-SXM4-80GB"}
     assert entry["capacity"] == {"memory": {"value": "81920Mi"}}
+
+
+def test_a_node_shows_no_gpu_until_its_driver_comes_after_the_first_one() -> None:
+    slow = SimpleNamespace(timings=NodeTimings(driver_delay_s=3600.0))
+    node = record()
+    assert not GpuNodeAgent._driver_ready(slow, node, [])  # type: ignore[arg-type]
+    assert node.first_gpu_at is None  # the clock starts with the first GPU, not with the node
+    assert not GpuNodeAgent._driver_ready(slow, node, [device("GPU-1")])  # type: ignore[arg-type]
+    assert node.first_gpu_at is not None
+    node.first_gpu_at -= 3600.0
+    assert GpuNodeAgent._driver_ready(slow, node, [])  # type: ignore[arg-type]  # and stays up without a GPU
+
+
+def test_without_a_delay_the_driver_is_there_at_once() -> None:
+    instant = SimpleNamespace(timings=NodeTimings())
+    assert GpuNodeAgent._driver_ready(instant, record(), [])  # type: ignore[arg-type]
+
+
+def _state_with_one_gpu(tmp_path: Path, **drain: Any) -> Path:
+    state = tmp_path / "node.json"
+    state.write_text(json.dumps({"gpus": [{"uuid": "GPU-1", "index": 0, "product_name": "NVIDIA A30",
+                                           "pci_bus_id": "00000000:41:00.0", "minor": 0, "memory_mib": 24576}],
+                                 "processes": [], **drain}))
+    return state
+
+
+def test_nvidia_smi_drain_fails_with_the_message_the_node_agent_sets(tmp_path: Path) -> None:
+    state = _state_with_one_gpu(tmp_path, drain_failure="the GPU is in use by the display server")
+    run = subprocess.run([sys.executable, str(NVIDIA_SMI), "drain", "-p", "00000000:41:00.0", "-m", "1"],
+                         env={**os.environ, STATE_ENV: str(state)}, capture_output=True, text=True, check=False)
+    assert run.returncode == 255 and "the GPU is in use by the display server" in run.stderr
+    query = subprocess.run([sys.executable, str(NVIDIA_SMI), "drain", "-p", "00000000:41:00.0", "-q"],
+                           env={**os.environ, STATE_ENV: str(state)}, capture_output=True, text=True, check=False)
+    assert query.returncode == 0  # a query still answers
+
+
+def test_nvidia_smi_drain_succeeds_without_a_failure_set(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, str(NVIDIA_SMI), "drain", "-p", "00000000:41:00.0", "-r"],
+                         env={**os.environ, STATE_ENV: str(_state_with_one_gpu(tmp_path))}, capture_output=True,
+                         text=True, check=False)
+    assert run.returncode == 0 and "Successfully removed GPU" in run.stdout

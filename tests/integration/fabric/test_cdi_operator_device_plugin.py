@@ -31,10 +31,14 @@ import pytest
 from kubernetes import client
 
 from harness.cdi_operator import CdiOperator, DeviceResourceType, FabricManagerAccess
-from harness.cluster_manager import ClusterManagerEmulator
+from harness.cluster_manager import ClusterManagerEmulator, FailedAdds
 from harness.controlplane import KWOK_NODE_ANNOTATION, ControlPlane, ensure_binaries, start_control_plane
 from harness.fabric_manager import FabricManagerEmulator
-from harness.gpu_node_agent import GPU_RESOURCE, DeviceMode, GpuNodeAgent
+from dds.config import ComposabilitySettings, PoolSpec
+from dds.fabric.base import AttachRequest, ErrorCode, OperationState
+from dds.fabric.composability import ComposabilityRequestFabric
+from harness import rbac
+from harness.gpu_node_agent import GPU_RESOURCE, DeviceMode, GpuNodeAgent, NodeTimings
 
 pytestmark = [pytest.mark.integration, pytest.mark.spread]
 
@@ -69,12 +73,13 @@ def api(plane: ControlPlane) -> Iterator[Any]:
 class DevicePluginCluster:
     """One CM emulator, the node agent in device-plugin mode and the operator in DEVICE_PLUGIN + CM mode."""
 
-    def __init__(self, plane: ControlPlane, api: Any, manager: ClusterManagerEmulator) -> None:
+    def __init__(self, plane: ControlPlane, api: Any, manager: ClusterManagerEmulator,
+                 timings: NodeTimings = NodeTimings()) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.manager = manager
-        self.agent = GpuNodeAgent(api, manager, mode=DeviceMode.DEVICE_PLUGIN).start()
+        self.agent = GpuNodeAgent(api, manager, mode=DeviceMode.DEVICE_PLUGIN, timings=timings).start()
         self.operator = CdiOperator(plane, FabricManagerAccess.of(manager),
                                     device_resource_type=DeviceResourceType.DEVICE_PLUGIN)
 
@@ -263,3 +268,92 @@ def test_fabric_manager_api_still_fails_every_attach_on_the_unregistered_metal3m
                 assert not [c for c in fm.calls() if c.method in ("PATCH", "DELETE")], fm.calls()
         finally:
             operator.stop()
+
+
+# --- a node as slow as a real server (harness NodeTimings), with DDS's fabric on it ---
+
+# Longer than DDS's error bound below, as a real driver's minutes are longer than its 120 s default: the operator
+# reports the missing driver pod as an error all that time.
+DRIVER_DELAY_S = 45.0
+PLUGIN_RESTART_S = 8.0
+DDS_ERROR_BOUND_S = 15.0
+DDS_WAIT_BOUND_S = 300.0
+
+
+def dds_fabric(dds_api: Any) -> ComposabilityRequestFabric:
+    """DDS's backend under its own ServiceAccount, with this module's bounds and one pool of MODEL."""
+    return ComposabilityRequestFabric(
+        dds_api, ComposabilitySettings(operator_error_bound_seconds=DDS_ERROR_BOUND_S,
+                                       operator_wait_bound_seconds=DDS_WAIT_BOUND_S),
+        [PoolSpec(name="pool", devices={MODEL: 3})], clock=time.time)
+
+
+def ended(fabric: ComposabilityRequestFabric, key: str) -> Any:
+    op = fabric.operation(key)
+    return op if op is not None and op.state.done else None
+
+
+def test_the_first_gpu_of_a_gpu_less_node_survives_a_slow_driver_and_a_device_plugin_restart(
+        plane: ControlPlane, api: Any) -> None:
+    """The first GPU of a node with no GPU driver yet: the CM attaches it, the node shows it only once its driver pod
+    runs, DRIVER_DELAY_S later; meanwhile the operator reports "nvidia-driver-daemonset pod is not found". DDS waits
+    for the node (its wait bound), not its error bound: the attach succeeds with one resize, nothing given back. The
+    operator then restarts the device plugin, whose pods really restart: the node's allocatable drops and returns."""
+    timings = NodeTimings(driver_delay_s=DRIVER_DELAY_S, plugin_restart_s=PLUGIN_RESTART_S)
+    with ClusterManagerEmulator({MODEL: 3}, attach_latency_s=1.0, detach_latency_s=1.0,
+                                failed_add_visible_s=FAILED_ADD_VISIBLE_S) as manager, \
+            rbac.api_client(rbac.install(plane, rbac.DDS)) as dds_api:
+        cluster = DevicePluginCluster(plane, api, manager, timings=timings)
+        try:
+            cluster.operator.start_when_port_free(PORT_WAIT_S)
+            node, machine = cluster.add_node()
+            fabric = dds_fabric(dds_api)
+            started = fabric.attach(AttachRequest(key="first-gpu", node=node, pool="pool", model=MODEL, count=1))
+            allocatable_seen: set[str] = set()
+
+            def allocatable() -> str:
+                seen = (cluster.core.read_node(node).status.allocatable or {}).get(GPU_RESOURCE, "0")
+                allocatable_seen.add(seen)
+                return seen
+
+            done = cluster.wait("DDS's attach ended", lambda: allocatable() and ended(fabric, started.key),
+                                timeout=DRIVER_DELAY_S + SETTLE_TIMEOUT_S)
+            assert done.state == OperationState.SUCCEEDED, done
+            assert cluster.agent.driver_ready(node)
+            increases = [c for c in manager.resize_calls() if c.status == 202]
+            assert len(increases) == 1, "the GPU was given back and asked for again"
+            assert len(manager.attachments()[machine]) == 1
+            # the operator restarted the device plugin after the attach: the node's allocatable dropped, then returned
+            cluster.wait("the device plugin restarted", lambda: cluster.agent.plugin_restarts >= 1)
+            cluster.wait("the node's GPU allocatable dropped and back",
+                         lambda: allocatable() == "1" and "0" in allocatable_seen)
+            assert fabric.operation(started.key).state == OperationState.SUCCEEDED  # the flap changed nothing
+            assert len([c for c in manager.resize_calls() if c.status == 202]) == 1
+        finally:
+            cluster.close()
+
+
+def test_a_cluster_manager_that_keeps_a_failed_add_costs_dds_no_device(plane: ControlPlane, api: Any) -> None:
+    """FailedAdds.KEEP: the CM lists a failed add for good, so the operator's client fails every add of the model to
+    the machine on it. DDS's attach ends past its error bound quoting the CM's reason and gives the size back; nothing
+    stays attached and the pool is whole."""
+    with ClusterManagerEmulator({MODEL: 3}, attach_latency_s=1.0, detach_latency_s=1.0,
+                                failed_adds=FailedAdds.KEEP) as manager, \
+            rbac.api_client(rbac.install(plane, rbac.DDS)) as dds_api:
+        cluster = DevicePluginCluster(plane, api, manager)
+        try:
+            cluster.operator.start_when_port_free(PORT_WAIT_S)
+            node, machine = cluster.add_node()
+            fabric = dds_fabric(dds_api)
+            free_before = fabric.pools()[0].free[MODEL]  # the module's other requests share the plane and pool
+            manager.fail_next_attaches(1, message="switch port 7 did not come up")
+            started = fabric.attach(AttachRequest(key="kept-failure", node=node, pool="pool", model=MODEL, count=1))
+            done = cluster.wait("DDS's attach ended", lambda: ended(fabric, started.key))
+            assert done.state == OperationState.FAILED and done.error is not None, done
+            assert done.error.code == ErrorCode.BACKEND and "switch port 7 did not come up" in done.error.message
+            cluster.wait("the given-back resource gone", lambda: not cluster.resources(node))
+            assert manager.failed_adds(machine), "the CM still lists the failed add"
+            assert not manager.attachments().get(machine) and manager.free_count(MODEL) == 3
+            assert all(d.node != node for d in fabric.devices()) and fabric.pools()[0].free[MODEL] == free_before
+        finally:
+            cluster.close()

@@ -14,6 +14,7 @@ attached in the fabric, no fault armed, no pod holding a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,15 +23,18 @@ from typing import Any, Callable
 
 import pytest
 from kubernetes import client
+from prometheus_client import REGISTRY
 from kubernetes.client.rest import ApiException
 
 from dds.config import ComposabilitySettings
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, Fabric, FabricError, Operation,
                              OperationState)
-from dds.fabric.composability import GROUP, REQUESTS, RESOURCES, VERSION, ComposabilityRequestFabric, request_name
+from dds.fabric.composability import (ANN_DELETE_DEVICE, GROUP, REQUESTS, RESOURCES, VERSION,
+                                      ComposabilityRequestFabric, request_name)
 from dds.kube.cache import ClusterCache
 from dds.kube.composability import WATCHED
 from dds.kube.requests import instrument
+from dds.model.events import ObjectRef
 from harness import rbac
 from harness.cdi_operator import (DRA_FEATURE_GATES, DRA_RUNTIME_CONFIG, CdiOperator,
                                   DeviceResourceType, FabricManagerAccess)
@@ -50,6 +54,9 @@ GPU_CLASS = "gpu.nvidia.com"
 # write) win before DDS calls the error final; the cases about final errors build their fabric with a short one.
 ERROR_BOUND_S = 30.0
 SHORT_ERROR_BOUND_S = 3.0
+# Long enough that no case but the ones about a hung operator meets it; those build their fabric with a short one.
+WAIT_BOUND_S = 300.0
+SHORT_WAIT_BOUND_S = 15.0
 SETTLE_TIMEOUT_S = 90.0  # a broken run only: an attach or detach through the operator takes a few seconds here
 RESET_TIMEOUT_S = 60.0
 PORT_WAIT_S = 300.0  # another helper's operator may hold the webhook port for a while
@@ -104,24 +111,42 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             operator.stop()
 
 
+class RecordedEvents:
+    """The Events the fabric emits, as (object, type, reason, message)."""
+
+    def __init__(self) -> None:
+        self.emitted: list[tuple[str, str, str, str]] = []
+
+    def emit(self, involved: ObjectRef, event_type: str, reason: str, message: str) -> None:
+        self.emitted.append((involved.describe(), event_type, reason, message))
+
+    def of(self, reason: str) -> list[tuple[str, str, str, str]]:
+        return [e for e in self.emitted if e[2] == reason]
+
+
 class RealOperatorHarness:
     """contract.Harness on the real operator: DDS's fabric (listed or watched) with its ServiceAccount's client."""
 
-    def __init__(self, world: World, *, watched: bool = False, error_bound_s: float = ERROR_BOUND_S) -> None:
+    def __init__(self, world: World, *, watched: bool = False, error_bound_s: float = ERROR_BOUND_S,
+                 wait_bound_s: float = WAIT_BOUND_S) -> None:
         self.world = world
         self.objects = world.objects
         self.error_bound_s = error_bound_s
+        self.wait_bound_s = wait_bound_s
         self.cache = (ClusterCache.for_cluster(world.dds_api, capi_version=None, composability=WATCHED)
                       if watched else None)
         if self.cache is not None:
             self.cache.start()
             assert self.cache.wait_synced(60)
+        self.events = RecordedEvents()
         self.fabric: Fabric = self._build()
 
     def _build(self) -> ComposabilityRequestFabric:
         return ComposabilityRequestFabric(
-            self.world.dds_api, ComposabilitySettings(operator_error_bound_seconds=self.error_bound_s),
-            contract_pools(), clock=time.time, cache=self.cache.composability if self.cache else None)
+            self.world.dds_api, ComposabilitySettings(operator_error_bound_seconds=self.error_bound_s,
+                                                      operator_wait_bound_seconds=self.wait_bound_s),
+            contract_pools(), clock=time.time, cache=self.cache.composability if self.cache else None,
+            events=self.events)
 
     def settle(self, key: str) -> Operation:
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
@@ -265,6 +290,8 @@ def reset(world: World) -> None:
     re-examines only every 30 s (its watch of ComposableResources enqueues the resource's name, not the request's),
     while a size decrease is followed through at once."""
     objects = world.objects
+    for node in NODES:
+        world.agent.freeze(node, False)
     world.fm.fail_next_attaches(0)
     world.fm.fail_next_detaches(0)
     world.fm.attach_latency_s = world.fm.detach_latency_s = 0.0
@@ -454,6 +481,34 @@ def test_of_two_gpus_the_one_dds_chose_is_the_one_removed(fresh: World) -> None:
         h.close()
 
 
+def test_a_decrease_racing_an_increase_waits_and_then_takes_the_device_dds_chose(fresh: World) -> None:
+    """An idle GPU's detach asked while an attach on the same request is on its way: the operator removes a resource
+    still attaching before the one marked, so lowering the size now would cancel the attach instead. The detach waits
+    (refused, retryably, with the reason) and, once the attach is done, takes the device DDS chose."""
+    h = RealOperatorHarness(fresh)
+    fresh.fm.attach_latency_s = 3.0  # the second attach is still on its way when the detach is asked
+    try:
+        first = h.settle(_attach(h, "first", NODE_A, 1).key)
+        assert first.state == OperationState.SUCCEEDED, first
+        second = _attach(h, "second", NODE_A, 1)
+        with pytest.raises(FabricError) as waits:
+            h.fabric.detach(DetachRequest(key="drop-first", node=NODE_A, device_ids=first.devices))
+        assert waits.value.code == ErrorCode.BACKEND and (
+            "on their way" in waits.value.message or "still applying the last size change" in waits.value.message), \
+            waits.value.message
+        assert h.settle(second.key).state == OperationState.SUCCEEDED
+        accepted: list[Operation] = []
+        wait_for("the detach accepted", fresh, lambda: _accepted(lambda: accepted.append(h.fabric.detach(
+            DetachRequest(key="drop-first", node=NODE_A, device_ids=first.devices)))))
+        done = h.settle(accepted[0].key)
+        assert done.state == OperationState.SUCCEEDED and done.devices == first.devices, done
+        assert [d.id for d in h.fabric.devices(NODE_A)] == list(h.settle(second.key).devices)
+        assert len(fresh.fm.attachments()[fresh.machines[NODE_A]]) == 1
+    finally:
+        fresh.fm.attach_latency_s = 0.0
+        h.close()
+
+
 def test_a_gpu_in_use_is_not_detached_and_stays_counted_detaching(fresh: World) -> None:
     h = short_bound(fresh)
     try:
@@ -542,4 +597,218 @@ def test_the_operator_restarted_mid_attach_completes_it_once(fresh: World) -> No
         assert len(on_machine) == 2 and fresh.fm.free_count(MODEL) == TOTAL - 2
     finally:
         fresh.fm.attach_latency_s = 0.0
+        h.close()
+
+
+# --- waits the operator never ends (it requeues without an error) ---
+
+def _machine_empty(world: World, node: str) -> bool:
+    return not world.fm.attachments().get(world.machines[node])
+
+
+def test_an_attach_the_node_never_shows_ends_past_the_wait_bound_and_its_gpu_is_given_back(fresh: World) -> None:
+    h = RealOperatorHarness(fresh, wait_bound_s=SHORT_WAIT_BOUND_S)
+    try:
+        fresh.agent.freeze(NODE_A)  # the fabric attaches; the node's driver never shows the GPU
+        done = h.settle(_attach(h, "unseen", NODE_A, 1).key)
+        assert done.state == OperationState.FAILED, done
+        assert done.error is not None and done.error.code == ErrorCode.TIMEOUT, done
+        assert "without an error (operator_wait_bound_seconds 15)" in done.error.message
+        assert "attached in the fabric, not visible on the node" in done.error.message
+        assert "giving back the 1 not attached" in done.error.message and "stranded" in done.error.message
+        [request] = h.requests()
+        assert request["spec"]["resource"]["size"] == 0
+        # Once the node shows it, the operator lets the stranded GPU go: nothing is left attached.
+        fresh.agent.freeze(NODE_A, False)
+        wait_for("the given-back GPU off the fabric", fresh,
+                 lambda: not h.resources() and _machine_empty(fresh, NODE_A))
+        assert contract.free(h.fabric) == TOTAL
+    finally:
+        h.close()
+
+
+def test_a_detach_the_node_keeps_showing_ends_past_the_wait_bound_with_the_gpu_reported_stranded(
+        fresh: World) -> None:
+    h = RealOperatorHarness(fresh, wait_bound_s=SHORT_WAIT_BOUND_S)
+    try:
+        attached = h.settle(_attach(h, "seen", NODE_A, 1).key)
+        assert attached.state == OperationState.SUCCEEDED, attached
+        fresh.agent.freeze(NODE_A)  # the fabric lets the GPU go; the node keeps showing it
+        gone = h.settle(h.fabric.detach(DetachRequest(key="unseen-detach", node=NODE_A,
+                                                      device_ids=attached.devices)).key)
+        assert gone.state == OperationState.FAILED, gone
+        assert gone.error is not None and gone.error.code == ErrorCode.TIMEOUT, gone
+        assert f"{attached.devices[0]} Detaching" in gone.error.message and "stranded" in gone.error.message
+        assert [d.state for d in h.fabric.devices(NODE_A)] == [DeviceState.DETACHING]
+        fresh.agent.freeze(NODE_A, False)
+        wait_for("the device gone", fresh, lambda: not h.resources() and _machine_empty(fresh, NODE_A))
+    finally:
+        h.close()
+
+
+def test_a_forced_detach_reclaims_a_hung_attach(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)  # the wait bound far off: the orphan reclaim comes first
+    try:
+        fresh.agent.freeze(NODE_A)
+        hung = _attach(h, "hung", NODE_A, 1)
+        [resource] = wait_for("the fabric's device on the resource", fresh, lambda: [
+            r for r in h.resources() if (r.get("status") or {}).get("device_id")])
+        name = resource["metadata"]["name"]
+        reclaim = h.fabric.detach(DetachRequest(key="orphan-reclaim", node=NODE_A, device_ids=(name,), force=True,
+                                                reason="attach hung past the orphan timeout"))
+        ended = h.fabric.operation(hung.key)
+        assert ended is not None and ended.state == OperationState.FAILED, ended
+        assert ended.error is not None and "cancelled by the forced detach orphan-reclaim" in ended.error.message
+        [request] = h.requests()
+        assert request["spec"]["resource"]["size"] == 0
+        fresh.agent.freeze(NODE_A, False)
+        assert h.settle(reclaim.key).state == OperationState.SUCCEEDED
+        assert _machine_empty(fresh, NODE_A) and contract.free(h.fabric) == TOTAL
+    finally:
+        h.close()
+
+
+# --- one writer per request: the operator's own races ---
+
+def _request_named(h: RealOperatorHarness, name: str) -> dict[str, Any]:
+    return h.objects.get_cluster_custom_object(GROUP, VERSION, REQUESTS, name)
+
+
+def _stopped_between_its_two_writes(fresh: World, h: RealOperatorHarness, key: str) -> str:
+    """An attach whose request the operator had listed a resource for but not created it when it stopped (its
+    NodeAllocating status write done, its Updating pass not run): the state a restart or a slow operator leaves.
+    Returns the request's name."""
+    fresh.operator.stop()
+    _attach(h, key, NODE_A, 1)
+    name = request_name("dds-", NODE_A, "gpu", MODEL)
+    request = _request_named(h, name)
+    request["status"] = {"state": "Updating", "scalarResource": dict(request["spec"]["resource"]),
+                         "resources": {f"gpu-{uuid.uuid4()}": {"state": "", "node_name": NODE_A}}}
+    h.objects.replace_cluster_custom_object_status(GROUP, VERSION, REQUESTS, name, request)
+    return name
+
+
+def test_two_quick_increases_attach_no_more_than_the_size_says(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)
+    try:
+        name = _stopped_between_its_two_writes(fresh, h, "first")
+        # the operator would put new resources on top of the listed one
+        _a_second_increase_waits_then_each_gets_one_device(fresh, h, name, "listed but not created yet")
+    finally:
+        _operator_back(fresh)
+        h.close()
+
+
+def test_an_increase_waits_while_the_operator_lists_the_devices_of_the_last_one(fresh: World) -> None:
+    """The operator writes the size it takes up when it enters NodeAllocating and lists its entries only when it leaves
+    it: an increase written in between would be counted against the objects alone (CI: the fast path's attach and
+    CA's, 75 ms apart, both applied, and a device was left that no resource held)."""
+    h = RealOperatorHarness(fresh)
+    try:
+        fresh.operator.stop()
+        _attach(h, "first", NODE_A, 1)
+        name = request_name("dds-", NODE_A, "gpu", MODEL)
+        request = _request_named(h, name)
+        request["status"] = {"state": "NodeAllocating", "scalarResource": dict(request["spec"]["resource"])}
+        h.objects.replace_cluster_custom_object_status(GROUP, VERSION, REQUESTS, name, request)
+        _a_second_increase_waits_then_each_gets_one_device(fresh, h, name, "(NodeAllocating)")
+    finally:
+        _operator_back(fresh)
+        h.close()
+
+
+def _a_second_increase_waits_then_each_gets_one_device(fresh: World, h: RealOperatorHarness, name: str,
+                                                       why: str) -> None:
+    """With the operator stopped before it applied the attach "first": a second attach is refused, retryably, saying
+    `why`; once the operator runs again, asked again as DDS's next passes do, it is accepted, and the two attaches
+    get one device each: no more than the size says."""
+    with pytest.raises(FabricError) as waits:
+        _attach(h, "second", NODE_A, 1)
+    assert waits.value.code == ErrorCode.BACKEND and why in waits.value.message, waits.value.message
+    fresh.operator.start_when_port_free(PORT_WAIT_S)
+    wait_for("the second attach accepted", fresh, lambda: _accepted(lambda: _attach(h, "second", NODE_A, 1)))
+    assert h.settle("first").state == OperationState.SUCCEEDED
+    assert h.settle("second").state == OperationState.SUCCEEDED
+    wait_for("the request Running", fresh, lambda: _request_named(h, name)["status"].get("state") == "Running")
+    assert _request_named(h, name)["spec"]["resource"]["size"] == 2
+    assert len(h.resources()) == 2 and len(fresh.fm.attachments()[fresh.machines[NODE_A]]) == 2
+
+
+def _operator_back(world: World) -> None:
+    """The operator running again after a test stopped it (started at most once: its webhook port is fixed)."""
+    if not world.operator.running():
+        world.operator.start_when_port_free(PORT_WAIT_S)
+
+
+def _accepted(call: Callable[[], Any]) -> bool:
+    try:
+        call()
+    except FabricError as exc:
+        if exc.code != ErrorCode.BACKEND:
+            raise
+        return False
+    return True
+
+
+def test_an_over_attached_request_is_found_and_its_size_follows_what_is_attached(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)
+    try:
+        name = _stopped_between_its_two_writes(fresh, h, "first")
+        # a second increase DDS's guard never sends: an older DDS (the client's default field manager) writes it
+        h.objects.patch_cluster_custom_object(GROUP, VERSION, REQUESTS, name, {"spec": {"resource": {"size": 2}}})
+        fresh.operator.start_when_port_free(PORT_WAIT_S)
+        wait_for("the operator over-attaching and settling", fresh, lambda: (
+            _request_named(h, name)["status"].get("state") == "Running" and len(h.resources()) == 3))
+        h.fabric.operations()  # what every observe asks
+        request = _request_named(h, name)
+        assert request["spec"]["resource"]["size"] == 3
+        [event] = h.events.of("OverAttached")
+        assert event[:2] == (f"Node {NODE_A}", "Warning") and "where its size said 2" in event[3]
+        assert len(fresh.fm.attachments()[fresh.machines[NODE_A]]) == 3 and contract.free(h.fabric) == TOTAL - 3
+    finally:
+        _operator_back(fresh)
+        h.close()
+
+
+def test_a_failed_size_write_leaves_no_removal_mark(fresh: World) -> None:
+    h = RealOperatorHarness(fresh)
+    try:
+        attached = h.settle(_attach(h, "two", NODE_A, 2).key)
+        assert attached.state == OperationState.SUCCEEDED, attached
+        fresh.operator.kill()  # its webhook stays registered (failurePolicy Fail): every request write is refused
+        with pytest.raises(FabricError):
+            h.fabric.detach(DetachRequest(key="refused", node=NODE_A, device_ids=attached.devices[:1]))
+        marked = [r["metadata"]["name"] for r in h.resources()
+                  if ANN_DELETE_DEVICE in ((r["metadata"].get("annotations")) or {})]
+        assert marked == [], "a later decrease would take these devices first"
+        assert not any(r["spec"].get("force_detach") for r in h.resources())
+    finally:
+        fresh.operator.restart()
+        h.close()
+
+
+def test_a_webhook_refusal_of_dds_write_names_the_other_writer(fresh: World) -> None:
+    h = short_bound(fresh)
+    rival = f"composability-{NODE_A}-gpu"
+    try:
+        fresh.fm.fail_next_attaches(1000, message="fabric switch sw-3 is down")
+        doomed = _attach(h, "doomed", NODE_A, 1)
+        fresh.operator.stop()  # (its webhook would refuse the other writer's request for the same node)
+        h.objects.create_cluster_custom_object(GROUP, VERSION, REQUESTS, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ComposabilityRequest", "metadata": {"name": rival},
+            "spec": {"resource": {"type": "gpu", "model": MODEL, "size": 0, "allocation_policy": "samenode",
+                                  "target_node": NODE_A}}})
+        fresh.operator.start_when_port_free(PORT_WAIT_S)
+        time.sleep(SHORT_ERROR_BOUND_S)
+        failed = h.settle(doomed.key)  # its give-back is a write of DDS's request: refused
+        assert failed.state == OperationState.FAILED, failed
+        [event] = wait_for("the refusal reported", fresh, lambda: h.events.of("OperatorWebhookRefused"))
+        assert event[:2] == (f"Node {NODE_A}", "Warning") and rival in event[3]
+        assert REGISTRY.get_sample_value("dds_operator_webhook_refusals_total", {"other_request": rival}) >= 1
+    finally:
+        _operator_back(fresh)
+        with contextlib.suppress(ApiException):
+            h.objects.delete_cluster_custom_object(GROUP, VERSION, REQUESTS, rival)
+        wait_for("the other writer's request gone", fresh, lambda: rival not in {
+            r["metadata"]["name"] for r in h.requests()})
         h.close()

@@ -10,8 +10,12 @@ import pytest
 
 from dds.config import PoolSpec
 from dds.fabric.base import DeviceState, ErrorCode, OperationState
-from dds.fabric.composability import (MAX_RECORDED_OPERATIONS, _bounded, _capacity_from, _device_state, _not_attached,
-                                      _outcome, _size_writers, _targets, request_name)
+from dds.fabric.base import FabricError
+from dds.fabric.composability import (MAX_RECORDED_OPERATIONS, _attach_claim, _bounded, _capacity_from,
+                                      _check_operator_caught_up, _device_state, _not_attached, _outcome,
+                                      _over_attached, _size_writers, _taken_by_earlier, _targets, _webhook_rival,
+                                      request_name)
+from dds.kube.errors import ApiError
 
 
 @pytest.mark.parametrize("node,model,expected", [
@@ -32,14 +36,16 @@ def test_a_too_long_request_name_is_shortened_with_a_hash_and_stays_unique() -> 
 
 REQUEST = "dds-w1-gpu-a30"
 BOUND = 120.0
+WAIT = 480.0
 
 
-def cr(state: str, error: str = "", deleting: bool = False, request: str = REQUEST) -> dict[str, Any]:
+def cr(state: str, error: str = "", deleting: bool = False, request: str = REQUEST,
+       device: str = "") -> dict[str, Any]:
     """A ComposableResource as the operator writes it."""
     meta: dict[str, Any] = {"labels": {"app.kubernetes.io/managed-by": request}}
     if deleting:
         meta["deletionTimestamp"] = "2026-11-26T00:00:00Z"
-    return {"metadata": meta, "status": {"state": state, "error": error}}
+    return {"metadata": meta, "status": {"state": state, "error": error, "device_id": device}}
 
 
 def req(size: int, listed: dict[str, str], state: str = "Updating", error: str = "") -> dict[str, Any]:
@@ -90,7 +96,7 @@ DETACH_1 = {"key": "k", "kind": "detach", "count": 1, "before": ["gpu-a", "gpu-b
                  BOUND + 5, (OperationState.FAILED, [], ErrorCode.DEVICE_IN_USE), id="detach-in-use-past-the-bound"),
 ])
 def test_progress_is_read_from_the_operators_objects(record, request_, resources, now, expected) -> None:
-    outcome = _outcome(record, request_, resources, now, BOUND)
+    outcome = _outcome(record, request_, resources, now, BOUND, wait_bound=WAIT)
     if expected is None:
         assert outcome is None
     else:
@@ -101,9 +107,50 @@ def test_progress_is_read_from_the_operators_objects(record, request_, resources
 
 def test_a_failure_says_the_operator_kept_retrying_and_for_how_long() -> None:
     outcome = _outcome(DETACH_1, req(1, {"gpu-a": "Online"}),
-                       {"gpu-a": cr("Online"), "gpu-b": cr("Detaching", "found gpu load", deleting=True)}, 500.0, BOUND)
+                       {"gpu-a": cr("Online"), "gpu-b": cr("Detaching", "found gpu load", deleting=True)}, 500.0, BOUND,
+                       wait_bound=WAIT)
     assert "still failing after 120 s (the operator keeps retrying it)" in outcome["error"]
     assert "gpu-b: found gpu load" in outcome["error"]
+
+
+def test_an_attach_the_node_never_shows_ends_past_the_wait_bound_naming_the_stranded_device() -> None:
+    # The operator requeues "waiting for the cluster to recognize the newly added device" every 30 s, with no error.
+    request_ = req(3, {"gpu-old": "Online", "gpu-n1": "Online", "gpu-n2": "Attaching"})
+    resources = {"gpu-old": cr("Online"), "gpu-n1": cr("Online"), "gpu-n2": cr("Attaching", device="GPU-77")}
+    assert _outcome(ATTACH_2, request_, resources, WAIT - 1, BOUND, wait_bound=WAIT) is None
+    outcome = _outcome(ATTACH_2, request_, resources, WAIT, BOUND, wait_bound=WAIT)
+    assert (outcome["state"], outcome["devices"], outcome["error_code"]) == ("failed", ["gpu-n1"], "Timeout")
+    assert "waited 480 s without an error" in outcome["error"] and "request dds-w1-gpu-a30 Updating" in outcome["error"]
+    assert "gpu-n2 Attaching: device GPU-77 attached in the fabric, not visible on the node" in outcome["error"]
+    assert "giving back the 1 not attached" in outcome["error"] and "stranded: GPU-77 (gpu-n2)" in outcome["error"]
+    assert _not_attached({**ATTACH_2, **outcome}) == 1
+
+
+def test_an_attach_whose_resources_were_never_created_ends_past_the_wait_bound_and_gives_them_back() -> None:
+    outcome = _outcome(ATTACH_2, req(3, {"gpu-old": "Online"}, state="NodeAllocating"), {"gpu-old": cr("Online")},
+                       WAIT + 1, BOUND, wait_bound=WAIT)
+    assert (outcome["state"], outcome["devices"], outcome["error_code"]) == ("failed", [], "Timeout")
+    assert "2 not created yet; giving back the 2 not attached" in outcome["error"]
+    assert "stranded" not in outcome["error"]
+
+
+def test_a_detach_the_node_keeps_showing_ends_past_the_wait_bound_reporting_the_device_stranded() -> None:
+    # The operator requeues "the device is still visible to the cluster" every 3 s, with no error.
+    resources = {"gpu-a": cr("Online"), "gpu-b": cr("Detaching", deleting=True, device="GPU-9")}
+    assert _outcome(DETACH_1, req(1, {"gpu-a": "Online"}), resources, WAIT - 1, BOUND, wait_bound=WAIT) is None
+    outcome = _outcome(DETACH_1, req(1, {"gpu-a": "Online"}), resources, WAIT, BOUND, wait_bound=WAIT)
+    assert (outcome["state"], outcome["devices"], outcome["error_code"]) == ("failed", [], "Timeout")
+    assert "gpu-b Detaching: device GPU-9 being drained or removed, or still visible on the node" in outcome["error"]
+    assert "stranded: counted as detaching until the operator lets them go" in outcome["error"]
+
+
+def test_an_error_within_its_bound_is_not_cut_short_by_the_wait_bound_and_is_named_past_it() -> None:
+    resources = {"gpu-a": cr("Online"), "gpu-b": cr("Detaching", "found gpu load", deleting=True, device="GPU-9")}
+    outcome = _outcome(DETACH_1, req(1, {"gpu-a": "Online"}), resources, 200.0, BOUND, wait_bound=100.0)
+    assert outcome["error_code"] == "DeviceInUse"
+    # a wait bound shorter than the error bound ends it first, quoting the error
+    outcome = _outcome(DETACH_1, req(1, {"gpu-a": "Online"}), resources, 100.0, BOUND, wait_bound=100.0)
+    assert outcome["error_code"] == "Timeout" and "(errors it retries: gpu-b: found gpu load)" in outcome["error"]
 
 
 @pytest.mark.parametrize("resource,expected", [
@@ -170,10 +217,11 @@ def test_two_attaches_started_before_the_operator_listed_either_do_not_count_the
     resources = {"gpu-x": cr("Online"), "gpu-y": cr("Attaching")}
     resources["gpu-x"]["metadata"]["creationTimestamp"] = "2026-11-26T10:00:00Z"
     resources["gpu-y"]["metadata"]["creationTimestamp"] = "2026-11-26T10:00:01Z"
-    assert _outcome(first, request_, resources, 1.0, BOUND)["devices"] == ["gpu-x"]
-    assert _outcome(second, request_, resources, 1.0, BOUND) is None  # gpu-y is the second's, still attaching
+    assert _outcome(first, request_, resources, 1.0, BOUND, wait_bound=WAIT)["devices"] == ["gpu-x"]
+    # gpu-y is the second's, still attaching
+    assert _outcome(second, request_, resources, 1.0, BOUND, wait_bound=WAIT) is None
     resources["gpu-y"] = {**cr("Online"), "metadata": {**resources["gpu-y"]["metadata"]}}
-    assert _outcome(second, request_, resources, 2.0, BOUND)["devices"] == ["gpu-y"]
+    assert _outcome(second, request_, resources, 2.0, BOUND, wait_bound=WAIT)["devices"] == ["gpu-y"]
 
 
 def test_an_earlier_attach_leaves_a_later_one_the_devices_only_the_later_one_can_count() -> None:
@@ -186,5 +234,108 @@ def test_an_earlier_attach_leaves_a_later_one_the_devices_only_the_later_one_can
     resources = {"gpu-a": cr("Online"), "gpu-b": cr("Online")}
     for resource in resources.values():
         resource["metadata"]["creationTimestamp"] = "2026-11-26T10:00:00Z"
-    assert _outcome(first, request_, resources, 1.0, BOUND)["devices"] == ["gpu-b"]
-    assert _outcome(second, request_, resources, 1.0, BOUND)["devices"] == ["gpu-a"]
+    assert _outcome(first, request_, resources, 1.0, BOUND, wait_bound=WAIT)["devices"] == ["gpu-b"]
+    assert _outcome(second, request_, resources, 1.0, BOUND, wait_bound=WAIT)["devices"] == ["gpu-a"]
+
+
+def _created(resources: dict[str, dict[str, Any]], at: str) -> dict[str, dict[str, Any]]:
+    for resource in resources.values():
+        resource["metadata"]["creationTimestamp"] = at
+    return resources
+
+
+def _with_records(request_: dict[str, Any], *records: dict[str, Any]) -> dict[str, Any]:
+    request_["metadata"]["annotations"] = {"dds.cdi.dev/operations": json.dumps(list(records))}
+    return request_
+
+
+def test_an_attach_claims_the_oldest_new_resources_and_never_one_it_saw_before_it_started() -> None:
+    record = {"key": "a", "kind": "attach", "count": 2, "before": ["gpu-old"], "started_at": 0.0}
+    request_ = _with_records(req(4, {"gpu-old": "Online", "gpu-2": "Online", "gpu-1": "Online", "gpu-3": ""}), record)
+    ours = _created({"gpu-old": cr("Online"), "gpu-1": cr("Online"), "gpu-2": cr("Online")}, "2026-11-26T10:00:00Z")
+    ours["gpu-2"]["metadata"]["creationTimestamp"] = "2026-11-26T09:59:59Z"
+    # gpu-3 is listed but not created: it comes last; equal times go by name
+    assert _attach_claim(record, request_, ours, ()) == ["gpu-2", "gpu-1"]
+    assert _attach_claim(record, request_, ours, {"gpu-2"}) == ["gpu-1", "gpu-3"]
+
+
+def test_what_earlier_attaches_take_is_their_devices_when_ended_and_their_claim_while_running() -> None:
+    ended = {"key": "a0", "kind": "attach", "count": 1, "before": [], "started_at": 0.0, "state": "succeeded",
+             "devices": ["gpu-0"]}
+    detach = {"key": "d", "kind": "detach", "count": 1, "before": ["gpu-0"], "started_at": 0.5}
+    running = {"key": "a1", "kind": "attach", "count": 1, "before": ["gpu-0"], "started_at": 1.0}
+    latest = {"key": "a2", "kind": "attach", "count": 1, "before": ["gpu-0"], "started_at": 2.0}
+    request_ = _with_records(req(3, {"gpu-0": "Online", "gpu-1": "", "gpu-2": ""}), ended, detach, running, latest)
+    ours = _created({"gpu-0": cr("Online"), "gpu-1": cr("Attaching"), "gpu-2": cr("")}, "2026-11-26T10:00:00Z")
+    assert _taken_by_earlier(ended, request_, ours) == frozenset()
+    assert _taken_by_earlier(running, request_, ours) == {"gpu-0"}
+    assert _taken_by_earlier(latest, request_, ours) == {"gpu-0", "gpu-1"}
+    assert _attach_claim(latest, request_, ours, _taken_by_earlier(latest, request_, ours)) == ["gpu-2"]
+
+
+def _request_in(state: str, size: int, taken_up: Any, listed: dict[str, str]) -> dict[str, Any]:
+    request_ = req(size, listed, state=state)
+    if taken_up is not None:
+        request_["status"]["scalarResource"] = {"size": taken_up}
+    return request_
+
+
+@pytest.mark.parametrize("request_,resources,waits", [
+    pytest.param(_request_in("Running", 1, 1, {"gpu-a": "Online"}), {"gpu-a": cr("Online")}, "",
+                 id="settled"),
+    pytest.param(_request_in("NodeAllocating", 2, 1, {"gpu-a": "Online"}), {"gpu-a": cr("Online")},
+                 "it has not taken up size 2 yet (it works on 1)", id="size-not-taken-up"),
+    pytest.param(_request_in("", 1, None, {}), {}, "it has not taken up size 1 yet (it works on none)",
+                 id="never-reconciled"),
+    # The operator writes the size it takes up when it enters NodeAllocating, its entries only when it leaves it: a
+    # second size written in between was counted against one device (CI: the fast path's and CA's attaches for one
+    # pod, 75 ms apart, both applied).
+    pytest.param(_request_in("NodeAllocating", 2, 2, {"gpu-a": "Online"}), {"gpu-a": cr("Online")},
+                 "it is still listing the devices of size 2 (NodeAllocating)", id="size-taken-up-entries-not-listed"),
+    pytest.param(_request_in("Updating", 2, 2, {"gpu-a": "Online", "gpu-b": ""}), {"gpu-a": cr("Online")},
+                 "gpu-b listed but not created yet", id="entry-without-its-object"),
+])
+def test_a_size_change_waits_until_the_operator_has_applied_the_last_one(request_, resources, waits) -> None:
+    if not waits:
+        _check_operator_caught_up("attach k", REQUEST, request_, resources)
+        return
+    with pytest.raises(FabricError) as refused:
+        _check_operator_caught_up("attach k", REQUEST, request_, resources)
+    assert refused.value.code == ErrorCode.BACKEND and waits in refused.value.message
+    assert "more devices than the size says" in refused.value.message
+
+
+def test_over_attachment_is_read_from_a_settled_request_only() -> None:
+    three = {"gpu-a": "Online", "gpu-b": "Online", "gpu-c": "Online"}
+    assert _over_attached(_request_in("Running", 2, 2, three)) == 1
+    assert _over_attached(_request_in("Running", 3, 3, three)) == 0
+    assert _over_attached(_request_in("NodeAllocating", 2, 3, three)) == 0  # a decrease the operator works on
+    assert _over_attached(_request_in("Updating", 2, 2, three)) == 0
+
+
+def test_the_other_writer_is_named_from_the_operators_webhook_refusal() -> None:
+    body = json.dumps({"kind": "Status", "code": 400, "message": (
+        'admission webhook "vcomposabilityrequest-v1alpha1.kb.io" denied the request: composabilityRequest resource '
+        'composability-w1-a30 with type gpu and model A30 already exists')})
+    assert _webhook_rival(ApiError(400, "Bad Request", body)) == "composability-w1-a30"
+    assert _webhook_rival(ApiError(409, "Conflict", json.dumps({"message": "the object has been modified"}))) == ""
+
+
+def test_a_node_without_its_gpu_driver_yet_is_waited_for_up_to_the_wait_bound_not_the_error_bound() -> None:
+    # The first GPU of a GPU-less node: the driver pod comes minutes later; the operator reports it as an error.
+    driverless = cr("Attaching", "no nvidia driver found on node w1")
+    request_ = req(3, {"gpu-old": "Online", "gpu-n1": "Attaching", "gpu-n2": "Attaching"})
+    resources = {"gpu-old": cr("Online"), "gpu-n1": driverless,
+                 "gpu-n2": cr("Attaching", "failed to ...: nvidia-driver-daemonset pod is not found on node w1")}
+    assert _outcome(ATTACH_2, request_, resources, BOUND * 3, BOUND, wait_bound=WAIT) is None
+    outcome = _outcome(ATTACH_2, request_, resources, WAIT, BOUND, wait_bound=WAIT)
+    assert (outcome["state"], outcome["error_code"]) == ("failed", "Timeout")
+    assert "waited 480 s for the node: gpu-n1: no nvidia driver found on node w1" in outcome["error"]
+
+
+def test_a_forced_reclaim_ends_a_running_attach_at_once_and_says_so() -> None:
+    request_ = req(3, {"gpu-old": "Online", "gpu-n1": "Online", "gpu-n2": "Attaching"})
+    resources = {"gpu-old": cr("Online"), "gpu-n1": cr("Online"), "gpu-n2": cr("Attaching", device="GPU-77")}
+    outcome = _outcome(ATTACH_2, request_, resources, 5.0, BOUND, wait_bound=WAIT, ended_by="cancelled by orphan/1")
+    assert (outcome["state"], outcome["devices"], outcome["error_code"]) == ("failed", ["gpu-n1"], "Timeout")
+    assert outcome["error"].startswith("cancelled by orphan/1 after 5 s; request dds-w1-gpu-a30 Updating: gpu-n2")

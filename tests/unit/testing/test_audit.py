@@ -82,3 +82,16 @@ def test_a_403_while_the_apiserver_restarts_is_not_a_verdict_on_the_roles(tmp_pa
     requests, _ = audit.read_requests(log)
     began = requests[0].received - 1
     assert [r.resource for r in audit.forbidden(requests, [DDS], [(began, began + 2)])] == ["nodes"]
+
+
+def test_a_403_from_an_admission_webhooks_denial_is_not_an_rbac_gap(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    denied = event(DDS, "update", 403, "composabilityrequests", group="cro.hpsys.ibm.ie.com", name="dds-n1-gpu-a30")
+    denied["responseStatus"]["message"] = ('admission webhook "vcomposabilityrequest-v1alpha1.kb.io" denied the '
+                                           'request: composabilityRequest resource other with type gpu and model A30 '
+                                           'already exists')
+    rbac = event(DDS, "update", 403, "composabilityrequests", group="cro.hpsys.ibm.ie.com", name="dds-n2-gpu-a30")
+    rbac["responseStatus"]["message"] = 'composabilityrequests "dds-n2-gpu-a30" is forbidden: User cannot update'
+    write(log, [denied, rbac])
+    requests, _ = audit.read_requests(log)
+    assert [r.name for r in audit.forbidden(requests, [DDS])] == ["dds-n2-gpu-a30"]
