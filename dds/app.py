@@ -38,7 +38,7 @@ from dds.fabric.base import Fabric, ResumableFabric
 from dds.fabric.factory import (ALLOW_NON_KWOK_NODES_ADVICE, build_fabric, refuse_simulation_on_real_nodes,
                                  require_fabric_choice)
 from dds.kube.authn import ApiserverAuthorizer
-from dds.kube.cache import CachedMachineSetLister, ClusterCache, cluster_cache
+from dds.kube.cache import CachedMachineSetLister, ClusterCache, cluster_cache, provisioning_served
 from dds.kube.composability import WATCHED as COMPOSABILITY_OBJECTS
 from dds.kube.controller_ports import KubeClusterReader, KubePoolBindingWriter
 from dds.kube import ApiClient
@@ -382,7 +382,8 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
     events = KubeEventRecorder.for_cluster(api, reporting_instance=settings.identity)
     # The fabric's own objects are watched too when it keeps its state in the cluster (ComposabilityRequests).
     fabric_objects = COMPOSABILITY_OBJECTS if settings.fabric == FabricBackend.COMPOSABILITY_REQUEST else ()
-    cache = cluster_cache(api, settings.machineset_namespaces, fabric_objects) if settings.watch_cache else None
+    cache = (cluster_cache(api, settings.machineset_namespaces, fabric_objects,
+                           provisioning=bool(settings.provisioning_class)) if settings.watch_cache else None)
     lister = MachineSetLister(api, settings.machineset_namespaces)
     if not settings.node_group_namespaces:
         log.warning("node_group_namespaces is empty: no namespace may have node groups, every opted-in MachineSet is "
@@ -435,8 +436,11 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                            reservation_writes=ReservationWrites(api), gpu_labels=GpuLabelKeeper(node_writer, fabric),
                            pool_binder=PoolModeBinder(KubePoolBindingWriter(api), fabric, actions, clock=clock,
                                                       binding_timeout_seconds=loop.dra_binding_timeout_seconds),
-                           provisioning_reads=ProvisioningRequestReader(api, settings.provisioning_class),
-                           provisioning_writes=ProvisioningRequestWriter(api))
+                           provisioning_reads=ProvisioningRequestReader(
+                               api, settings.provisioning_class, cached=cache.provisioning if cache else None,
+                               served=(lambda: provisioning_served(api)) if cache else None),
+                           provisioning_writes=ProvisioningRequestWriter(
+                               api, cached=cache.provisioning if cache else None))
     controller = Controller(observer, actions, fabric, cluster, events, loop, clock,
                             is_leader=lambda: app_ref["app"].is_leader)
     events.pause = controller.calls_first.wait_for_calls  # a burst's Events are written between CA's calls

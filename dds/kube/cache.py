@@ -465,13 +465,15 @@ class ClusterCache:
     composability: Optional[dict[str, Collection[Obj]]] = None
     # Gang objects (dds/kube/podgroups.py: Workloads, PodGroups) by kind, for the kinds served when the cache started.
     gangs: Optional[dict[Any, Collection[Obj]]] = None
+    # ProvisioningRequests (every namespace), when their API is served at start and DDS serves a class of them.
+    provisioning: Optional[Collection[Obj]] = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
     @classmethod
     def for_cluster(cls, api: client.ApiClient, *, capi_version: Optional[str], machineset_namespaces: Sequence[str] = (),
                     deployments: bool = False, dra: bool = False, composability: Sequence[tuple[str, str, str]] = (),
-                    gangs: Sequence[Any] = (), **options: Any) -> "ClusterCache":
+                    gangs: Sequence[Any] = (), provisioning: bool = False, **options: Any) -> "ClusterCache":
         """`composability`: (group, version, plural) of cluster-scoped fabric objects to watch."""
         """`capi_version`: the served cluster.x-k8s.io version, or None when Cluster API is not installed."""
         from dds.kube.machinesets import CAPI_GROUP
@@ -492,8 +494,13 @@ class ClusterCache:
         # `gangs`: podgroups.GangApi, watched in every namespace, named in full (two kinds are "podgroups").
         gang_collections = {kind: collection([Resource(kind.name, f"/apis/{kind.group}/{kind.version}/{kind.plural}",
                                                        decode.lean_object)]) for kind in gangs} or None
+        requests = None
+        if provisioning:
+            from dds.model.provisioning import API_GROUP, API_VERSION, PLURAL
+            requests = collection(custom_objects(API_GROUP, API_VERSION, PLURAL))
         return cls(pods=collection([pods()]), nodes=collection([nodes()]), machines=machines, machinesets=machinesets,
-                   machinedeployments=machinedeployments, dra=dra_collections, composability=fabric, gangs=gang_collections)
+                   machinedeployments=machinedeployments, dra=dra_collections, composability=fabric, gangs=gang_collections,
+                   provisioning=requests)
 
     def assume(self, obj: Mapping[str, Any]) -> None:
         """A Machine or MachineSet a write of DDS's answered, read back at once (`Reflector.assume`)."""
@@ -506,6 +513,7 @@ class ClusterCache:
         extra = tuple(self.dra.values()) if self.dra else ()
         extra += tuple(self.composability.values()) if self.composability else ()
         extra += tuple(self.gangs.values()) if self.gangs else ()
+        extra += (self.provisioning,) if self.provisioning is not None else ()
         capi_collections = (self.machines, self.machinesets, self.machinedeployments)
         return tuple(c for c in (self.pods, self.nodes, *capi_collections) if c is not None) + extra
 
@@ -547,8 +555,10 @@ class ClusterCache:
 
 
 def cluster_cache(api: client.ApiClient, machineset_namespaces: Sequence[str] = (),
-                  composability: Sequence[tuple[str, str, str]] = (), **options: Any) -> ClusterCache:
-    """A ClusterCache for this cluster, Machines and MachineSets included when Cluster API is served now."""
+                  composability: Sequence[tuple[str, str, str]] = (), provisioning: bool = False,
+                  **options: Any) -> ClusterCache:
+    """A ClusterCache for this cluster, Machines and MachineSets included when Cluster API is served now;
+    `provisioning`: ProvisioningRequests watched too (when DDS serves a class of them and their API is served now)."""
     from dds.kube.capi import MACHINEDEPLOYMENTS, CapiNotInstalled, CapiObjects
 
     deployments = False
@@ -566,7 +576,20 @@ def cluster_cache(api: client.ApiClient, machineset_namespaces: Sequence[str] = 
 
     return ClusterCache.for_cluster(api, capi_version=version, machineset_namespaces=machineset_namespaces,
                                     deployments=deployments, dra=dra_served(api), composability=composability, gangs=served_gang_apis(api),
-                                    **options)
+                                    provisioning=provisioning and provisioning_served(api), **options)
+
+
+def provisioning_served(api: client.ApiClient) -> bool:
+    """Whether the apiserver serves autoscaling.x-k8s.io/v1 (the ProvisioningRequest CRD): only then are they watched;
+    otherwise the reader lists them per pass (and finds none while the API is not served)."""
+    from dds.model.provisioning import API_GROUP, API_VERSION
+
+    try:
+        groups = client.ApisApi(api).get_api_versions().groups or ()
+    except Exception as exc:  # unreachable now: requests are listed per pass instead
+        log.warning("cannot tell whether ProvisioningRequests are served (%s): they are listed per pass", exc)
+        return False
+    return any(g.name == API_GROUP and any(v.version == API_VERSION for v in g.versions or ()) for g in groups)
 
 
 def dra_served(api: client.ApiClient) -> bool:

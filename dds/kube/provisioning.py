@@ -14,8 +14,9 @@ leaves the view incomplete, so no booking is released for a request that was mer
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timezone
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from kubernetes import client
 
@@ -73,8 +74,21 @@ def pod_sets_of(obj: Obj) -> list[tuple[str, int]]:
 class ProvisioningRequestReader:
     """The requests of one class (`class_name`), with their templates, each read on its own."""
 
-    def __init__(self, api: client.ApiClient, class_name: str) -> None:
+    _cached: Optional[Any] = None
+    _served: Optional[Callable[[], bool]] = None
+
+    def __init__(self, api: client.ApiClient, class_name: str, cached: Optional[Any] = None,
+                 served: Optional[Callable[[], bool]] = None, recheck_seconds: float = 60.0) -> None:
+        """`cached`: the watch cache's collection of requests (`ClusterCache.provisioning`); read from it once it has
+        synced, else listed every pass. `served`: with a watch cache whose API was not served at start, asked (a
+        discovery GET, at most every `recheck_seconds`) whether it is now, so that a cluster without the CRD is not
+        sent a LIST every pass; without either, requests are listed every pass."""
         self._api = api
+        self._cached = cached
+        self._served = served
+        self._recheck_seconds = recheck_seconds
+        self._served_checked_at: Optional[float] = None
+        self._served_now = False
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self._class = class_name
@@ -82,6 +96,10 @@ class ProvisioningRequestReader:
 
     def read(self) -> ProvisioningView:
         if not self._class:
+            return ProvisioningView()
+        if self._cached is not None and self._cached.synced:
+            return self._view(self._cached.values())
+        if self._cached is None and self._served is not None and not self._api_served():
             return ProvisioningView()
         try:
             listed = self._custom.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL)
@@ -91,8 +109,22 @@ class ProvisioningRequestReader:
             return self._unread(f"{exc.status} {exc.reason}")
         except Exception as exc:  # connection refused, TLS, timeouts
             return self._unread(f"apiserver unreachable: {exc}")
+        return self._view(listed.get("items") or ())
+
+    def _api_served(self) -> bool:
+        now = time.monotonic()
+        if self._served_checked_at is None or now - self._served_checked_at >= self._recheck_seconds:
+            self._served_checked_at = now
+            assert self._served is not None
+            served = self._served()
+            if served and not self._served_now:
+                log.info("ProvisioningRequests are served now: listed every pass until DDS restarts and watches them")
+            self._served_now = served
+        return self._served_now
+
+    def _view(self, objects: Sequence[Any]) -> ProvisioningView:
         self._warned = False
-        items = [o for o in listed.get("items") or () if isinstance(o, Mapping)
+        items = [o for o in objects if isinstance(o, Mapping)
                  and (o.get("spec") or _EMPTY).get("provisioningClassName") == self._class]
         return ProvisioningView(tuple(self._request(o) for o in items))
 
@@ -149,8 +181,11 @@ class ProvisioningRequestWriter:
     when its status changes), written back with the resourceVersion read (a conflict raises; the next pass tries
     again). Every refusal is raised as dds.kube.errors.ApiError."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, cached: Optional[Any] = None) -> None:
+        """`cached`: the watch cache's collection of requests: each write's answer is kept there at once
+        (`Collection.assume`), so the pass that wrote a condition reads it back."""
         self._custom = client.CustomObjectsApi(api)
+        self._cached = cached
 
     def set_conditions(self, namespace: str, name: str, changes: Sequence[tuple[str, str, str, str]],
                        now: float) -> None:
@@ -161,7 +196,10 @@ class ProvisioningRequestWriter:
                                        (obj.get("metadata") or _EMPTY).get("generation"))
             body = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
                     "status": {"conditions": merged}}
-            self._custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name, body)
+            written = self._custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL,
+                                                                         name, body)
+        if self._cached is not None and isinstance(written, Mapping):
+            self._cached.assume(dict(written))
 
 
 def merged_conditions(current: Sequence[Obj], changes: Sequence[tuple[str, str, str, str]], now: float,
