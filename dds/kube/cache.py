@@ -584,22 +584,23 @@ def provisioning_served(api: client.ApiClient) -> bool:
     otherwise the reader lists them per pass (and finds none while the API is not served)."""
     from dds.model.provisioning import API_GROUP, API_VERSION
 
-    try:
-        groups = client.ApisApi(api).get_api_versions().groups or ()
-    except Exception as exc:  # unreachable now: requests are listed per pass instead
-        log.warning("cannot tell whether ProvisioningRequests are served (%s): they are listed per pass", exc)
-        return False
-    return any(g.name == API_GROUP and any(v.version == API_VERSION for v in g.versions or ()) for g in groups)
+    return group_version_served(api, API_GROUP, API_VERSION, "ProvisioningRequests are listed per pass")
 
 
 def dra_served(api: client.ApiClient) -> bool:
     """Whether the apiserver serves resource.k8s.io/v1 (GA since 1.34): only then are its collections watched."""
+    return group_version_served(api, "resource.k8s.io", "v1", "DRA objects are listed per decision")
+
+
+def group_version_served(api: client.ApiClient, group: str, version: str, otherwise: str) -> bool:
+    """Whether the apiserver serves `group`/`version` now (one discovery GET). Unreachable: False, with a warning that
+    says what happens instead (`otherwise`)."""
     try:
         groups = client.ApisApi(api).get_api_versions().groups or ()
-    except Exception as exc:  # unreachable now: DRA objects are listed per decision instead of watched
-        log.warning("cannot tell whether resource.k8s.io/v1 is served (%s): DRA objects are listed per decision", exc)
+    except Exception as exc:
+        log.warning("cannot tell whether %s/%s is served (%s): %s", group, version, exc, otherwise)
         return False
-    return any(g.name == "resource.k8s.io" and any(v.version == "v1" for v in g.versions or ()) for g in groups)
+    return any(g.name == group and any(v.version == version for v in g.versions or ()) for g in groups)
 
 
 class CachedMachineSetLister:

@@ -74,9 +74,6 @@ def pod_sets_of(obj: Obj) -> list[tuple[str, int]]:
 class ProvisioningRequestReader:
     """The requests of one class (`class_name`), with their templates, each read on its own."""
 
-    _cached: Optional[Any] = None
-    _served: Optional[Callable[[], bool]] = None
-
     def __init__(self, api: client.ApiClient, class_name: str, cached: Optional[Any] = None,
                  served: Optional[Callable[[], bool]] = None, recheck_seconds: float = 60.0) -> None:
         """`cached`: the watch cache's collection of requests (`ClusterCache.provisioning`); read from it once it has

@@ -85,6 +85,7 @@ def reader(items, templates=None, list_error=None) -> ProvisioningRequestReader:
     fake = _Api(items, templates or {}, list_error)
     out = ProvisioningRequestReader.__new__(ProvisioningRequestReader)
     out._api, out._custom, out._core, out._class, out._warned = fake, fake, fake, DEFAULT_CLASS, False
+    out._cached = out._served = None  # no watch cache: listed every pass
     return out
 
 
