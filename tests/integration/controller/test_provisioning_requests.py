@@ -19,6 +19,9 @@ from kubernetes import client
 
 from dds.model.provisioning import (API_GROUP, API_VERSION, BOOKED_TAINT_KEY, CONSUME_ANNOTATION, DEFAULT_CLASS,
                                     PLURAL)
+from dds.kube.cache import cluster_cache
+from dds.kube.provisioning import ProvisioningRequestReader
+from dds.kube.requests import instrument
 from tests.integration.controller.harness import GPU, TEST_LABEL, ControllerHarness
 from tests.integration.nodes.harness import wait_for
 
@@ -205,3 +208,22 @@ def test_a_booking_whose_pods_never_come_expires_and_is_released(dds: Controller
     assert dds.events("ProvisioningRequest", "job-c", "BookingExpired")
     assert booked(dds) == {}
     assert dds.events("Node", node, "BookingReleased")
+
+
+def test_with_the_api_served_at_start_requests_are_watched_and_read_without_a_list(dds: ControllerHarness):
+    """A DDS started where ProvisioningRequests are served watches them (its ServiceAccount's `watch` grant) and reads
+    them from the watch cache: a pass sends no LIST for them."""
+    cache = cluster_cache(dds.dds_api, provisioning=True)
+    assert cache.provisioning is not None, "the CRD is installed: the requests are watched"
+    cache.start()
+    try:
+        assert cache.wait_synced(60)
+        reader = ProvisioningRequestReader(dds.dds_api, DEFAULT_CLASS, cached=cache.provisioning)
+        create_request(dds, "job-w", count=1, gpus=1)
+        wait_for("the watch to bring job-w", lambda: any(r.name == "job-w" for r in reader.read().requests))
+        before = instrument(dds.dds_api).snapshot().get("LIST", 0)
+        [request] = [r for r in reader.read().requests if r.name == "job-w"]
+        assert request.error is None and request.pods == 1
+        assert instrument(dds.dds_api).snapshot().get("LIST", 0) == before, "read from the cache, not listed"
+    finally:
+        cache.stop()
