@@ -35,6 +35,9 @@ from harness.stack import WORKLOAD_NAMESPACE, DdsProcess, Stack, StackError, pod
 log = logging.getLogger(__name__)
 
 LOOP_ATTACH = "loop.attach-started"  # reached only by a DDS running its fast path (or a warm refill)
+# Reached only through CA's IncreaseSize for GPUs, which a fast-path DDS (attaching 2 s after a pod pends, before CA's
+# 30 s GPU-pod buffer) pre-empts: a life armed at one of them alone would only wait out its timeout on the fast path.
+CA_GPU_INSTANCE = frozenset({"scale-up.gpu-instance-recorded", "scale-up.gpu-instance-done"})
 
 PART_OF = "app.kubernetes.io/part-of=dds-demo"
 DDS_EXITED = "dds-exited-on-its-own"  # a death that is no crash point and no kill of ours: a DDS bug
@@ -264,7 +267,8 @@ class CrashCampaign:
             self.figures.random_kills += 1
             self._check_dead()
         offset = self._log_size()
-        fast_path = life % self.options.fast_path_every == 0 or LOOP_ATTACH in arming
+        fast_path = LOOP_ATTACH in arming or (life % self.options.fast_path_every == 0
+                                              and not CA_GPU_INSTANCE & set(arming))
         process = self._start(env, offset, self._fast_path_config if fast_path else None)
         if process is None:  # died while starting: an armed step hit while resuming
             self._record_crash(offset, during_start=True)

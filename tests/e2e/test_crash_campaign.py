@@ -42,7 +42,7 @@ STACK = StackOptions(
     autoscaler_timings={"initial_node_group_backoff_duration": 3.0, "max_node_group_backoff_duration": 15.0})
 
 SHORT = CampaignOptions(crashes=16, min_per_point=1, slack=0, random_every=4, max_hit=1, machine_failures=1,
-                        life_timeout=90.0, budget_seconds=330.0)
+                        life_timeout=90.0, budget_seconds=420.0)
 LONG = CampaignOptions(crashes=110, min_per_point=3, slack=2, random_every=4, max_hit=3, machine_failures=4,
                        life_timeout=90.0, budget_seconds=4200.0, seed=21)
 

@@ -378,12 +378,14 @@ def test_one_samenode_request_per_node_and_model_sized_to_the_devices(h: RealOpe
         _attach(h, f"k{index}", NODE_A, 1)
         assert h.settle(f"k{index}").state == OperationState.SUCCEEDED
     name = request_name("dds-", NODE_A, "gpu", MODEL)
-    [request] = h.requests()
+    # An attach ends when its device is Online; the operator moves the request from Updating to Running on its next
+    # reconcile after every device is Online, so that state follows shortly.
+    [request] = wait_for("the request Running", h.world,
+                         lambda: [r for r in h.requests() if (r.get("status") or {}).get("state") == "Running"])
     assert request["metadata"]["name"] == name
     resource = request["spec"]["resource"]
     assert (resource["size"], resource["allocation_policy"], resource["target_node"], resource["type"]) == (
         2, "samenode", NODE_A, "gpu")
-    assert request["status"]["state"] == "Running"
     serials = {d.serial for d in h.fabric.devices(NODE_A)}
     # FabricDevice.serial is the GPU's UUID: what the fabric attached and the node's driver publishes.
     assert serials == set(h.world.fm.attachments()[h.world.machines[NODE_A]]) == _slice_uuids(h.world, NODE_A)
