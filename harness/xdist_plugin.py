@@ -326,6 +326,9 @@ class FileSeconds:
 def record_to_json(record: rbac_plugin.AuditRecord) -> dict[str, Any]:
     return {"dds_used": [[grant.verb, grant.resource, grant.subresource, grant.api_group, test]
                          for grant, test in record.dds_used.items()],
+            # per set of features DDS held: the per-fabric audit reads every worker's, not only its own worker's
+            "dds_used_with": [[list(features), grant.verb, grant.resource, grant.subresource, grant.api_group, test]
+                              for features, used in record.dds_used_with.items() for grant, test in used.items()],
             "collected_files": sorted(record.collected_files), "deselected": record.deselected,
             "failed": record.failed, "control_plane_ran": bool(audit.registered())}
 
@@ -334,6 +337,9 @@ def merge_part(record: rbac_plugin.AuditRecord, part: dict[str, Any]) -> None:
     """Add another worker's part to `record` (each part at most once counts: lists are kept without repeats)."""
     for verb, resource, subresource, api_group, test in part["dds_used"]:
         record.dds_used.setdefault(audit.Grant(verb, resource, subresource, api_group), test)
+    for features, verb, resource, subresource, api_group, test in part["dds_used_with"]:
+        record.dds_used_with.setdefault(tuple(features), {}).setdefault(
+            audit.Grant(verb, resource, subresource, api_group), test)
     record.collected_files.update(part["collected_files"])
     record.deselected.extend(n for n in part["deselected"] if n not in record.deselected)
     record.failed.extend(n for n in part["failed"] if n not in record.failed)

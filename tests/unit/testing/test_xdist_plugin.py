@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import controlplane, netns
+from harness import audit, controlplane, netns, rbac_plugin, xdist_plugin
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -168,3 +168,18 @@ def test_the_longest_unit_goes_first_a_spread_modules_tests_are_units_and_durati
     assert all(tests == 2 and 1.0 <= seconds < 60 for path, (seconds, tests) in kept.items()
                if path != "test_e.py"), kept
     assert kept["test_e.py"][1] == 1, kept
+
+
+def test_a_workers_part_carries_what_dds_used_per_set_of_features_to_the_audit() -> None:
+    """The per-fabric audit (tests/integration/ops/test_rbac_audit.py) reads what DDS used with each fabric's grants
+    in every worker: a part written by one worker and merged in another keeps it, test names and all."""
+    watch = audit.Grant("watch", "composabilityrequests", "", "cro.hpsys.ibm.ie.com")
+    written = rbac_plugin.AuditRecord()
+    written.dds_used[watch] = "tests/e2e/test_cdi_operator.py::test_a"
+    written.dds_used_with[("composability-request",)] = {watch: "tests/e2e/test_cdi_operator.py::test_a"}
+    part = json.loads(json.dumps(xdist_plugin.record_to_json(written)))
+    merged = rbac_plugin.AuditRecord()
+    merged.dds_used_with[("composability-request",)] = {}
+    xdist_plugin.merge_part(merged, part)
+    assert merged.dds_used_with == {("composability-request",): {watch: "tests/e2e/test_cdi_operator.py::test_a"}}
+    assert merged.dds_used == {watch: "tests/e2e/test_cdi_operator.py::test_a"}
