@@ -21,6 +21,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from dds.model.cxl import is_cxl_model
 from dds.model.groups import NodeGroupSpec
 from dds.sim.engine import Counters, JobRecord, Sample, SimResult
 from dds.sim.scenario import Scenario
@@ -91,7 +92,7 @@ def ideal(scenario: Scenario) -> SimResult:
     world = _World(
         nodes=[_Node(name=f"{g.id}-{i}", group=g, slots=cluster.slots(g), cpu_free=g.milli_cpu, memory_free=g.memory)
                for g in cluster.groups for i in range(max(g.max_size, cluster.initial_nodes.get(g.id, 0)))],
-        free={p.name: dict(p.devices) for p in cluster.pools})
+        free={p.name: {m: c for m, c in p.devices.items() if not is_cxl_model(m)} for p in cluster.pools})
     nodes = {n.name: n for n in world.nodes}
     by_name = {j.name: j for j in scenario.jobs}
     minimums = gang_minimums(scenario.jobs)
