@@ -21,6 +21,10 @@ What happens, in the order the production pieces do it:
   cordoned, releases its GPUs first and goes when they are gone.
 - **Gangs**: the scheduler binds a gang's jobs only together (the planner's all-or-nothing verdicts on the binding
   snapshot); the `gang-unaware` policy hides gangs from the scale-up planner only.
+- **CXL memory** (docs/cxl-memory.md): a pool's memory chunks are fabric devices too; the fast path's memory attaches
+  are carried out with its GPU attaches, a node shows its online chunks as memory at once, its chunks its pods'
+  requests do not need are tracked for the cooldown as the controller's observer does, and `plan_scale_down` detaches
+  them. Policies that attach nothing take no memory either.
 - **Fabric**: the production simulated backend (`dds.fabric.simulated.SimulatedFabric`, the one `dds serve` runs with
   the simulated fabric) on the virtual clock, with fixed latencies and no faults: attaches and detaches complete after
   their latency, and the watcher is asked about an operation once that latency has passed.
@@ -1013,7 +1017,6 @@ def _spare_chunks(node: _Node, chunks: Sequence[Device]) -> int:
         return 0
     allocatable = node.group.memory + len(chunks) * size
     return min(len(chunks), max(0, allocatable - node.used_memory) // size)
-
 
 
 def simulate(scenario: Scenario, policy: Policy, progress: Optional[Progress] = None, batch_solver: str = "greedy",
