@@ -8,7 +8,7 @@ Every policy runs the production planner (dds.planner) on the same jobs; the las
 pool: dds/sim/ideal.py) and "vs ideal" each policy's gap to it. On a cluster whose pools hold CXL memory (the
 `cxl-memory` workload), each attach-first policy also runs GPU-only (`<policy>/gpu-only`: no CXL memory) and a second
 table compares the two: waits, node-hours, peak nodes. The tables go to stdout; summary.csv, jobs.csv, timeline.csv
-(memory.csv), wait_cdf.png and gpus_over_time.png go to --out. Trace format and policies: docs/simulation.md.
+(memory.csv), wait_cdf.png and gpus_over_time.png (nodes_and_memory.png) go to --out. Trace format and policies: docs/simulation.md.
 Exit codes: 0 done, 2 bad flags or an unreadable trace.
 """
 
@@ -269,6 +269,11 @@ def write_outputs(out: Path, scenario: Scenario, results: Sequence[SimResult], s
 
         written.append(wait_cdf(results, out / "wait_cdf.png", scenario.name))
         written.append(gpus_over_time(results, out / "gpus_over_time.png", scenario.name))
+        if effects:
+            from dds.sim.plots import nodes_with_and_without_memory
+
+            written.append(nodes_with_and_without_memory(results, GPU_ONLY_SUFFIX, out / "nodes_and_memory.png",
+                                                         scenario.name))
     return written
 
 

@@ -61,3 +61,33 @@ def gpus_over_time(results: Sequence[SimResult], path: Path, title: str) -> Path
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def nodes_with_and_without_memory(results: Sequence[SimResult], suffix: str, path: Path, title: str) -> Path:
+    """One panel per policy that ran with CXL memory and GPU-only (its twin named `<policy><suffix>`): the nodes of
+    each run over time, and the CXL memory the memory run held (right axis)."""
+    plt = _pyplot()
+    by_name = {r.policy: r for r in results}
+    pairs = [(r, by_name[r.policy + suffix]) for r in results if r.policy + suffix in by_name]
+    figure, axes_list = plt.subplots(max(len(pairs), 1), 1, figsize=(9, 1.9 * max(len(pairs), 1) + 1), sharex=True,
+                                     squeeze=False)
+    for axes, (memory, alone) in zip((a[0] for a in axes_list), pairs):
+        for result, style, label in ((alone, "--", "nodes, GPU-only"), (memory, "-", "nodes, with CXL memory")):
+            axes.step([s.t_s / 3600.0 for s in result.timeline], [s.nodes for s in result.timeline], where="post",
+                      linestyle=style, label=label)
+        held = axes.twinx()
+        held.fill_between([s.t_s / 3600.0 for s in memory.timeline], [s.cxl_memory / 2**30 for s in memory.timeline],
+                          step="post", color="tab:purple", alpha=0.2, linewidth=0, label="CXL memory held (GiB)")
+        held.set_ylim(bottom=0)
+        held.tick_params(labelsize="x-small")
+        axes.set_ylim(bottom=0)
+        axes.set_ylabel(memory.policy, rotation=0, ha="right", va="center", fontsize="small")
+        axes.grid(True, alpha=0.3)
+    first = axes_list[0][0]
+    first.set_title(f"{title}: nodes with CXL memory and GPU-only; CXL memory held (shaded, GiB on the right)")
+    first.legend(loc="upper left", fontsize="x-small")
+    axes_list[-1][0].set_xlabel("time (hours)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

@@ -151,7 +151,7 @@ def test_the_cxl_memory_workload_is_memory_bound_and_fits_a_nodes_own_memory():
 def test_simulate_compares_memory_with_gpu_only_and_writes_memory_csv(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["simulate", "--workload", "cxl-memory", "--jobs", "30", "--policies", "best-fit,node-only",
-                 "--out", str(out), "--no-plots", "--progress", "never"]) == 0
+                 "--out", str(out), "--progress", "never"]) == 0
     printed = capsys.readouterr().out
     assert "best-fit/gpu-only" in printed and "ideal/gpu-only" in printed
     assert "node-only/gpu-only" not in printed  # it attaches nothing: its GPU-only run would be the same
@@ -160,3 +160,4 @@ def test_simulate_compares_memory_with_gpu_only_and_writes_memory_csv(tmp_path, 
     assert [r["policy"] for r in rows] == ["best-fit", "ideal"]
     assert float(rows[0]["cxl_chunks_attached_memory"]) > 0 and rows[0]["cxl_chunks_attached_gpu_only"] == "0"
     assert {"node_hours_ratio", "wait_mean_s_ratio", "wait_p95_s_ratio"} <= set(rows[0])
+    assert (out / "nodes_and_memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
