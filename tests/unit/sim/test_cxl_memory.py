@@ -161,3 +161,16 @@ def test_simulate_compares_memory_with_gpu_only_and_writes_memory_csv(tmp_path, 
     assert float(rows[0]["cxl_chunks_attached_memory"]) > 0 and rows[0]["cxl_chunks_attached_gpu_only"] == "0"
     assert {"node_hours_ratio", "wait_mean_s_ratio", "wait_p95_s_ratio"} <= set(rows[0])
     assert (out / "nodes_and_memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_shortcuts_change_no_outcome_with_memory():
+    # The simulator offers the planner only pods some node has room for, counting the memory attached to it: asking
+    # about every pod every time must give the same run.
+    scenario = build("cxl-memory", WorkloadParams(seed=2, jobs=40, mean_interval_s=60.0))
+    fast = simulate(scenario, POLICIES["best-fit"])
+    slow = simulate(scenario, POLICIES["best-fit"], exhaustive=True)
+    assert fast.counters.cxl_chunks_attached > 0
+    assert fast.jobs == slow.jobs
+    assert fast.timeline == slow.timeline
+    assert (fast.counters.cxl_chunks_attached, fast.counters.cxl_chunks_detached, fast.counters.nodes_added) == (
+        slow.counters.cxl_chunks_attached, slow.counters.cxl_chunks_detached, slow.counters.nodes_added)
