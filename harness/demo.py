@@ -199,6 +199,14 @@ class ClusterWatcher:
                                f"{event.reason}: {event.message}")
 
 
+def free_gpus(samples: dict[str, float]) -> Optional[int]:
+    """The pool's free GPUs in DDS's metrics: its free devices but the CXL memory chunks (devices too, whose model
+    names their size: dds/model/cxl.py); None when DDS reported none."""
+    free = [v for k, v in samples.items() if k.startswith("dds_pool_devices{") and 'state="free"' in k
+            and f'model="{CXL_MODEL_PREFIX}' not in k]
+    return int(sum(free)) if free else None
+
+
 def sample_of(at: float, pods: list[Any], nodes: list[Any], resource_slices: list[Any],
               pool_free: Optional[int]) -> Sample:
     """The picture's numbers from what one poll read: GPUs each node shows (nvidia.com/gpu, or its devices in
@@ -308,8 +316,7 @@ class Demo:
             samples = dds.metrics(timeout=2.0) if dds is not None else {}
         except OSError:  # DDS restarting or stopping: a gap in the line, not a zero
             return None
-        free = [v for k, v in samples.items() if k.startswith("dds_pool_devices{") and 'state="free"' in k]
-        return int(sum(free)) if free else None
+        return free_gpus(samples)
 
     def nodes(self) -> list[Any]:
         return self.stack.nodes()

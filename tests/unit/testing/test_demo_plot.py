@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.demo import Demo, DemoOptions, DemoResult, Entry, moments, sample_of
+from harness.demo import Demo, DemoOptions, DemoResult, Entry, free_gpus, moments, sample_of
 from harness.demo_plot import (Moment, Recording, RecordingError, Sample, Span, is_png, main, read_recording, render,
                                write_recording)
 
@@ -149,3 +149,11 @@ def test_without_memory_attached_the_picture_keeps_its_three_panels(tmp_path: Pa
     assert not recording.memory_attached()
     assert png_size(render(recording, tmp_path / "demo.png")) == (1320, 902)
     assert not read_recording(RECORDED).memory_attached()  # a recording from before memory was recorded
+
+
+def test_the_pools_free_gpus_leave_its_cxl_memory_out() -> None:
+    metrics = {'dds_pool_devices{model="A30",pool="default",state="free"}': 6.0,
+               'dds_pool_devices{model="A30",pool="default",state="used"}': 2.0,
+               'dds_pool_devices{model="cxl-memory-16Gi",pool="default",state="free"}': 8.0}
+    assert free_gpus(metrics) == 6
+    assert free_gpus({}) is None
