@@ -24,6 +24,7 @@ from dds.sim.engine import SimResult, simulate
 from dds.sim.ideal import IDEAL_POLICY, ideal
 from dds.sim.policies import POLICIES, parse_policies
 from dds.sim.results import Summary, baseline_name, compare, summarize
+from dds.sim.scenario import gpu_only
 from dds.sim.workloads import WorkloadParams, build
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "simulation.md"
@@ -33,9 +34,11 @@ BEFORE = ("--gpu-idle-cooldown", "60", "--no-reservations", "--no-release-idle-g
 SHORT = {"static-concentrated": "static-conc."}
 
 
-def _run(workload: str, policy: str, seed: int = 1, warm: int = 0) -> SimResult:
+def _run(workload: str, policy: str, seed: int = 1, warm: int = 0, memory: bool = True) -> SimResult:
+    """`memory=False`: the workload GPU-only (its pools' CXL memory taken out, dds.sim.scenario.gpu_only)."""
     defaults = ideal_gap.parse([])
-    return simulate(build(workload, WorkloadParams(seed=seed)), POLICIES[policy],
+    scenario = build(workload, WorkloadParams(seed=seed))
+    return simulate(scenario if memory else gpu_only(scenario), POLICIES[policy],
                     reservations=reservations_from_args(defaults), release_idle=release_idle_from_args(defaults),
                     warm_gpus=warm)
 
@@ -159,6 +162,29 @@ def gangs_table() -> str:
     return "\n".join(lines)
 
 
+def cxl_memory_table() -> str:
+    """`cxl-memory`, best-fit, seeds 1-3: with the pool's CXL memory against GPU-only, and the ideal bound of each."""
+    lines = ["| seed | run | mean wait | p95 wait | node-hours | peak nodes | nodes added | CXL chunks attached "
+             "| CXL memory held (avg) | ideal mean wait |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for seed in (int(s) for s in SEEDS.split(",")):
+        scenario = build("cxl-memory", WorkloadParams(seed=seed))
+        memory, alone = (summarize(_run("cxl-memory", "best-fit", seed, memory=m)) for m in (True, False))
+        bounds = [summarize(ideal(s)) for s in (scenario, gpu_only(scenario))]
+        for name, s, bound in (("CXL memory", memory, bounds[0]), ("GPU-only", alone, bounds[1])):
+            lines.append(f"| {seed} | {name} | {_seconds(s.wait_mean_s)} | {_seconds(s.wait_p95_s)} | "
+                         f"{s.node_hours:.1f} | {s.nodes_peak} | {s.nodes_added} | {s.cxl_chunks_attached} | "
+                         f"{s.cxl_memory_avg_gib:,.0f} GiB | {_seconds(bound.wait_mean_s)} |")
+        lines.append(f"| {seed} | memory / GPU-only | {_ratio(memory.wait_mean_s, alone.wait_mean_s)} | "
+                     f"{_ratio(memory.wait_p95_s, alone.wait_p95_s)} | {_ratio(memory.node_hours, alone.node_hours)} "
+                     f"| {_ratio(memory.nodes_peak, alone.nodes_peak)} | {_ratio(memory.nodes_added, alone.nodes_added)} "
+                     f"| | | |")
+    return "\n".join(lines)
+
+
+def _ratio(mine: Optional[float], theirs: Optional[float]) -> str:
+    return "-" if mine is None or not theirs else f"**{mine / theirs:.2f}x**"
+
+
 TABLES: Mapping[str, Callable[[], str]] = {
     "ideal-gap": lambda: ideal_gap_table(()),
     "ideal-gap-before": lambda: ideal_gap_table(BEFORE),
@@ -168,6 +194,7 @@ TABLES: Mapping[str, Callable[[], str]] = {
     "elastic": elastic_table,
     "warm": warm_table,
     "gangs": gangs_table,
+    "cxl-memory": cxl_memory_table,
 }
 
 

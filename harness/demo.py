@@ -38,10 +38,13 @@ from typing import Any, Callable, Optional, TextIO
 
 from kubernetes import client
 
+from dds.model.cxl import CXL_MODEL_PREFIX
+from dds.model.quantity import to_int
 from harness.demo_plot import Moment, Recording, Sample, Span, render, write_recording
 from harness.stack import (WORKLOAD_NAMESPACE as DEMO_NAMESPACE, StackError, StackOptions, gpus_allocatable,
-                               is_ready, pod, start_stack)
+                               group_of, is_ready, machineset, pod, start_stack)
 
+GiB = 2**30
 BOOT_GPUS = 1  # the demo MachineSet's capacity.cluster-autoscaler.kubernetes.io/gpu-count: each node boots with one
 PICTURE = "demo-timeline.png"  # written beside the logs, with its recording (demo-timeline.json): harness/demo_plot.py
 # DDS's and CA's Events marked on the picture: (kind, reason, subject prefix) -> what a reader is told happened.
@@ -93,10 +96,9 @@ class Timeline:
     def now(self) -> float:
         return round(time.monotonic() - self.started, 1)
 
-    def sample(self, at: float, gpus: dict[str, int], ready_nodes: int, pending_pods: int, running_pods: int,
-               pool_free: Optional[int]) -> None:
+    def sample(self, sample: Sample) -> None:
         with self._lock:
-            self.samples.append(Sample(at, gpus, ready_nodes, pending_pods, running_pods, pool_free))
+            self.samples.append(sample)
 
     def find(self, kind: str, predicate: Callable[[Entry], bool]) -> list[Entry]:
         with self._lock:
@@ -148,17 +150,8 @@ class ClusterWatcher:
             self._sample(at, pods, nodes)
 
     def _sample(self, at: float, pods: list[Any], nodes: list[Any]) -> None:
-        """The picture's numbers: GPUs each node shows (nvidia.com/gpu, or its devices in ResourceSlices with DRA),
-        Ready nodes, pods Pending and Running, and the pool's free GPUs as DDS reports them."""
-        devices: dict[str, int] = {}
-        for resource_slice in self._resource.list_resource_slice().items:
-            node = resource_slice.spec.node_name
-            if node:
-                devices[node] = devices.get(node, 0) + len(resource_slice.spec.devices or ())
-        phases = [p.status.phase or "Pending" for p in pods if not p.metadata.deletion_timestamp]
-        gpus = {n.metadata.name: gpus_allocatable(n) + devices.get(n.metadata.name, 0) for n in nodes}
-        self._timeline.sample(at, gpus, sum(1 for n in nodes if is_ready(n)), phases.count("Pending"),
-                              phases.count("Running"), self._pool_free())
+        self._timeline.sample(sample_of(at, pods, nodes, self._resource.list_resource_slice().items,
+                                        self._pool_free()))
 
     def _poll_pods(self) -> list[Any]:
         seen = set()
@@ -204,6 +197,36 @@ class ClusterWatcher:
             involved = event.involved_object
             self._timeline.add("dds" if source == "dds" else "ca", f"{involved.kind.lower()}/{involved.name}",
                                f"{event.reason}: {event.message}")
+
+
+def free_gpus(samples: dict[str, float]) -> Optional[int]:
+    """The pool's free GPUs in DDS's metrics: its free devices but the CXL memory chunks (devices too, whose model
+    names their size: dds/model/cxl.py); None when DDS reported none."""
+    free = [v for k, v in samples.items() if k.startswith("dds_pool_devices{") and 'state="free"' in k
+            and f'model="{CXL_MODEL_PREFIX}' not in k]
+    return int(sum(free)) if free else None
+
+
+def sample_of(at: float, pods: list[Any], nodes: list[Any], resource_slices: list[Any],
+              pool_free: Optional[int]) -> Sample:
+    """The picture's numbers from what one poll read: GPUs each node shows (nvidia.com/gpu, or its devices in
+    ResourceSlices with DRA), each node's allocatable memory (CXL memory attached makes it grow), Ready nodes, pods
+    Pending and Running, and the pool's free GPUs as DDS reports them."""
+    devices: dict[str, int] = {}
+    for resource_slice in resource_slices:
+        node = resource_slice.spec.node_name
+        if node:
+            devices[node] = devices.get(node, 0) + len(resource_slice.spec.devices or ())
+    phases = [p.status.phase or "Pending" for p in pods if not p.metadata.deletion_timestamp]
+    gpus = {n.metadata.name: gpus_allocatable(n) + devices.get(n.metadata.name, 0) for n in nodes}
+    memory = {n.metadata.name: memory_gib(n) for n in nodes}
+    return Sample(at, gpus, sum(1 for n in nodes if is_ready(n)), phases.count("Pending"), phases.count("Running"),
+                  pool_free, memory)
+
+
+def memory_gib(node: Any) -> float:
+    """The node's allocatable memory in GiB (a quantity as the node writes it: bytes, or 64Gi)."""
+    return round(to_int((node.status.allocatable or {}).get("memory", "0")) / GiB, 3)
 
 
 def pod_state(pod: Any) -> str:
@@ -293,8 +316,7 @@ class Demo:
             samples = dds.metrics(timeout=2.0) if dds is not None else {}
         except OSError:  # DDS restarting or stopping: a gap in the line, not a zero
             return None
-        free = [v for k, v in samples.items() if k.startswith("dds_pool_devices{") and 'state="free"' in k]
-        return int(sum(free)) if free else None
+        return free_gpus(samples)
 
     def nodes(self) -> list[Any]:
         return self.stack.nodes()
@@ -387,7 +409,8 @@ class Demo:
         options = self.options.stack
         fabric = options.dds_settings.get("fabric", "simulated")
         title = f"DDS demo with {result.autoscaler} \u2014 {fabric} fabric, {options.pool_size} x A30, kwok nodes"
-        recording = Recording(title, result.samples, result.spans, moments(result.timeline), sorted(workers))
+        recording = Recording(title, result.samples, result.spans, moments(result.timeline), sorted(workers),
+                              own_memory_gib=group_of(machineset(options)).memory / GiB)
         write_recording(recording, self.options.workdir / Path(PICTURE).with_suffix(".json"))
         return render(recording, self.options.workdir / PICTURE)
 
@@ -407,6 +430,8 @@ def moments(timeline: list[Entry], merge_within: float = 1.5) -> list[Moment]:
                       if entry.kind == kind and reason == known and entry.subject.startswith(prefix)), None)
         if label is None:
             continue
+        if CXL_MODEL_PREFIX in entry.text:  # memory attaches and detaches share the GPUs' reasons (docs/cxl-memory.md)
+            label = label.replace("a GPU", "CXL memory")
         if marks and entry.at - marks[-1].at <= merge_within:
             if label not in marks[-1].label:
                 marks[-1] = Moment(marks[-1].at, f"{marks[-1].label}, {label}")

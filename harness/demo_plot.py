@@ -5,9 +5,12 @@ Three panels share the time axis (seconds since the demo started):
    ResourceSlices): a worker going 1 -> 2 is an attach, a line that starts later is an added node, one that ends is a
    removed node;
 2. the pool's free GPUs (DDS's `dds_pool_devices{state="free"}`) and the Ready nodes;
-3. pods Pending and Running.
-The GPU path and the node path are shaded across all three, from the pods' creation to their Running, with their
-durations.
+3. pods Pending and Running;
+4. memory per node (only when a run had CXL memory attached: some node's memory grew or shrank while it was in the
+   cluster) — one step line per node, its allocatable memory in GiB, over a dashed line at the nodes' own memory: a
+   worker going 64 -> 80 GiB is a 16 GiB chunk attached (docs/cxl-memory.md).
+The GPU path and the node path (or the memory path) are shaded across all panels, from the pods' creation to their
+Running, with their durations.
 
 The demo (harness/demo.py) records the samples as it watches the cluster and writes them beside the PNG as JSON;
 `python -m harness.demo_plot RECORDING.json [-o PICTURE.png]` draws a recording again (docs/demo-timeline.png is one).
@@ -25,7 +28,7 @@ from typing import Any, Optional, Sequence
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # One colour per path, the same in the shading and its label; node lines take the default cycle's others.
-PATH_COLOURS = {"GPU path": "#2ca02c", "node path": "#ff7f0e"}
+PATH_COLOURS = {"GPU path": "#2ca02c", "node path": "#ff7f0e", "memory path": "#e377c2"}
 FALLBACK_PATH_COLOUR = "#9467bd"
 NODE_COLOURS = ("#1f77b4", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 
@@ -42,6 +45,7 @@ class Sample:
     pending_pods: int
     running_pods: int
     pool_free: Optional[int] = None  # None: DDS's /metrics could not be read at that moment
+    memory: dict[str, float] = field(default_factory=dict)  # node name -> allocatable memory the node shows, GiB
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class Recording:
     spans: list[Span] = field(default_factory=list)
     moments: list[Moment] = field(default_factory=list)
     workers: list[str] = field(default_factory=list)  # the nodes the demo started with; the others were added
+    own_memory_gib: Optional[float] = None  # a node's own memory (its group's), without CXL memory; None: unknown
 
     def node_order(self) -> list[str]:
         """Nodes in the order they first showed up (the boot-time workers first)."""
@@ -81,6 +86,16 @@ class Recording:
             for name in sample.gpus:
                 seen.setdefault(name, None)
         return list(seen)
+
+    def memory_attached(self) -> bool:
+        """Whether any node's memory changed while it was in the cluster (CXL memory attached or detached): then the
+        picture has its memory panel. A node added with more memory than the workers is a new node, not an attach."""
+        first: dict[str, float] = {}
+        for sample in self.samples:
+            for name, gib in sample.memory.items():
+                if first.setdefault(name, gib) != gib:
+                    return True
+        return False
 
     def first_workers(self) -> set[str]:
         """The demo's workers: as recorded, else the nodes of the first sample that has any."""
@@ -101,7 +116,8 @@ def read_recording(path: Path) -> Recording:
         raw = json.loads(path.read_text())
         return Recording(title=raw["title"], samples=[Sample(**s) for s in raw["samples"]],
                          spans=[Span(**s) for s in raw.get("spans", [])],
-                         moments=[Moment(**m) for m in raw.get("moments", [])], workers=raw.get("workers", []))
+                         moments=[Moment(**m) for m in raw.get("moments", [])], workers=raw.get("workers", []),
+                         own_memory_gib=raw.get("own_memory_gib"))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RecordingError(f"{path}: not a demo recording ({type(exc).__name__}: {exc})") from exc
 
@@ -117,9 +133,13 @@ def render(recording: Recording, path: Path) -> Path:
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    figure = Figure(figsize=(12, 8.2), dpi=110, layout="constrained")
+    with_memory = recording.memory_attached()
+    figure = Figure(figsize=(12, 10.6 if with_memory else 8.2), dpi=110, layout="constrained")
     FigureCanvasAgg(figure)
-    gpus_axes, pool_axes, pods_axes = figure.subplots(3, 1, sharex=True, height_ratios=[1.35, 1, 1])
+    ratios = [1.35, 1, 1] + ([1] if with_memory else [])
+    panels = list(figure.subplots(len(ratios), 1, sharex=True, height_ratios=ratios))
+    gpus_axes, pool_axes, pods_axes = panels[:3]
+    titled = [(gpus_axes, "GPUs per node"), (pool_axes, "GPU pool and nodes"), (pods_axes, "pods")]
     times = [s.at for s in recording.samples]
     end = max(times[-1], *(s.end for s in recording.spans)) if recording.spans else times[-1]
 
@@ -129,7 +149,11 @@ def render(recording: Recording, path: Path) -> Path:
     _steps(pods_axes, times, [s.pending_pods for s in recording.samples], "pods Pending", "#d62728")
     _steps(pods_axes, times, [s.running_pods for s in recording.samples], "pods Running", "#17becf")
 
-    for axes, title in ((gpus_axes, "GPUs per node"), (pool_axes, "GPU pool and nodes"), (pods_axes, "pods")):
+    if with_memory:
+        _memory_per_node(panels[3], recording, times)
+        titled.append((panels[3], "memory per node (GiB allocatable)"))
+
+    for axes, title in titled:
         axes.set_title(title, loc="left", fontsize=11, fontweight="bold")
         axes.yaxis.set_major_locator(MaxNLocator(integer=True))
         axes.set_ylim(bottom=0)
@@ -138,8 +162,8 @@ def render(recording: Recording, path: Path) -> Path:
         for span in recording.spans:
             axes.axvspan(span.start, span.end, color=_path_colour(span), alpha=0.16, linewidth=0)
     _paths_and_moments(gpus_axes, recording)
-    pods_axes.set_xlim(max(times[0] - 1, 0), end + 1)  # from the first look at the cluster (the stack starts before)
-    pods_axes.set_xlabel("seconds since the demo started")
+    panels[-1].set_xlim(max(times[0] - 1, 0), end + 1)  # from the first look at the cluster (the stack starts before)
+    panels[-1].set_xlabel("seconds since the demo started")
     figure.suptitle(recording.title, fontsize=13, fontweight="bold")
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png")
@@ -181,13 +205,31 @@ def _gpus_per_node(axes: Any, recording: Recording, times: Sequence[float]) -> N
                   color=NODE_COLOURS[index % len(NODE_COLOURS)])
 
 
+def _memory_per_node(axes: Any, recording: Recording, times: Sequence[float]) -> None:
+    """Each node's allocatable memory over time, in the node's colour of the GPU panel, and the nodes' own memory
+    dashed: what a line shows above it is CXL memory attached."""
+    workers = recording.first_workers()
+    for index, node in enumerate(recording.node_order()):
+        values = [_or_nan(s.memory.get(node)) for s in recording.samples]
+        if all(math.isnan(v) for v in values):
+            continue
+        role = "worker" if node in workers else "added node"
+        # As in the GPU panel: workers with the same memory stay visible, each a little apart (half a GiB).
+        offset = (index - 0.5 * (len(workers) - 1)) * 0.5 if node in workers else 0.0
+        axes.step(times, [v + offset for v in values], where="post", linewidth=2.4, label=f"{node} ({role})",
+                  color=NODE_COLOURS[index % len(NODE_COLOURS)])
+    if recording.own_memory_gib is not None:
+        axes.axhline(recording.own_memory_gib, color="#444444", linestyle="--", linewidth=1,
+                     label=f"own memory ({recording.own_memory_gib:g} GiB); above: CXL memory attached")
+
+
 def _steps(axes: Any, times: Sequence[float], values: Sequence[float], label: str, colour: str,
            dashed: bool = False) -> None:
     axes.step(times, values, where="post", linewidth=2.2, label=label, color=colour,
               linestyle="--" if dashed else "-")
 
 
-def _or_nan(value: Optional[int]) -> float:
+def _or_nan(value: Optional[float]) -> float:
     return math.nan if value is None else float(value)
 
 

@@ -5,8 +5,10 @@
     dds simulate --list
 
 Every policy runs the production planner (dds.planner) on the same jobs; the last row, `ideal`, is the bound (an ideal
-pool: dds/sim/ideal.py) and "vs ideal" each policy's gap to it. The table goes to stdout; summary.csv,
-jobs.csv, timeline.csv, wait_cdf.png and gpus_over_time.png go to --out. Trace format and policies: docs/simulation.md.
+pool: dds/sim/ideal.py) and "vs ideal" each policy's gap to it. On a cluster whose pools hold CXL memory (the
+`cxl-memory` workload), each attach-first policy also runs GPU-only (`<policy>/gpu-only`: no CXL memory) and a second
+table compares the two: waits, node-hours, peak nodes. The tables go to stdout; summary.csv, jobs.csv, timeline.csv
+(memory.csv), wait_cdf.png and gpus_over_time.png (nodes_and_memory.png) go to --out. Trace format and policies: docs/simulation.md.
 Exit codes: 0 done, 2 bad flags or an unreadable trace.
 """
 
@@ -22,12 +24,12 @@ from typing import Any, Optional, Sequence
 from dds.config import Settings
 from dds.planner.reservations import ReservationConfig
 from dds.sim.engine import SimResult, simulate
-from dds.sim.ideal import ideal
+from dds.sim.ideal import IDEAL_POLICY, ideal
 from dds.sim.policies import GANG_BASELINE, POLICIES, Policy, parse_policies
 from dds.sim.progress import ProgressBar
-from dds.sim.results import (baseline_name, compare, jobs_csv, render_legend, render_table, summaries_csv, timeline_csv,
-                             unrun_warning)
-from dds.sim.scenario import Scenario, Timing
+from dds.sim.results import (MemoryEffect, baseline_name, compare, jobs_csv, memory_csv, memory_effects, render_legend,
+                             render_memory_table, render_table, summaries_csv, timeline_csv, unrun_warning)
+from dds.sim.scenario import GPU_ONLY_SUFFIX, Scenario, Timing, gpu_only
 from dds.sim.trace import TraceError, dump_csv, load_trace
 from dds.sim.workloads import BUILTIN, WorkloadParams, build, trace_scenario
 
@@ -121,11 +123,21 @@ def run(args: argparse.Namespace) -> int:
     if args.warm_gpus < 0:
         print("dds simulate: --warm-gpus must be >= 0", file=sys.stderr)
         return EXIT_USAGE
-    results, seconds = run_policies(scenario, policies, args.progress, args.solver, reservations_from_args(args),
-                                    args.move_idle_gpus, args.warm_gpus, release_idle_from_args(args))
+    settings = (args.progress, args.solver, reservations_from_args(args), args.move_idle_gpus, args.warm_gpus,
+                release_idle_from_args(args))
+    results, seconds = run_policies(scenario, policies, *settings)
+    twins = gpu_only_policies(scenario, policies)
+    if twins:  # the same policies without CXL memory, to compare with (issue 43)
+        more, more_seconds = run_policies(gpu_only(scenario), twins, *settings)
+        results += [replace(r, policy=r.policy + GPU_ONLY_SUFFIX) for r in more]
+        seconds += more_seconds
     started = time.perf_counter()
     results.append(ideal(scenario))  # the bound every policy's row is measured against ("vs ideal")
     seconds.append(time.perf_counter() - started)
+    if twins:  # and the GPU-only rows against the GPU-only cluster's
+        started = time.perf_counter()
+        results.append(replace(ideal(gpu_only(scenario)), policy=IDEAL_POLICY + GPU_ONLY_SUFFIX))
+        seconds.append(time.perf_counter() - started)
     summaries = compare(results, scenario.baseline)
     print(f"workload {scenario.name}: {scenario.description}")
     for note in scenario.notes:
@@ -139,13 +151,18 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         print(f"\n{warning}")
     print("\n" + render_legend())
+    effects = memory_effects(summaries, GPU_ONLY_SUFFIX)
+    if effects:
+        print("\n" + MEMORY_HEADING)
+        print(render_memory_table(effects))
+        print(MEMORY_LEGEND)
     if base:
         print(f"\n'vs base' = mean wait relative to {base}. Simulated in "
               + ", ".join(f"{r.policy} {s:.1f}s" for r, s in zip(results, seconds)) + " (wall clock).")
     if args.no_files:
         return 0
     out = args.out or Path("sim-out") / scenario.name
-    written = write_outputs(out, scenario, results, summaries_csv(summaries), plots=not args.no_plots)
+    written = write_outputs(out, scenario, results, summaries_csv(summaries), plots=not args.no_plots, effects=effects)
     if args.save_trace:
         args.save_trace.parent.mkdir(parents=True, exist_ok=True)
         args.save_trace.write_text(dump_csv(scenario.jobs))
@@ -180,6 +197,21 @@ def with_gang_baseline(scenario: Scenario, policies: Sequence[Policy]) -> tuple[
     if not any(p.moves_gpus for p in policies):
         return tuple(policies)
     return tuple(policies) + (POLICIES[GANG_BASELINE],)
+
+
+def gpu_only_policies(scenario: Scenario, policies: Sequence[Policy]) -> tuple[Policy, ...]:
+    """The policies to run again GPU-only: the attach-first ones, when the scenario's pools hold CXL memory some group
+    takes (the others attach nothing, memory included: their GPU-only run would be the same run)."""
+    if not scenario.cluster.takes_cxl_memory():
+        return ()
+    return tuple(p for p in policies if p.moves_gpus)
+
+
+MEMORY_HEADING = ("CXL memory against GPU-only: the same jobs, each attach-first policy again with no CXL memory in the "
+                  "pools (a pod short of memory on every node then waits for a new node):")
+MEMORY_LEGEND = ("  memory/GPU-only: the memory run's figure over the GPU-only run's (below 1 = less with CXL memory); "
+                 "node-hours: nodes that exist, integrated from the first arrival to the last finish; CXL GiB (avg): "
+                 "memory attached to nodes, time-averaged")
 
 
 def _pick(value: Optional[float], default: float) -> float:
@@ -219,11 +251,13 @@ def run_policies(scenario: Scenario, policies: Sequence[Policy], progress: str =
 
 
 def write_outputs(out: Path, scenario: Scenario, results: Sequence[SimResult], summary_csv: str,
-                  plots: bool = True) -> list[Path]:
+                  plots: bool = True, effects: Sequence[MemoryEffect] = ()) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in (("summary.csv", summary_csv), ("jobs.csv", jobs_csv(results)),
-                       ("timeline.csv", timeline_csv(results))):
+    files = [("summary.csv", summary_csv), ("jobs.csv", jobs_csv(results)), ("timeline.csv", timeline_csv(results))]
+    if effects:
+        files.append(("memory.csv", memory_csv(effects)))
+    for name, text in files:
         path = out / name
         path.write_text(text)
         written.append(path)
@@ -235,6 +269,11 @@ def write_outputs(out: Path, scenario: Scenario, results: Sequence[SimResult], s
 
         written.append(wait_cdf(results, out / "wait_cdf.png", scenario.name))
         written.append(gpus_over_time(results, out / "gpus_over_time.png", scenario.name))
+        if effects:
+            from dds.sim.plots import nodes_with_and_without_memory
+
+            written.append(nodes_with_and_without_memory(results, GPU_ONLY_SUFFIX, out / "nodes_and_memory.png",
+                                                         scenario.name))
     return written
 
 

@@ -21,6 +21,10 @@ What happens, in the order the production pieces do it:
   cordoned, releases its GPUs first and goes when they are gone.
 - **Gangs**: the scheduler binds a gang's jobs only together (the planner's all-or-nothing verdicts on the binding
   snapshot); the `gang-unaware` policy hides gangs from the scale-up planner only.
+- **CXL memory** (docs/cxl-memory.md): a pool's memory chunks are fabric devices too; the fast path's memory attaches
+  are carried out with its GPU attaches, a node shows its online chunks as memory at once, its chunks its pods'
+  requests do not need are tracked for the cooldown as the controller's observer does, and `plan_scale_down` detaches
+  them. Policies that attach nothing take no memory either.
 - **Fabric**: the production simulated backend (`dds.fabric.simulated.SimulatedFabric`, the one `dds serve` runs with
   the simulated fabric) on the virtual clock, with fixed latencies and no faults: attaches and detaches complete after
   their latency, and the watcher is asked about an operation once that latency has passed.
@@ -51,6 +55,7 @@ from dds.config import FaultSpec, LatencySpec, PoolSpec, SimulatedFabricSettings
 from dds.fabric.base import (AttachRequest, DeviceState, ErrorCode, FabricDevice, FabricError, Operation,
                              OperationKind, OperationState, PoolState)
 from dds.fabric.simulated import SimulatedFabric
+from dds.model.cxl import chunk_bytes, cxl_memory_of, is_cxl_model
 from dds.model.events import ObjectRef
 from dds.model.groups import NodeGroupSpec, Taint
 from dds.model.resources import Resources
@@ -64,7 +69,7 @@ from dds.planner.reservations import (CLAIM_TAINT_KEY, RESERVATION_EFFECT, RESER
                                       ReservationPlan, claim_taint, earliest_reservation_age, pod_token,
                                       reservation_taint)
 from dds.sim.policies import Layout, Mode, Policy
-from dds.sim.scenario import Scenario, concentrated_layout
+from dds.sim.scenario import Scenario, concentrated_layout, without_cxl_memory
 from dds.sim.trace import Job, gang_minimums
 
 POD_NAMESPACE = "sim"
@@ -107,6 +112,7 @@ class Sample:
     pending: int
     nodes: int
     gpus_stranded: int = 0  # attached for gangs that have not started, unused meanwhile
+    cxl_memory: int = 0  # bytes of CXL memory attached to nodes (docs/cxl-memory.md), until their detach completes
 
 
 @dataclass
@@ -114,6 +120,8 @@ class Counters:
     gpus_attached: int = 0
     gpus_detached: int = 0
     gpus_reallocated: int = 0  # attached to a node other than the one they last served
+    cxl_chunks_attached: int = 0  # CXL memory chunks, counted apart from the GPUs
+    cxl_chunks_detached: int = 0
     attach_failures: int = 0
     nodes_added: int = 0
     nodes_removed: int = 0
@@ -302,7 +310,7 @@ class Simulation:
         # (no arrival, no job end, no operation done, no node come or gone, no action of ours) it would plan the same.
         self._changed_since_scale_up = True
         self._node_infos: dict[str, tuple[tuple, NodeInfo]] = {}
-        self._allocatable: dict[tuple[str, int], Resources] = {}
+        self._allocatable: dict[tuple[str, int, int], Resources] = {}  # (group, GPUs, CXL chunks) -> allocatable
         self._group_versions: dict[tuple[str, int], NodeGroupSpec] = {}
         self._slot_limits = {p.name: p.max_slots_per_node for p in self._cluster.pools}
         # Changes to the fabric's state that we know of: our calls and our operations seen finished. With faults off
@@ -311,6 +319,7 @@ class Simulation:
         self._device_listing: Optional[tuple[int, tuple[FabricDevice, ...]]] = None
         self._pool_listing: Optional[tuple[int, tuple[PoolState, ...]]] = None
         self._gpus_held = 0  # attached GPUs not yet released (fixed GPUs are counted from the nodes)
+        self._cxl_chunks_held: dict[str, int] = {}  # CXL memory chunks attached, not yet released: device id -> bytes
         self._timeline: list[Sample] = []
         self._finished = 0
         self._gang_members: dict[str, list[_Pod]] = {}
@@ -327,6 +336,9 @@ class Simulation:
     # --- setup ---
     def _planner_groups(self) -> tuple[NodeGroupSpec, ...]:
         groups = self._cluster.groups
+        if not self.policy.moves_gpus:
+            # Without composability nothing is attached: no CXL memory either, and a node is its own memory.
+            groups = tuple(without_cxl_memory(g) for g in groups)
         if self.policy.mode == Mode.NODE_ONLY:
             # Without composability a new server is a fixed box: CA's template is the group at its full GPU count.
             return tuple(g.model_copy(update={"initial_gpus": g.max_gpus_per_node}) for g in groups)
@@ -505,15 +517,20 @@ class Simulation:
         """The pods whose raw cpu/memory/GPU request some node has free, and those nodes. Only a necessary condition
         (taints, selectors and the rest stay the planner's to judge): it spares the planner work that cannot bind."""
         online: dict[str, int] = {}
+        memory_attached: dict[str, int] = {}
         for device in self._devices():
             if device.node is not None and device.state == DeviceState.ONLINE:
-                online[device.node] = online.get(device.node, 0) + 1
+                if is_cxl_model(device.model):
+                    memory_attached[device.node] = memory_attached.get(device.node, 0) + (chunk_bytes(device.model)
+                                                                                          or 0)
+                else:
+                    online[device.node] = online.get(device.node, 0) + 1
         room = []
         for node in self._nodes.values():
             if node.removing:
                 continue
             cpu = node.group.milli_cpu - node.used_cpu
-            memory = node.group.memory - node.used_memory
+            memory = node.group.memory + memory_attached.get(node.name, 0) - node.used_memory
             gpus = node.fixed_gpus + online.get(node.name, 0) - node.used_gpus
             if len(node.pods) < node.group.max_pods:
                 room.append((node.name, cpu, memory, gpus))
@@ -626,13 +643,13 @@ class Simulation:
             return False
         if not fast_path.is_empty:
             self._changed_since_scale_up = True
-        for step in fast_path.attaches:
+        for step in fast_path.device_attaches:  # GPUs and CXL memory chunks alike, as the controller's fast path
             gangs = tuple(sorted({g for g in (self._pods[k.partition("/")[2]].job.group for k in step.pods) if g}))
-            self._attach(step, Case.FAST_PATH, gangs)
+            self._attach(step, Case.FAST_PATH, gangs if not is_cxl_model(step.model) else ())
         for new in fast_path.new_nodes:
             group = next(g for g in self._groups if g.id == new.group)
             self._actions.add_nodes(new, group, f"nodes/{next(self._node_requests)}", Case.SCALE_UP)
-        return bool(fast_path.attaches)
+        return bool(fast_path.device_attaches)
 
     def _request_nodes(self, group_id: str, count: int) -> None:
         """The simulated cloud takes the order: each node is Ready after the provisioning time."""
@@ -671,9 +688,9 @@ class Simulation:
         """Whether some node's GPUs or the node itself have been idle past their cooldown: the planner releases nothing
         before that (a necessary condition only; what goes is the planner's decision)."""
         for node in self._nodes.values():
-            since = self._idle.gpus_idle_since(node.name)
-            if since is not None and since + node.group.gpu_idle_cooldown_seconds <= self.now:
-                return True
+            for since in (self._idle.gpus_idle_since(node.name), self._idle.cxl_idle_since(node.name)):
+                if since is not None and since + node.group.gpu_idle_cooldown_seconds <= self.now:
+                    return True
             empty = self._idle.empty_since(node.name)
             if empty is not None and empty + node.group.node_idle_cooldown_seconds <= self.now:
                 return True
@@ -740,7 +757,14 @@ class Simulation:
         del self._ops_due[key]
         self._fabric_changes += 1
         self._changed_since_scale_up = True
-        if operation.kind == OperationKind.ATTACH:
+        if operation.kind == OperationKind.ATTACH and is_cxl_model(operation.model):
+            self.counters.cxl_chunks_attached += len(operation.devices)
+            size = chunk_bytes(operation.model) or 0
+            self._cxl_chunks_held.update((device_id, size) for device_id in operation.devices)
+            if operation.state == OperationState.FAILED:
+                self.counters.attach_failures += 1
+            self._capacity_changed = True
+        elif operation.kind == OperationKind.ATTACH:
             self.counters.gpus_attached += len(operation.devices)
             for device_id in operation.devices:
                 previous = self._last_node_of_device.get(device_id)
@@ -753,8 +777,12 @@ class Simulation:
             self._hold_for_gangs(key, operation.devices)
             self._capacity_changed = True
         else:
-            self.counters.gpus_detached += len(operation.devices)
-            self._gpus_held -= len(operation.devices)
+            chunks = [d for d in operation.devices if d in self._cxl_chunks_held]
+            for device_id in chunks:
+                del self._cxl_chunks_held[device_id]
+            self.counters.cxl_chunks_detached += len(chunks)
+            self.counters.gpus_detached += len(operation.devices) - len(chunks)
+            self._gpus_held -= len(operation.devices) - len(chunks)
             for device_id in operation.devices:
                 self._held_for_gang.pop(device_id, None)
         self._arm_loop(self.now)
@@ -800,9 +828,9 @@ class Simulation:
     def _next_cooldown_expiry(self) -> Optional[float]:
         times = []
         for node in self._nodes.values():
-            since = self._idle.gpus_idle_since(node.name)
-            if since is not None:
-                times.append(since + node.group.gpu_idle_cooldown_seconds)
+            for since in (self._idle.gpus_idle_since(node.name), self._idle.cxl_idle_since(node.name)):
+                if since is not None:  # idle GPUs and spare CXL memory share the group's cooldown
+                    times.append(since + node.group.gpu_idle_cooldown_seconds)
             empty = self._idle.empty_since(node.name)
             if empty is not None and self._above_min(node.group):
                 times.append(empty + node.group.node_idle_cooldown_seconds)
@@ -820,9 +848,11 @@ class Simulation:
 
     # --- the planner's view ---
     def _observe_idleness(self) -> None:
-        online = self._online_devices()
+        grouped = devices_by_node(self._devices())
+        online, memory = grouped.online, grouped.cxl_online
         self._idle.observe([NodeUsage(name=n.name, fabric_gpus=len(online.get(n.name, ())), used_gpus=n.used_gpus,
-                                      has_work=bool(n.pods)) for n in self._nodes.values()], self.now)
+                                      has_work=bool(n.pods), spare_cxl_chunks=_spare_chunks(n, memory.get(n.name, ())))
+                            for n in self._nodes.values()], self.now)
 
     def _devices(self) -> tuple[FabricDevice, ...]:
         """The fabric's devices, listed again only when the fabric changed."""
@@ -847,22 +877,29 @@ class Simulation:
         grouped = devices_by_node(self._devices())
         online, detaching = grouped.online, grouped.detaching
         attaching: dict[str, int] = {}
+        cxl_attaching: dict[str, int] = {}
         if capacity_to_come:
             for key, node in self._ops_in_flight.items():
                 operation = self.fabric.operation(key)
                 if operation is not None and operation.kind == OperationKind.ATTACH and not operation.state.done:
-                    attaching[node] = attaching.get(node, 0) + operation.requested
+                    into = cxl_attaching if is_cxl_model(operation.model) else attaching
+                    into[node] = into.get(node, 0) + operation.requested
         shown = [n for n in self._nodes.values() if only is None or n.name in only]
-        nodes = tuple(self._node_info(n, online.get(n.name, []), detaching.get(n.name, []), attaching.get(n.name, 0))
+        nodes = tuple(self._node_info(n, online.get(n.name, []), detaching.get(n.name, []), attaching.get(n.name, 0),
+                                      grouped.cxl_online.get(n.name, []), cxl_attaching.get(n.name, 0))
                       for n in shown)
         pods = tuple(p.info for n in shown for p in n.pods.values()) + tuple(p.info for p in self._pending.values())
-        # The pools are always shown; when nothing may be drawn from them (binding, fixed-GPU policies) as empty.
+        # The pools are always shown; when nothing may be drawn from them (binding, fixed-GPU policies) as empty. CXL
+        # memory is counted apart from the GPUs, in bytes, as the controller's observer shows it.
         drawable = capacity_to_come and self.policy.moves_gpus
-        pools = tuple(PoolInfo(p.name, dict(p.free) if drawable else {m: 0 for m in p.total},
-                               max_slots_per_node=self._slot_limits.get(p.name))
-                      for p in self._pools())
+        pools = []
+        for pool in self._pools():
+            free = pool.free if drawable else {m: 0 for m in pool.total}
+            pools.append(PoolInfo(pool.name, {m: c for m, c in free.items() if not is_cxl_model(m)},
+                                  max_slots_per_node=self._slot_limits.get(pool.name),
+                                  free_cxl_memory=cxl_memory_of(free)))
         upcoming = {g: c for g, c in self._provisioning.items() if c > 0} if capacity_to_come else {}
-        return Snapshot(now=self.now, nodes=nodes, pods=pods, groups=self._groups_as_now(), pools=pools,
+        return Snapshot(now=self.now, nodes=nodes, pods=pods, groups=self._groups_as_now(), pools=tuple(pools),
                         upcoming_nodes=upcoming, gpu_model_label=self._cluster.gpu_model_label)
 
     def _groups_as_now(self) -> tuple[NodeGroupSpec, ...]:
@@ -879,23 +916,27 @@ class Simulation:
             out.append(cached)
         return tuple(out)
 
-    def _node_info(self, node: _Node, devices: list[Device], detaching: list[str], attaching: int) -> NodeInfo:
+    def _node_info(self, node: _Node, devices: list[Device], detaching: list[str], attaching: int,
+                   chunks: list[Device], chunks_attaching: int) -> NodeInfo:
         # Most nodes do not change between two steps: reuse the NodeInfo built last time when nothing it holds moved.
         key = (tuple(d.id for d in devices), tuple(detaching), attaching, node.removing, node.reserved_for,
-               node.claimed_by, self._idle.gpus_idle_since(node.name), self._idle.empty_since(node.name))
+               node.claimed_by, self._idle.gpus_idle_since(node.name), self._idle.empty_since(node.name),
+               tuple(d.id for d in chunks), chunks_attaching, self._idle.cxl_idle_since(node.name))
         cached = self._node_infos.get(node.name)
         if cached is not None and cached[0] == key:
             return cached[1]
-        info = self._build_node_info(node, devices, detaching, attaching)
+        info = self._build_node_info(node, devices, detaching, attaching, chunks, chunks_attaching)
         self._node_infos[node.name] = (key, info)
         return info
 
-    def _build_node_info(self, node: _Node, devices: list[Device], detaching: list[str], attaching: int) -> NodeInfo:
+    def _build_node_info(self, node: _Node, devices: list[Device], detaching: list[str], attaching: int,
+                         chunks: list[Device], chunks_attaching: int) -> NodeInfo:
         group = node.group
         gpus = node.fixed_gpus + len(devices)
-        allocatable = self._allocatable.get((group.id, gpus))
+        # The node shows its CXL memory as soon as the chunks are online (the kwok node side DDS writes does the same).
+        allocatable = self._allocatable.get((group.id, gpus, len(chunks)))
         if allocatable is None:
-            allocatable = self._allocatable[(group.id, gpus)] = group.node_allocatable(gpus)
+            allocatable = self._allocatable[(group.id, gpus, len(chunks))] = group.node_allocatable(gpus, len(chunks))
         labels = dict(group.labels)
         labels[HOSTNAME_LABEL] = node.name
         model = devices[0].model if devices else (group.default_gpu_model if node.fixed_gpus else None)
@@ -908,13 +949,15 @@ class Simulation:
             devices=tuple(sorted(devices, key=lambda d: (d.attached_at, d.id))), attaching=attaching,
             detaching=tuple(detaching), created_at=node.created_at,
             gpus_idle_since=self._idle.gpus_idle_since(node.name), empty_since=self._idle.empty_since(node.name),
-            being_deleted=node.removing)
+            being_deleted=node.removing, cxl_chunks=tuple(sorted(chunks, key=lambda d: (d.attached_at, d.id))),
+            cxl_attaching=chunks_attaching, cxl_idle_since=self._idle.cxl_idle_since(node.name))
 
     # --- results ---
     def _sample(self) -> None:
         sample = Sample(t_s=self.now, gpus_used=sum(n.used_gpus for n in self._nodes.values()),
                         gpus_present=self._gpus_held + sum(n.fixed_gpus for n in self._nodes.values()),
-                        pending=len(self._pending), nodes=len(self._nodes), gpus_stranded=self._stranded_gpus())
+                        pending=len(self._pending), nodes=len(self._nodes), gpus_stranded=self._stranded_gpus(),
+                        cxl_memory=sum(self._cxl_chunks_held.values()))
         if self._timeline and self._timeline[-1].t_s == sample.t_s:
             self._timeline[-1] = sample
         elif not self._timeline or replace(self._timeline[-1], t_s=sample.t_s) != sample:
@@ -963,7 +1006,17 @@ def _reservation_taints(node: _Node) -> tuple[Taint, ...]:
 
 
 def _first_model(devices: dict[str, int]) -> str:
-    return sorted(devices)[0]
+    return sorted(m for m in devices if not is_cxl_model(m))[0]
+
+
+def _spare_chunks(node: _Node, chunks: Sequence[Device]) -> int:
+    """How many of the node's CXL memory chunks its pods' requests do not need (what the controller's observer counts
+    as spare: dds/controller/observe.py)."""
+    size = node.group.cxl_memory_chunk
+    if not chunks or not size:
+        return 0
+    allocatable = node.group.memory + len(chunks) * size
+    return min(len(chunks), max(0, allocatable - node.used_memory) // size)
 
 
 def simulate(scenario: Scenario, policy: Policy, progress: Optional[Progress] = None, batch_solver: str = "greedy",

@@ -6,7 +6,9 @@ wrong node: no fragmentation), and every node a group may ever have is there fro
 What it keeps of the real world is what no composable pool removes: a node's cores, memory and pod slots, its GPU
 slots (a server takes at most that many), the pool a node draws from and the GPU models a job or group insists on, and
 kube-scheduler's order (pending pods offered oldest first, a later one starts when an earlier one does not fit; a gang
-starts only when its minimum fits at once).
+starts only when its minimum fits at once). CXL memory (docs/cxl-memory.md) is pooled the same way: a node of a group
+that takes it has its own memory plus, the instant a job needs it, as much of its pool's free CXL memory as its
+group's maximum allows, in bytes (no chunks), given back as soon as its jobs no longer need it.
 
 Placement is best-fit by cores (the node left with the fewest free cores after the job), which keeps large holes for
 the jobs asking for many cores. It is a greedy scheduler, not an optimum over orderings: a bound on what placement and
@@ -21,6 +23,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from dds.model.cxl import cxl_memory_of, is_cxl_model
 from dds.model.groups import NodeGroupSpec
 from dds.sim.engine import Counters, JobRecord, Sample, SimResult
 from dds.sim.scenario import Scenario
@@ -35,13 +38,23 @@ class _Node:
     group: NodeGroupSpec
     slots: int
     cpu_free: int
-    memory_free: int
+    memory_free: int  # of the node's own memory: below 0 when CXL memory makes up the rest
+    cxl_max: int = 0  # CXL memory the node may draw from its pool (0: its group takes none, or the pool has none)
     gpus_used: int = 0
     pods: int = 0
 
-    def fits(self, job: Job) -> bool:
-        return (job.milli_cpu <= self.cpu_free and job.memory <= self.memory_free
+    def fits(self, job: Job, cxl_free: int) -> bool:
+        return (job.milli_cpu <= self.cpu_free and job.memory <= self.memory_free + self.cxl_max
+                and self.cxl_drawn(job) <= cxl_free
                 and self.gpus_used + job.gpus <= self.slots and self.pods < self.group.max_pods)
+
+    @property
+    def cxl_used(self) -> int:
+        return max(0, -self.memory_free)
+
+    def cxl_drawn(self, job: Job, sign: int = 1) -> int:
+        """CXL memory taking (sign 1) or ending (-1) `job` draws from the pool (negative: gives back)."""
+        return max(0, sign * job.memory - self.memory_free) - self.cxl_used
 
     def take(self, job: Job, sign: int = 1) -> None:
         self.cpu_free -= sign * job.milli_cpu
@@ -54,6 +67,7 @@ class _Node:
 class _World:
     nodes: list[_Node]
     free: dict[str, dict[str, int]]  # pool -> model -> GPUs free
+    cxl_free: dict[str, int] = field(default_factory=dict)  # pool -> bytes of CXL memory free
     running: list[tuple[float, int, str, str, Optional[str]]] = field(default_factory=list)  # end, seq, job, node, model
 
     def model_for(self, job: Job, node: _Node) -> Optional[str]:
@@ -69,7 +83,7 @@ class _World:
     def place(self, job: Job) -> Optional[tuple[_Node, Optional[str]]]:
         best: Optional[tuple[int, int, _Node, Optional[str]]] = None
         for index, node in enumerate(self.nodes):
-            if not node.fits(job):
+            if not node.fits(job, self.cxl_free.get(node.group.fabric_pool, 0)):
                 continue
             model = self.model_for(job, node)
             if model == "":
@@ -80,6 +94,8 @@ class _World:
         return None if best is None else (best[2], best[3])
 
     def take(self, job: Job, node: _Node, model: Optional[str], sign: int = 1) -> None:
+        if node.cxl_max:
+            self.cxl_free[node.group.fabric_pool] -= node.cxl_drawn(job, sign)
         node.take(job, sign)
         if model is not None:
             self.free[node.group.fabric_pool][model] -= sign * job.gpus
@@ -88,10 +104,13 @@ class _World:
 def ideal(scenario: Scenario) -> SimResult:
     """The scenario's jobs on an ideal pool (see the module's docstring), as a result `dds simulate` compares."""
     cluster = scenario.cluster
+    cxl = {p.name: cxl_memory_of(p.devices) for p in cluster.pools}
     world = _World(
-        nodes=[_Node(name=f"{g.id}-{i}", group=g, slots=cluster.slots(g), cpu_free=g.milli_cpu, memory_free=g.memory)
+        nodes=[_Node(name=f"{g.id}-{i}", group=g, slots=cluster.slots(g), cpu_free=g.milli_cpu, memory_free=g.memory,
+                     cxl_max=g.max_cxl_memory if cxl[g.fabric_pool] else 0)
                for g in cluster.groups for i in range(max(g.max_size, cluster.initial_nodes.get(g.id, 0)))],
-        free={p.name: dict(p.devices) for p in cluster.pools})
+        free={p.name: {m: c for m, c in p.devices.items() if not is_cxl_model(m)} for p in cluster.pools},
+        cxl_free=cxl)
     nodes = {n.name: n for n in world.nodes}
     by_name = {j.name: j for j in scenario.jobs}
     minimums = gang_minimums(scenario.jobs)
@@ -117,7 +136,8 @@ def ideal(scenario: Scenario) -> SimResult:
             heapq.heappush(world.running, (now + job.duration_s, next(seq), job.name, node.name, model))
         used = sum(n.gpus_used for n in world.nodes)
         timeline.append(Sample(t_s=now, gpus_used=used, gpus_present=used, pending=len(pending),
-                               nodes=sum(1 for n in world.nodes if n.pods)))
+                               nodes=sum(1 for n in world.nodes if n.pods),
+                               cxl_memory=sum(n.cxl_used for n in world.nodes)))
     jobs = tuple(JobRecord(name=j.name, arrival_s=j.arrival_s, gpus=j.gpus,
                            start_s=starts[j.name][0] if j.name in starts else None,
                            finish_s=finishes.get(j.name), node=starts[j.name][1] if j.name in starts else None)

@@ -10,10 +10,13 @@ from typing import Optional, Sequence
 
 from dds.sim.engine import SimResult
 from dds.sim.ideal import IDEAL_POLICY
+from dds.sim.policies import POLICIES
+from dds.sim.scenario import GPU_ONLY_SUFFIX
 
 # Fallback references for the mean-wait comparison, when the scenario's own baseline is absent or left jobs unrun
 # (its mean would then leave out the hardest jobs and flatter it).
 BASELINE_ORDER = ("static", "node-only", "static-concentrated")
+GiB = 2**30
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,14 @@ class Summary:
     gpu_stranded_s: float = 0.0
     # Mean wait relative to the ideal pool's (dds/sim/ideal.py), the bound: +0.05 = 5% longer than the bound.
     wait_vs_ideal: Optional[float] = None
+    # Node-hours of the nodes that exist (Ready; being removed until gone), first arrival to last finish, and the most
+    # nodes at once: what the cluster paid for in servers.
+    node_hours: float = 0.0
+    nodes_peak: int = 0
+    # CXL memory (docs/cxl-memory.md): chunks attached and detached, and GiB attached to nodes, time-averaged.
+    cxl_chunks_attached: int = 0
+    cxl_chunks_detached: int = 0
+    cxl_memory_avg_gib: float = 0.0
 
 
 def percentile(values: Sequence[float], fraction: float) -> Optional[float]:
@@ -53,7 +64,7 @@ def summarize(result: SimResult) -> Summary:
     waits = [j.wait_s for j in result.jobs if j.wait_s is not None]
     start = min((j.arrival_s for j in result.jobs), default=0.0)
     end = max((j.finish_s for j in result.jobs if j.finish_s is not None), default=start)
-    used, present, stranded = _gpu_seconds(result, start, end)
+    used, present, stranded, node_seconds, memory_seconds = _integrals(result, start, end)
     span = max(end - start, 0.0)
     return Summary(
         policy=result.policy, jobs=len(result.jobs), never_started=len(result.jobs) - len(waits),
@@ -62,12 +73,16 @@ def summarize(result: SimResult) -> Summary:
         gpu_utilization=used / present if present else 0.0, gpus_present_avg=present / span if span else 0.0,
         gpus_attached=result.counters.gpus_attached, gpus_detached=result.counters.gpus_detached,
         gpus_reallocated=result.counters.gpus_reallocated, nodes_added=result.counters.nodes_added,
-        nodes_removed=result.counters.nodes_removed, gpu_stranded_s=stranded)
+        nodes_removed=result.counters.nodes_removed, gpu_stranded_s=stranded, node_hours=node_seconds / 3600.0,
+        nodes_peak=max((s.nodes for s in result.timeline), default=0),
+        cxl_chunks_attached=result.counters.cxl_chunks_attached,
+        cxl_chunks_detached=result.counters.cxl_chunks_detached,
+        cxl_memory_avg_gib=memory_seconds / span / GiB if span else 0.0)
 
 
-def _gpu_seconds(result: SimResult, start: float, end: float) -> tuple[float, float, float]:
-    """Integrate the step functions of GPUs used, present and stranded over [start, end]."""
-    used = present = stranded = 0.0
+def _integrals(result: SimResult, start: float, end: float) -> tuple[float, float, float, float, float]:
+    """Integrate the step functions of GPUs used, present and stranded, nodes, and CXL memory over [start, end]."""
+    used = present = stranded = nodes = memory = 0.0
     timeline = result.timeline
     for current, following in zip(timeline, timeline[1:] + (None,)):
         left = max(current.t_s, start)
@@ -76,7 +91,9 @@ def _gpu_seconds(result: SimResult, start: float, end: float) -> tuple[float, fl
             used += current.gpus_used * (right - left)
             present += current.gpus_present * (right - left)
             stranded += current.gpus_stranded * (right - left)
-    return used, present, stranded
+            nodes += current.nodes * (right - left)
+            memory += current.cxl_memory * (right - left)
+    return used, present, stranded, nodes, memory
 
 
 def compare(results: Sequence[SimResult], baseline: str = "static") -> tuple[Summary, ...]:
@@ -94,10 +111,17 @@ def ideal_gap(summary: Summary, bound: Summary) -> Optional[float]:
 
 
 def _with_ideal_gap(summaries: Sequence[Summary]) -> tuple[Summary, ...]:
-    bound = next((s for s in summaries if s.policy == IDEAL_POLICY), None)
-    if bound is None:
+    """A GPU-only run (`<policy>/gpu-only`), and a policy that attaches nothing (so no CXL memory either), is measured
+    against the GPU-only cluster's bound when it is there."""
+    bounds = {s.policy: s for s in summaries if s.policy in (IDEAL_POLICY, IDEAL_POLICY + GPU_ONLY_SUFFIX)}
+    if IDEAL_POLICY not in bounds:
         return tuple(summaries)
-    return tuple(Summary(**{**asdict(s), "wait_vs_ideal": ideal_gap(s, bound)}) for s in summaries)
+    out = []
+    for s in summaries:
+        fixed = s.policy in POLICIES and not POLICIES[s.policy].moves_gpus
+        twin = IDEAL_POLICY + GPU_ONLY_SUFFIX if fixed or s.policy.endswith(GPU_ONLY_SUFFIX) else IDEAL_POLICY
+        out.append(Summary(**{**asdict(s), "wait_vs_ideal": ideal_gap(s, bounds.get(twin, bounds[IDEAL_POLICY]))}))
+    return tuple(out)
 
 
 def _with_baseline_ratio(summaries: list[Summary], baseline: str) -> tuple[Summary, ...]:
@@ -215,11 +239,12 @@ def jobs_csv(results: Sequence[SimResult]) -> str:
 def timeline_csv(results: Sequence[SimResult]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["policy", "t_s", "gpus_used", "gpus_present", "pending", "nodes", "gpus_stranded"])
+    writer.writerow(["policy", "t_s", "gpus_used", "gpus_present", "pending", "nodes", "gpus_stranded",
+                     "cxl_memory_gib"])
     for result in results:
         for sample in result.timeline:
             writer.writerow([result.policy, _csv_value(sample.t_s), sample.gpus_used, sample.gpus_present,
-                             sample.pending, sample.nodes, sample.gpus_stranded])
+                             sample.pending, sample.nodes, sample.gpus_stranded, _csv_value(sample.cxl_memory / GiB)])
     return out.getvalue()
 
 
@@ -229,3 +254,69 @@ def _csv_value(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.3f}".rstrip("0").rstrip(".") if value == value else "nan"
     return str(value)
+
+
+# --- CXL memory against GPU-only (issue 43) ---
+
+@dataclass(frozen=True)
+class MemoryEffect:
+    """One policy on the same jobs with CXL memory in the pools and GPU-only: what memory attaches change."""
+
+    policy: str
+    memory: Summary
+    gpu_only: Summary
+
+    def ratio(self, name: str) -> Optional[float]:
+        """The memory run's figure over the GPU-only run's (0.5 = half); None when either has none or GPU-only's is
+        0 (or when the two did not run the same jobs, for the waits: the one that left jobs unrun flatters itself)."""
+        mine, theirs = getattr(self.memory, name), getattr(self.gpu_only, name)
+        if mine is None or not theirs:
+            return None
+        if name.startswith("wait_") and self.memory.never_started != self.gpu_only.never_started:
+            return None
+        return mine / theirs
+
+
+MEMORY_FIGURES = (("wait_mean_s", "wait mean", "{:,.0f}s"), ("wait_p95_s", "p95", "{:,.0f}s"),
+                  ("never_started", "never ran", "{}"), ("node_hours", "node-hours", "{:,.1f}"),
+                  ("nodes_peak", "peak nodes", "{}"), ("nodes_added", "+nodes", "{}"),
+                  ("cxl_chunks_attached", "CXL chunks", "{}"), ("cxl_memory_avg_gib", "CXL GiB (avg)", "{:,.0f}"))
+_RATIO_FIGURES = ("wait_mean_s", "wait_p95_s", "node_hours", "nodes_peak", "nodes_added")
+
+
+def memory_effects(summaries: Sequence[Summary], suffix: str) -> tuple[MemoryEffect, ...]:
+    """Each policy that ran both with CXL memory and GPU-only (its GPU-only row named `<policy><suffix>`)."""
+    by_name = {s.policy: s for s in summaries}
+    return tuple(MemoryEffect(s.policy, s, by_name[s.policy + suffix]) for s in summaries
+                 if s.policy + suffix in by_name)
+
+
+def render_memory_table(effects: Sequence[MemoryEffect]) -> str:
+    """Per policy: the memory run, the GPU-only run, and memory / GPU-only (the ratio: below 1 = less with memory)."""
+    rows = [["policy", "run"] + [title for _, title, _ in MEMORY_FIGURES]]
+    for effect in effects:
+        rows.append([effect.policy, "CXL memory"] + [_cell(getattr(effect.memory, n), f) for n, _, f in MEMORY_FIGURES])
+        rows.append(["", "GPU-only"] + [_cell(getattr(effect.gpu_only, n), f) for n, _, f in MEMORY_FIGURES])
+        rows.append(["", "memory/GPU-only"] + [_cell(effect.ratio(n), "{:.2f}x") if n in _RATIO_FIGURES else ""
+                                              for n, _, _ in MEMORY_FIGURES])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for index, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])] + [c.rjust(w) for c, w in zip(row[2:], widths[2:])]
+        lines.append("  ".join(cells).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def memory_csv(effects: Sequence[MemoryEffect]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    names = [n for n, _, _ in MEMORY_FIGURES]
+    writer.writerow(["policy"] + [f"{n}_memory" for n in names] + [f"{n}_gpu_only" for n in names]
+                    + [f"{n}_ratio" for n in _RATIO_FIGURES])
+    for e in effects:
+        writer.writerow([e.policy] + [_csv_value(getattr(e.memory, n)) for n in names]
+                        + [_csv_value(getattr(e.gpu_only, n)) for n in names]
+                        + [_csv_value(e.ratio(n)) for n in _RATIO_FIGURES])
+    return out.getvalue()

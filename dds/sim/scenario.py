@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping, Optional
 
 from dds.config import PoolSpec
+from dds.model.cxl import gpus_of, is_cxl_model
 from dds.model.groups import NodeGroupSpec, SourceRef
 from dds.sim.trace import Job
 
@@ -68,9 +69,9 @@ class ClusterSpec:
                                  f"got {list(layout)}")
         for pool in self.pools:
             wanted = sum(sum(self.preconfigured.get(g.id, ())) for g in self.groups if g.fabric_pool == pool.name)
-            if wanted > sum(pool.devices.values()):
+            if wanted > gpus_of(pool.devices):
                 raise ValueError(f"preconfigured: {wanted} GPU(s) placed on nodes of pool {pool.name}, "
-                                 f"which holds {sum(pool.devices.values())}")
+                                 f"which holds {gpus_of(pool.devices)}")
 
     def group(self, group_id: str) -> NodeGroupSpec:
         for group in self.groups:
@@ -96,7 +97,13 @@ class ClusterSpec:
         return even_layout(self, group_id)
 
     def total_gpus(self) -> int:
-        return sum(sum(p.devices.values()) for p in self.pools)
+        """The pools' GPUs (CXL memory chunks are devices too, but not GPUs: dds/model/cxl.py)."""
+        return sum(gpus_of(p.devices) for p in self.pools)
+
+    def takes_cxl_memory(self) -> bool:
+        """Whether some group takes CXL memory from a pool that holds some (docs/cxl-memory.md)."""
+        pools = {p.name for p in self.pools if any(is_cxl_model(m) for m in p.devices)}
+        return any(g.max_cxl_memory and g.fabric_pool in pools for g in self.groups)
 
 
 def even_layout(cluster: ClusterSpec, group_id: str) -> tuple[int, ...]:
@@ -116,7 +123,7 @@ def _deal(cluster: ClusterSpec, group_id: str, concentrated: bool) -> tuple[int,
     nodes = [(g.id, index, cluster.slots(g)) for g in cluster.groups if g.fabric_pool == pool.name
              for index in range(cluster.initial_nodes.get(g.id, 0))]
     counts = {(gid, index): 0 for gid, index, _ in nodes}
-    left = sum(pool.devices.values())
+    left = gpus_of(pool.devices)
     if concentrated:
         for gid, index, slots in nodes:
             take = min(slots, left)
@@ -143,3 +150,24 @@ class Scenario:
     seed: Optional[int] = None
     # The policy the others' mean wait is compared with (the paper's reference for its scenario).
     baseline: str = "static"
+
+
+GPU_ONLY_SUFFIX = "/gpu-only"
+
+
+def without_cxl_memory(group: NodeGroupSpec) -> NodeGroupSpec:
+    """`group` taking no CXL memory: a node is its own memory."""
+    if not group.max_cxl_memory:
+        return group
+    return group.model_copy(update={"max_cxl_memory": 0, "cxl_memory_chunk": 0})
+
+
+def gpu_only(scenario: Scenario) -> Scenario:
+    """The same jobs on the same cluster with no CXL memory: the pools' memory chunks taken out and no group taking
+    any, so a pod short of memory on every live node gets a new node (what `dds simulate` compares a memory run with)."""
+    cluster = scenario.cluster
+    pools = tuple(p.model_copy(update={"devices": {m: c for m, c in p.devices.items() if not is_cxl_model(m)}})
+                  for p in cluster.pools)
+    groups = tuple(without_cxl_memory(g) for g in cluster.groups)
+    return replace(scenario, name=scenario.name + GPU_ONLY_SUFFIX, cluster=replace(cluster, groups=groups, pools=pools),
+                   description=f"{scenario.description}; GPU-only: no CXL memory in the pools")

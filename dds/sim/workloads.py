@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping, Optional, Sequence
 
 from dds.config import PoolSpec
+from dds.model.cxl import cxl_model
 from dds.model.groups import DEFAULT_GPU_IDLE_COOLDOWN_SECONDS, LABEL_NODE_GROUP, NodeGroupSpec
 from dds.sim.scenario import SIM_SOURCE, ClusterSpec, Scenario, Timing
 from dds.sim.trace import Job
@@ -161,13 +162,16 @@ def helios_like_jobs(count: int, total_gpus: int, target_load: float, seed: int,
 def gpu_group(group_id: str, *, nodes: int, max_nodes: Optional[int] = None, cores: int = KUBECOMP_NODE_CORES,
               memory: int = KUBECOMP_NODE_MEMORY, max_gpus: int = 8, pool: str = "pool-0",
               models: Sequence[str] = (KUBECOMP_MODEL,), gpu_idle_cooldown_s: float = SIM_GPU_IDLE_COOLDOWN_S,
-              node_idle_cooldown_s: float = SIM_NODE_IDLE_COOLDOWN_S) -> NodeGroupSpec:
-    """A spec-fixed DDS group of identical servers attached to one fabric pool."""
+              node_idle_cooldown_s: float = SIM_NODE_IDLE_COOLDOWN_S, max_cxl_memory: int = 0,
+              cxl_memory_chunk: int = 0) -> NodeGroupSpec:
+    """A spec-fixed DDS group of identical servers attached to one fabric pool (taking up to `max_cxl_memory` bytes
+    of CXL memory in chunks of `cxl_memory_chunk`, if given: docs/cxl-memory.md)."""
     top = nodes if max_nodes is None else max_nodes
     return NodeGroupSpec(id=group_id, min_size=min(nodes, top), max_size=top, replicas=nodes, milli_cpu=cores * 1000,
                          memory=memory, max_gpus_per_node=max_gpus, fabric_pool=pool, gpu_models=tuple(models),
                          labels={LABEL_NODE_GROUP: group_id}, gpu_idle_cooldown_seconds=gpu_idle_cooldown_s,
-                         node_idle_cooldown_seconds=node_idle_cooldown_s, source=SIM_SOURCE)
+                         node_idle_cooldown_seconds=node_idle_cooldown_s, source=SIM_SOURCE,
+                         max_cxl_memory=max_cxl_memory, cxl_memory_chunk=cxl_memory_chunk)
 
 
 def single_pool_cluster(nodes: int, pool_gpus: int, layout: Optional[Sequence[int]] = None, max_gpus: int = 8,
@@ -344,6 +348,63 @@ def gangs(params: WorkloadParams) -> Scenario:
                "one by one"))
 
 
+# The memory-heavy mix (our choice): share, kind, GPUs, cores, memory. Training jobs ask for memory with their GPUs;
+# inference jobs that keep their model's weights and cache in host memory ask for one GPU and 160 GiB; CPU-only
+# data-preparation jobs for 192 GiB. Every job fits a node's own 256 GiB: only how many fit at once depends on memory.
+CXL_MEMORY_SHAPES = ((0.55, "train", 0, 8, 32 * GiB), (0.30, "infer", 1, 8, 160 * GiB),
+                     (0.15, "etl", 0, 16, 192 * GiB))  # train: 1/2/4 GPUs, 8 cores and 32 GiB per GPU
+CXL_TRAIN_GPUS = ((1, 0.5), (2, 0.3), (4, 0.2))
+CXL_NODE_MEMORY = 256 * GiB
+CXL_MAX_PER_NODE = 256 * GiB
+CXL_CHUNK = 32 * GiB
+CXL_POOL_CHUNKS = 32  # 1 TiB of CXL memory in the pool
+CXL_POOL_GPUS = 32
+
+
+def cxl_memory_jobs(count: int, mean_interval_s: float, seed: int) -> tuple[Job, ...]:
+    """`count` jobs at Poisson arrivals, of the CXL_MEMORY_SHAPES mix, each lasting an exponential time of mean
+    20 minutes (at least one)."""
+    rng = random.Random(seed)
+    jobs = []
+    width = len(str(max(count - 1, 0)))
+    for index, arrival in enumerate(poisson_arrivals(count, mean_interval_s, rng)):
+        pick = rng.random()
+        share, kind, gpus, cores, memory = CXL_MEMORY_SHAPES[-1]
+        for share, kind, gpus, cores, memory in CXL_MEMORY_SHAPES:
+            if pick < share:
+                break
+            pick -= share
+        if kind == "train":
+            gpus = rng.choices([g for g, _ in CXL_TRAIN_GPUS], [w for _, w in CXL_TRAIN_GPUS])[0]
+            cores, memory = cores * gpus, memory * gpus
+        duration = round(max(60.0, rng.expovariate(1 / 1200.0)), 1)
+        jobs.append(Job(name=f"{kind}-{index:0{width}d}", arrival_s=arrival, duration_s=duration,
+                        milli_cpu=cores * 1000, memory=memory, gpus=gpus, gpu_model="A30" if gpus else None))
+    return tuple(jobs)
+
+
+def cxl_memory(params: WorkloadParams) -> Scenario:
+    """Memory demand (issue 43): 2-10 servers of 256 GiB that take up to 256 GiB of CXL memory each, in 32 GiB chunks,
+    from a pool of 32 A30s and 1 TiB of CXL memory. `dds simulate` runs it again GPU-only (no CXL memory) and compares."""
+    group = gpu_group("gpu-workers", nodes=2, max_nodes=10, cores=64, memory=CXL_NODE_MEMORY, max_gpus=8,
+                      pool="pool-0", models=("A30",), gpu_idle_cooldown_s=_cooldown(params),
+                      max_cxl_memory=CXL_MAX_PER_NODE, cxl_memory_chunk=CXL_CHUNK)
+    pool = PoolSpec(name="pool-0", devices={"A30": CXL_POOL_GPUS, cxl_model(CXL_CHUNK): CXL_POOL_CHUNKS})
+    cluster = ClusterSpec(groups=(group,), pools=(pool,), initial_nodes={"gpu-workers": 2},
+                          preconfigured={"gpu-workers": (2, 2)})
+    count = params.jobs or 200
+    interval = params.mean_interval_s or 90.0
+    return Scenario(
+        name="cxl-memory", cluster=cluster, timing=_timing(params), seed=params.seed, baseline="node-only",
+        jobs=cxl_memory_jobs(count, interval, params.seed),
+        description="2-10 servers (64 cores, 256 GiB, up to 8 GPUs and 256 GiB of CXL memory), pool of 32 A30s and "
+                    f"{CXL_POOL_CHUNKS} x 32 GiB of CXL memory; memory-heavy jobs",
+        notes=(f"{count} jobs, Poisson mean gap {interval:g} s, ~20 min each: 55% training (1/2/4 GPUs, 8 cores and "
+               "32 GiB per GPU), 30% inference (1 GPU, 160 GiB), 15% data preparation (no GPU, 16 cores, 192 GiB)",
+               "every job fits a node's own memory; attach-first policies also run GPU-only (no CXL memory) and are "
+               "compared with it"))
+
+
 def trace_scenario(jobs: Sequence[Job], params: WorkloadParams, name: str = "trace") -> Scenario:
     """A user's trace on the `elastic` cluster shape, unless a caller passes its own cluster (docs/simulation.md)."""
     base = elastic(replace(params, jobs=1))
@@ -364,6 +425,7 @@ BUILTIN: Mapping[str, tuple[str, Callable[[WorkloadParams], Scenario]]] = Mappin
     "elastic": ("2-12 servers, 48-GPU pool: node-only vs attach-first", elastic),
     "scale-50x1000": ("1,000 jobs on 50 nodes: simulator speed", scale_test),
     "gangs": ("4 nodes, 16-GPU pool: gangs of 4 x 2 GPUs among single jobs", gangs),
+    "cxl-memory": ("2-10 servers, 32 GPUs and 1 TiB of CXL memory: memory-heavy jobs, against GPU-only", cxl_memory),
 })
 
 

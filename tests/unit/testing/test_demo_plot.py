@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from harness.demo import Demo, DemoOptions, Entry, moments
+from harness.demo import Demo, DemoOptions, DemoResult, Entry, free_gpus, moments, sample_of
 from harness.demo_plot import (Moment, Recording, RecordingError, Sample, Span, is_png, main, read_recording, render,
                                write_recording)
 
@@ -92,3 +93,67 @@ def test_events_close_together_share_one_mark() -> None:
                 Entry(88.1, "dds", "machineset/gpu-workers", "RemovingNode: removing node n3")]
     assert moments(timeline) == [Moment(35.5, "DDS attaches a GPU"), Moment(42.9, "DDS adds a node, CA scale-up"),
                                  Moment(88.1, "DDS removes a node")]
+
+
+def kwok_node(name: str, memory: str, gpus: int = 1) -> SimpleNamespace:
+    """A Node as the demo's watcher reads it: allocatable GPUs and memory (bytes as DDS writes them, or 64Gi)."""
+    return SimpleNamespace(metadata=SimpleNamespace(name=name),
+                           status=SimpleNamespace(allocatable={"nvidia.com/gpu": str(gpus), "memory": memory},
+                                                  conditions=[SimpleNamespace(type="Ready", status="True")]))
+
+
+def running_pod(name: str) -> SimpleNamespace:
+    return SimpleNamespace(metadata=SimpleNamespace(name=name, deletion_timestamp=None),
+                           status=SimpleNamespace(phase="Running"))
+
+
+def cxl_samples() -> list[Sample]:
+    """What the watcher records in `make demo-cxl`: w1 gets a 16 GiB chunk at 10 s, w2 one at 11 s, both go at 40 s."""
+    shown = [(0.0, "64Gi", "64Gi"), (10.0, str(80 * 2**30), "64Gi"), (11.0, str(80 * 2**30), str(80 * 2**30)),
+             (40.0, "64Gi", "64Gi")]
+    return [sample_of(at, [running_pod("busy-0")], [kwok_node("w1", m1), kwok_node("w2", m2)], [], 6)
+            for at, m1, m2 in shown]
+
+
+def test_a_poll_records_each_nodes_memory_beside_its_gpus() -> None:
+    sample = sample_of(3.0, [running_pod("busy-0")], [kwok_node("w1", str(80 * 2**30), gpus=2),
+                                                      kwok_node("w2", "64Gi")], [], 5)
+    assert sample == Sample(3.0, {"w1": 2, "w2": 1}, 2, 0, 1, 5, {"w1": 80.0, "w2": 64.0})
+
+
+def test_a_run_with_memory_attached_draws_memory_per_node(tmp_path: Path) -> None:
+    samples = cxl_samples()
+    demo = Demo(DemoOptions(workdir=tmp_path, echo=False), out=None)
+    result = DemoResult(timeline=[Entry(9.5, "dds", "pod/mem-0", "AttachingGPU: attaching 1 x cxl-memory-16Gi to w1 "
+                                                                 "for demo/mem-0")],
+                        autoscaler="cluster-autoscaler", gpu_path_seconds=5.0, node_path_seconds=3.0, nodes_added=0,
+                        nodes_removed=0, gpus_attached=3, gpus_attached_at_boot=2, gpus_detached=3, metrics={},
+                        decisions=[], workdir=tmp_path, samples=samples,
+                        spans=[Span("memory path", 8.0, 11.0, "2 pods, 0 nodes added")], memory_path="memory path")
+    picture = demo.draw(result, {"w1", "w2"})
+    recording = read_recording(picture.with_suffix(".json"))
+    # The plot's data: every node's memory at every poll, and the nodes' own memory (the MachineSet's 64Gi).
+    assert [s.memory for s in recording.samples] == [{"w1": 64.0, "w2": 64.0}, {"w1": 80.0, "w2": 64.0},
+                                                     {"w1": 80.0, "w2": 80.0}, {"w1": 64.0, "w2": 64.0}]
+    assert recording.own_memory_gib == 64.0
+    assert recording.memory_attached()
+    assert recording.moments == [Moment(9.5, "DDS attaches CXL memory")]
+    assert png_size(picture) == (1320, 1166)  # a fourth panel: memory per node
+
+
+def test_without_memory_attached_the_picture_keeps_its_three_panels(tmp_path: Path) -> None:
+    # make demo: every node keeps its own memory (the added node comes with 64Gi): no memory panel.
+    samples = [Sample(0.0, {"w1": 1}, 1, 0, 1, 6, {"w1": 64.0}), Sample(9.0, {"w1": 1, "n3": 1}, 2, 0, 2, 5,
+                                                                       {"w1": 64.0, "n3": 64.0})]
+    recording = Recording("make demo", samples, own_memory_gib=64.0)
+    assert not recording.memory_attached()
+    assert png_size(render(recording, tmp_path / "demo.png")) == (1320, 902)
+    assert not read_recording(RECORDED).memory_attached()  # a recording from before memory was recorded
+
+
+def test_the_pools_free_gpus_leave_its_cxl_memory_out() -> None:
+    metrics = {'dds_pool_devices{model="A30",pool="default",state="free"}': 6.0,
+               'dds_pool_devices{model="A30",pool="default",state="used"}': 2.0,
+               'dds_pool_devices{model="cxl-memory-16Gi",pool="default",state="free"}': 8.0}
+    assert free_gpus(metrics) == 6
+    assert free_gpus({}) is None
