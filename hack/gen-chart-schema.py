@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Generates the `settings` and `fabric.settings` parts of charts/dds/values.schema.json from dds/config.py's Settings.
+"""Generates the `settings` and `fabric.settings` parts of charts/dds/values.schema.json from dds/config.py's Settings,
+and `prometheusRule.alerts` from the alert names of charts/dds/files/prometheus-rules.yaml.
 
     .venv/bin/python hack/gen-chart-schema.py           # rewrite the checked-in schema (make chart-schema)
     .venv/bin/python hack/gen-chart-schema.py --check   # exit 1 if the checked-in schema is not this script's output
@@ -8,7 +9,8 @@ One source of truth: `helm template`/`helm install` refuse a misspelt, mistyped 
 `dds serve` does at start, instead of rendering a pod that crash-loops. The refusals that span several values (e.g.
 metrics_secure with the chart's pod-address bind) are `fail`s in templates/_helpers.tpl ("dds.refusals").
 tests/integration/chart/test_settings_refusals.py keeps the checked-in schema equal to this output and renders each
-refusal.
+refusal. The alerts' part makes a misspelt alert name under prometheusRule.alerts a refusal too, not an override that
+silently does nothing.
 """
 
 from __future__ import annotations
@@ -19,9 +21,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dds.config import Settings
 
-SCHEMA = Path(__file__).resolve().parents[1] / "charts" / "dds" / "values.schema.json"
+CHART = Path(__file__).resolve().parents[1] / "charts" / "dds"
+SCHEMA = CHART / "values.schema.json"
+RULES = CHART / "files" / "prometheus-rules.yaml"
+# A Prometheus duration (a rule's `for`), e.g. 10m or 1h30m.
+DURATION = r"^(0|([0-9]+(ms|s|m|h|d|w|y))+)$"
 # fabric.backend -> the settings section it reads (templates/_helpers.tpl "dds.fabricSection").
 FABRIC_SECTIONS = {"composability-request": "composability", "redfish": "redfish", "simulated": "simulated_fabric"}
 GENERATED = "generated from dds/config.py Settings by hack/gen-chart-schema.py (make chart-schema): do not edit"
@@ -53,6 +61,20 @@ def fabric_section_rules(settings: dict[str, Any]) -> list[dict[str, Any]]:
             for backend, section in FABRIC_SECTIONS.items()]
 
 
+def alert_overrides_schema() -> dict[str, Any]:
+    """prometheusRule.alerts: one optional override per alert the rule file has, by name."""
+    names = [rule["alert"] for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
+             if "alert" in rule]
+    override = {"type": "object", "additionalProperties": False, "properties": {
+        "enabled": {"type": "boolean", "description": "false leaves the alert out"},
+        "for": {"type": "string", "pattern": DURATION, "description": "how long it is pending before it fires"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"},
+                   "description": "labels added to the alert or replacing its own (severity)"}}}
+    return {"type": "object", "description": "per alert overrides, by alert name; generated from "
+            "files/prometheus-rules.yaml by hack/gen-chart-schema.py (make chart-schema): do not edit",
+            "properties": {name: override for name in names}, "additionalProperties": False}
+
+
 def generate(current: dict[str, Any]) -> dict[str, Any]:
     out = json.loads(json.dumps(current))
     settings = settings_schema()
@@ -60,6 +82,7 @@ def generate(current: dict[str, Any]) -> dict[str, Any]:
     fabric = out["properties"]["fabric"]
     fabric["properties"]["settings"] = {"type": "object", "description": f"the fabric.backend's section; {GENERATED}"}
     fabric["allOf"] = fabric_section_rules(settings)
+    out["properties"]["prometheusRule"]["properties"]["alerts"] = alert_overrides_schema()
     return out
 
 

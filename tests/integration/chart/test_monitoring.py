@@ -73,12 +73,26 @@ def anchors(markdown: str) -> set[str]:
     return {re.sub(r"[^\w\- ]", "", heading).strip().lower().replace(" ", "-") for heading in headings}
 
 
-def test_every_alert_names_its_runbook_section_of_the_operations_guide() -> None:
+RUNBOOKS = "https://github.com/dds-project/dds/blob/main/docs/operations.md"
+
+
+def test_every_alert_links_its_runbook_section_of_the_operations_guide() -> None:
     sections = anchors(OPERATIONS.read_text())
     for alert in alerts():
-        page, _, anchor = alert["annotations"]["runbook"].partition("#")
-        assert page == "docs/operations.md" and anchor == alert["alert"].lower(), alert["annotations"]["runbook"]
+        page, _, anchor = alert["annotations"]["runbook_url"].partition("#")
+        assert page == RUNBOOKS and anchor == alert["alert"].lower(), alert["annotations"]["runbook_url"]
         assert anchor in sections, f"{alert['alert']}: docs/operations.md has no section #{anchor}"
+
+
+def test_every_aggregation_of_the_alerts_keeps_cluster_and_namespace() -> None:
+    """kube-prometheus-stack's rules and dashboards select by cluster and namespace: an alert that aggregates them
+    away cannot say which release (or cluster) it is about."""
+    for alert in alerts():
+        groupings = re.findall(r"\b(by|without)\s*\(([^)]*)\)", alert["expr"])
+        assert groupings, f"{alert['alert']}: no aggregation keeps a release apart from another"
+        for keyword, labels in groupings:
+            kept = {label.strip() for label in labels.split(",")}
+            assert keyword == "by" and {"cluster", "namespace"} <= kept, f"{alert['alert']}: {keyword} ({labels})"
 
 
 def prometheus_rule(values: dict[str, str]) -> dict[str, Any]:
@@ -96,6 +110,36 @@ def test_a_runbook_base_url_links_each_alert_to_its_section() -> None:
     rule = prometheus_rule({"prometheusRule.runbookBaseUrl": base})
     urls = {r["alert"]: r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]}
     assert urls == {a["alert"]: f"{base}#{a['alert'].lower()}" for a in alerts()}
+
+
+def rules_by_name(rule: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+
+
+def test_an_alert_can_be_disabled_relabelled_or_given_another_pending_time() -> None:
+    rendered = rules_by_name(prometheus_rule({
+        "prometheusRule.alerts.DDSOrphanedGPUsReclaimed.enabled": "false",
+        "prometheusRule.alerts.DDSAttachesFailing.labels.severity": "critical",
+        "prometheusRule.alerts.DDSAttachesFailing.for": "1m",
+        "prometheusRule.additionalRuleLabels.team": "gpu-platform"}))
+    shipped = {a["alert"]: a for a in alerts()}
+    assert set(rendered) == set(shipped) - {"DDSOrphanedGPUsReclaimed"}
+    assert rendered["DDSAttachesFailing"]["labels"] == {"severity": "critical", "team": "gpu-platform"}
+    assert rendered["DDSAttachesFailing"]["for"] == "1m"
+    assert rendered["DDSNoLeader"]["labels"] == {"severity": "critical", "team": "gpu-platform"}
+    assert rendered["DDSNoLeader"]["for"] == shipped["DDSNoLeader"]["for"]
+    assert all(rendered[name]["expr"] == shipped[name]["expr"] for name in rendered)
+
+
+@pytest.mark.parametrize("value, refused", [
+    ("prometheusRule.alerts.DDSNoleader.enabled=false", "additional properties 'DDSNoleader' not allowed"),
+    ("prometheusRule.alerts.DDSNoLeader.for=ten minutes", "/prometheusRule/alerts/DDSNoLeader/for"),
+])
+def test_an_override_of_an_alert_that_does_not_exist_or_a_bad_duration_is_refused(value: str, refused: str) -> None:
+    key, _, setting = value.partition("=")
+    result = helm_template({"fabric.backend": "simulated", "prometheusRule.enabled": "true", key: setting},
+                           check=False)
+    assert result.returncode != 0 and refused in result.stderr, result.stderr
 
 
 # --- the dashboard ---
