@@ -142,6 +142,52 @@ def test_an_override_of_an_alert_that_does_not_exist_or_a_bad_duration_is_refuse
     assert result.returncode != 0 and refused in result.stderr, result.stderr
 
 
+# --- the scrape objects ---
+
+def scrape_objects(values: dict[str, str]) -> dict[tuple[str, str], dict[str, Any]]:
+    objects = helm_template({"fabric.backend": "simulated", "serviceMonitor.enabled": "true", **values})
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def test_the_service_monitor_scrapes_every_replica_with_the_prometheus_service_accounts_own_token() -> None:
+    objects = scrape_objects({"serviceMonitor.scrapeClass": "sa-token"})
+    monitor = objects[("ServiceMonitor", "dds")]
+    [service] = [o for (kind, _), o in objects.items() if kind == "Service"
+                 and selects(monitor["spec"]["selector"]["matchLabels"], o["metadata"]["labels"])]
+    pods = objects[("Deployment", "dds")]["spec"]["template"]["metadata"]["labels"]
+    # Every replica: the Service selects the pods without the leader label the gRPC Service selects by.
+    assert selects(service["spec"]["selector"], pods) and "dds.cdi.dev/leader" not in service["spec"]["selector"]
+    assert service["metadata"]["name"] == "dds-metrics" and service["spec"]["clusterIP"] == "None"
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"]["serverName"] == "dds.dds-system.svc"
+    # The token is the scrape class's (the Prometheus pod's projected ServiceAccount token), no long-lived one.
+    assert monitor["spec"]["scrapeClass"] == "sa-token"
+    assert not {"authorization", "bearerTokenSecret", "bearerTokenFile"} & set(endpoint)
+    assert not [o for o in objects.values() if o.get("type") == "kubernetes.io/service-account-token"]
+    assert "scrapeClass" not in scrape_objects({})[("ServiceMonitor", "dds")]["spec"]  # the default scrape class
+
+
+def test_cluster_autoscaler_is_scraped_through_its_own_service_and_service_monitor() -> None:
+    objects = scrape_objects({"clusterAutoscaler.cloudConfigSecret": "cloud-config"})
+    monitor = objects[("ServiceMonitor", "cluster-autoscaler")]
+    service = objects[("Service", "cluster-autoscaler-metrics")]
+    assert selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    dds_metrics = objects[("Service", "dds-metrics")]
+    assert not selects(monitor["spec"]["selector"]["matchLabels"], dds_metrics["metadata"]["labels"])
+    pod = objects[("Deployment", "cluster-autoscaler")]["spec"]["template"]
+    assert selects(service["spec"]["selector"], pod["metadata"]["labels"])
+    [port] = pod["spec"]["containers"][0]["ports"]
+    assert (service["spec"]["ports"][0]["targetPort"], service["spec"]["ports"][0]["port"]) == (port["name"],
+                                                                                             port["containerPort"])
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    without_ca = scrape_objects({"clusterAutoscaler.enabled": "false"})
+    assert ("ServiceMonitor", "cluster-autoscaler") not in without_ca
+
+
 # --- the dashboard ---
 
 def test_the_checked_in_dashboard_is_the_generators_output() -> None:
