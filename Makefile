@@ -82,3 +82,7 @@ sim-tables: setup-python  ## Regenerate docs/simulation.md's tables from the sim
 
 chart-schema: setup-python  ## Regenerate values.schema.json's `settings` and `fabric.settings` from dds/config.py's Settings
 	$(PYTHON) hack/gen-chart-schema.py
+
+values-docs: setup-python  ## Regenerate docs/install.md's table of the chart's values from values.schema.json and values.yaml
+	$(PYTHON) hack/gen-values-docs.py
+.PHONY: values-docs

@@ -50,7 +50,10 @@ def settings_schema() -> dict[str, Any]:
     raw = Settings.model_json_schema()
     defs = raw.get("$defs", {})
     properties = {name: _inline(prop, defs) for name, prop in raw["properties"].items() if name != "config_file"}
-    return {"type": "object", "description": f"DDS settings (docs/configuration.md); {GENERATED}",
+    described = ("any other DDS setting (docs/configuration.md), written into settings.yaml as given; `listen`, "
+                 "`tls_*`, `namespace`, `in_cluster`, `metrics_listen`, `fabric`, `lease_name` and `insecure` are the "
+                 f"chart's and refused here; {GENERATED}")
+    return {"type": "object", "description": described,
             "properties": properties, "additionalProperties": False}
 
 
@@ -70,8 +73,9 @@ def alert_overrides_schema() -> dict[str, Any]:
         "for": {"type": "string", "pattern": DURATION, "description": "how long it is pending before it fires"},
         "labels": {"type": "object", "additionalProperties": {"type": "string"},
                    "description": "labels added to the alert or replacing its own (severity)"}}}
-    return {"type": "object", "description": "per alert overrides, by alert name; generated from "
-            "files/prometheus-rules.yaml by hack/gen-chart-schema.py (make chart-schema): do not edit",
+    return {"type": "object", "description": "per alert, by name: `enabled: false` leaves it out, `labels` adds or "
+            "replaces labels (severity too), `for` replaces its pending time; an unknown alert name is refused; "
+            "generated from files/prometheus-rules.yaml by hack/gen-chart-schema.py (make chart-schema): do not edit",
             "properties": {name: override for name in names}, "additionalProperties": False}
 
 
@@ -80,7 +84,9 @@ def generate(current: dict[str, Any]) -> dict[str, Any]:
     settings = settings_schema()
     out["properties"]["settings"] = settings
     fabric = out["properties"]["fabric"]
-    fabric["properties"]["settings"] = {"type": "object", "description": f"the fabric.backend's section; {GENERATED}"}
+    fabric["properties"]["settings"] = {"type": "object", "description": "that backend's settings section of "
+                                        "dds/config.py (`composability`, `redfish`, `simulated_fabric`), checked "
+                                        f"with that section's schema; {GENERATED}"}
     fabric["allOf"] = fabric_section_rules(settings)
     out["properties"]["prometheusRule"]["properties"]["alerts"] = alert_overrides_schema()
     return out
