@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from generated_file import write_or_check  # hack/, beside this script
 
 from dds.config import Settings
 
@@ -100,15 +101,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 if the checked-in schema differs")
     args = parser.parse_args()
-    text = SCHEMA.read_text()
-    wanted = render(generate(json.loads(text)))
-    if args.check:
-        if text != wanted:
-            print(f"{SCHEMA} is not hack/gen-chart-schema.py's output: run `make chart-schema`", file=sys.stderr)
-            return 1
-        return 0
-    SCHEMA.write_text(wanted)
-    return 0
+    wanted = render(generate(json.loads(SCHEMA.read_text())))
+    return write_or_check(SCHEMA, wanted, args.check, "make chart-schema")
 
 
 if __name__ == "__main__":

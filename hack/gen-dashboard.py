@@ -26,6 +26,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, DatasourceVaria
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.common import LegendDisplayMode, LegendPlacement, StackingMode
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh, VariableSort
+from generated_file import write_or_check  # hack/, beside this script
 
 OUTPUT = Path(__file__).resolve().parents[1] / "charts" / "dds" / "files" / "dashboard.json"
 UID = "dds-overview"
@@ -175,16 +176,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the checked-in JSON instead of writing it")
     args = parser.parse_args()
-    text = render()
-    if args.check:
-        if not OUTPUT.is_file() or OUTPUT.read_text() != text:
-            print(f"{OUTPUT} is not hack/gen-dashboard.py's output: run .venv/bin/python hack/gen-dashboard.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.write_text(text)
-    print(OUTPUT)
-    return 0
+    return write_or_check(OUTPUT, render(), args.check, "make dashboard")
 
 
 if __name__ == "__main__":

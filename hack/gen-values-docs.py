@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from generated_file import write_or_check  # hack/, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "dds"
@@ -125,15 +126,7 @@ def main() -> int:
     except ValueError as error:  # UndocumentedValue, or the document without its markers
         print(error, file=sys.stderr)
         return 1
-    if args.check:
-        if DOC.read_text() != wanted:
-            print(f"{DOC} has another values table than hack/gen-values-docs.py makes: run `make values-docs`",
-                  file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(wanted)
-    return 0
-
+    return write_or_check(DOC, wanted, args.check, "make values-docs")
 
 if __name__ == "__main__":
     sys.exit(main())

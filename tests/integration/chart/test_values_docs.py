@@ -18,6 +18,9 @@ GENERATOR = ROOT / "hack" / "gen-values-docs.py"
 
 
 def generator() -> ModuleType:
+    """The script as a module (it imports its neighbour hack/generated_file.py, as when run from hack/)."""
+    if str(GENERATOR.parent) not in sys.path:
+        sys.path.insert(0, str(GENERATOR.parent))
     spec = importlib.util.spec_from_file_location("gen_values_docs", GENERATOR)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
