@@ -23,7 +23,7 @@ from dds.app import App, build_app
 from dds.config import FabricBackend, NodeBackend, Settings
 from harness import rbac
 from harness.versions import active_profile
-from tests.integration.chart.tools import DASHBOARD, ROOT, RULES, helm_template, run
+from tests.integration.chart.tools import CHART, DASHBOARD, ROOT, RULES, helm_template, run
 
 ALERT_TESTS = Path(__file__).with_name("alerts_test.yaml")
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -79,7 +79,8 @@ def anchors(markdown: str) -> set[str]:
     return {re.sub(r"[^\w\- ]", "", heading).strip().lower().replace(" ", "-") for heading in headings}
 
 
-RUNBOOKS = "https://github.com/dds-project/dds/blob/main/docs/operations.md"
+# The runbooks are docs/operations.md where the chart says the project is (Chart.yaml home).
+RUNBOOKS = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"] + "/blob/main/docs/operations.md"
 
 
 def test_every_alert_links_its_runbook_section_of_the_operations_guide() -> None:
