@@ -398,7 +398,7 @@ def test_every_value_set_renders_the_deployment_dds_runs() -> None:
 @pytest.mark.integration
 def test_the_dry_run_refuses_a_misspelt_field(dynamic: DynamicClient) -> None:
     """The check above is not vacuous: an object the apiserver would not store as written is reported."""
-    [monitor] = [o for o in helm_template(EVERYTHING) if o["kind"] == "ServiceMonitor"]
+    monitor = find(helm_template(EVERYTHING), "ServiceMonitor", "dds")
     monitor["spec"]["endpoints"][0]["intervall"] = monitor["spec"]["endpoints"][0].pop("interval")
     [problem] = dry_run_apply(dynamic, [monitor])
     assert "intervall" in problem, problem
