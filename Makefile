@@ -82,3 +82,11 @@ sim-tables: setup-python  ## Regenerate docs/simulation.md's tables from the sim
 
 chart-schema: setup-python  ## Regenerate values.schema.json's `settings` and `fabric.settings` from dds/config.py's Settings
 	$(PYTHON) hack/gen-chart-schema.py
+
+image-lock: setup-python  ## Re-lock the image's dependencies (requirements.lock: pyproject.toml's, pinned with their hashes; the Dockerfile installs only those)
+	$(VENV)/bin/uv pip compile pyproject.toml --generate-hashes --python-version 3.11 --python-platform linux -o requirements.lock
+.PHONY: image-lock
+
+values-docs: setup-python  ## Regenerate docs/install.md's table of the chart's values from values.schema.json and values.yaml
+	$(PYTHON) hack/gen-values-docs.py
+.PHONY: values-docs

@@ -180,3 +180,22 @@ app.kubernetes.io/name: cluster-autoscaler
 {{- define "dds.metricsScheme" -}}
 {{- ternary "HTTPS" "HTTP" (eq (toString .Values.settings.metrics_secure) "true") }}
 {{- end }}
+
+{{/* The cert-manager issuer of the server ("server") or of cluster-autoscaler's client certificate ("client"): the
+     chart's own CA Issuer with tls.certManager.issuerMode selfSigned, else the one named in values. */}}
+{{- define "dds.issuerRef" -}}
+{{- $cm := .root.Values.tls.certManager }}
+{{- if eq $cm.issuerMode "selfSigned" }}
+name: {{ printf "%s-%s-ca" (include "dds.fullname" .root) .role }}
+kind: Issuer
+group: cert-manager.io
+{{- else if eq .role "server" }}
+name: {{ required "tls.certManager.issuerRef.name: name the cert-manager Issuer or ClusterIssuer (a CA issuer, so ca.crt is written), or set tls.certManager.issuerMode=selfSigned" $cm.issuerRef.name }}
+kind: {{ $cm.issuerRef.kind }}
+group: {{ $cm.issuerRef.group }}
+{{- else }}
+name: {{ required "tls.certManager.clientIssuerRef.name: name a second CA issuer for cluster-autoscaler's client certificate (DDS verifies callers with its CA only), or set tls.certManager.issuerMode=selfSigned" $cm.clientIssuerRef.name }}
+kind: {{ $cm.clientIssuerRef.kind }}
+group: {{ $cm.clientIssuerRef.group }}
+{{- end }}
+{{- end }}

@@ -57,7 +57,10 @@ EVERYTHING = {
 MINIMAL = {"fabric.backend": "simulated", "clusterAutoscaler.enabled": "false", "crds.clusterApi": "false",
            "crds.composability": "false", "settings.node_backend": "kwok",
            "serviceMonitor.enabled": "true", "replicaCount": "1"}
-VALUE_SETS = {"as-kustomize": AS_KUSTOMIZE, "everything": EVERYTHING, "minimal": MINIMAL,
+# cert-manager with the chart's own CAs (a self-signed bootstrap) instead of issuers of the user's.
+SELF_SIGNED = {**{k: v for k, v in EVERYTHING.items() if "IssuerRef" not in k and "issuerRef" not in k},
+               "tls.certManager.issuerMode": "selfSigned"}
+VALUE_SETS = {"as-kustomize": AS_KUSTOMIZE, "everything": EVERYTHING, "minimal": MINIMAL, "self-signed": SELF_SIGNED,
               "defaults": {"fabric.backend": "composability-request", **POOLS}}
 
 
@@ -170,6 +173,32 @@ def test_cert_manager_issues_the_client_from_another_ca_and_each_end_trusts_only
     cloud_config = yaml.safe_load(find(objects, "ConfigMap", "cluster-autoscaler-cloud-config")["data"][
         "cloud-config.yaml"])
     assert mounted_file(ca_pod, cloud_config["cacert"]) == (server["secretName"], "ca.crt")
+
+
+def test_a_self_signed_bootstrap_makes_two_cas_of_the_release_and_issues_each_end_from_its_own() -> None:
+    objects = helm_template(SELF_SIGNED)
+    assert find(objects, "Issuer", "dds-selfsigned")["spec"] == {"selfSigned": {}}
+    issued_by = {}
+    for ca in ("dds-server-ca", "dds-client-ca"):
+        certificate = find(objects, "Certificate", ca)["spec"]
+        assert certificate["isCA"] and certificate["issuerRef"] == {"name": "dds-selfsigned", "kind": "Issuer",
+                                                                    "group": "cert-manager.io"}
+        assert certificate["privateKey"]["rotationPolicy"] == "Never"  # a renewed CA still verifies what it issued
+        assert find(objects, "Issuer", ca)["spec"] == {"ca": {"secretName": certificate["secretName"]}}
+        issued_by[ca] = {"name": ca, "kind": "Issuer", "group": "cert-manager.io"}
+    assert find(objects, "Certificate", "dds")["spec"]["issuerRef"] == issued_by["dds-server-ca"]
+    assert find(objects, "Certificate", "cluster-autoscaler-client")["spec"]["issuerRef"] == issued_by["dds-client-ca"]
+    # Without the chart's cluster-autoscaler there is no client certificate to issue: one CA, the server's.
+    alone = helm_template({**SELF_SIGNED, "clusterAutoscaler.enabled": "false",
+                           "tls.certManager.clientCaSecret": "callers-ca"})
+    assert {o["metadata"]["name"] for o in alone if o["kind"] == "Issuer"} == {"dds-selfsigned", "dds-server-ca"}
+    # The default keeps the issuers the user names, and the chart makes none.
+    assert not [o for o in helm_template(EVERYTHING) if o["kind"] == "Issuer"]
+
+
+def test_a_self_signed_bootstrap_refuses_issuers_named_beside_it() -> None:
+    refused = helm_template({**SELF_SIGNED, "tls.certManager.issuerRef.name": "dds-ca"}, check=False)
+    assert refused.returncode != 0 and "leave tls.certManager.issuerRef.name" in refused.stderr, refused.stderr
 
 
 @pytest.mark.parametrize("values,message", [
@@ -369,7 +398,7 @@ def test_every_value_set_renders_the_deployment_dds_runs() -> None:
 @pytest.mark.integration
 def test_the_dry_run_refuses_a_misspelt_field(dynamic: DynamicClient) -> None:
     """The check above is not vacuous: an object the apiserver would not store as written is reported."""
-    [monitor] = [o for o in helm_template(EVERYTHING) if o["kind"] == "ServiceMonitor"]
+    monitor = find(helm_template(EVERYTHING), "ServiceMonitor", "dds")
     monitor["spec"]["endpoints"][0]["intervall"] = monitor["spec"]["endpoints"][0].pop("interval")
     [problem] = dry_run_apply(dynamic, [monitor])
     assert "intervall" in problem, problem
