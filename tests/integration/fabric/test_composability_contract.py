@@ -27,7 +27,6 @@ from prometheus_client import REGISTRY
 from kubernetes.client.rest import ApiException
 
 from dds.config import ComposabilitySettings
-from dds.controller.executor import OperationWatcher
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, Fabric, FabricError, Operation,
                              OperationState)
 from dds.fabric.composability import (ANN_DELETE_DEVICE, GROUP, REQUESTS, RESOURCES, VERSION,
@@ -41,7 +40,7 @@ from harness.cdi_operator import (DRA_FEATURE_GATES, DRA_RUNTIME_CONFIG, CdiOper
                                   DeviceResourceType, FabricManagerAccess)
 from harness.controlplane import KWOK_NODE_ANNOTATION, ControlPlane, ensure_binaries, start_control_plane
 from harness.fabric_manager import FabricManagerEmulator
-from harness.gpu_node_agent import NVIDIA_DRA_DRIVER, DeviceMode, GpuNodeAgent, NodeTimings
+from harness.gpu_node_agent import NVIDIA_DRA_DRIVER, DeviceMode, GpuNodeAgent
 from tests.unit.fabric import contract
 from tests.unit.fabric.contract import MODEL, NODE_A, NODE_B, NODE_C, POOL, TOTAL
 from tests.unit.fabric.harnesses import contract_pools
@@ -284,13 +283,6 @@ def _detach_strays(world: World) -> None:
                 world.fm.detach(machine, device.res_uuid)
 
 
-def node_timings(world: World, timings: NodeTimings) -> None:
-    """The node side answers as `timings` say from now on: each node's nvidia-smi reads them at its next call."""
-    world.agent.set_timings(timings)
-    for node in NODES:
-        world.agent.sync(node)
-
-
 def reset(world: World) -> None:
     """Back to an empty world: every request sized to 0 (the operator detaches its devices), then deleted.
 
@@ -300,7 +292,6 @@ def reset(world: World) -> None:
     objects = world.objects
     for node in NODES:
         world.agent.freeze(node, False)
-    node_timings(world, NodeTimings())
     world.fm.fail_next_attaches(0)
     world.fm.fail_next_detaches(0)
     world.fm.attach_latency_s = world.fm.detach_latency_s = 0.0
@@ -825,23 +816,13 @@ def test_a_webhook_refusal_of_dds_write_names_the_other_writer(fresh: World) -> 
         h.close()
 
 
-# --- the node side as slow as real hardware (harness NodeTimings): the GPU drain before a detach ---
+# --- the operator's removal order and a resource its controller has not picked up (state "") ---
 
-# Before it asks the fabric to let a GPU go, the operator drains it in the node's driver pod (DRA mode with the
-# driver in a container, as here: `nvidia-smi drain -m 1`, then the reset `drain -r` or, on a VM, a sysfs remove;
-# internal/utils/gpus.go DrainGPU). DEVICE_PLUGIN mode drains the same way (its reset's failure ignored).
-DRAIN_FAILURE = "In use by another client"
-SLOW_DRAIN_S = 5.0  # REALISTIC_NODE's drain
-# One drain this long keeps the operator's only ComposableResource worker (controller-runtime's default of one per
-# controller) busy well past PICK_UP_WAIT_BOUND_S: a resource created meanwhile stays in state "" that long.
-BUSY_DRAIN_S = 25.0
+# In DRA mode the operator's fabric-manager calls block its ComposableResource worker, the only one it has
+# (controller-runtime's default per controller): a detach the fabric takes this long keeps a resource created
+# meanwhile in state "" well past PICK_UP_WAIT_BOUND_S.
+BUSY_FABRIC_S = 25.0
 PICK_UP_WAIT_BOUND_S = 10.0
-
-
-def _fm_deletes(world: World, node: str) -> list[Any]:
-    """The fabric manager's detach calls for the node's machine that it accepted."""
-    machine = world.machines[node]
-    return [c for c in world.fm.calls() if c.method == "DELETE" and machine in c.path and c.status < 300]
 
 
 def _state_of(h: RealOperatorHarness, resource: str) -> Optional[str]:
@@ -855,104 +836,18 @@ def _ended(h: RealOperatorHarness, key: str) -> Optional[Operation]:
     return op if op is not None and op.state.done else None
 
 
-def test_a_gpu_drain_that_fails_ends_the_detach_past_the_bound_and_the_gpu_stays_attached_and_counted(
-        fresh: World) -> None:
-    """A drain that fails is the resource's error, which the operator retries: DDS's detach ends FAILED past its error
-    bound quoting it (a DetachFailed Event); the GPU stays attached, counted detaching on its node and in no pool's
-    free count; a second detach of it is refused (lowering the size again would take the other GPU). Once drains work
-    again, the operator's retry lets it go with one fabric call, and a later detach succeeds."""
-    h = short_bound(fresh)
-    watcher = OperationWatcher(h.fabric, h.events, time.time)
-    try:
-        attached = h.settle(_attach(h, "two", NODE_A, 2).key)
-        assert attached.state == OperationState.SUCCEEDED, attached
-        undrained, other = attached.devices
-        serial = {d.id: d.serial for d in h.fabric.devices(NODE_A)}
-        machine, name = fresh.machines[NODE_A], request_name("dds-", NODE_A, "gpu", MODEL)
-        node_timings(fresh, NodeTimings(drain_failure=DRAIN_FAILURE))
-        watcher.watch(h.fabric.detach(DetachRequest(key="undrainable", node=NODE_A, device_ids=(undrained,))))
-        [failed] = wait_for("the detach ended", fresh, watcher.poll)
-        assert failed.state == OperationState.FAILED and failed.error is not None, failed
-        assert failed.error.code == ErrorCode.BACKEND, failed.error
-        assert DRAIN_FAILURE in failed.error.message and "(the operator keeps retrying it)" in failed.error.message
-        [event] = h.events.of("DetachFailed")
-        assert event[:2] == (f"Node {NODE_A}", "Warning") and DRAIN_FAILURE in event[3], event
-        # Still attached, and counted: detaching on the node (no plan counts on it), not free in the pool.
-        assert sorted(fresh.fm.attachments()[machine]) == sorted(serial.values())
-        assert {d.id: d.state for d in h.fabric.devices(NODE_A)} == {undrained: DeviceState.DETACHING,
-                                                                     other: DeviceState.ONLINE}
-        assert contract.free(h.fabric) == TOTAL - 2
-        with pytest.raises(FabricError) as again:
-            h.fabric.detach(DetachRequest(key="again", node=NODE_A, device_ids=(undrained,)))
-        assert again.value.code == ErrorCode.INVALID and "already being detached" in again.value.message
-        assert _request_named(h, name)["spec"]["resource"]["size"] == 1
-        assert not _fm_deletes(fresh, NODE_A)
-
-        node_timings(fresh, NodeTimings())  # drains work again: the operator's next retry lets the GPU go
-        wait_for("the undrained GPU off the fabric and its resource gone", fresh, lambda: (
-            _state_of(h, undrained) is None and serial[undrained] not in fresh.fm.attachments().get(machine, [])))
-        assert fresh.fm.attachments()[machine] == [serial[other]]
-        assert [(d.id, d.state) for d in h.fabric.devices(NODE_A)] == [(other, DeviceState.ONLINE)]
-        assert contract.free(h.fabric) == TOTAL - 1 and len(_fm_deletes(fresh, NODE_A)) == 1
-        later = h.settle(h.fabric.detach(DetachRequest(key="later", node=NODE_A, device_ids=(other,))).key)
-        assert later.state == OperationState.SUCCEEDED and later.devices == (other,), later
-        assert _machine_empty(fresh, NODE_A) and contract.free(h.fabric) == TOTAL
-        stored = h.fabric.operation("undrainable")  # its outcome stays as reported
-        assert stored is not None and stored.state == OperationState.FAILED and stored.error is not None, stored
-        assert (stored.error.code, stored.error.message) == (failed.error.code, failed.error.message)
-    finally:
-        node_timings(fresh, NodeTimings())
-        h.close()
-
-
-def test_a_slow_gpu_drain_only_delays_the_detach(fresh: World) -> None:
-    """A drain of seconds, as on a real server: the detach waits for it and succeeds. The operator reports no error
-    meanwhile, so DDS's error bound, shorter than the drain here, never comes into play."""
-    h = short_bound(fresh)
-    try:
-        attached = h.settle(_attach(h, "one", NODE_A, 1).key)
-        assert attached.state == OperationState.SUCCEEDED, attached
-        [device] = attached.devices
-        node_timings(fresh, NodeTimings(drain_delay_s=SLOW_DRAIN_S))
-        started = time.monotonic()
-        key = h.fabric.detach(DetachRequest(key="slow-drain", node=NODE_A, device_ids=attached.devices)).key
-        errors: set[str] = set()
-
-        def ended() -> Optional[Operation]:
-            resource = {r["metadata"]["name"]: r for r in h.resources()}.get(device) or {}
-            errors.update(e for e in [(resource.get("status") or {}).get("error")] if e)
-            return _ended(h, key)
-
-        done = wait_for("the detach ended", fresh, ended)
-        assert done.state == OperationState.SUCCEEDED and done.devices == attached.devices, done
-        assert time.monotonic() - started >= SLOW_DRAIN_S
-        assert not errors, errors
-        assert _machine_empty(fresh, NODE_A) and contract.free(h.fabric) == TOTAL
-    finally:
-        node_timings(fresh, NodeTimings())
-        h.close()
-
-
-# --- the operator's removal order and a resource its controller has not picked up (state "") ---
-
-def _taint_rule(world: World, resource: str) -> bool:
-    """Whether the operator has tainted the resource's GPU: in DRA mode the step just before its drain."""
-    try:
-        world.objects.get_cluster_custom_object("resource.k8s.io", "v1alpha3", "devicetaintrules", f"{resource}-taint")
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
+def _fabric_detaching(world: World, node: str) -> bool:
+    """Whether the fabric manager is in the middle of a detach call for the node's machine."""
+    return any(device.busy for device in world.fm.devices_of(world.machines[node]))
 
 
 def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_gpu_in_use(fresh: World) -> None:
     """The operator's removal order on a size decrease tests for a state "None" it never writes: a ComposableResource
     in state "" (its controller has not taken it up) goes after the Online ones (composabilityrequest_controller.go,
-    NodeAllocating). Its ComposableResource controller has one worker, so while that worker drains a GPU on another
-    node a resource created meanwhile waits in state "". An attach that ends meanwhile (here past its wait bound) must
-    not give its size back yet: the operator would remove the GPU in use instead. DDS gives it back once the operator
-    has taken the resource up (Attaching: removed first), and the GPU in use stays, alone on its node."""
+    NodeAllocating). Its ComposableResource controller has one worker, so while that worker waits on the fabric for
+    a detach on another node, a resource created meanwhile stays in state "". An attach that ends meanwhile (here past
+    its wait bound) must not give its size back yet: the operator would remove the GPU in use instead. DDS gives it
+    back once the operator has taken the resource up (Attaching: removed first), and the GPU in use stays, alone."""
     h = RealOperatorHarness(fresh, wait_bound_s=PICK_UP_WAIT_BOUND_S)
     try:
         assert h.settle(_attach(h, "in-use", NODE_A, 1).key).state == OperationState.SUCCEEDED
@@ -961,10 +856,10 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
         elsewhere = h.settle(_attach(h, "elsewhere", NODE_B, 1).key)
         assert elsewhere.state == OperationState.SUCCEEDED, elsewhere
 
-        node_timings(fresh, NodeTimings(drain_delay_s=BUSY_DRAIN_S))
-        drained = h.fabric.detach(DetachRequest(key="drained", node=NODE_B, device_ids=elsewhere.devices))
-        wait_for("the operator draining the GPU on the other node", fresh,
-                 lambda: _taint_rule(fresh, elsewhere.devices[0]))
+        fresh.fm.detach_latency_s = BUSY_FABRIC_S
+        drained = h.fabric.detach(DetachRequest(key="slow-fabric", node=NODE_B, device_ids=elsewhere.devices))
+        wait_for("the operator waiting on the fabric's detach on the other node", fresh,
+                 lambda: _fabric_detaching(fresh, NODE_B))
         fresh.fm.fail_next_attaches(1000, message="fabric switch sw-3 is down")  # the new attach cannot succeed
         second = _attach(h, "second", NODE_A, 1)
         name = request_name("dds-", NODE_A, "gpu", MODEL)
@@ -975,23 +870,25 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
         assert failed.state == OperationState.FAILED and failed.error is not None, failed
         assert failed.error.code == ErrorCode.TIMEOUT, failed.error
         assert f"{unpicked} not picked up by the operator" in failed.error.message, failed.error.message
-        assert _state_of(h, unpicked) == "", "the drain elsewhere no longer holds the operator's resource worker"
+        assert _state_of(h, unpicked) == "" and _fabric_detaching(fresh, NODE_B), \
+            "the fabric's detach elsewhere no longer holds the operator's resource worker: the test proves nothing"
         assert _request_named(h, name)["spec"]["resource"]["size"] == 2, \
             "given back now, the operator would remove the GPU in use"
 
-        # The drain over, the operator takes the resource up (Attaching; the fabric refuses it); DDS's next read gives
-        # the size back and the operator removes that resource, the one DDS chose.
+        # The fabric's detach done, the operator takes the resource up (Attaching; the fabric refuses it); DDS's next
+        # read gives the size back and the operator removes that resource, the one DDS chose.
         wait_for("the size given back", fresh, lambda: (
             h.fabric.operation(second.key) and _request_named(h, name)["spec"]["resource"]["size"] == 1), timeout_s=120)
         wait_for("the resource not attached gone", fresh, lambda: _state_of(h, unpicked) is None)
         assert [(d.id, d.state) for d in h.fabric.devices(NODE_A)] == [(gpu.id, DeviceState.ONLINE)]
         resource = {r["metadata"]["name"]: r for r in h.resources()}[gpu.id]
-        assert not resource["metadata"].get("deletionTimestamp") and not resource["metadata"].get(
-            "annotations", {}).get(ANN_DELETE_DEVICE)
-        assert fresh.fm.attachments()[fresh.machines[NODE_A]] == [gpu.serial] and not _fm_deletes(fresh, NODE_A)
+        assert not resource["metadata"].get("deletionTimestamp"), resource["metadata"]
+        assert not (resource["metadata"].get("annotations") or {}).get(ANN_DELETE_DEVICE), resource["metadata"]
+        assert fresh.fm.attachments()[fresh.machines[NODE_A]] == [gpu.serial]
+        assert not [c for c in fresh.fm.calls() if c.method == "DELETE" and fresh.machines[NODE_A] in c.path]
         assert h.fabric.operation(second.key).state == OperationState.FAILED
         assert h.settle(drained.key).state == OperationState.SUCCEEDED
         assert _machine_empty(fresh, NODE_B) and contract.free(h.fabric) == TOTAL - 1
     finally:
-        node_timings(fresh, NodeTimings())
+        fresh.fm.detach_latency_s = 0.0
         h.close()
