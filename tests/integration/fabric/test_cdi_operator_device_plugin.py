@@ -405,6 +405,7 @@ def test_a_gpu_drain_that_fails_fails_the_detach_and_a_slow_one_only_delays_it(p
             assert failed.state == OperationState.FAILED and failed.error is not None, failed
             assert failed.error.code == ErrorCode.BACKEND, failed.error
             assert DRAIN_FAILURE in failed.error.message and "(the operator keeps retrying it)" in failed.error.message
+            assert (failed.finished_at or 0.0) - failed.started_at >= DDS_ERROR_BOUND_S, failed
             [event] = events.of("DetachFailed")
             assert event[:2] == (f"Node {node}", "Warning") and DRAIN_FAILURE in event[3], event
             # Still attached and counted: on the node's capacity, detaching (no plan counts on it), free in no pool;
