@@ -836,6 +836,11 @@ def _ended(h: RealOperatorHarness, key: str) -> Optional[Operation]:
     return op if op is not None and op.state.done else None
 
 
+def _fabric_detaches(world: World, node: str) -> list[Any]:
+    """The fabric manager's detach calls for the node's machine so far."""
+    return [c for c in world.fm.calls() if c.method == "DELETE" and world.machines[node] in c.path]
+
+
 def _fabric_detaching(world: World, node: str) -> bool:
     """Whether the fabric manager is in the middle of a detach call for the node's machine."""
     return any(device.busy for device in world.fm.devices_of(world.machines[node]))
@@ -855,6 +860,7 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
         hold_gpu(fresh, NODE_A, gpu.serial or "")
         elsewhere = h.settle(_attach(h, "elsewhere", NODE_B, 1).key)
         assert elsewhere.state == OperationState.SUCCEEDED, elsewhere
+        detaches_from_a = len(_fabric_detaches(fresh, NODE_A))  # the module's earlier cases' calls are recorded too
 
         fresh.fm.detach_latency_s = BUSY_FABRIC_S
         drained = h.fabric.detach(DetachRequest(key="slow-fabric", node=NODE_B, device_ids=elsewhere.devices))
@@ -885,7 +891,7 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
         assert not resource["metadata"].get("deletionTimestamp"), resource["metadata"]
         assert not (resource["metadata"].get("annotations") or {}).get(ANN_DELETE_DEVICE), resource["metadata"]
         assert fresh.fm.attachments()[fresh.machines[NODE_A]] == [gpu.serial]
-        assert not [c for c in fresh.fm.calls() if c.method == "DELETE" and fresh.machines[NODE_A] in c.path]
+        assert len(_fabric_detaches(fresh, NODE_A)) == detaches_from_a, "the fabric was asked to detach from node A"
         assert h.fabric.operation(second.key).state == OperationState.FAILED
         # The slow detach elsewhere ends too (read once it is done: past this harness's short wait bound, read while
         # the operator still worked on it, it would have ended Timeout with its device counted detaching).
