@@ -14,6 +14,7 @@ ONE `samenode` request per (node, type, model), named `<prefix><node>-<type>-<mo
   until the request's resources are all Online, a size change waits until the operator has applied the last one
   (`_check_operator_caught_up`), and a failed attach's give-back waits while a resource is in state "". The marks
   (and force flags) come off again when the size write fails, and off the devices a failed detach leaves in place.
+  A device already on its way out (its resource being deleted) is not detached again: the size would drop twice.
   `force` is honoured when the detach empties the request (the chosen resources get `spec.force_detach`, and the
   operator skips its in-use check); otherwise it is sent as a normal detach (a resource whose `force_detach` differs
   from its request's is replaced by the operator while the request keeps devices, so forcing a few would replace the
@@ -235,6 +236,7 @@ class ComposabilityRequestFabric:
                 record = _records(existing).get(request.key)
                 if record is not None:
                     return self._operation_from(record, existing)
+                _check_not_leaving(request.key, request.device_ids, self._view().resources)
                 size = int(existing["spec"]["resource"].get("size", 0))
                 if len(request.device_ids) > size:
                     raise FabricError(ErrorCode.INVALID, f"detach {request.key}: {len(request.device_ids)} devices "
@@ -911,6 +913,18 @@ def _check_operator_caught_up(what: str, name: str, existing: Optional[dict[str,
     raise FabricError(ErrorCode.BACKEND, f"{what}: the operator is still applying the last size change of "
                                          f"ComposabilityRequest {name} ({waiting}); a second one now could attach "
                                          f"more devices than the size says, so it waits")
+
+
+def _check_not_leaving(key: str, device_ids: Sequence[str], resources: Mapping[str, dict[str, Any]]) -> None:
+    """Refuse to detach a device already on its way out (its ComposableResource being deleted: a detach under way, or
+    one that failed and the operator keeps retrying, such as a GPU drain that fails): the operator dropped it from the
+    request when the size was lowered for it, so lowering the size again would take another device, one DDS did not
+    choose. As the simulated fabric does, INVALID: nothing to retry, the first detach's end decides."""
+    leaving = sorted(d for d in device_ids if d in resources and _device_state(resources[d]) == DeviceState.DETACHING)
+    if leaving:
+        raise FabricError(ErrorCode.INVALID, f"detach {key}: {', '.join(leaving)} already being detached (its "
+                                             f"ComposableResource is being deleted; the operator finishes that "
+                                             f"detach); lowering the size again would take another device")
 
 
 def _not_picked_up(name: str, resources: Mapping[str, dict[str, Any]]) -> list[str]:

@@ -35,10 +35,12 @@ from harness.cluster_manager import ClusterManagerEmulator, FailedAdds
 from harness.controlplane import KWOK_NODE_ANNOTATION, ControlPlane, ensure_binaries, start_control_plane
 from harness.fabric_manager import FabricManagerEmulator
 from dds.config import ComposabilitySettings, PoolSpec
-from dds.fabric.base import AttachRequest, ErrorCode, OperationState
+from dds.controller.executor import OperationWatcher
+from dds.fabric.base import AttachRequest, DetachRequest, DeviceState, ErrorCode, FabricError, OperationState
 from dds.fabric.composability import ComposabilityRequestFabric
 from harness import rbac
 from harness.gpu_node_agent import GPU_RESOURCE, DeviceMode, GpuNodeAgent, NodeTimings
+from tests.integration.fabric.test_composability_contract import RecordedEvents
 
 pytestmark = [pytest.mark.integration, pytest.mark.spread]
 
@@ -355,5 +357,94 @@ def test_a_cluster_manager_that_keeps_a_failed_add_costs_dds_no_device(plane: Co
             assert manager.failed_adds(machine), "the CM still lists the failed add"
             assert not manager.attachments().get(machine) and manager.free_count(MODEL) == 3
             assert all(d.node != node for d in fabric.devices()) and fabric.pools()[0].free[MODEL] == free_before
+        finally:
+            cluster.close()
+
+
+# In this mode the operator drains a GPU in the node's driver pod before it asks the cluster manager to remove it:
+# `nvidia-smi drain -p <bus> -m 1` must succeed, then `-r` (its failure ignored) (internal/utils/gpus.go DrainGPU,
+# "OCP + DEVICE_PLUGIN"). DRA mode with the driver in a container reads the GPUs from /proc/driver/nvidia instead,
+# which this machine does not have: there the operator finds nothing to drain, so the drain is tested here.
+DRAIN_FAILURE = "In use by another client"
+SLOW_DRAIN_S = 5.0  # REALISTIC_NODE's drain; the operator runs two
+
+
+def resource_error(cluster: DevicePluginCluster, node: str, name: str) -> str:
+    return next(((r.get("status") or {}).get("error") or "" for r in cluster.resources(node)
+                 if r["metadata"]["name"] == name), "")
+
+
+def test_a_gpu_drain_that_fails_fails_the_detach_and_a_slow_one_only_delays_it(plane: ControlPlane, api: Any) -> None:
+    """A drain that fails is the resource's error, which the operator retries: DDS's detach ends FAILED past its error
+    bound quoting nvidia-smi (a DetachFailed Event); the GPU stays attached, on the node's capacity, counted detaching
+    and free in no pool; a second detach of it is refused (lowering the size again would take the other GPU). Once
+    drains work again, slowly as on a real server, the operator's retry lets it go and a later detach succeeds, with
+    no error reported while it drains."""
+    with ClusterManagerEmulator({MODEL: 3}, attach_latency_s=1.0, detach_latency_s=1.0,
+                                failed_add_visible_s=FAILED_ADD_VISIBLE_S) as manager, \
+            rbac.api_client(rbac.install(plane, rbac.DDS)) as dds_api:
+        cluster = DevicePluginCluster(plane, api, manager)
+        try:
+            cluster.operator.start_when_port_free(PORT_WAIT_S)
+            node, machine = cluster.add_node()
+            fabric = dds_fabric(dds_api)
+            free_before = fabric.pools()[0].free[MODEL]  # the module's other requests share the plane and pool
+            events = RecordedEvents()
+            watcher = OperationWatcher(fabric, events, time.time)
+            started = fabric.attach(AttachRequest(key="two", node=node, pool="pool", model=MODEL, count=2))
+            attached = cluster.wait("DDS's attach ended", lambda: ended(fabric, started.key))
+            assert attached.state == OperationState.SUCCEEDED, attached
+            undrained, other = attached.devices
+            serial = {d.id: d.serial for d in fabric.devices(node)}
+
+            cluster.agent.set_timings(NodeTimings(drain_failure=DRAIN_FAILURE))
+            cluster.agent.sync(node)
+            resizes = len([c for c in manager.resize_calls() if c.status == 202])
+            watcher.watch(fabric.detach(DetachRequest(key="undrainable", node=node, device_ids=(undrained,))))
+            [failed] = cluster.wait("DDS's detach ended", watcher.poll)
+            assert failed.state == OperationState.FAILED and failed.error is not None, failed
+            assert failed.error.code == ErrorCode.BACKEND, failed.error
+            assert DRAIN_FAILURE in failed.error.message and "(the operator keeps retrying it)" in failed.error.message
+            assert (failed.finished_at or 0.0) - failed.started_at >= DDS_ERROR_BOUND_S, failed
+            [event] = events.of("DetachFailed")
+            assert event[:2] == (f"Node {node}", "Warning") and DRAIN_FAILURE in event[3], event
+            # Still attached and counted: on the node's capacity, detaching (no plan counts on it), free in no pool;
+            # nothing was asked of the cluster manager.
+            assert sorted(manager.attachments()[machine]) == sorted(serial.values()) and cluster.capacity(node) == "2"
+            assert {d.id: d.state for d in fabric.devices(node)} == {undrained: DeviceState.DETACHING,
+                                                                    other: DeviceState.ONLINE}
+            assert fabric.pools()[0].free[MODEL] == free_before - 2
+            assert len([c for c in manager.resize_calls() if c.status == 202]) == resizes
+            with pytest.raises(FabricError) as again:
+                fabric.detach(DetachRequest(key="again", node=node, device_ids=(undrained,)))
+            assert again.value.code == ErrorCode.INVALID and "already being detached" in again.value.message
+
+            cluster.agent.set_timings(NodeTimings(drain_delay_s=SLOW_DRAIN_S))  # drains work again, slowly
+            cluster.agent.sync(node)
+            cluster.wait("the undrained GPU off the machine and its resource gone", lambda: (
+                serial[undrained] not in manager.attachments().get(machine, [])
+                and undrained not in {r["metadata"]["name"] for r in cluster.resources(node)}))
+            assert manager.attachments()[machine] == [serial[other]], "a GPU DDS did not choose was detached"
+            assert [(d.id, d.state) for d in fabric.devices(node)] == [(other, DeviceState.ONLINE)]
+            assert fabric.pools()[0].free[MODEL] == free_before - 1
+
+            asked = time.time()
+            later = fabric.detach(DetachRequest(key="later", node=node, device_ids=(other,)))
+            errors: set[str] = set()
+
+            def later_ended() -> Any:
+                errors.update(e for e in [resource_error(cluster, node, other)] if e)
+                return ended(fabric, later.key)
+
+            done = cluster.wait("the later detach ended", later_ended)
+            assert done.state == OperationState.SUCCEEDED and done.devices == (other,), done
+            assert not errors, errors
+            # The cluster manager was asked to remove the GPU only after both drain steps had taken their time.
+            removed_at = min(c.at for c in manager.resize_calls() if c.status == 202 and c.at > asked)
+            assert removed_at - asked >= 2 * SLOW_DRAIN_S, removed_at - asked
+            assert not manager.attachments().get(machine) and fabric.pools()[0].free[MODEL] == free_before
+            stored = fabric.operation("undrainable")  # its outcome stays as reported
+            assert stored is not None and stored.state == OperationState.FAILED and stored.error is not None, stored
+            assert (stored.error.code, stored.error.message) == (failed.error.code, failed.error.message)
         finally:
             cluster.close()

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pytest
 from kubernetes import client
@@ -813,4 +813,92 @@ def test_a_webhook_refusal_of_dds_write_names_the_other_writer(fresh: World) -> 
             h.objects.delete_cluster_custom_object(GROUP, VERSION, REQUESTS, rival)
         wait_for("the other writer's request gone", fresh, lambda: rival not in {
             r["metadata"]["name"] for r in h.requests()})
+        h.close()
+
+
+# --- the operator's removal order and a resource its controller has not picked up (state "") ---
+
+# In DRA mode the operator's fabric-manager calls block its ComposableResource worker, the only one it has
+# (controller-runtime's default per controller): a detach the fabric takes this long keeps a resource created
+# meanwhile in state "" well past PICK_UP_WAIT_BOUND_S.
+BUSY_FABRIC_S = 25.0
+PICK_UP_WAIT_BOUND_S = 10.0
+
+
+def _state_of(h: RealOperatorHarness, resource: str) -> Optional[str]:
+    """A ComposableResource's status.state ("" before its controller took it up); None once it is gone."""
+    found = {r["metadata"]["name"]: r for r in h.resources()}.get(resource)
+    return None if found is None else (found.get("status") or {}).get("state", "")
+
+
+def _ended(h: RealOperatorHarness, key: str) -> Optional[Operation]:
+    op = h.fabric.operation(key)
+    return op if op is not None and op.state.done else None
+
+
+def _fabric_detaches(world: World, node: str) -> list[Any]:
+    """The fabric manager's detach calls for the node's machine so far."""
+    return [c for c in world.fm.calls() if c.method == "DELETE" and world.machines[node] in c.path]
+
+
+def _fabric_detaching(world: World, node: str) -> bool:
+    """Whether the fabric manager is in the middle of a detach call for the node's machine."""
+    return any(device.busy for device in world.fm.devices_of(world.machines[node]))
+
+
+def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_gpu_in_use(fresh: World) -> None:
+    """The operator's removal order on a size decrease tests for a state "None" it never writes: a ComposableResource
+    in state "" (its controller has not taken it up) goes after the Online ones (composabilityrequest_controller.go,
+    NodeAllocating). Its ComposableResource controller has one worker, so while that worker waits on the fabric for
+    a detach on another node, a resource created meanwhile stays in state "". An attach that ends meanwhile (here past
+    its wait bound) must not give its size back yet: the operator would remove the GPU in use instead. DDS gives it
+    back once the operator has taken the resource up (Attaching: removed first), and the GPU in use stays, alone."""
+    h = RealOperatorHarness(fresh, wait_bound_s=PICK_UP_WAIT_BOUND_S)
+    try:
+        assert h.settle(_attach(h, "in-use", NODE_A, 1).key).state == OperationState.SUCCEEDED
+        [gpu] = h.fabric.devices(NODE_A)
+        hold_gpu(fresh, NODE_A, gpu.serial or "")
+        elsewhere = h.settle(_attach(h, "elsewhere", NODE_B, 1).key)
+        assert elsewhere.state == OperationState.SUCCEEDED, elsewhere
+        detaches_from_a = len(_fabric_detaches(fresh, NODE_A))  # the module's earlier cases' calls are recorded too
+
+        fresh.fm.detach_latency_s = BUSY_FABRIC_S
+        drained = h.fabric.detach(DetachRequest(key="slow-fabric", node=NODE_B, device_ids=elsewhere.devices))
+        wait_for("the operator waiting on the fabric's detach on the other node", fresh,
+                 lambda: _fabric_detaching(fresh, NODE_B))
+        fresh.fm.fail_next_attaches(1000, message="fabric switch sw-3 is down")  # the new attach cannot succeed
+        second = _attach(h, "second", NODE_A, 1)
+        name = request_name("dds-", NODE_A, "gpu", MODEL)
+        [unpicked] = wait_for("the new ComposableResource created", fresh, lambda: [
+            r["metadata"]["name"] for r in h.resources()
+            if r["metadata"]["labels"].get("app.kubernetes.io/managed-by") == name and r["metadata"]["name"] != gpu.id])
+        failed = wait_for("the attach past its wait bound", fresh, lambda: _ended(h, second.key), timeout_s=60)
+        assert failed.state == OperationState.FAILED and failed.error is not None, failed
+        assert failed.error.code == ErrorCode.TIMEOUT, failed.error
+        assert f"{unpicked} not picked up by the operator" in failed.error.message, failed.error.message
+        assert _state_of(h, unpicked) == "" and _fabric_detaching(fresh, NODE_B), \
+            "the fabric's detach elsewhere no longer holds the operator's resource worker: the test proves nothing"
+        assert _request_named(h, name)["spec"]["resource"]["size"] == 2, \
+            "given back now, the operator would remove the GPU in use"
+
+        # The fabric's detach done, the operator takes the resource up (Attaching; the fabric refuses it); DDS's next
+        # read gives the size back and the operator removes that resource, the one DDS chose.
+        wait_for("the size given back", fresh, lambda: (
+            h.fabric.operation(second.key) and _request_named(h, name)["spec"]["resource"]["size"] == 1), timeout_s=120)
+        wait_for("the resource not attached gone", fresh, lambda: _state_of(h, unpicked) is None)
+        assert [(d.id, d.state) for d in h.fabric.devices(NODE_A)] == [(gpu.id, DeviceState.ONLINE)]
+        resource = {r["metadata"]["name"]: r for r in h.resources()}[gpu.id]
+        assert not resource["metadata"].get("deletionTimestamp"), resource["metadata"]
+        assert not (resource["metadata"].get("annotations") or {}).get(ANN_DELETE_DEVICE), resource["metadata"]
+        assert fresh.fm.attachments()[fresh.machines[NODE_A]] == [gpu.serial]
+        assert len(_fabric_detaches(fresh, NODE_A)) == detaches_from_a, "the fabric was asked to detach from node A"
+        assert h.fabric.operation(second.key).state == OperationState.FAILED
+        # The slow detach elsewhere ends too (read once it is done: past this harness's short wait bound, read while
+        # the operator still worked on it, it would have ended Timeout with its device counted detaching).
+        wait_for("the other node's GPU off the fabric", fresh,
+                 lambda: _machine_empty(fresh, NODE_B) and not h.fabric.devices(NODE_B))
+        assert h.settle(drained.key).state == OperationState.SUCCEEDED
+        assert contract.free(h.fabric) == TOTAL - 1
+    finally:
+        fresh.fm.detach_latency_s = 0.0
         h.close()

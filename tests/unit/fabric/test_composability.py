@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 
 from dds.config import PoolSpec
-from dds.fabric.base import DeviceState, ErrorCode, OperationState
+from dds.fabric.base import DetachRequest, DeviceState, ErrorCode, OperationState
 from dds.fabric.base import FabricError
 from dds.fabric.composability import (MAX_RECORDED_OPERATIONS, _attach_claim, _bounded, _capacity_from,
                                       _check_operator_caught_up, _device_state, _not_attached, _outcome,
                                       _over_attached, _size_writers, _taken_by_earlier, _targets, _webhook_rival,
                                       request_name)
 from dds.kube.errors import ApiError
+from tests.unit.fabric.test_composability_node_hold import FakeObjects, fabric_with, our_request, resource
 
 
 @pytest.mark.parametrize("node,model,expected", [
@@ -339,3 +340,22 @@ def test_a_forced_reclaim_ends_a_running_attach_at_once_and_says_so() -> None:
     outcome = _outcome(ATTACH_2, request_, resources, 5.0, BOUND, wait_bound=WAIT, ended_by="cancelled by orphan/1")
     assert (outcome["state"], outcome["devices"], outcome["error_code"]) == ("failed", ["gpu-n1"], "Timeout")
     assert outcome["error"].startswith("cancelled by orphan/1 after 5 s; request dds-w1-gpu-a30 Updating: gpu-n2")
+
+
+def test_a_device_already_being_detached_is_not_detached_again() -> None:
+    """A detach the operator keeps retrying (a GPU drain that fails) leaves the device's ComposableResource being
+    deleted, dropped from the request whose size was lowered for it: a second detach of it would lower the size
+    again, and the operator would take the other GPU. Refused, naming the device; nothing written."""
+    objects = FakeObjects()
+    name = request_name("dds-", "w1", "gpu", "A30")
+    objects.requests[name] = our_request("w1", 1)
+    objects.requests[name]["status"] = {"state": "Running", "scalarResource": {"size": 1},
+                                        "resources": {"gpu-kept": {"state": "Online", "node_name": "w1"}}}
+    objects.resources["gpu-kept"] = resource("gpu-kept", "w1", name)
+    objects.resources["gpu-undrained"] = resource("gpu-undrained", "w1", name, state="Detaching")
+    objects.resources["gpu-undrained"]["metadata"]["deletionTimestamp"] = "2026-11-28T21:00:00Z"
+    with pytest.raises(FabricError) as refused:
+        fabric_with(objects).detach(DetachRequest(key="again", node="w1", device_ids=("gpu-undrained",)))
+    assert refused.value.code == ErrorCode.INVALID
+    assert "gpu-undrained already being detached" in refused.value.message
+    assert objects.requests[name]["spec"]["resource"]["size"] == 1
