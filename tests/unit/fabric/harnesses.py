@@ -11,6 +11,7 @@ from dds.fabric.redfish import RedfishFabric
 from dds.fabric.simulated import SimulatedFabric
 from dds.fabric.state import InMemoryFabricStateStore
 from harness.redfish_emulator import EmulatedSystem, EmulatorConfig, RedfishEmulator, mockup_path
+from dds.model.cxl import cxl_model
 from tests.unit.fabric.contract import MODEL, NODE_A, NODE_B, NODE_C, POOL, SLOTS, TOTAL
 
 
@@ -121,3 +122,25 @@ class RedfishHarness:
         for fabric in self._fabrics:
             fabric.close()
         self.emulator.stop()
+
+
+class RedfishMemoryHarness(RedfishHarness):
+    """The Redfish backend binding CXL memory through the emulator's CXL fabric (DMTF's `public-cxl`): TOTAL chunks of
+    `CHUNK_MIB` in the mockup's pooled Type 3 device, zone `pool`; chunks take no slot."""
+
+    CHUNK_MIB = 8192  # a size DMTF's own chunks (16 and 4 GiB) do not have: the contract's pool is the emulator's
+    model, pool, slots = cxl_model(CHUNK_MIB * 2**20), "3", None
+
+    def __init__(self, composition_latency_s: float = 0.8, decomposition_latency_s: float = 0.1,
+                 mockup: str = "public-cxl", task_after_s: Optional[float] = 1.0) -> None:
+        self.config = EmulatorConfig(
+            systems=[EmulatedSystem("sys-1", NODE_A), EmulatedSystem("sys-2", "blade-2", host_name=NODE_B),
+                     EmulatedSystem("sys-3", NODE_C)],
+            gpus={}, memory={self.pool: {self.CHUNK_MIB: TOTAL}}, composition_latency_s=composition_latency_s,
+            decomposition_latency_s=decomposition_latency_s, username="dds", password="secret",
+            mockup=mockup_path(mockup), task_after_s=task_after_s)
+        self.emulator = RedfishEmulator(self.config)
+        self.emulator.start()
+        self.store = InMemoryFabricStateStore()
+        self._fabrics = []
+        self.fabric = self._build()
