@@ -706,7 +706,7 @@ class RedfishEmulator:
                 return self._connect(body)
             if method == "DELETE" and path in self._connections:
                 return self._disconnect(self._connections[path])
-        if path in self._docs or path in self._systems:
+        if path in self._docs or path in self._systems or path in self._connections:
             raise RedfishError(405, "OperationNotAllowed", f"{method} is not allowed on {path}", (method, path))
         raise RedfishError(404, "ResourceMissingAtURI", f"The resource at the URI '{path}' was not found.", (path,))
 
@@ -1441,24 +1441,24 @@ class CredentialTrap:
         self._server.server_close()
 
 
-def _parse_gpus(values: list[str]) -> dict[str, dict[str, int]]:
-    gpus: dict[str, dict[str, int]] = {}
+def _parse_counts(values: list[str], option: str, middle: str, pattern: str, example: str) -> dict[str, dict[str, int]]:
+    """`ZONE:<middle>:COUNT` options (repeatable) as zone -> middle -> count."""
+    counts: dict[str, dict[str, int]] = {}
     for value in values:
-        match = re.fullmatch(r"([^:]+):([^:]+):(\d+)", value)
+        match = re.fullmatch(rf"([^:]+):({pattern}):(\d+)", value)
         if not match:
-            raise argparse.ArgumentTypeError(f"--gpus {value!r}: expected ZONE:MODEL:COUNT, e.g. 2:A30:8")
-        gpus.setdefault(match[1], {})[match[2]] = int(match[3])
-    return gpus
+            raise argparse.ArgumentTypeError(f"{option} {value!r}: expected ZONE:{middle}:COUNT, e.g. {example}")
+        counts.setdefault(match[1], {})[match[2]] = int(match[3])
+    return counts
+
+
+def _parse_gpus(values: list[str]) -> dict[str, dict[str, int]]:
+    return _parse_counts(values, "--gpus", "MODEL", "[^:]+", "2:A30:8")
 
 
 def _parse_memory(values: list[str]) -> dict[str, dict[int, int]]:
-    memory: dict[str, dict[int, int]] = {}
-    for value in values:
-        match = re.fullmatch(r"([^:]+):(\d+):(\d+)", value)
-        if not match:
-            raise argparse.ArgumentTypeError(f"--memory {value!r}: expected ZONE:MIB:COUNT, e.g. 3:16384:8")
-        memory.setdefault(match[1], {})[int(match[2])] = int(match[3])
-    return memory
+    counts = _parse_counts(values, "--memory", "MIB", r"\d+", "3:16384:8")
+    return {zone: {int(size): count for size, count in sizes.items()} for zone, sizes in counts.items()}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -7,25 +7,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import pytest
 import requests
 
-from dds.config import PoolSpec, RedfishSettings
 from dds.fabric.base import AttachRequest, DetachRequest, DeviceState, ErrorCode, FabricError, OperationState
-from dds.fabric.redfish import RedfishFabric, _binding_from, _chunk_id, _connection_state, connection_request
-from dds.fabric.state import InMemoryFabricStateStore
-from dds.model.cxl import cxl_model
-from harness.redfish_emulator import SESSIONS, EmulatedSystem, EmulatorConfig, RedfishEmulator, load_mockup, mockup_path
-from tests.unit.fabric.harnesses import wait_until_done
+from dds.fabric.redfish import _binding_from, _chunk_id, _connection_state, connection_request
+from harness.redfish_emulator import SESSIONS, load_mockup, mockup_path
+from tests.unit.fabric import contract
+from tests.unit.fabric.contract import NODE_A, NODE_B, TOTAL
+from tests.unit.fabric.harnesses import RedfishMemoryHarness, closing
 
-USER, PASSWORD = "dds", "secret"
-ZONE = "3"  # public-cxl's zone of its pooled Type 3 device
-CHUNK_MIB = 8192  # a size DMTF's mockup chunks (16 and 4 GiB) do not have: the pool below is the emulator's
-MODEL = cxl_model(CHUNK_MIB * 2**20)  # cxl-memory-8Gi
-TOTAL = 4
-NODE_A, NODE_B = "node-a", "node-b"
+ZONE, MODEL, CHUNK_MIB = RedfishMemoryHarness.pool, RedfishMemoryHarness.model, RedfishMemoryHarness.CHUNK_MIB
 CONNECTIONS = "/redfish/v1/Fabrics/CXL/Connections"
 
 
@@ -64,69 +58,36 @@ def test_chunk_ids_differ_where_dmtfs_chunk_ids_repeat() -> None:
 
 # --- the emulator's CXL fabric and the client ---
 
-class World:
-    """The emulator on a DMTF CXL mockup with TOTAL chunks of CHUNK_MIB in ZONE and two hosts, DDS's fabric on it."""
+class World(RedfishMemoryHarness):
+    """The memory harness's world (TOTAL chunks of MODEL in ZONE, hosts sys-1..3 for nodes A..C) with quick latencies,
+    and what these tests look at."""
 
-    def __init__(self, mockup: str = "public-cxl", wait_s: float = 120.0, **config: Any) -> None:
-        settings: dict[str, Any] = {"composition_latency_s": 0.1, "decomposition_latency_s": 0.05, **config}
-        self.config = EmulatorConfig(systems=[EmulatedSystem("sys-1", NODE_A), EmulatedSystem("sys-2", NODE_B)],
-                                     gpus={}, memory={ZONE: {CHUNK_MIB: TOTAL}}, username=USER, password=PASSWORD,
-                                     mockup=mockup_path(mockup), **settings)
-        self.emulator = RedfishEmulator(self.config)
-        self.emulator.start()
-        self.store = InMemoryFabricStateStore()
-        self.wait_s = wait_s
-        self.fabrics: list[RedfishFabric] = []
-        self.fabric = self.build()
-
-    def build(self) -> RedfishFabric:
-        # One GPU slot per node in the zone: memory must take none of it.
-        fabric = RedfishFabric(RedfishSettings(endpoint=self.emulator.url, username=USER, timeout_seconds=5,
-                                               connection_wait_seconds=self.wait_s),
-                               password=PASSWORD, clock=time.time, store=self.store,
-                               pools=[PoolSpec(name=ZONE, devices={}, max_slots_per_node=1)])
-        self.fabrics.append(fabric)
-        return fabric
+    def __init__(self, **config: Any) -> None:
+        super().__init__(**{"composition_latency_s": 0.1, "decomposition_latency_s": 0.05, **config})
 
     def attach(self, key: str, count: int, node: str = NODE_A):
         return self.fabric.attach(AttachRequest(key=key, node=node, pool=ZONE, model=MODEL, count=count))
 
-    def settle(self, key: str):
-        return wait_until_done(lambda: self.fabric, key)
-
     def free(self) -> int:
-        [pool] = [p for p in self.fabric.pools() if p.name == ZONE]
-        return pool.free.get(MODEL, 0)
+        return contract.free(self.fabric, MODEL, ZONE)
 
     def online(self, node: str = NODE_A) -> list[str]:
-        return sorted(d.id for d in self.fabric.devices(node) if d.state == DeviceState.ONLINE)
+        return contract.online(self.fabric, node)
 
     def sent(self, method: str) -> list[str]:
         return [p for m, p in self.emulator.requests if m == method and p.startswith(CONNECTIONS)]
 
     def session(self) -> requests.Session:
         http = requests.Session()
-        login = http.post(f"{self.emulator.url}{SESSIONS}", json={"UserName": USER, "Password": PASSWORD}, timeout=5)
+        login = http.post(f"{self.emulator.url}{SESSIONS}", json={"UserName": "dds", "Password": "secret"}, timeout=5)
         http.headers["X-Auth-Token"] = login.headers["X-Auth-Token"]
         return http
-
-    def close(self) -> None:
-        for fabric in self.fabrics:
-            fabric.close()
-        self.emulator.stop()
 
 
 @pytest.fixture
 def make_world() -> Iterator[Callable[..., World]]:
-    made: list[World] = []
-
-    def make(**config: Any) -> World:
-        made.append(World(**config))
-        return made[-1]
-
-    yield make
-    for world in made:
-        world.close()
+    """World(mockup=..., connection_wait_seconds=..., **EmulatorConfig fields), closed after the test."""
+    yield from closing(World)
 
 
 def test_the_pool_is_the_type3_chunks_of_the_zone(make_world: Callable[..., World]) -> None:
@@ -149,7 +110,7 @@ def test_attach_binds_chunks_to_the_host_and_detach_unbinds_them(make_world: Cal
     assert op.state == OperationState.SUCCEEDED, op
     assert len(op.devices) == 2 and world.online() == sorted(op.devices)
     assert world.free() == TOTAL - 2
-    assert world.emulator.bound_memory_mib() == {"sys-1": 2 * CHUNK_MIB, "sys-2": 0}  # the host sees the memory
+    assert world.emulator.bound_memory_mib() == {"sys-1": 2 * CHUNK_MIB, "sys-2": 0, "sys-3": 0}  # the host sees the memory
     assert len(world.sent("POST")) == 2  # one Connection per chunk
     host = world.emulator.get("/redfish/v1/Systems/sys-1/Memory")
     assert host["Members@odata.count"] == 2
@@ -205,7 +166,7 @@ def test_a_hosts_local_device_is_not_bound_elsewhere(make_world: Callable[..., W
 def test_a_restarted_backend_binds_each_chunk_exactly_once(make_world: Callable[..., World]) -> None:
     world = make_world(composition_latency_s=0.6)
     world.attach("across-restart", 2)
-    world.fabric = world.build()  # the first one is dropped without closing (kill -9)
+    world.restart()  # the first one is dropped without closing (kill -9)
     world.attach("across-restart", 2)
     done = world.settle("across-restart")
     assert done.state == OperationState.SUCCEEDED, done
@@ -253,7 +214,7 @@ def test_a_connection_that_ends_failed_fails_the_attach(make_world: Callable[...
 
 
 def test_a_connection_that_never_appears_fails_after_the_bound(make_world: Callable[..., World]) -> None:
-    world = make_world(wait_s=0.5)
+    world = make_world(connection_wait_seconds=0.5)
     world.config.faults.phantom_connections = 1
     world.attach("phantom", 1)
     op = world.settle("phantom")
