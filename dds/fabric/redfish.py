@@ -220,6 +220,7 @@ class RedfishFabric:
         self._lock = threading.RLock()
         self._static: dict[str, tuple[Optional[str], str]] = {}  # block/chunk uri -> (model or None, pool)
         self._endpoints: dict[str, _Endpoint] = {}  # CXL fabric endpoints by uri
+        self._fabrics: dict[str, Optional[tuple[str, str]]] = {}  # Fabrics member -> its collections if CXL
         self._log, self._version = self._load_log()
         self._login()
 
@@ -639,10 +640,9 @@ class RedfishFabric:
             system = _system_from(self._get(member["@odata.id"]))
             systems[system.uri] = system
         endpoints: list[_Endpoint] = []
-        for fabric in fabrics:
+        for endpoints_link, connections in fabrics:
             fabric_endpoints = [self._read_endpoint(m["@odata.id"])
-                                for m in self._get(_link(fabric, "Endpoints", "CXL fabric")).get("Members", [])]
-            connections = _link(fabric, "Connections", "CXL fabric")
+                                for m in self._get(endpoints_link).get("Members", [])]
             bindings = [_binding_from(self._get(m["@odata.id"])) for m in self._get(connections).get("Members", [])]
             endpoints += fabric_endpoints
             blocks.update(self._chunks(fabric_endpoints, bindings, connections, systems))
@@ -650,12 +650,22 @@ class RedfishFabric:
         return _Inventory(blocks, systems, target, tuple(endpoints))
 
     # --- reading a CXL fabric ---
-    def _cxl_fabrics(self, root: dict[str, Any]) -> list[dict[str, Any]]:
+    def _cxl_fabrics(self, root: dict[str, Any]) -> list[tuple[str, str]]:
+        """The (Endpoints, Connections) collections of each CXL fabric; a fabric's type and links are read once."""
         link = root.get("Fabrics", {}).get("@odata.id") if isinstance(root.get("Fabrics"), dict) else None
         if not link:
             return []
-        fabrics = [self._get(member["@odata.id"]) for member in self._get(str(link)).get("Members", [])]
-        return [fabric for fabric in fabrics if fabric.get("FabricType") == CXL_FABRIC_TYPE]
+        found = []
+        for member in self._get(str(link)).get("Members", []):
+            uri = str(member["@odata.id"])
+            if uri not in self._fabrics:
+                fabric = self._get(uri)
+                self._fabrics[uri] = (_link(fabric, "Endpoints", f"CXL fabric {uri}"),
+                                      _link(fabric, "Connections", f"CXL fabric {uri}")) \
+                    if fabric.get("FabricType") == CXL_FABRIC_TYPE else None
+            if self._fabrics[uri] is not None:
+                found.append(self._fabrics[uri])
+        return found
 
     def _read_endpoint(self, uri: str) -> _Endpoint:
         if uri not in self._endpoints:
@@ -678,7 +688,7 @@ class RedfishFabric:
         semantics = set(self._get(logical_device).get("SemanticsSupported") or [])
         return "CXLmem" in semantics and "CXLcache" not in semantics
 
-    def _chunks(self, endpoints: list[_Endpoint], bindings: list["_Binding"], connections: str,
+    def _chunks(self, endpoints: list[_Endpoint], bindings: list[_Binding], connections: str,
                 systems: dict[str, _System]) -> dict[str, _Block]:
         by_chunk = {chunk: binding for binding in bindings for chunk in binding.chunks}
         owners = {e.uri: uri for uri in systems for e in endpoints
@@ -937,7 +947,7 @@ def _link(body: dict[str, Any], name: str, where: str) -> str:
 
 def _pool_of(block: dict[str, Any]) -> str:
     zones = block.get("Links", {}).get("Zones", [])
-    return zones[0]["@odata.id"].rstrip("/").rsplit("/", 1)[-1] if zones else DEFAULT_POOL
+    return _last_segment(zones[0]["@odata.id"]) if zones else DEFAULT_POOL
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ import pytest
 import requests
 
 from dds.fabric.base import AttachRequest, DetachRequest, DeviceState, ErrorCode, FabricError, OperationState
-from dds.fabric.redfish import _binding_from, _chunk_id, _connection_state, connection_request
+from dds.fabric.redfish import (_Block, _Endpoint, _Inventory, _System, _binding_from, _chunk_id, _connection_state,
+                                connection_request)
 from harness.redfish_emulator import SESSIONS, load_mockup, mockup_path
 from tests.unit.fabric import contract
 from tests.unit.fabric.contract import NODE_A, NODE_B, TOTAL
@@ -54,6 +55,18 @@ def test_the_binding_dds_posts_has_dmtfs_shape() -> None:
 def test_chunk_ids_differ_where_dmtfs_chunk_ids_repeat() -> None:
     assert _chunk_id("/redfish/v1/Chassis/PooledCXLType3/MemoryDomains/1/MemoryChunks/1") == "PooledCXLType3.1.1"
     assert _chunk_id("/redfish/v1/Chassis/PooledCXLType3/MemoryDomains/6/MemoryChunks/1") == "PooledCXLType3.6.1"
+
+
+def test_a_chunk_is_bound_through_the_hosts_endpoint_in_its_zone() -> None:
+    target = _Endpoint("/e/T3", ("/z/3",), chunks=("/c/1",))
+    chunk = _Block("c.1", "/c/1", MODEL, "3", "Unused", None, target=target.uri)
+    elsewhere, here = _Endpoint("/e/I1", ("/z/1",), ("/s/1/cpu",)), _Endpoint("/e/I3", ("/z/3",), ("/s/1/cpu",))
+    system = _System("/s/1", NODE_A, (NODE_A, ""), (), {}, (elsewhere, here))
+    inventory = _Inventory({}, {system.uri: system}, endpoints=(target, elsewhere, here))
+    assert inventory.initiator_for(system, chunk) == "/e/I3"
+    lone = _System("/s/1", NODE_A, (NODE_A, ""), (), {}, (elsewhere,))
+    assert inventory.initiator_for(lone, chunk) == "/e/I1"  # the service says whether zoning allows it
+    assert inventory.initiator_for(_System("/s/2", NODE_B, (NODE_B, ""), (), {}), chunk) is None
 
 
 # --- the emulator's CXL fabric and the client ---
