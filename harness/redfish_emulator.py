@@ -39,7 +39,8 @@ Faults for tests: `compose_http_errors` (the next N composition requests answer 
 `failing_blocks` (their composition ends `Failed`), `failing_tasks` (their composition task ends `Exception` and the
 service rolls the block back), `concurrent_writes` (the next N PATCHes find the system just changed by another client:
 412), `max_blocks_per_system` (400 ResourceExhaustion), `phantom_connections` (the next N Connection POSTs are answered
-201 and nothing is created). Memory chunks are named by URI in `failing_blocks` / `failing_tasks` (their Connection
+201 and nothing is created), `gone_connections` (URIs the Connections collection lists that answer 404, as a Connection
+deleted between a client's read of the collection and of the member). Memory chunks are named by URI in `failing_blocks` / `failing_tasks` (their Connection
 ends Failed / its task ends Exception and the Connection is removed); `compose_http_errors` and `refusal_chars` apply
 to Connection POSTs and DELETEs too. Time comes from an injected clock; state advances lazily.
 
@@ -188,6 +189,7 @@ class EmulatorFaults:
     padding_bytes: int = 0  # the service root carries an Oem padding of this many bytes
     drip_seconds: float = 0.0  # the service root's body is sent one byte at a time, this long apart
     phantom_connections: int = 0  # the next N Connection POSTs answer 201 with a Location and create nothing
+    gone_connections: list[str] = field(default_factory=list)  # listed in Connections, 404 (deleted between reads)
 
 
 @dataclass
@@ -897,7 +899,7 @@ class RedfishEmulator:
         connections = f"{self._fabric}/Connections"
         if path == connections:
             return _collection(connections, "#ConnectionCollection.ConnectionCollection", "CXL Connection Collection",
-                               list(self._connections))
+                               list(self._connections) + self.config.faults.gone_connections)
         if path in self._connections:
             return self._connection_doc(self._connections[path])
         if path.startswith(f"{self._fabric}/Endpoints/") and path in self._docs:

@@ -643,7 +643,8 @@ class RedfishFabric:
         for endpoints_link, connections in fabrics:
             fabric_endpoints = [self._read_endpoint(m["@odata.id"])
                                 for m in self._get(endpoints_link).get("Members", [])]
-            bindings = [_binding_from(self._get(m["@odata.id"])) for m in self._get(connections).get("Members", [])]
+            bindings = [b for b in (self._read_binding(m["@odata.id"]) for m in self._get(connections).get("Members", []))
+                        if b is not None]
             endpoints += fabric_endpoints
             blocks.update(self._chunks(fabric_endpoints, bindings, connections, systems))
         systems = {uri: _with_initiators(system, endpoints) for uri, system in systems.items()}
@@ -681,6 +682,15 @@ class RedfishFabric:
             self._endpoints[uri] = _Endpoint(uri, zones, tuple(i for i in initiator_of if i),
                                              tuple(c for c in chunks if c))
         return self._endpoints[uri]
+
+    def _read_binding(self, uri: str) -> Optional[_Binding]:
+        """A Connection, or None when it was deleted between the collection's read and its own (a 404)."""
+        try:
+            return _binding_from(self._get(uri))
+        except FabricError as exc:
+            if exc.code == ErrorCode.NOT_FOUND:
+                return None
+            raise
 
     def _is_type3(self, logical_device: str) -> bool:
         """A CXL Type 3 device (memory expander) speaks CXL.mem without CXL.cache; Type 2 (an accelerator with its own

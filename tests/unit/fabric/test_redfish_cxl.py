@@ -236,6 +236,14 @@ def test_a_connection_that_never_appears_fails_after_the_bound(make_world: Calla
     assert world.free() == TOTAL
 
 
+def test_a_connection_deleted_while_the_fabric_is_read_is_not_an_error(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    world.config.faults.gone_connections = [f"{CONNECTIONS}/999"]
+    assert world.free() == TOTAL
+    world.attach("meanwhile", 1)
+    assert world.settle("meanwhile").state == OperationState.SUCCEEDED
+
+
 def test_a_refusal_fails_the_attach_with_the_services_message(make_world: Callable[..., World]) -> None:
     world = make_world()
     world.config.faults.refusal_chars = 60
