@@ -168,6 +168,15 @@ def test_memory_regions_are_refused_in_a_cxl_fabric(make_world: Callable[..., Wo
     assert answer.status_code == 400 and "not allowed in a CXL fabric" in answer.json()["error"]["message"]
 
 
+def test_a_connection_across_zones_is_refused(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    chunk = next(c for c, (state, _) in world.emulator.chunks().items() if state == "Unused")
+    across = connection_request(chunk, "/redfish/v1/Fabrics/CXL/Endpoints/I1", None, "zone 1 to zone 3")  # DMTF's I1
+    answer = world.session().post(f"{world.emulator.url}{CONNECTIONS}", json=across, timeout=5)
+    assert answer.status_code == 400 and "shares no zone with" in answer.json()["error"]["message"]
+    assert world.emulator.chunks()[chunk] == ("Unused", None)
+
+
 def test_a_hosts_local_device_is_not_bound_elsewhere(make_world: Callable[..., World]) -> None:
     world = make_world()
     op = world.fabric.attach(AttachRequest(key="local", node=NODE_A, pool=ZONE, model="cxl-memory-16Gi", count=1))
