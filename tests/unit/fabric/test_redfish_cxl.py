@@ -12,9 +12,10 @@ from typing import Any, Callable
 import pytest
 import requests
 
+from dds.config import RedfishSettings
 from dds.fabric.base import AttachRequest, DetachRequest, DeviceState, ErrorCode, FabricError, OperationState
-from dds.fabric.redfish import (_Block, _Endpoint, _Inventory, _System, _binding_from, _chunk_id, _connection_state,
-                                connection_request)
+from dds.fabric.redfish import (RedfishFabric, _Block, _Endpoint, _Inventory, _System, _binding_from, _chunk_id,
+                                _connection_state, connection_request)
 from harness.redfish_emulator import SESSIONS, load_mockup, mockup_path
 from tests.unit.fabric import contract
 from tests.unit.fabric.contract import NODE_A, NODE_B, TOTAL
@@ -201,6 +202,22 @@ def test_a_server_error_is_retried(make_world: Callable[..., World]) -> None:
     world.attach("retried", 1)
     assert world.settle("retried").state == OperationState.SUCCEEDED
     assert len(world.sent("POST")) == 2
+
+
+def test_the_read_only_fabric_of_dds_plan_binds_nothing(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    world.config.faults.compose_http_errors = 1
+    assert world.attach("planned", 1).state == OperationState.RUNNING  # the POST answered 500: the chunk is planned
+    posts = len(world.sent("POST"))
+    plan = RedfishFabric(RedfishSettings(endpoint=world.emulator.url, username="dds"), password="secret",
+                         clock=time.time, store=world.store, read_only=True)
+    try:
+        assert [o.key for o in plan.operations()] == ["planned"] and contract.free(plan, MODEL, ZONE) == TOTAL
+        with pytest.raises(FabricError):
+            plan.attach(AttachRequest(key="other", node=NODE_A, pool=ZONE, model=MODEL, count=1))
+    finally:
+        plan.close()
+    assert len(world.sent("POST")) == posts and world.sent("DELETE") == []
 
 
 def test_slow_bindings_are_followed_through_task_monitors(make_world: Callable[..., World]) -> None:
