@@ -35,14 +35,15 @@ removes it (after `decomposition_latency_s`, 202 when slower than `task_after_s`
 the mockup does for its own host: one `Memory` per Enabled Connection in the system's Memory collection
 (`MemoryMediaSources`: the chunk), and `MemorySummary.TotalSystemMemoryGiB` grown by it.
 
-Faults for tests: `compose_http_errors` (the next N composition requests answer 500, nothing changes),
-`failing_blocks` (their composition ends `Failed`), `failing_tasks` (their composition task ends `Exception` and the
-service rolls the block back), `concurrent_writes` (the next N PATCHes find the system just changed by another client:
-412), `max_blocks_per_system` (400 ResourceExhaustion), `phantom_connections` (the next N Connection POSTs are answered
-201 and nothing is created), `gone_connections` (URIs the Connections collection lists that answer 404, as a Connection
-deleted between a client's read of the collection and of the member). Memory chunks are named by URI in `failing_blocks` / `failing_tasks` (their Connection
-ends Failed / its task ends Exception and the Connection is removed); `compose_http_errors` and `refusal_chars` apply
-to Connection POSTs and DELETEs too. Time comes from an injected clock; state advances lazily.
+Faults for tests: `compose_http_errors` (the next N composition requests answer 500, nothing changes), `failing_blocks`
+(their composition ends `Failed`), `failing_tasks` (their composition task ends `Exception` and the service rolls the
+block back), `concurrent_writes` (the next N PATCHes find the system just changed by another client: 412),
+`max_blocks_per_system` (400 ResourceExhaustion), `phantom_connections` (the next N Connection POSTs are answered 201
+and nothing is created), `gone_connections` (URIs the Connections collection lists that answer 404, as a Connection
+deleted between a client's read of the collection and of the member). Memory chunks are named by URI in `failing_blocks`
+/ `failing_tasks` (their Connection ends Failed / its task ends Exception and the Connection is removed);
+`compose_http_errors` applies to Connection POSTs and DELETEs too, `refusal_chars` to Connection POSTs. Time comes from an injected clock;
+state advances lazily.
 
 Hostile faults, a service lying to its client (DDS must treat it as an untrusted peer, docs/redfish.md):
 `sessions_link` (the service root's `Links.Sessions` names another URI, "" removes it: no session service),

@@ -323,8 +323,9 @@ class RedfishFabric:
             raise FabricError(ErrorCode.NOT_FOUND, f"attach {request.key}: the Redfish service has no {what} in zone "
                                                    f"{request.pool!r}")
         if memory and not system.initiators:
-            raise FabricError(ErrorCode.NOT_FOUND, f"attach {request.key}: ComputerSystem {system.uri} ({request.node}) "
-                                                   f"has no initiator Endpoint in a CXL fabric to bind memory to")
+            raise FabricError(ErrorCode.NOT_FOUND, f"attach {request.key}: ComputerSystem {system.uri} "
+                                                   f"({request.node}) has no initiator Endpoint in a CXL fabric to "
+                                                   f"bind memory to")
         limit = None if memory else self._slots.get(request.pool)  # chunks take no GPU slot
         used = sum(1 for uri in system.blocks if uri in inventory.blocks and inventory.blocks[uri].pool == request.pool)
         if len(candidates) < request.count:
@@ -643,8 +644,8 @@ class RedfishFabric:
         for endpoints_link, connections in fabrics:
             fabric_endpoints = [self._read_endpoint(m["@odata.id"])
                                 for m in self._get(endpoints_link).get("Members", [])]
-            bindings = [b for b in (self._read_binding(m["@odata.id"]) for m in self._get(connections).get("Members", []))
-                        if b is not None]
+            members = self._get(connections).get("Members", [])
+            bindings = [b for b in (self._read_binding(m["@odata.id"]) for m in members) if b is not None]
             endpoints += fabric_endpoints
             blocks.update(self._chunks(fabric_endpoints, bindings, connections, systems))
         systems = {uri: _with_initiators(system, endpoints) for uri, system in systems.items()}

@@ -124,7 +124,7 @@ def test_attach_binds_chunks_to_the_host_and_detach_unbinds_them(make_world: Cal
     assert op.state == OperationState.SUCCEEDED, op
     assert len(op.devices) == 2 and world.online() == sorted(op.devices)
     assert world.free() == TOTAL - 2
-    assert world.emulator.bound_memory_mib() == {"sys-1": 2 * CHUNK_MIB, "sys-2": 0, "sys-3": 0}  # the host sees the memory
+    assert world.emulator.bound_memory_mib() == {"sys-1": 2 * CHUNK_MIB, "sys-2": 0, "sys-3": 0}  # the host sees it
     assert len(world.sent("POST")) == 2  # one Connection per chunk
     host = world.emulator.get("/redfish/v1/Systems/sys-1/Memory")
     assert host["Members@odata.count"] == 2
