@@ -42,8 +42,8 @@ block back), `concurrent_writes` (the next N PATCHes find the system just change
 and nothing is created), `gone_connections` (URIs the Connections collection lists that answer 404, as a Connection
 deleted between a client's read of the collection and of the member). Memory chunks are named by URI in `failing_blocks`
 / `failing_tasks` (their Connection ends Failed / its task ends Exception and the Connection is removed);
-`compose_http_errors` applies to Connection POSTs and DELETEs too, `refusal_chars` to Connection POSTs. Time comes from an injected clock;
-state advances lazily.
+`compose_http_errors` applies to Connection POSTs and DELETEs too, `refusal_chars` to Connection POSTs. Time comes from
+an injected clock; state advances lazily.
 
 Hostile faults, a service lying to its client (DDS must treat it as an untrusted peer, docs/redfish.md):
 `sessions_link` (the service root's `Links.Sessions` names another URI, "" removes it: no session service),
