@@ -148,7 +148,51 @@ def load_mockup(directory: Path) -> dict[str, dict[str, Any]]:
         relative = index.parent.relative_to(directory).as_posix()
         uri = ROOT if relative == "." else f"{ROOT}/{relative}"
         docs[uri] = _as_served(uri, json.loads(index.read_text()))
+    for doc in docs.values():
+        _without_dangling_links(doc, docs)
     return docs
+
+
+def _slips_corrected(node: Any) -> None:
+    """Property-level slips of DMTF's CXL mockups that DMTF's CSDL refuses, served as the schema has them: a LogEntry
+    `Created` without seconds, a Thermal fan's pre-1.0 `ReadingRPM` (`Reading` with `ReadingUnits: RPM`), a redundancy
+    `Mode` of `N+1` (`N+m`, its `MinNumNeeded` saying N), a switch PID target's `VCS ID` (`VcsID`)."""
+    if isinstance(node, list):
+        for item in node:
+            _slips_corrected(item)
+        return
+    if not isinstance(node, dict):
+        return
+    if isinstance(node.get("Created"), str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}", node["Created"]):
+        node["Created"] += ":00+00:00"
+    if "ReadingRPM" in node and "Reading" not in node:
+        node["Reading"], node["ReadingUnits"] = node.pop("ReadingRPM"), "RPM"
+    if node.get("Mode") == "N+1" and "RedundancySet" in node:
+        node["Mode"] = "N+m"
+    if "VCS ID" in node:
+        node["VcsID"] = node.pop("VCS ID")
+    for value in node.values():
+        _slips_corrected(value)
+
+
+def _without_dangling_links(node: Any, docs: dict[str, dict[str, Any]]) -> None:
+    """Links a live service must not serve: a `DataSourceUri` naming a resource the mockup does not carry (DMTF's
+    multiswitch mockup names sensors of chassis it leaves out), a `Links.ComputerSystems` entry that is no system."""
+    if isinstance(node, list):
+        for item in node:
+            _without_dangling_links(item, docs)
+        return
+    if not isinstance(node, dict):
+        return
+    source = node.get("DataSourceUri")
+    if isinstance(source, str) and _normal(source) not in docs:
+        del node["DataSourceUri"]
+    systems = node.get("ComputerSystems")
+    if isinstance(systems, list):
+        node["ComputerSystems"] = [link for link in systems if not isinstance(link, dict)
+                                   or str(link.get("@odata.id", "")).startswith(SYSTEMS + "/")]
+    for value in node.values():
+        _without_dangling_links(value, docs)
 
 
 def _as_served(uri: str, doc: dict[str, Any]) -> dict[str, Any]:
@@ -157,6 +201,7 @@ def _as_served(uri: str, doc: dict[str, Any]) -> dict[str, Any]:
     or `Id` that is not the resource's own URI or its last segment, an action target not at `<URI>/Actions/<action>`,
     a Role without its mandatory `RoleId`), which DMTF's validator reports as failures."""
     doc.pop("@Redfish.Copyright", None)
+    _slips_corrected(doc)
     if "@odata.id" in doc and _normal(doc["@odata.id"]) != uri:
         doc["@odata.id"] = uri  # a resource is where it is served (one mockup copy-pasted another's @odata.id)
     if "Id" in doc and "@odata.id" in doc and doc["Id"] != _last(uri):
