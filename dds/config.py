@@ -100,6 +100,9 @@ class RedfishSettings(_Section):
     timeout_seconds: float = Field(default=10.0, gt=0)
     # An answer larger than this is refused unread (a Redfish resource is a few KiB; a collection of thousands, ~1 MiB).
     max_response_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    # A CXL memory Connection the service accepted (POST) must be listed and Enabled, or gone after its DELETE, within
+    # this long; else the chunk's attach or detach fails naming what is missing.
+    connection_wait_seconds: float = Field(default=120.0, gt=0)
 
 
 class ComposabilitySettings(_Section):

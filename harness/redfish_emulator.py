@@ -22,10 +22,28 @@ what the test asks for in the same shapes, and changes it as DSP0268 describes:
   (login, inactivity expiry after `SessionTimeout`, logout), `ETag` headers and `@odata.etag` on systems and blocks.
 - Refusals carry Base registry messages in `@Message.ExtendedInfo`.
 
-Faults for tests: `compose_http_errors` (the next N composition requests answer 500, nothing changes),
-`failing_blocks` (their composition ends `Failed`), `failing_tasks` (their composition task ends `Exception` and the
-service rolls the block back), `concurrent_writes` (the next N PATCHes find the system just changed by another client:
-412), `max_blocks_per_system` (400 ResourceExhaustion). Time comes from an injected clock; state advances lazily.
+CXL memory (DMTF's `public-cxl` / `public-cxl-multiswitch`: a `Fabrics/CXL` with Endpoints, Zones and Connections and
+no CompositionService): the fabric's Connections are live. `memory` adds chunks (`MemoryChunks` shaped like the
+mockup's) to the memory domain of the pooled Type 3 device whose target endpoint is in the zone named, listed as
+`MemoryChunk` entities of that endpoint. Each configured system gets a processor and an initiator Endpoint (copies of
+the mockup's, in every zone with Type 3 memory). A POST of a `Connection` (`ConnectionType: Memory`, `MemoryChunkInfo`,
+`Links.InitiatorEndpoints`, optional `Links.TargetEndpoints`) to the Connections collection binds the chunks: it is
+`Starting` for `composition_latency_s`, then `Enabled` (202 + task monitor when slower than `task_after_s`, like a
+composition); a chunk is in one Connection at a time (409 ResourceInUse for a second); initiator and target must share
+a zone; `MemoryRegionInfo` is refused (no memory regions in a CXL fabric's Connections, Connection v1_3_3). A DELETE
+removes it (after `decomposition_latency_s`, 202 when slower than `task_after_s`). The host side shows what is bound as
+the mockup does for its own host: one `Memory` per Enabled Connection in the system's Memory collection
+(`MemoryMediaSources`: the chunk), and `MemorySummary.TotalSystemMemoryGiB` grown by it.
+
+Faults for tests: `compose_http_errors` (the next N composition requests answer 500, nothing changes), `failing_blocks`
+(their composition ends `Failed`), `failing_tasks` (their composition task ends `Exception` and the service rolls the
+block back), `concurrent_writes` (the next N PATCHes find the system just changed by another client: 412),
+`max_blocks_per_system` (400 ResourceExhaustion), `phantom_connections` (the next N Connection POSTs are answered 201
+and nothing is created), `gone_connections` (URIs the Connections collection lists that answer 404, as a Connection
+deleted between a client's read of the collection and of the member). Memory chunks are named by URI in `failing_blocks`
+/ `failing_tasks` (their Connection ends Failed / its task ends Exception and the Connection is removed);
+`compose_http_errors` applies to Connection POSTs and DELETEs too, `refusal_chars` to Connection POSTs. Time comes from
+an injected clock; state advances lazily.
 
 Hostile faults, a service lying to its client (DDS must treat it as an untrusted peer, docs/redfish.md):
 `sessions_link` (the service root's `Links.Sessions` names another URI, "" removes it: no session service),
@@ -130,7 +148,51 @@ def load_mockup(directory: Path) -> dict[str, dict[str, Any]]:
         relative = index.parent.relative_to(directory).as_posix()
         uri = ROOT if relative == "." else f"{ROOT}/{relative}"
         docs[uri] = _as_served(uri, json.loads(index.read_text()))
+    for doc in docs.values():
+        _without_dangling_links(doc, docs)
     return docs
+
+
+def _slips_corrected(node: Any) -> None:
+    """Property-level slips of DMTF's CXL mockups that DMTF's CSDL refuses, served as the schema has them: a LogEntry
+    `Created` without seconds, a Thermal fan's pre-1.0 `ReadingRPM` (`Reading` with `ReadingUnits: RPM`), a redundancy
+    `Mode` of `N+1` (`N+m`, its `MinNumNeeded` saying N), a switch PID target's `VCS ID` (`VcsID`)."""
+    if isinstance(node, list):
+        for item in node:
+            _slips_corrected(item)
+        return
+    if not isinstance(node, dict):
+        return
+    if isinstance(node.get("Created"), str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}", node["Created"]):
+        node["Created"] += ":00+00:00"
+    if "ReadingRPM" in node and "Reading" not in node:
+        node["Reading"], node["ReadingUnits"] = node.pop("ReadingRPM"), "RPM"
+    if node.get("Mode") == "N+1" and "RedundancySet" in node:
+        node["Mode"] = "N+m"
+    if "VCS ID" in node:
+        node["VcsID"] = node.pop("VCS ID")
+    for value in node.values():
+        _slips_corrected(value)
+
+
+def _without_dangling_links(node: Any, docs: dict[str, dict[str, Any]]) -> None:
+    """Links a live service must not serve: a `DataSourceUri` naming a resource the mockup does not carry (DMTF's
+    multiswitch mockup names sensors of chassis it leaves out), a `Links.ComputerSystems` entry that is no system."""
+    if isinstance(node, list):
+        for item in node:
+            _without_dangling_links(item, docs)
+        return
+    if not isinstance(node, dict):
+        return
+    source = node.get("DataSourceUri")
+    if isinstance(source, str) and _normal(source) not in docs:
+        del node["DataSourceUri"]
+    systems = node.get("ComputerSystems")
+    if isinstance(systems, list):
+        node["ComputerSystems"] = [link for link in systems if not isinstance(link, dict)
+                                   or str(link.get("@odata.id", "")).startswith(SYSTEMS + "/")]
+    for value in node.values():
+        _without_dangling_links(value, docs)
 
 
 def _as_served(uri: str, doc: dict[str, Any]) -> dict[str, Any]:
@@ -139,6 +201,7 @@ def _as_served(uri: str, doc: dict[str, Any]) -> dict[str, Any]:
     or `Id` that is not the resource's own URI or its last segment, an action target not at `<URI>/Actions/<action>`,
     a Role without its mandatory `RoleId`), which DMTF's validator reports as failures."""
     doc.pop("@Redfish.Copyright", None)
+    _slips_corrected(doc)
     if "@odata.id" in doc and _normal(doc["@odata.id"]) != uri:
         doc["@odata.id"] = uri  # a resource is where it is served (one mockup copy-pasted another's @odata.id)
     if "Id" in doc and "@odata.id" in doc and doc["Id"] != _last(uri):
@@ -171,6 +234,8 @@ class EmulatorFaults:
     refusal_chars: int = 0  # the next composition is refused (400) with a message of this many characters
     padding_bytes: int = 0  # the service root carries an Oem padding of this many bytes
     drip_seconds: float = 0.0  # the service root's body is sent one byte at a time, this long apart
+    phantom_connections: int = 0  # the next N Connection POSTs answer 201 with a Location and create nothing
+    gone_connections: list[str] = field(default_factory=list)  # listed in Connections, 404 (deleted between reads)
 
 
 @dataclass
@@ -188,6 +253,7 @@ class EmulatorConfig:
     compose_action: Optional[bool] = None  # None: as the mockup advertises; True adds it, False removes it
     task_after_s: Optional[float] = 1.0  # changes slower than this answer 202 + task monitor; None: never
     session_timeout_s: Optional[int] = None  # None: the mockup's SessionService.SessionTimeout
+    memory: dict[str, dict[int, int]] = field(default_factory=dict)  # CXL zone id -> chunk size MiB -> chunks
 
 
 class RedfishError(Exception):
@@ -224,6 +290,29 @@ class _System:
 
 
 @dataclass
+class _Connection:
+    """A CXL fabric Connection: `doc` as created (or as the mockup has it), the rest live."""
+    id: str
+    uri: str
+    doc: dict[str, Any]
+    chunks: list[str]
+    initiators: list[str]
+    targets: list[str]
+    state: str = "Enabled"  # Starting, Enabled, Failed
+    settles_at: Optional[float] = None
+    removing: bool = False
+    task: Optional[str] = None
+
+
+@dataclass
+class _Host:
+    """A configured system on a CXL fabric: its initiator endpoint and the memory it has of its own."""
+    system: str
+    endpoint: str
+    own_gib: float
+
+
+@dataclass
 class _Session:
     id: str
     token: str
@@ -251,13 +340,25 @@ class RedfishEmulator:
         self._listen = (host, port)
         self._lock = threading.RLock()
         self._docs = load_mockup(config.mockup or mockup_path())
-        if COMPOSITION not in self._docs or BLOCKS not in self._docs:
-            # DMTF's CXL mockups attach their GPUs through Fabrics (endpoints, zones, connections), not through a
-            # CompositionService's resource blocks: a world DDS's Redfish backend does not compose in.
+        self._composition = COMPOSITION in self._docs and BLOCKS in self._docs
+        self._fabric = next((uri for uri, doc in sorted(self._docs.items()) if _type_name(doc) == "Fabric"
+                             and doc.get("FabricType") == "CXL"), None)
+        if not self._composition and (config.gpus or self._fabric is None):
+            # DMTF's CXL mockups attach devices through Fabrics (endpoints, zones, connections), not through a
+            # CompositionService's resource blocks: GPUs are composed in the composability mockups only.
             raise ValueError(f"{config.mockup}: no CompositionService with ResourceBlocks; DDS composes GPUs "
-                             f"through a CompositionService (DSP0268 resource blocks), so this emulator serves only "
-                             f"mockups that have one (public-composability, public-compose-action, "
-                             f"public-constrained-composition)")
+                             f"through a CompositionService (DSP0268 resource blocks), so this emulator serves GPUs "
+                             f"only on mockups that have one (public-composability, public-compose-action, "
+                             f"public-constrained-composition)"
+                             + ("; its CXL fabric serves memory (EmulatorConfig.memory)" if self._fabric else ""))
+        if config.memory and self._fabric is None:
+            raise ValueError(f"{config.mockup or DEFAULT_MOCKUP}: no CXL fabric (Fabrics member with FabricType CXL) "
+                             f"to serve memory from: use public-cxl or public-cxl-multiswitch")
+        self._connections: dict[str, _Connection] = {}  # by uri
+        self._chunk_targets: dict[str, str] = {}  # memory chunk uri -> its target endpoint uri
+        self._local: dict[str, str] = {}  # chunk uri -> the mockup system whose own Memory it backs, unconnected
+        self._hosts: dict[str, _Host] = {}  # by system uri
+        self._connection_seq = 0
         self._blocks: dict[str, _Block] = {}  # by uri
         self._systems: dict[str, _System] = {}  # by uri
         self._sessions: dict[str, _Session] = {}  # by token
@@ -269,6 +370,9 @@ class RedfishEmulator:
         self._read_world()
         self._add_services()
         self._add_gpus(config.gpus)
+        if self._fabric is not None:
+            self._read_fabric()
+            self._add_memory(config.memory)
         for system in config.systems:
             self.add_system(system)
 
@@ -399,6 +503,118 @@ class RedfishEmulator:
         self._docs[COMPOSITION].setdefault("ResourceZones", {"@odata.id": ZONES})
         return doc
 
+    # --- the CXL fabric ---
+    def _read_fabric(self) -> None:
+        """Connections as live state; every endpoint in the Endpoints collection (the mockups leave some out)."""
+        connections, endpoints = f"{self._fabric}/Connections", f"{self._fabric}/Endpoints"
+        for uri, doc in sorted(self._docs.items()):
+            if uri.startswith(connections + "/") and _type_name(doc) == "Connection":
+                connection = _Connection(_last(uri), uri, doc, _links_of(doc.get("MemoryChunkInfo", []), "MemoryChunk"),
+                                         _links_of(doc.get("Links", {}).get("InitiatorEndpoints", [])),
+                                         _links_of(doc.get("Links", {}).get("TargetEndpoints", [])))
+                self._connections[uri] = connection
+                self._connection_seq = max(self._connection_seq, int(connection.id) if connection.id.isdigit() else 0)
+            elif uri.startswith(endpoints + "/") and _type_name(doc) == "Endpoint":
+                if {"@odata.id": uri} not in self._docs[endpoints]["Members"]:
+                    self._docs[endpoints]["Members"].append({"@odata.id": uri})
+                for entity in doc.get("ConnectedEntities", []):
+                    if entity.get("EntityType") == "MemoryChunk" and entity.get("EntityRole") == "Target":
+                        self._chunk_targets.setdefault(entity["EntityLink"]["@odata.id"], uri)
+        for uri in [u for u in self._docs if u.startswith(connections + "/")]:
+            del self._docs[uri]  # served from the live state
+        bound = {chunk for c in self._connections.values() for chunk in c.chunks}
+        for uri, doc in self._docs.items():
+            if _type_name(doc) == "Memory" and uri.startswith(SYSTEMS + "/"):
+                for chunk in _links_of(doc.get("Links", {}).get("MemoryMediaSources", [])):
+                    if chunk in self._chunk_targets and chunk not in bound:
+                        # DMTF's public-cxl: the host's directly attached Type 3 device, a target endpoint with no
+                        # Connection; its memory is that host's, not the pool's.
+                        self._local[chunk] = uri.split("/Memory/", 1)[0]
+
+    def _type3_targets(self) -> list[str]:
+        """Target endpoints of Type 3 logical devices (CXL.mem without CXL.cache) that name memory chunks."""
+        found = []
+        for uri in sorted(set(self._chunk_targets.values())):
+            devices = [e["EntityLink"]["@odata.id"] for e in self._docs[uri].get("ConnectedEntities", [])
+                       if e.get("EntityType") == "CXLDevice"]
+            semantics = [set(self._docs.get(d, {}).get("SemanticsSupported", [])) for d in devices]
+            if semantics and all("CXLmem" in s and "CXLcache" not in s for s in semantics):
+                found.append(uri)
+        return found
+
+    def _memory_zones(self) -> list[str]:
+        return sorted({z["@odata.id"] for t in self._type3_targets() for z in self._docs[t].get("Links", {})
+                       .get("Zones", [])})
+
+    def _add_memory(self, memory: dict[str, dict[int, int]]) -> None:
+        """Chunks in the memory domain of the zone's first Type 3 target endpoint's device."""
+        for zone, sizes in sorted(memory.items()):
+            zone_uri = f"{self._fabric}/Zones/{zone}"
+            targets = [t for t in self._type3_targets()
+                       if {"@odata.id": zone_uri} in self._docs[t].get("Links", {}).get("Zones", [])]
+            if not targets:
+                raise ValueError(f"memory zone {zone!r}: the mockup has no Type 3 memory endpoint in it (zones with "
+                                 f"one: {', '.join(_last(z) for z in self._memory_zones())})")
+            target = targets[0]
+            template_uri = min(c for c, t in self._chunk_targets.items() if t == target)
+            template = self._docs[template_uri]
+            collection = template_uri.rsplit("/", 1)[0]
+            domain = self._docs[collection.rsplit("/", 1)[0]]
+            devices = _links_of(template.get("Links", {}).get("CXLLogicalDevices", []))
+            for size, count in sorted(sizes.items()):
+                for _ in range(count):
+                    number = len(self._docs[collection]["Members"]) + 1
+                    uri = f"{collection}/{number}"
+                    chunk = copy.deepcopy(template)
+                    chunk.update({"@odata.id": uri, "Id": str(number), "Name": f"Memory Chunk {number}",
+                                  "MemoryChunkSizeMiB": size, "AddressRangeOffsetMiB": domain.get("MemorySizeMiB", 0)})
+                    self._docs[uri] = chunk
+                    self._docs[collection]["Members"].append({"@odata.id": uri})
+                    self._docs[target]["ConnectedEntities"].append(
+                        {"EntityType": "MemoryChunk", "EntityRole": "Target", "EntityLink": {"@odata.id": uri}})
+                    self._chunk_targets[uri] = target
+                    domain["MemorySizeMiB"] = domain.get("MemorySizeMiB", 0) + size
+                    for device in devices:
+                        if "MemorySizeMiB" in self._docs.get(device, {}):
+                            self._docs[device]["MemorySizeMiB"] += size
+
+    def _add_host(self, system: _System, doc: dict[str, Any]) -> None:
+        """A processor and an initiator endpoint for a configured system, copied from the mockup's host."""
+        initiator = next(uri for uri, d in sorted(self._docs.items()) if _type_name(d) == "Endpoint"
+                         and any(e.get("EntityRole") == "Initiator" and e.get("EntityType") == "Processor"
+                                 for e in d.get("ConnectedEntities", [])))
+        cpu_uri = next(e["EntityLink"]["@odata.id"] for e in self._docs[initiator]["ConnectedEntities"]
+                       if e.get("EntityType") == "Processor")
+        endpoint_uri = f"{self._fabric}/Endpoints/I-{system.id}"
+        cpu = copy.deepcopy(self._docs[cpu_uri])
+        for key in ("Ports", "Links", "Description"):
+            cpu.pop(key, None)
+        mine = f"{system.uri}/Processors/CPU"
+        cpu.update({"@odata.id": mine, "UUID": str(uuid.uuid5(uuid.NAMESPACE_URL, mine)).upper(),
+                    "Links": {"Endpoints": [{"@odata.id": endpoint_uri}]}})
+        self._docs[mine] = cpu
+        self._docs[f"{system.uri}/Processors"] = _collection(f"{system.uri}/Processors",
+                                                             "#ProcessorCollection.ProcessorCollection",
+                                                             "Processors Collection", [mine])
+        endpoint = copy.deepcopy(self._docs[initiator])
+        zones = [{"@odata.id": z} for z in self._memory_zones()]
+        endpoint.update({"@odata.id": endpoint_uri, "Id": _last(endpoint_uri), "Name": f"{doc['Name']} Initiator",
+                         "Description": f"Initiator endpoint of {system.uri}",
+                         "ConnectedEntities": [{"EntityType": "Processor", "EntityRole": "Initiator",
+                                                "Identifiers": [{"DurableName": cpu["UUID"],
+                                                                 "DurableNameFormat": "UUID"}],
+                                                "EntityLink": {"@odata.id": mine}}],
+                         "Links": {"Zones": zones}})
+        self._docs[endpoint_uri] = endpoint
+        self._docs[f"{self._fabric}/Endpoints"]["Members"].append({"@odata.id": endpoint_uri})
+        for zone in zones:
+            self._docs[zone["@odata.id"]].setdefault("Links", {}).setdefault("Endpoints", []).append(
+                {"@odata.id": endpoint_uri})
+        doc["Processors"] = {"@odata.id": f"{system.uri}/Processors"}
+        doc["Memory"] = {"@odata.id": f"{system.uri}/Memory"}
+        self._hosts[system.uri] = _Host(system.uri, endpoint_uri,
+                                        float(doc.get("MemorySummary", {}).get("TotalSystemMemoryGiB", 0)))
+
     # --- lifecycle ---
     def start(self) -> str:
         handler = type("Handler", (_Handler,), {"emulator": self})
@@ -439,13 +655,18 @@ class RedfishEmulator:
             for action in doc.get("Actions", {}).values():
                 action["target"] = action["target"].replace(old, uri)
             doc.update({"@odata.id": uri, "Id": system.id, "Name": system.name, "HostName": system.host_name,
-                        "UUID": str(uuid.uuid5(uuid.NAMESPACE_URL, uri)), "SystemType": "Composed"})
-            doc["Links"] = {"ResourceBlocks": []}
+                        "UUID": str(uuid.uuid5(uuid.NAMESPACE_URL, uri)),
+                        "SystemType": "Composed" if self._composition else "Physical"})
+            doc["Links"] = {"ResourceBlocks": []} if self._composition else {}
             for link in [k for k, v in doc.items() if isinstance(v, dict) and "@odata.id" in v]:
                 del doc[link]  # the template's processors, memory, storage are not this server's
+            for link in ("PCIeDevices", "PCIeFunctions"):
+                doc.pop(link, None)
+            self._systems[uri] = _System(system.id, uri, composable=self._composition)
+            if self._fabric is not None:
+                self._add_host(self._systems[uri], doc)
             self._docs[uri] = doc
             self._docs[SYSTEMS]["Members"].append({"@odata.id": uri})
-            self._systems[uri] = _System(system.id, uri)
             return True
 
     def _system_template(self) -> dict[str, Any]:
@@ -457,7 +678,7 @@ class RedfishEmulator:
                                                           "Status": {"State": "Enabled", "Health": "OK"}}])[0])
         for key in ("Description", "Composition", "Boot", "@Redfish.Copyright"):
             template.pop(key, None)
-        if self.config.advertise_actions and f"#{ADD_ACTION}" not in template.get("Actions", {}):
+        if self._composition and self.config.advertise_actions and f"#{ADD_ACTION}" not in template.get("Actions", {}):
             base = template["@odata.id"]
             template.setdefault("Actions", {}).update({
                 f"#{ADD_ACTION}": {"target": f"{base}/Actions/{ADD_ACTION}"},
@@ -473,6 +694,30 @@ class RedfishEmulator:
         with self._lock:
             self._advance()
             return {b.id: (b.state, _last(b.systems[0]) if b.systems else None) for b in self._blocks.values()}
+
+    def chunks(self) -> dict[str, tuple[str, Optional[str]]]:
+        """Memory chunk uri -> (its Connection's state, "Unused", or "Local" for a host's own device; the id of the
+        system it is bound to, or None for none or a system not configured), for every chunk a target endpoint names."""
+        with self._lock:
+            self._advance()
+            hosts = {h.endpoint: _last(h.system) for h in self._hosts.values()}
+            out: dict[str, tuple[str, Optional[str]]] = {}
+            for chunk in sorted(self._chunk_targets):
+                holder = next((c for c in self._connections.values() if chunk in c.chunks), None)
+                if chunk in self._local:
+                    out[chunk] = ("Local", _last(self._local[chunk]))
+                elif holder is None:
+                    out[chunk] = ("Unused", None)
+                else:
+                    out[chunk] = (holder.state, next((hosts[i] for i in holder.initiators if i in hosts), None))
+            return out
+
+    def bound_memory_mib(self) -> dict[str, int]:
+        """System id -> MiB of memory its Enabled Connections bind (what the host's memory controller sees)."""
+        with self._lock:
+            self._advance()
+            return {_last(h.system): sum(self._chunk_mib(c) for b in self._bound_to(h) for c in b.chunks)
+                    for h in self._hosts.values()}
 
     def expire_sessions(self) -> None:
         """End every session, as the service does when they time out or the BMC restarts."""
@@ -505,7 +750,11 @@ class RedfishEmulator:
                 return self._action(path, body)
             if method == "DELETE" and path.startswith(SESSIONS + "/"):
                 return self._logout(path)
-        if path in self._docs or path in self._systems:
+            if self._fabric is not None and method == "POST" and path == f"{self._fabric}/Connections":
+                return self._connect(body)
+            if method == "DELETE" and path in self._connections:
+                return self._disconnect(self._connections[path])
+        if path in self._docs or path in self._systems or path in self._connections:
             raise RedfishError(405, "OperationNotAllowed", f"{method} is not allowed on {path}", (method, path))
         raise RedfishError(404, "ResourceMissingAtURI", f"The resource at the URI '{path}' was not found.", (path,))
 
@@ -528,10 +777,32 @@ class RedfishEmulator:
                 block.state = "Failed"
             else:
                 block.state = "Composed"
+        for connection in list(self._connections.values()):
+            if connection.settles_at is None or connection.settles_at > now:
+                continue
+            connection.settles_at = None
+            task = self._tasks.get(connection.task or "")
+            connection.task = None
+            chunk = connection.chunks[0] if connection.chunks else ""
+            if connection.removing:
+                del self._connections[connection.uri]
+            elif task is not None and chunk in self.config.faults.failing_tasks:
+                del self._connections[connection.uri]  # the service rolls the binding back
+                task.messages.append(_message("InternalError", f"Binding memory chunk {chunk} failed and the "
+                                                               f"connection {connection.uri} was removed."))
+            else:
+                connection.state = "Failed" if chunk in self.config.faults.failing_blocks else "Enabled"
         for task in self._tasks.values():
-            if task.state == "Running" and all(self._blocks[b].task != task.id for b in task.blocks):
+            if task.state == "Running" and all(self._task_of(b) != task.id for b in task.blocks):
                 task.state = "Exception" if task.messages else "Completed"
                 task.ended = now
+
+    def _task_of(self, uri: str) -> Optional[str]:
+        """The task a resource block or Connection still waits on (a Connection gone waits on none)."""
+        if uri in self._blocks:
+            return self._blocks[uri].task
+        connection = self._connections.get(uri)
+        return connection.task if connection is not None else None
 
     def _unlink(self, block: _Block) -> None:
         for system_uri in block.systems:
@@ -617,6 +888,10 @@ class RedfishEmulator:
             return self._block_doc(self._blocks[path])
         if path in self._systems:
             return self._system_doc(self._systems[path])
+        if self._fabric is not None:
+            fabric = self._fabric_doc(path)
+            if fabric is not None:
+                return fabric
         if path == SESSIONS:
             return _collection(SESSIONS, "#SessionCollection.SessionCollection", "Session Collection",
                                [f"{SESSIONS}/{s.id}" for s in self._sessions.values()])
@@ -657,8 +932,182 @@ class RedfishEmulator:
         body = copy.deepcopy(self._docs[system.uri])
         if system.composable:
             body.setdefault("Links", {})["ResourceBlocks"] = [{"@odata.id": b} for b in system.blocks]
+        host = self._hosts.get(system.uri)
+        if host is not None:
+            bound = sum(self._chunk_mib(c) for b in self._bound_to(host) for c in b.chunks)
+            body.setdefault("MemorySummary", {})["TotalSystemMemoryGiB"] = host.own_gib + bound / 1024
         body["@odata.etag"] = f'W/"{system.generation}"'
         return body
+
+    # --- the CXL fabric, as served ---
+    def _fabric_doc(self, path: str) -> Optional[dict[str, Any]]:
+        """Live CXL resources: Connections, endpoints' Links.Connections, a host's Memory; None for anything else."""
+        connections = f"{self._fabric}/Connections"
+        if path == connections:
+            return _collection(connections, "#ConnectionCollection.ConnectionCollection", "CXL Connection Collection",
+                               list(self._connections) + self.config.faults.gone_connections)
+        if path in self._connections:
+            return self._connection_doc(self._connections[path])
+        if path.startswith(f"{self._fabric}/Endpoints/") and path in self._docs:
+            body = copy.deepcopy(self._docs[path])
+            links = [c.uri for c in self._connections.values() if path in c.initiators + c.targets]
+            body.setdefault("Links", {}).pop("Connections", None)
+            if links:
+                body["Links"]["Connections"] = [{"@odata.id": uri} for uri in links]
+            return body
+        for host in self._hosts.values():
+            if path == f"{host.system}/Memory":
+                return _collection(path, "#MemoryCollection.MemoryCollection", "Memory Collection",
+                                   [f"{path}/CXL-{c.id}" for c in self._bound_to(host)])
+            if path.startswith(f"{host.system}/Memory/CXL-"):
+                for connection in self._bound_to(host):
+                    if _last(path) == f"CXL-{connection.id}":
+                        return self._memory_doc(host, connection)
+        return None
+
+    def _bound_to(self, host: _Host) -> list[_Connection]:
+        """The Enabled Connections binding memory to `host`: what its memory controller sees."""
+        return [c for c in self._connections.values()
+                if host.endpoint in c.initiators and c.state == "Enabled" and not c.removing]
+
+    def _chunk_mib(self, chunk: str) -> int:
+        return int(self._docs.get(chunk, {}).get("MemoryChunkSizeMiB", 0))
+
+    def _connection_doc(self, connection: _Connection) -> dict[str, Any]:
+        body = copy.deepcopy(connection.doc)
+        failed = connection.state == "Failed"
+        body["Status"] = {"State": "UnavailableOffline" if failed else connection.state,
+                          "Health": "Critical" if failed else "OK"}
+        return body
+
+    def _memory_doc(self, host: _Host, connection: _Connection) -> dict[str, Any]:
+        """Remote memory as DMTF's CXL mockups show it on their host (`Memory` RCXL3): a logical memory device whose
+        media source is the bound chunk."""
+        uri = f"{host.system}/Memory/CXL-{connection.id}"
+        return {"@odata.id": uri, "@odata.type": "#Memory.v1_23_0.Memory", "Id": _last(uri),
+                "Name": "CXL Device memory", "Description": f"Remote CXL memory bound by {connection.uri}",
+                "Status": {"State": "Enabled", "Health": "OK"}, "MemoryDeviceType": "Logical",
+                "CapacityMiB": sum(self._chunk_mib(c) for c in connection.chunks),
+                "Links": {"Endpoints": [{"@odata.id": host.endpoint}],
+                          "MemoryMediaSources": [{"@odata.id": c} for c in connection.chunks]}}
+
+    # --- binding memory: Connections ---
+    def _connect(self, body: Any) -> tuple[int, Any, dict[str, str]]:
+        chunks, initiators, targets = self._check_connection(body)
+        faults = self.config.faults
+        if faults.refusal_chars > 0:
+            size, faults.refusal_chars = faults.refusal_chars, 0
+            raise RedfishError(400, "ActionNotSupported", ("The connection was refused: " + "z" * size)[:size])
+        if faults.compose_http_errors > 0:
+            faults.compose_http_errors -= 1
+            raise RedfishError(500, "InternalError", "The request failed due to an internal service error: "
+                                                     "injected fault, the fabric manager failed.")
+        self._connection_seq += 1
+        uri = f"{self._fabric}/Connections/{self._connection_seq}"
+        if faults.phantom_connections > 0:
+            faults.phantom_connections -= 1
+            return 201, None, {"Location": uri}  # accepted, and lost
+        template = next((c.doc for c in self._connections.values()), {"@odata.type": "#Connection.v1_4_0.Connection"})
+        doc = {"@odata.id": uri, "@odata.type": template["@odata.type"], "Id": _last(uri),
+               "Name": str(body.get("Name") or f"Connection {_last(uri)}"), "ConnectionType": "Memory",
+               "MemoryChunkInfo": [{"AccessCapabilities": info.get("AccessCapabilities") or ["Read", "Write"],
+                                    "MemoryChunk": {"@odata.id": chunk}}
+                                   for info, chunk in zip(body["MemoryChunkInfo"], chunks)],
+               "Links": {"InitiatorEndpoints": [{"@odata.id": i} for i in initiators],
+                         "TargetEndpoints": [{"@odata.id": t} for t in targets]}}
+        now = self._clock()
+        connection = _Connection(_last(uri), uri, doc, chunks, initiators, targets, "Starting",
+                                 now + self.config.composition_latency_s)
+        self._connections[uri] = connection
+        return self._accepted(connection, self.config.composition_latency_s, 201)
+
+    def _disconnect(self, connection: _Connection) -> tuple[int, Any, dict[str, str]]:
+        faults = self.config.faults
+        if faults.compose_http_errors > 0:
+            faults.compose_http_errors -= 1
+            raise RedfishError(500, "InternalError", "The request failed due to an internal service error: "
+                                                     "injected fault, the fabric manager failed.")
+        if connection.removing:
+            return 204, None, {}
+        connection.removing, connection.settles_at = True, self._clock() + self.config.decomposition_latency_s
+        threshold = self.config.task_after_s
+        if threshold is None or self.config.decomposition_latency_s <= threshold:
+            del self._connections[connection.uri]
+            return 204, None, {}
+        return self._accepted(connection, self.config.decomposition_latency_s, 204)
+
+    def _accepted(self, connection: _Connection, latency: float, status: int) -> tuple[int, Any, dict[str, str]]:
+        """Done at once (`status`), or 202 with a task monitor when the change is slower than task_after_s."""
+        threshold = self.config.task_after_s
+        if threshold is None or latency <= threshold:
+            if status == 201:
+                return 201, self._connection_doc(connection), {"Location": connection.uri}
+            return status, None, {}
+        task = _Task(str(len(self._tasks) + 1), self._clock(), [connection.uri])
+        self._tasks[task.id] = task
+        connection.task = task.id
+        return 202, self._task_doc(task), {"Location": f"{TASK_MONITORS}/{task.id}",
+                                           "Retry-After": str(max(1, round(latency)))}
+
+    def _check_connection(self, body: Any) -> tuple[list[str], list[str], list[str]]:
+        """Refuse (Base messages) a Connection this fabric cannot make, before anything changes."""
+        if not isinstance(body, dict) or body.get("ConnectionType") != "Memory":
+            raise RedfishError(400, "PropertyValueNotInList", "The value for the property ConnectionType is not in "
+                                                              "the list of acceptable values: this CXL fabric makes "
+                                                              "Memory connections.", ("ConnectionType",))
+        if body.get("MemoryRegionInfo"):
+            raise RedfishError(400, "PropertyNotWritable", "The property MemoryRegionInfo cannot be assigned a value: "
+                                                           "memory regions from Connection resources are not allowed "
+                                                           "in a CXL fabric; bind MemoryChunkInfo.")
+        infos = body.get("MemoryChunkInfo")
+        links = body.get("Links") if isinstance(body.get("Links"), dict) else {}
+        try:
+            chunks = [str(info["MemoryChunk"]["@odata.id"]).rstrip("/") for info in infos]
+            initiators = [str(link["@odata.id"]).rstrip("/") for link in links["InitiatorEndpoints"]]
+            targets = [str(link["@odata.id"]).rstrip("/") for link in links.get("TargetEndpoints", [])]
+        except (KeyError, TypeError) as exc:
+            raise RedfishError(400, "CreateFailedMissingReqProperties", f"The create operation failed because the "
+                                                                        f"required property {exc} was missing from "
+                                                                        f"the request.") from exc
+        if not chunks or not initiators:
+            raise RedfishError(400, "CreateFailedMissingReqProperties", "The create operation failed: a Memory "
+                                                                        "connection names MemoryChunkInfo and "
+                                                                        "Links.InitiatorEndpoints.")
+        for initiator in initiators:
+            doc = self._docs.get(initiator, {})
+            if _type_name(doc) != "Endpoint" or not any(e.get("EntityRole") == "Initiator"
+                                                        for e in doc.get("ConnectedEntities", [])):
+                raise RedfishError(400, "ResourceNotFound", f"The requested resource of type Endpoint named "
+                                                            f"'{initiator}' was not found as an initiator endpoint.",
+                                   ("Endpoint", initiator))
+        for chunk in chunks:
+            target = self._chunk_targets.get(chunk)
+            if target is None:
+                raise RedfishError(400, "ResourceNotFound", f"The requested resource of type MemoryChunks named "
+                                                            f"'{chunk}' was not found in this fabric.",
+                                   ("MemoryChunks", chunk))
+            if targets and target not in targets:
+                raise RedfishError(400, "PropertyValueConflict", f"The property MemoryChunk could not be written "
+                                                                 f"because its value conflicts with the value of "
+                                                                 f"TargetEndpoints: {chunk} is reached through "
+                                                                 f"{target}.", ("MemoryChunk", "TargetEndpoints"))
+            if chunk in self._local:
+                raise RedfishError(409, "ResourceInUse", f"The change to the requested resource failed because the "
+                                                         f"resource is in use: memory chunk {chunk} is the local "
+                                                         f"memory of {self._local[chunk]}.")
+            holder = next((c for c in self._connections.values() if chunk in c.chunks), None)
+            if holder is not None:
+                raise RedfishError(409, "ResourceInUse", f"The change to the requested resource failed because the "
+                                                         f"resource is in use: memory chunk {chunk} is bound by "
+                                                         f"{holder.uri}.")
+            zones = {z["@odata.id"] for z in self._docs[target].get("Links", {}).get("Zones", [])}
+            for initiator in initiators:
+                if not zones & {z["@odata.id"] for z in self._docs[initiator].get("Links", {}).get("Zones", [])}:
+                    raise RedfishError(400, "PropertyValueConflict", f"The property InitiatorEndpoints could not be "
+                                                                     f"written because its value conflicts with the "
+                                                                     f"zoning: {initiator} shares no zone with "
+                                                                     f"{target}.", ("InitiatorEndpoints", "Zones"))
+        return chunks, initiators, targets or sorted({self._chunk_targets[c] for c in chunks})
 
     def _task_doc(self, task: _Task) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -688,6 +1137,10 @@ class RedfishEmulator:
         namespaces: set[str] = {"RedfishExtensions.v1_0_0"}
         served = [self._get(u) for u in list(self._docs)] + [self._task_doc(t) for t in self._tasks.values()]
         served += [self._session_doc(s) for s in self._sessions.values()]
+        served += [self._connection_doc(c) for c in self._connections.values()]
+        served += [{"@odata.type": "#Memory.v1_23_0.Memory"}, {"@odata.type": "#MemoryCollection.MemoryCollection"},
+                   {"@odata.type": "#ConnectionCollection.ConnectionCollection"},
+                   {"@odata.type": "#Connection.v1_4_0.Connection"}] if self._fabric else []
         extra = ["#SessionCollection.SessionCollection", "#Session.v1_8_0.Session", "#TaskCollection.TaskCollection",
                  "#Task.v1_7_4.Task", "#Message.v1_3_0.Message"]
         for odata_type in _odata_types(served) + extra:
@@ -864,6 +1317,16 @@ def _collection(uri: str, odata_type: str, name: str, members: list[str]) -> dic
             "Members": [{"@odata.id": m} for m in members]}
 
 
+def _links_of(entries: list[Any], key: Optional[str] = None) -> list[str]:
+    """The `@odata.id`s of a list of links (of `entry[key]` when key is given)."""
+    found = []
+    for entry in entries or []:
+        link = entry.get(key) if key and isinstance(entry, dict) else entry
+        if isinstance(link, dict) and "@odata.id" in link:
+            found.append(str(link["@odata.id"]).rstrip("/"))
+    return found
+
+
 def _normal(path: str) -> str:
     path = path.split("?", 1)[0].split("#", 1)[0]
     return path.rstrip("/") or "/"
@@ -1026,14 +1489,24 @@ class CredentialTrap:
         self._server.server_close()
 
 
-def _parse_gpus(values: list[str]) -> dict[str, dict[str, int]]:
-    gpus: dict[str, dict[str, int]] = {}
+def _parse_counts(values: list[str], option: str, middle: str, pattern: str, example: str) -> dict[str, dict[str, int]]:
+    """`ZONE:<middle>:COUNT` options (repeatable) as zone -> middle -> count."""
+    counts: dict[str, dict[str, int]] = {}
     for value in values:
-        match = re.fullmatch(r"([^:]+):([^:]+):(\d+)", value)
+        match = re.fullmatch(rf"([^:]+):({pattern}):(\d+)", value)
         if not match:
-            raise argparse.ArgumentTypeError(f"--gpus {value!r}: expected ZONE:MODEL:COUNT, e.g. 2:A30:8")
-        gpus.setdefault(match[1], {})[match[2]] = int(match[3])
-    return gpus
+            raise argparse.ArgumentTypeError(f"{option} {value!r}: expected ZONE:{middle}:COUNT, e.g. {example}")
+        counts.setdefault(match[1], {})[match[2]] = int(match[3])
+    return counts
+
+
+def _parse_gpus(values: list[str]) -> dict[str, dict[str, int]]:
+    return _parse_counts(values, "--gpus", "MODEL", "[^:]+", "2:A30:8")
+
+
+def _parse_memory(values: list[str]) -> dict[str, dict[int, int]]:
+    counts = _parse_counts(values, "--memory", "MIB", r"\d+", "3:16384:8")
+    return {zone: {int(size): count for size, count in sizes.items()} for zone, sizes in counts.items()}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -1045,13 +1518,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="GPU resource blocks to add (repeatable); default 2:A30:4")
     parser.add_argument("--system", action="append", default=[], metavar="NAME",
                         help="a ComputerSystem whose HostName is NAME (a Kubernetes node name; repeatable)")
+    parser.add_argument("--memory", action="append", default=[], metavar="ZONE:MIB:COUNT",
+                        help="CXL memory chunks to add on a CXL mockup (repeatable), e.g. 3:16384:8")
     parser.add_argument("--composition-latency", type=float, default=5.0, metavar="SECONDS")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
         parser.error(f"--listen {args.listen!r}: expected HOST:PORT")
     config = EmulatorConfig(systems=[EmulatedSystem(n, n, host_name=n) for n in args.system],
-                            gpus=_parse_gpus(args.gpus) if args.gpus else {"2": {"A30": 4}},
+                            gpus=_parse_gpus(args.gpus) if args.gpus else {} if args.memory else {"2": {"A30": 4}},
+                            memory=_parse_memory(args.memory),
                             composition_latency_s=args.composition_latency,
                             decomposition_latency_s=args.composition_latency / 2,
                             username=STANDALONE_USER, password=STANDALONE_PASSWORD, mockup=args.mockup)

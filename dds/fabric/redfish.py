@@ -1,4 +1,5 @@
-"""The Redfish backend: compose GPU resource blocks into a node's ComputerSystem through a DMTF CompositionService.
+"""The Redfish backend: compose GPU resource blocks into a node's ComputerSystem through a DMTF CompositionService, and
+bind pooled CXL memory to it through a CXL fabric's Connections.
 
 Discovery (every query reads the service; what never changes — a block's model and zone — is cached):
 - ServiceRoot -> `CompositionService` -> `ResourceBlocks`. A block is a GPU when one of its `Processors` has
@@ -34,6 +35,19 @@ followed (at most `MAX_REDIRECTS`). One request, its body included, ends within 
 than `max_response_bytes` is refused; every message of the service DDS stores or shows (an operation's error, an Event)
 is cut to `MAX_MESSAGE_CHARS`, so a refusal of megabytes cannot overflow the operation log's ConfigMap.
 
+CXL memory (DMTF's `public-cxl` model; docs/cxl-memory.md): a `Fabrics` member with `FabricType: CXL`. Pooled memory is
+the `MemoryChunks` its target Endpoints name (`ConnectedEntities` with `EntityRole: Target`, `EntityType: MemoryChunk`)
+where the endpoint's logical device is a Type 3 device (`SemanticsSupported` has `CXLmem` and not `CXLcache`); the
+model is the chunk's size (`MemoryChunkSizeMiB` -> `cxl-memory-16Gi`, dds/model/cxl.py), the pool the `Id` of the
+target endpoint's first zone. A host's endpoint is an initiator Endpoint whose `EntityLink` lies under its
+ComputerSystem. A chunk is bound to a host by a Connection (`ConnectionType: Memory`, `MemoryChunkInfo` naming the
+chunk, `Links.InitiatorEndpoints` the host's endpoint, `Links.TargetEndpoints` the chunk's): attaching POSTs one to the
+fabric's Connections collection, detaching DELETEs it. Connection `Status.State` `Enabled` -> online, `Starting` (or
+any other) -> attaching, `Health: Critical` or `UnavailableOffline` -> failed; a chunk no Connection names is free.
+`MemoryRegionInfo` is never sent: DSP0268 (Connection v1_3_3) allows no memory regions in a CXL fabric's Connections.
+A change the service accepted must show within `connection_wait_seconds` (the Connection listed and Enabled, or gone),
+else the chunk fails naming what is missing. Chunks take no GPU slot (`max_slots_per_node`).
+
 Read-only (`read_only=True`, what `dds plan` builds): queries read the service and the operation log and never drive
 an operation; attach and detach are refused. Nothing but GETs (and the session's login/logout) reaches the service.
 
@@ -50,7 +64,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Optional, Sequence
@@ -65,6 +79,7 @@ from dds.config import PoolSpec, RedfishSettings
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, FabricDevice, FabricError, Operation,
                              OperationKind, OperationState, PoolState)
 from dds.fabric.state import Document, FabricStateStore, StateConflict, StateStoreError
+from dds.model.cxl import cxl_model, is_cxl_model
 from dds.model.text import bounded_text
 
 log = logging.getLogger(__name__)
@@ -81,6 +96,9 @@ MAX_PRECONDITION_RETRIES = 3  # PATCHes refused 412 (a concurrent writer) before
 LOGIN_BACKOFF_BASE_SECONDS = 1.0  # after a failed re-login, the next waits 1, 2, 4, ... s
 LOGIN_BACKOFF_MAX_SECONDS = 60.0
 _ONLINE_STATES = {"Composed", "ComposedAndAvailable"}
+CXL_FABRIC_TYPE = "CXL"
+MEMORY_ACCESS = ["Read", "Write"]  # what a bound chunk is to the host: its memory
+_CONNECTION_FAILED_STATES = {"UnavailableOffline", "Absent", "Disabled"}
 MAX_REDIRECTS = 3  # same-origin redirects of one GET
 MAX_MESSAGE_CHARS = 1024  # a service's message as DDS stores it (operation log) or shows it (Events, log lines)
 MAX_LINK_CHARS = 2048  # a URI the service names: it may be stored in the operation log
@@ -114,12 +132,26 @@ class ResponseTooSlow(requests.Timeout):
 
 @dataclass(frozen=True)
 class _Block:
+    """A device: a GPU resource block, or a CXL memory chunk (`target` set) in the composition vocabulary."""
     id: str
     uri: str
     model: str
     pool: str
-    state: str  # CompositionState
-    system_uri: Optional[str]
+    state: str  # CompositionState; a chunk's from its Connection (Unused: none)
+    system_uri: Optional[str]  # a chunk bound to an endpoint of no known system: that endpoint's uri
+    target: Optional[str] = None  # a chunk's target Endpoint
+    connections: Optional[str] = None  # a chunk's fabric's Connections collection
+    connection: Optional[str] = None  # the Connection binding the chunk
+    bound_with: tuple[str, ...] = ()  # the chunks that Connection binds (this one included)
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    """What DDS reads of a CXL fabric Endpoint (cached: none of it changes while the service runs)."""
+    uri: str
+    zones: tuple[str, ...]  # zone uris
+    initiator_of: tuple[str, ...] = ()  # EntityLinks of its Initiator entities
+    chunks: tuple[str, ...] = ()  # MemoryChunks of its Target entities, when its logical device is Type 3
 
 
 @dataclass(frozen=True)
@@ -129,13 +161,22 @@ class _System:
     names: tuple[str, ...]  # HostName and Name: what a node name may match
     blocks: tuple[str, ...]  # uris in Links.ResourceBlocks
     actions: dict[str, str]  # action name -> target
+    initiators: tuple[_Endpoint, ...] = ()  # its CXL initiator endpoints
 
 
 @dataclass(frozen=True)
 class _Inventory:
-    blocks: dict[str, _Block]  # by uri, GPU blocks only
+    blocks: dict[str, _Block]  # by uri: GPU blocks and CXL memory chunks
     systems: dict[str, _System]  # by uri
     compose_target: Optional[str] = None  # the CompositionService's Compose action, when it advertises one
+    endpoints: tuple[_Endpoint, ...] = ()  # of the CXL fabrics
+
+    def initiator_for(self, system: _System, chunk: _Block) -> Optional[str]:
+        """The system's initiator endpoint to bind `chunk` through: one in a zone of the chunk's target, else any."""
+        target = next((e for e in self.endpoints if e.uri == chunk.target), None)
+        zones = set(target.zones) if target else set()
+        shared = [e.uri for e in system.initiators if zones & set(e.zones)]
+        return (shared or [e.uri for e in system.initiators] or [None])[0]
 
     def system_for(self, node: str) -> Optional[_System]:
         by_host = [s for s in self.systems.values() if s.names[0] == node]
@@ -177,7 +218,9 @@ class RedfishFabric:
         self._next_login_at = 0.0
         self._read_only = read_only
         self._lock = threading.RLock()
-        self._static: dict[str, tuple[Optional[str], str]] = {}  # block uri -> (GPU model or None, pool)
+        self._static: dict[str, tuple[Optional[str], str]] = {}  # block/chunk uri -> (model or None, pool)
+        self._endpoints: dict[str, _Endpoint] = {}  # CXL fabric endpoints by uri
+        self._fabrics: dict[str, Optional[tuple[str, str]]] = {}  # Fabrics member -> its collections if CXL
         self._log, self._version = self._load_log()
         self._login()
 
@@ -274,10 +317,16 @@ class RedfishFabric:
                      request.count, now)
         candidates = sorted((b for b in inventory.blocks.values() if b.pool == request.pool
                              and b.model == request.model and self._is_free(b)), key=lambda b: b.id)
-        if not any(b.pool == request.pool for b in inventory.blocks.values()):
-            raise FabricError(ErrorCode.NOT_FOUND, f"attach {request.key}: the Redfish service has no GPU resource "
-                                                   f"blocks in zone {request.pool!r}")
-        limit = self._slots.get(request.pool)
+        memory = is_cxl_model(request.model)
+        if not any(b.pool == request.pool and (b.target is not None) == memory for b in inventory.blocks.values()):
+            what = "CXL memory chunks (Type 3 targets of a CXL fabric)" if memory else "GPU resource blocks"
+            raise FabricError(ErrorCode.NOT_FOUND, f"attach {request.key}: the Redfish service has no {what} in zone "
+                                                   f"{request.pool!r}")
+        if memory and not system.initiators:
+            raise FabricError(ErrorCode.NOT_FOUND, f"attach {request.key}: ComputerSystem {system.uri} "
+                                                   f"({request.node}) has no initiator Endpoint in a CXL fabric to "
+                                                   f"bind memory to")
+        limit = None if memory else self._slots.get(request.pool)  # chunks take no GPU slot
         used = sum(1 for uri in system.blocks if uri in inventory.blocks and inventory.blocks[uri].pool == request.pool)
         if len(candidates) < request.count:
             return _failed(op, now, ErrorCode.OUT_OF_RESOURCES, f"zone {request.pool} has {len(candidates)} free "
@@ -297,6 +346,13 @@ class RedfishFabric:
                 raise FabricError(ErrorCode.NOT_FOUND, f"detach {request.key}: device {device_id} is not composed "
                                                        f"into {request.node} ({system.uri})")
             blocks.append(block)
+        asked = {b.uri for b in blocks}
+        for block in blocks:
+            others = [_chunk_id(c) for c in block.bound_with if c not in asked]
+            if others:
+                raise FabricError(ErrorCode.INVALID, f"detach {request.key}: chunk {block.id} is bound by Connection "
+                                                     f"{block.connection}, which also binds {', '.join(others)}; DDS "
+                                                     f"deletes a Connection whole: detach them together")
         op = _new_op(request.key, OperationKind.DETACH, request.node, system.uri, blocks[0].pool, blocks[0].model,
                      len(blocks), self._clock())
         op["blocks"] = {b.uri: {"step": PLANNED, "attempts": 0, "error": ""} for b in blocks}
@@ -339,7 +395,8 @@ class RedfishFabric:
             progress["step"] = REQUESTED  # done before a restart: never send it twice
             return
         if attach and not self._is_free(block):
-            progress.update(step=REJECTED, error=f"resource block {block.id} was taken ({block.state})")
+            what = "memory chunk" if block.target is not None else "resource block"
+            progress.update(step=REJECTED, error=f"{what} {block.id} was taken ({block.state})")
             return
         # Count the attempt durably before sending: a crash mid-request must not buy unlimited retries.
         progress["attempts"] += 1
@@ -358,12 +415,14 @@ class RedfishFabric:
                 return
             progress.update(step=REJECTED, error=bounded_text(str(exc), MAX_MESSAGE_CHARS))
             return
-        progress["step"] = REQUESTED
+        progress.update(step=REQUESTED, requested_at=self._clock())
         if monitor:
             progress["monitor"] = monitor  # stored with the block: whichever process drives it next follows it
 
     def _compose(self, system: _System, block: _Block, inventory: _Inventory, *, add: bool) -> Optional[str]:
         """Ask the service to add or remove `block`; the task monitor's URI when it answered 202 Accepted."""
+        if block.target is not None:
+            return self._connect(system, block, inventory) if add else self._disconnect(block)
         if inventory.compose_target:
             # The Compose action states the system's desired end state and has no precondition: build it on the latest
             # links, less the blocks DDS is removing (a removal that ends between this read and the POST would
@@ -380,6 +439,25 @@ class RedfishFabric:
         if action:
             return self._send("POST", action, {"ResourceBlock": {"@odata.id": block.uri}})
         return self._patch_links(system.uri, block.uri, add)
+
+    def _connect(self, system: _System, chunk: _Block, inventory: _Inventory) -> Optional[str]:
+        """POST a Connection binding `chunk` to `system`'s initiator endpoint to the chunk's fabric."""
+        initiator = inventory.initiator_for(system, chunk)
+        if initiator is None or chunk.connections is None:
+            raise RedfishHTTPError(400, "", f"{system.uri} has no CXL initiator endpoint to bind {chunk.id} to")
+        body = connection_request(chunk.uri, initiator, chunk.target, f"DDS: {chunk.id} to {system.node}")
+        return self._send("POST", chunk.connections, body)
+
+    def _disconnect(self, chunk: _Block) -> Optional[str]:
+        """DELETE the Connection binding `chunk`; one already gone is what was asked."""
+        if chunk.connection is None:
+            return None
+        try:
+            return self._send("DELETE", chunk.connection, None)
+        except RedfishHTTPError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def _removing(self) -> set[str]:
         """Blocks whose removal DDS has requested and not yet seen end."""
@@ -434,14 +512,21 @@ class RedfishFabric:
             if progress["step"] == REJECTED:
                 failed.append(uri)
                 errors.append(progress)
-            elif progress["step"] == PLANNED or block is None or progress.get("monitor"):
-                return  # not requested yet, or its task still runs
+            elif progress["step"] == PLANNED or block is None:
+                return  # not requested yet
+            elif block.target is not None and self._overdue(op, block, progress):
+                failed.append(uri)
+                errors.append(progress)
+            elif progress.get("monitor"):
+                return  # its task still runs
             elif attach:
                 if block.system_uri == op["system"] and block.state in _ONLINE_STATES:
                     done.append(block.id)
+                elif block.target is not None and block.system_uri is None and block.state == "Unused":
+                    return  # accepted, its Connection not listed yet (bounded by _overdue)
                 elif block.state == "Failed" or block.system_uri != op["system"]:
                     failed.append(uri)
-                    errors.append({"error": f"resource block {block.id} ended {block.state}"})
+                    errors.append({"error": _end_of(block, op["system"])})
                 else:
                     return  # Composing
             elif block.system_uri is None:
@@ -456,6 +541,28 @@ class RedfishFabric:
                                                for e in errors) else ErrorCode.BACKEND
             op.update(error_code=code.value,
                       error_message=bounded_text("; ".join(e["error"] for e in errors), MAX_MESSAGE_CHARS))
+
+    def _overdue(self, op: dict[str, Any], chunk: _Block, progress: dict[str, Any]) -> bool:
+        """A chunk whose requested Connection change has not shown within `connection_wait_seconds`: its progress is
+        marked rejected with what is missing. The service's own monitor, if any, is given up with it."""
+        attach = op["kind"] == OperationKind.ATTACH.value
+        if attach and chunk.system_uri == op["system"] and chunk.state in _ONLINE_STATES \
+                or not attach and chunk.system_uri is None:
+            return False
+        bound = self._settings.connection_wait_seconds
+        if self._clock() - float(progress.get("requested_at", op["started_at"])) <= bound:
+            return False
+        waited = f"within redfish.connection_wait_seconds ({bound:g} s)"
+        if not attach:
+            error = f"Connection {chunk.connection} binding memory chunk {chunk.id} still listed, not removed {waited}"
+        elif chunk.connection is None:
+            error = (f"the service accepted a Connection binding memory chunk {chunk.id} to {op['node']} but listed "
+                     f"none {waited}")
+        else:
+            error = f"Connection {chunk.connection} binding memory chunk {chunk.id} not Enabled {waited}"
+        progress.pop("monitor", None)
+        progress.update(step=REJECTED, error=error)
+        return True
 
     def resync(self) -> None:
         """Read the operation log again: what another DDS process (the previous leader) recorded since this one loaded
@@ -514,19 +621,111 @@ class RedfishFabric:
     # --- reading the service ---
     def _inventory(self) -> _Inventory:
         root = self._get("/redfish/v1/")
-        composition = self._get(_link(root, "CompositionService", "ServiceRoot"))
+        fabrics = self._cxl_fabrics(root)
+        if "CompositionService" not in root and not fabrics:
+            raise FabricError(ErrorCode.BACKEND, "the Redfish ServiceRoot has no CompositionService link nor a CXL "
+                                                 "fabric (a Fabrics member with FabricType CXL): DDS composes GPUs "
+                                                 "through the one and CXL memory through the other")
         blocks: dict[str, _Block] = {}
-        for member in self._get(_link(composition, "ResourceBlocks", "CompositionService")).get("Members", []):
-            block = self._read_block(member["@odata.id"])
-            if block is not None:
-                blocks[block.uri] = block
+        target = None
+        if "CompositionService" in root:
+            composition = self._get(_link(root, "CompositionService", "ServiceRoot"))
+            for member in self._get(_link(composition, "ResourceBlocks", "CompositionService")).get("Members", []):
+                block = self._read_block(member["@odata.id"])
+                if block is not None:
+                    blocks[block.uri] = block
+            compose = composition.get("Actions", {}).get(COMPOSE_ACTION)
+            target = str(compose["target"]) if isinstance(compose, dict) and compose.get("target") else None
         systems: dict[str, _System] = {}
         for member in self._get(_link(root, "Systems", "ServiceRoot")).get("Members", []):
             system = _system_from(self._get(member["@odata.id"]))
             systems[system.uri] = system
-        compose = composition.get("Actions", {}).get(COMPOSE_ACTION)
-        target = str(compose["target"]) if isinstance(compose, dict) and compose.get("target") else None
-        return _Inventory(blocks, systems, target)
+        endpoints: list[_Endpoint] = []
+        for endpoints_link, connections in fabrics:
+            fabric_endpoints = [self._read_endpoint(m["@odata.id"])
+                                for m in self._get(endpoints_link).get("Members", [])]
+            members = self._get(connections).get("Members", [])
+            bindings = [b for b in (self._read_binding(m["@odata.id"]) for m in members) if b is not None]
+            endpoints += fabric_endpoints
+            blocks.update(self._chunks(fabric_endpoints, bindings, connections, systems))
+        systems = {uri: _with_initiators(system, endpoints) for uri, system in systems.items()}
+        return _Inventory(blocks, systems, target, tuple(endpoints))
+
+    # --- reading a CXL fabric ---
+    def _cxl_fabrics(self, root: dict[str, Any]) -> list[tuple[str, str]]:
+        """The (Endpoints, Connections) collections of each CXL fabric; a fabric's type and links are read once."""
+        link = root.get("Fabrics", {}).get("@odata.id") if isinstance(root.get("Fabrics"), dict) else None
+        if not link:
+            return []
+        found = []
+        for member in self._get(str(link)).get("Members", []):
+            uri = str(member["@odata.id"])
+            if uri not in self._fabrics:
+                fabric = self._get(uri)
+                self._fabrics[uri] = (_link(fabric, "Endpoints", f"CXL fabric {uri}"),
+                                      _link(fabric, "Connections", f"CXL fabric {uri}")) \
+                    if fabric.get("FabricType") == CXL_FABRIC_TYPE else None
+            if self._fabrics[uri] is not None:
+                found.append(self._fabrics[uri])
+        return found
+
+    def _read_endpoint(self, uri: str) -> _Endpoint:
+        if uri not in self._endpoints:
+            body = self._get(uri)
+            entities = [e for e in body.get("ConnectedEntities", []) if isinstance(e, dict)]
+            initiator_of = tuple(_entity_link(e) for e in entities if e.get("EntityRole") in ("Initiator", "Both"))
+            chunks: tuple[str, ...] = ()
+            devices = [_entity_link(e) for e in entities if e.get("EntityType") == "CXLDevice"]
+            if all(self._is_type3(device) for device in devices if device):
+                chunks = tuple(_entity_link(e) for e in entities
+                               if e.get("EntityRole") in ("Target", "Both") and e.get("EntityType") == "MemoryChunk")
+            zones = tuple(str(z["@odata.id"]) for z in body.get("Links", {}).get("Zones", []))
+            self._endpoints[uri] = _Endpoint(uri, zones, tuple(i for i in initiator_of if i),
+                                             tuple(c for c in chunks if c))
+        return self._endpoints[uri]
+
+    def _read_binding(self, uri: str) -> Optional[_Binding]:
+        """A Connection, or None when it was deleted between the collection's read and its own (a 404)."""
+        try:
+            return _binding_from(self._get(uri))
+        except FabricError as exc:
+            if exc.code == ErrorCode.NOT_FOUND:
+                return None
+            raise
+
+    def _is_type3(self, logical_device: str) -> bool:
+        """A CXL Type 3 device (memory expander) speaks CXL.mem without CXL.cache; Type 2 (an accelerator with its own
+        memory: DMTF's CXL GPU) speaks both, and its memory is not pooled memory."""
+        semantics = set(self._get(logical_device).get("SemanticsSupported") or [])
+        return "CXLmem" in semantics and "CXLcache" not in semantics
+
+    def _chunks(self, endpoints: list[_Endpoint], bindings: list[_Binding], connections: str,
+                systems: dict[str, _System]) -> dict[str, _Block]:
+        by_chunk = {chunk: binding for binding in bindings for chunk in binding.chunks}
+        owners = {e.uri: uri for uri in systems for e in endpoints
+                  if any(_under(link, uri) for link in e.initiator_of)}
+        chunks: dict[str, _Block] = {}
+        for endpoint in endpoints:
+            pool = _last_segment(endpoint.zones[0]) if endpoint.zones else DEFAULT_POOL
+            for uri in endpoint.chunks:
+                if uri in chunks:
+                    continue
+                if uri not in self._static:
+                    size = self._get(uri).get("MemoryChunkSizeMiB")
+                    model = cxl_model(int(size) * 2**20) if isinstance(size, int) and size > 0 else None
+                    self._static[uri] = (model, pool)
+                model = self._static[uri][0]
+                if model is None:
+                    continue  # a chunk without a size cannot be planned
+                binding = by_chunk.get(uri)
+                owner = None
+                if binding is not None:
+                    initiator = binding.initiators[0] if binding.initiators else binding.uri
+                    owner = next((owners[i] for i in binding.initiators if i in owners), initiator)
+                chunks[uri] = _Block(_chunk_id(uri), uri, model, pool, binding.state if binding else "Unused", owner,
+                                     endpoint.uri, connections, binding.uri if binding else None,
+                                     binding.chunks if binding else ())
+        return chunks
 
     def _read_block(self, uri: str) -> Optional[_Block]:
         body = self._get(uri)
@@ -707,7 +906,7 @@ class RedfishFabric:
             raise FabricError(ErrorCode.BACKEND, f"GET {path}: the answer is not a JSON object")
         return body, response.headers.get("ETag") or body.get("@odata.etag")
 
-    def _send(self, method: str, path: str, body: dict[str, Any],
+    def _send(self, method: str, path: str, body: Optional[dict[str, Any]],
               headers: Optional[dict[str, str]] = None) -> Optional[str]:
         """A change; the task monitor's URI when the service accepted it for later (202 with a Location)."""
         response = self._request(method, path, body, headers)
@@ -731,6 +930,15 @@ def _failed(op: dict[str, Any], now: float, code: ErrorCode, message: str) -> di
     return op
 
 
+def _end_of(block: _Block, system: str) -> str:
+    """Why an attach of `block` to `system` failed, as the operation's error says it."""
+    if block.target is None:
+        return f"resource block {block.id} ended {block.state}"
+    if block.system_uri != system:
+        return f"memory chunk {block.id} is bound to {block.system_uri} instead (Connection {block.connection})"
+    return f"the Connection {block.connection} binding memory chunk {block.id} failed ({block.state})"
+
+
 def _device_state(block: _Block, detaching: bool) -> DeviceState:
     if detaching:
         return DeviceState.DETACHING
@@ -750,7 +958,69 @@ def _link(body: dict[str, Any], name: str, where: str) -> str:
 
 def _pool_of(block: dict[str, Any]) -> str:
     zones = block.get("Links", {}).get("Zones", [])
-    return zones[0]["@odata.id"].rstrip("/").rsplit("/", 1)[-1] if zones else DEFAULT_POOL
+    return _last_segment(zones[0]["@odata.id"]) if zones else DEFAULT_POOL
+
+
+@dataclass(frozen=True)
+class _Binding:
+    """A CXL fabric Connection as DDS reads it: which chunks it binds to which initiators, in which state."""
+    uri: str
+    chunks: tuple[str, ...]
+    initiators: tuple[str, ...]
+    state: str  # in the composition vocabulary: Composing, Composed, Failed
+
+
+def _binding_from(body: dict[str, Any]) -> _Binding:
+    chunks = tuple(str(info["MemoryChunk"]["@odata.id"]) for info in body.get("MemoryChunkInfo", [])
+                   if isinstance(info, dict) and isinstance(info.get("MemoryChunk"), dict)
+                   and "@odata.id" in info["MemoryChunk"])
+    initiators = tuple(str(link["@odata.id"]) for link in body.get("Links", {}).get("InitiatorEndpoints", [])
+                       if isinstance(link, dict) and "@odata.id" in link)
+    return _Binding(str(body.get("@odata.id", "")), chunks, initiators, _connection_state(body.get("Status")))
+
+
+def _connection_state(status: Any) -> str:
+    """A Connection's `Status` as a composition state: Enabled and healthy is Composed (the host has the memory);
+    Critical, or a state that says it is not usable, is Failed; anything else (Starting, none yet) is Composing."""
+    status = status if isinstance(status, dict) else {}
+    if status.get("Health") == "Critical" or status.get("State") in _CONNECTION_FAILED_STATES:
+        return "Failed"
+    return "Composed" if status.get("State") == "Enabled" else "Composing"
+
+
+def connection_request(chunk: str, initiator: str, target: Optional[str], name: str) -> dict[str, Any]:
+    """The body of the POST that binds `chunk` to the host behind `initiator` (Connection v1_1_0+ MemoryChunkInfo)."""
+    links: dict[str, Any] = {"InitiatorEndpoints": [{"@odata.id": initiator}]}
+    if target:
+        links["TargetEndpoints"] = [{"@odata.id": target}]
+    return {"Name": name, "ConnectionType": "Memory", "Links": links,
+            "MemoryChunkInfo": [{"AccessCapabilities": MEMORY_ACCESS, "MemoryChunk": {"@odata.id": chunk}}]}
+
+
+def _chunk_id(uri: str) -> str:
+    """A chunk's device id: its URI below the service root without the collection names, dotted
+    (`/redfish/v1/Chassis/PooledCXLType3/MemoryDomains/1/MemoryChunks/2` -> `PooledCXLType3.1.2`): chunk `Id`s repeat
+    from one memory domain to the next, their URIs do not."""
+    parts = uri.rstrip("/").split("/")[3:]
+    return ".".join(p for p in parts if p not in ("Chassis", "Systems", "MemoryDomains", "MemoryChunks")) or uri
+
+
+def _entity_link(entity: dict[str, Any]) -> str:
+    link = entity.get("EntityLink")
+    return str(link.get("@odata.id", "")) if isinstance(link, dict) else ""
+
+
+def _under(link: str, uri: str) -> bool:
+    return link.rstrip("/") == uri.rstrip("/") or link.startswith(uri.rstrip("/") + "/")
+
+
+def _last_segment(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _with_initiators(system: _System, endpoints: list[_Endpoint]) -> _System:
+    mine = tuple(e for e in endpoints if any(_under(link, system.uri) for link in e.initiator_of))
+    return replace(system, initiators=mine) if mine else system
 
 
 def _system_from(body: dict[str, Any]) -> _System:

@@ -3,8 +3,9 @@
 `redfish-service-validator` (DMTF, on PyPI; a dev dependency) walks the whole service from its root — every resource,
 every property, every link — and checks each payload against DMTF's published CSDL schemas (the archive's `csdl/`,
 offline). It runs as a subprocess against the emulator on DMTF's mockups, before any composition and after DDS composed
-and decomposed GPUs through each path the service offers (task monitors, a failed task, the Compose action): its
-report must have 0 failures. The pass counts are printed (`-s` shows them).
+and decomposed GPUs through each path the service offers (task monitors, a failed task, the Compose action), and on
+DMTF's CXL mockups before and after DDS bound and unbound CXL memory through the fabric's Connections: its report must
+have 0 failures. The pass counts and the number of resources it validated are printed (`-s` shows them).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dds.config import RedfishSettings
 from dds.fabric.base import AttachRequest, DetachRequest, OperationState
 from dds.fabric.redfish import RedfishFabric
 from dds.fabric.state import InMemoryFabricStateStore
+from dds.model.cxl import cxl_model
 from harness.redfish_emulator import (STANDALONE_PASSWORD, STANDALONE_USER, EmulatedSystem, EmulatorConfig,
                                       RedfishEmulator, csdl_path, mockup_path)
 from tests.unit.fabric.harnesses import wait_until_done
@@ -33,6 +35,8 @@ VALIDATOR = Path(sys.executable).parent / "rf_service_validator"
 VALIDATOR_TIMEOUT_S = 600
 NODES = ("gpu-node-1", "gpu-node-2")
 ZONE, MODEL = "gpu-zone", "A30"
+MEMORY_ZONE, CHUNK_MIB = "3", 8192  # DMTF's CXL mockups' zone of their pooled Type 3 device
+MEMORY = cxl_model(CHUNK_MIB * 2**20)
 _TOTALS = re.compile(r"\|\s*PASS\s*\|\s*WARN\s*\|\s*FAIL\s*\|\s*NOT TESTED\s*\|\s*\n[+-]+\n\|\s*(\d+)\s*\|\s*(\d+)\s*\|"
                      r"\s*(\d+)\s*\|\s*(\d+)\s*\|")
 
@@ -44,6 +48,7 @@ class Report:
     failed: int
     not_tested: int
     failures: tuple[str, ...]  # the FAIL lines of the debug log
+    resources: int = 0  # the URIs it validated
 
 
 def validate(url: str, logdir: Path) -> Report:
@@ -60,12 +65,13 @@ def validate(url: str, logdir: Path) -> Report:
     failures = tuple(line.split(" - ERROR - ", 1)[-1] for log in logdir.rglob("RedfishServiceValidatorDebug*.log")
                      for line in log.read_text().splitlines() if " - ERROR - " in line)
     passed, warned, failed, not_tested = (int(n) for n in totals.groups())
-    return Report(passed, warned, failed, not_tested, failures)
+    resources = len(set(re.findall(r"^Validating (\S+)\.\.\.$", done.stdout, re.MULTILINE)))
+    return Report(passed, warned, failed, not_tested, failures, resources)
 
 
 def assert_conformant(report: Report, when: str, tolerated: tuple[str, ...] = ()) -> None:
-    print(f"\nredfish-service-validator {when}: {report.passed} pass, {report.warned} warn, {report.failed} fail, "
-          f"{report.not_tested} not tested")
+    print(f"\nredfish-service-validator {when}: {report.resources} resources, {report.passed} pass, "
+          f"{report.warned} warn, {report.failed} fail, {report.not_tested} not tested")
     failures = [f for f in report.failures if f.startswith("FAIL") and not any(t in f for t in tolerated)]
     assert report.failed == len([f for f in report.failures if f.startswith("FAIL")]), report
     assert not failures, f"{when}: {len(failures)} failure(s):\n" + "\n".join(failures[:40])
@@ -77,8 +83,8 @@ class Service:
     emulator: RedfishEmulator
     fabric: RedfishFabric
 
-    def attach(self, key: str, node: str, count: int) -> tuple[str, ...]:
-        self.fabric.attach(AttachRequest(key=key, node=node, pool=ZONE, model=MODEL, count=count))
+    def attach(self, key: str, node: str, count: int, pool: str = ZONE, model: str = MODEL) -> tuple[str, ...]:
+        self.fabric.attach(AttachRequest(key=key, node=node, pool=pool, model=model, count=count))
         op = wait_until_done(lambda: self.fabric, key)
         return op.devices
 
@@ -89,9 +95,9 @@ class Service:
 
 def service(mockup: str, **config: object) -> Iterator[Service]:
     settings: dict[str, object] = {"composition_latency_s": 0.4, "decomposition_latency_s": 0.2,
-                                   "task_after_s": 0.3, **config}
+                                   "task_after_s": 0.3, "gpus": {ZONE: {MODEL: 6}}, **config}
     emulator = RedfishEmulator(EmulatorConfig(
-        systems=[EmulatedSystem(n, n, host_name=n) for n in NODES], gpus={ZONE: {MODEL: 6}},
+        systems=[EmulatedSystem(n, n, host_name=n) for n in NODES],
         username=STANDALONE_USER, password=STANDALONE_PASSWORD, mockup=mockup_path(mockup),
         **settings))  # type: ignore[arg-type]
     url = emulator.start()
@@ -112,6 +118,11 @@ def composability() -> Iterator[Service]:
 @pytest.fixture
 def compose_action() -> Iterator[Service]:
     yield from service("public-compose-action")
+
+
+@pytest.fixture(params=["public-cxl", "public-cxl-multiswitch"])
+def cxl(request: pytest.FixtureRequest) -> Iterator[Service]:
+    yield from service(request.param, gpus={}, memory={MEMORY_ZONE: {CHUNK_MIB: 6}})
 
 
 def test_dmtfs_validator_passes_the_service_before_and_after_compositions(composability: Service,
@@ -147,3 +158,25 @@ def test_dmtfs_validator_passes_the_compose_action_service_after_compositions(co
     # (csdl/Manifest_v1.xml), so any property is allowed there; the validator 3.1.8 still reports it unknown.
     assert_conformant(validate(compose_action.emulator.url, tmp_path), "public-compose-action after compositions",
                       tolerated=("/Manifest/Stanzas/0/Request/Links ([Object]): Unknown Property Error",))
+
+
+def test_dmtfs_validator_passes_the_cxl_fabric_before_and_after_memory_bindings(cxl: Service, tmp_path: Path) -> None:
+    mockup = cxl.emulator.config.mockup.name if cxl.emulator.config.mockup else "?"
+    assert_conformant(validate(cxl.emulator.url, tmp_path / "before"), f"{mockup} before bindings")
+
+    first = cxl.attach("via-task", NODES[0], 2, MEMORY_ZONE, MEMORY)  # slower than task_after_s: 202 + task monitor
+    assert len(first) == 2
+    cxl.emulator.config.task_after_s = None  # answered at once from here on
+    cxl.detach("unbind", NODES[0], first[:1])
+    chunks = cxl.emulator.chunks()
+    unused = sorted(c for c, (state, _) in chunks.items() if state == "Unused")
+    cxl.emulator.config.faults.failing_tasks = {unused[0]}
+    cxl.emulator.config.task_after_s = 0.3
+    second = cxl.attach("failed-task", NODES[1], 2, MEMORY_ZONE, MEMORY)  # the first free chunk's task ends Exception
+    assert len(second) == 1
+    assert cxl.emulator.chunks()[unused[0]] == ("Unused", None)  # rolled back by the service
+    assert cxl.emulator.bound_memory_mib() == {NODES[0]: CHUNK_MIB, NODES[1]: CHUNK_MIB}
+    host = cxl.emulator.get(f"/redfish/v1/Systems/{NODES[0]}")
+    assert host["MemorySummary"]["TotalSystemMemoryGiB"] > CHUNK_MIB / 1024  # its own and the bound chunk
+
+    assert_conformant(validate(cxl.emulator.url, tmp_path / "after"), f"{mockup} after bindings")

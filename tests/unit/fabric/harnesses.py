@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+from collections.abc import Iterator
+from typing import Any, Callable, Optional, TypeVar
 
 from dds.config import LatencySpec, PoolSpec, RedfishSettings, SimulatedFabricSettings
 from dds.fabric.base import Fabric, FabricDevice, Operation
 from dds.fabric.redfish import RedfishFabric
 from dds.fabric.simulated import SimulatedFabric
 from dds.fabric.state import InMemoryFabricStateStore
+from dds.model.cxl import cxl_model
 from harness.redfish_emulator import EmulatedSystem, EmulatorConfig, RedfishEmulator, mockup_path
 from tests.unit.fabric.contract import MODEL, NODE_A, NODE_B, NODE_C, POOL, SLOTS, TOTAL
+
+
+T = TypeVar("T")
 
 
 class FakeClock:
@@ -121,3 +126,47 @@ class RedfishHarness:
         for fabric in self._fabrics:
             fabric.close()
         self.emulator.stop()
+
+
+class RedfishMemoryHarness(RedfishHarness):
+    """The Redfish backend binding CXL memory through the emulator's CXL fabric (DMTF's `public-cxl`): TOTAL chunks of
+    `CHUNK_MIB` in the mockup's pooled Type 3 device, zone `pool`. DDS gives the zone one GPU slot per node: chunks take
+    none of it."""
+
+    CHUNK_MIB = 8192  # a size DMTF's own chunks (16 and 4 GiB) do not have: the contract's pool is the emulator's
+    model, pool, slots = cxl_model(CHUNK_MIB * 2**20), "3", None
+
+    def __init__(self, mockup: str = "public-cxl", connection_wait_seconds: float = 120.0, **config: Any) -> None:
+        settings: dict[str, Any] = {"composition_latency_s": 0.8, "decomposition_latency_s": 0.1, **config}
+        self.config = EmulatorConfig(
+            systems=[EmulatedSystem("sys-1", NODE_A), EmulatedSystem("sys-2", "blade-2", host_name=NODE_B),
+                     EmulatedSystem("sys-3", NODE_C)],
+            gpus={}, memory={self.pool: {self.CHUNK_MIB: TOTAL}}, username="dds", password="secret",
+            mockup=mockup_path(mockup), **settings)
+        self.connection_wait_seconds = connection_wait_seconds
+        self.emulator = RedfishEmulator(self.config)
+        self.emulator.start()
+        self.store = InMemoryFabricStateStore()
+        self._fabrics = []
+        self.fabric = self._build()
+
+    def _build(self) -> RedfishFabric:
+        fabric = RedfishFabric(RedfishSettings(endpoint=self.emulator.url, username="dds", timeout_seconds=5,
+                                               connection_wait_seconds=self.connection_wait_seconds),
+                               password="secret", clock=time.time, store=self.store,
+                               pools=[PoolSpec(name=self.pool, devices={}, max_slots_per_node=1)])
+        self._fabrics.append(fabric)
+        return fabric
+
+
+def closing(factory: Callable[..., T]) -> Iterator[Callable[..., T]]:
+    """A fixture's body: `factory(**config)` for the test; whatever it made is closed after."""
+    made: list[T] = []
+
+    def make(**config: Any) -> T:
+        made.append(factory(**config))
+        return made[-1]
+
+    yield make
+    for thing in made:
+        thing.close()  # type: ignore[attr-defined]

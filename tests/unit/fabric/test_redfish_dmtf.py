@@ -24,7 +24,7 @@ from dds.model.plan import Attach, Case
 from harness.redfish_emulator import (COMPOSE_ACTION, SESSIONS, TASK_MONITORS, EmulatedSystem, EmulatorConfig,
                                       RedfishEmulator, mockup_path)
 from tests.unit.fabric.contract import MODEL, NODE_A, POOL
-from tests.unit.fabric.harnesses import FakeClock, contract_pools, wait_until_done
+from tests.unit.fabric.harnesses import FakeClock, closing, contract_pools, wait_until_done
 
 REPO = Path(__file__).resolve().parents[3]
 USER, PASSWORD = "dds", "secret"
@@ -74,15 +74,7 @@ class World:
 @pytest.fixture
 def make_world() -> Iterator[Callable[..., World]]:
     """World(**EmulatorConfig fields), closed after the test."""
-    made: list[World] = []
-
-    def make(**config: object) -> World:
-        made.append(World(**config))  # type: ignore[arg-type]
-        return made[-1]
-
-    yield make
-    for world in made:
-        world.close()
+    yield from closing(World)
 
 
 @pytest.fixture
