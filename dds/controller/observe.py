@@ -27,6 +27,7 @@ from dds.kube.cache import ClusterCache
 from dds.kube.decode import NodeRecord, PodRecord
 from dds.model.dra_records import DraState
 from dds.model.groups import NodeGroupSpec
+from dds.planner.cxl_memory import unneeded_chunks
 from dds.planner.dra import CelLimits, lower_observed, mark_claimed
 from dds.model.resources import Resources
 # The planner owns kube-scheduler's request rule and remembers it per pod object: with the watch cache the same
@@ -362,9 +363,9 @@ def _cxl_memory(raw: NodeRecord, group: NodeGroupSpec, online: Sequence[Device],
     reported = max(0, (raw.allocatable.memory - group.memory) // chunk)
     unreported = max(0, len(online) - reported)
     requested = sum(requests.get(pod).memory for pod in pods.pods)
-    spare = min(len(online) - unreported, max(0, raw.allocatable.memory - requested) // chunk)
+    spare = unneeded_chunks(len(online) - unreported, chunk, raw.allocatable.memory, requested)
     chunks = tuple(sorted(online, key=_attach_order))
-    return (chunks, attaching + unreported), max(0, spare)
+    return (chunks, attaching + unreported), spare
 
 
 def machine_refs(items: Iterable[Mapping[str, Any]]) -> tuple[MachineRef, ...]:

@@ -222,8 +222,14 @@ def spare_chunks(node: NodeInfo, group: NodeGroupSpec, pods: Sequence[PodInfo]) 
     if not group.cxl_memory_chunk or not node.cxl_chunks:
         return 0
     requested = sum(effective_requests(p).memory for p in pods)
-    spare = node.allocatable.memory - requested
-    return max(0, min(len(node.cxl_chunks), spare // group.cxl_memory_chunk))
+    return unneeded_chunks(len(node.cxl_chunks), group.cxl_memory_chunk, node.allocatable.memory, requested)
+
+
+def unneeded_chunks(chunks: int, chunk_size: int, allocatable_memory: int, requested_memory: int) -> int:
+    """Of `chunks` attached chunks of `chunk_size` bytes, how many a node with `allocatable_memory` (the chunks
+    included) could give back and still hold `requested_memory`: the planner, the controller's observer and the
+    simulator count spare memory this one way."""
+    return max(0, min(chunks, (allocatable_memory - requested_memory) // chunk_size))
 
 
 def release_idle_cxl_memory(snapshot: Snapshot, plan: ScaleDownPlan) -> ScaleDownPlan:

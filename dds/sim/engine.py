@@ -61,6 +61,7 @@ from dds.model.groups import NodeGroupSpec, Taint
 from dds.model.resources import Resources
 from dds.nodes.base import MachineInfo, MachinePhase
 from dds.planner import plan_scale_up
+from dds.planner.cxl_memory import unneeded_chunks
 from dds.model.snapshot import POD_GROUP_LABEL, ContainerRequests, Device, NodeInfo, PodInfo, PoolInfo, Snapshot
 from dds.planner.passes import PassInputs, PassPlan, PassSettings, plan_pass
 from dds.planner.memos import PlannerMemos
@@ -1015,8 +1016,7 @@ def _spare_chunks(node: _Node, chunks: Sequence[Device]) -> int:
     size = node.group.cxl_memory_chunk
     if not chunks or not size:
         return 0
-    allocatable = node.group.memory + len(chunks) * size
-    return min(len(chunks), max(0, allocatable - node.used_memory) // size)
+    return unneeded_chunks(len(chunks), size, node.group.memory + len(chunks) * size, node.used_memory)
 
 
 def simulate(scenario: Scenario, policy: Policy, progress: Optional[Progress] = None, batch_solver: str = "greedy",
