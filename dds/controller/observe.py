@@ -108,6 +108,8 @@ class NodePods:
     extended: tuple[Resources, ...]  # requests of the pods naming extended resources (GPUs among them; most name none)
     working: bool  # a pod that counts as work runs there
     claims: bool  # a pod has resource claims (Dynamic Resource Allocation)
+    # Ended pods (Succeeded or Failed) that consumed a ProvisioningRequest: bound, for the request's booking.
+    ended_consumers: tuple[PodInfo, ...] = ()
     _used: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     def used(self, resource: str) -> int:
@@ -123,8 +125,9 @@ class NodePods:
         infos = tuple(r.info for r in records if not r.terminal) if pods is None else tuple(pods)
         lasting = lasting_requests.get
         requests = [lasting(pod) for pod in infos]
+        ended = tuple(r.info for r in records if r.terminal and r.info.consumes_provisioning_request)
         return cls(records, infos, tuple(r for r in requests if r.scalar), any(is_work(pod) for pod in infos),
-                   any(pod.resource_claims for pod in infos))
+                   any(pod.resource_claims for pod in infos), ended)
 
 
 _NO_PODS = NodePods((), (), (), False, False)
@@ -265,6 +268,7 @@ class ClusterObserver:
         waiting = [r for r in buckets.get("", ()) if not r.terminal]
         pending = tuple(r.info for r in waiting)
         pods = (*chain.from_iterable(entry.pods for entry in on_nodes.values()), *pending)
+        ended_consumers = tuple(chain.from_iterable(entry.ended_consumers for entry in on_nodes.values()))
         # ResourceClaims become the GPU requests they amount to before anything counts GPU use (docs/dra.md).
         dra = self._reader.dra()
         claims = any(entry.claims for entry in on_nodes.values()) or any(r.info.resource_claims for r in waiting)
@@ -340,7 +344,8 @@ class ClusterObserver:
         pools = tuple(PoolInfo(p.name, {m: c for m, c in p.free.items() if not is_cxl_model(m)},
                                free_cxl_memory=cxl_memory_of(p.free)) for p in self._fabric.pools())
         snapshot = mark_claimed(Snapshot(now=now, nodes=tuple(nodes), pods=pods, groups=groups, pools=pools,
-                                         upcoming_nodes=upcoming, gpu_model_label=self._gpu_model_label, dra=dra),
+                                         upcoming_nodes=upcoming, gpu_model_label=self._gpu_model_label, dra=dra,
+                                         ended_consumers=ended_consumers),
                                 fabric_ids=fabric_ids)
         snapshot.index_pods({name: entry.pods for name, entry in on_nodes.items()},
                             pending=pending)

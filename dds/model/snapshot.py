@@ -212,6 +212,10 @@ class Snapshot:
     gpu_model_label: str = "nvidia.com/gpu.product"
     # ResourceClaims, templates, slices and device classes (Dynamic Resource Allocation), for dds/planner/dra.py.
     dra: DraState = DraState()
+    # Pods of ProvisioningRequests (`consumes_provisioning_request`) that were bound and have ended (Succeeded or
+    # Failed): not in `pods`, yet bound as their request's booking counts them (dds/planner/provisioning.py). A job's
+    # pod may bind and end between two passes.
+    ended_consumers: tuple[PodInfo, ...] = ()
     # Bound pods by node, built on the first `pods_on` call: asking per node would otherwise scan every pod for every
     # node (nodes x pods per pass). The snapshot is frozen, so the index never goes stale.
     _pods_by_node: dict[str, tuple[PodInfo, ...]] = field(default_factory=dict, init=False, repr=False,

@@ -194,7 +194,9 @@ def _release_nodes(work: _Pass, uid: str) -> None:
 
 
 def _consumers(snapshot: Snapshot, request: ProvisioningRequest) -> list[PodInfo]:
-    return [p for p in snapshot.pods
+    """The request's pods: pending, bound, and those that were bound and have ended (a short job's pod may bind and
+    end between two passes; missing it would keep its booking until it expires)."""
+    return [p for p in (*snapshot.pods, *snapshot.ended_consumers)
             if p.namespace == request.namespace and p.consumes_provisioning_request == request.name]
 
 

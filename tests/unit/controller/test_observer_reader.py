@@ -5,7 +5,7 @@ on a real apiserver, cached and listing: tests/integration/kube/test_cache_obser
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence
 
 from dds.controller.idle import IdleTracker
@@ -100,6 +100,15 @@ def test_what_the_reader_gives_becomes_the_snapshot() -> None:
     assert observation.unschedulable_since == {"default/train": 50.0}
     assert [(m.name, m.node_name) for m in observation.machines] == [("workers-a", "w1"), ("workers-b", None)]
     assert sorted(cluster.reads) == ["dra", "machines", "machinesets", "nodes", "pods"]  # one read of each
+
+
+def test_a_provisioning_requests_pods_that_ended_on_a_node_are_kept_for_its_booking() -> None:
+    consumer = replace(make_pod("job-0", node="w1", gpus=1), consumes_provisioning_request="job")
+    cluster = ClusterInMemory(machines_=[machine("workers-a", "w1")], nodes=[node_record("w1")],
+                              pods=[PodRecord(consumer, terminal=True, unschedulable_since=None),
+                                    PodRecord(make_pod("done", node="w1"), terminal=True, unschedulable_since=None)])
+    snapshot = observer(cluster).observe().snapshot
+    assert snapshot.pods == () and [p.name for p in snapshot.ended_consumers] == ["job-0"]
 
 
 def test_without_cluster_api_no_node_is_dds_s() -> None:

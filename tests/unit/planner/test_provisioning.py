@@ -130,6 +130,20 @@ def test_once_every_pod_is_bound_the_booking_is_released():
     assert out.release == ("w1",) and out.decisions == ()
 
 
+def test_pods_that_bound_and_ended_between_two_passes_count_as_bound():
+    """A short job's pods may bind, run and end (Succeeded or Failed) before DDS looks again: they are not in the
+    snapshot's pods any more, yet the booking has served them and is released, not kept until it expires."""
+    provisioned = {PROVISIONED: Condition("True", "", "", since=900.0)}
+    nodes = [make_node("w1", gpus=4, taints=[booked("uid-job-a")])]
+    ran = replace(make_pod("p0", gpus=2, namespace="team", node="w1"), consumes_provisioning_request="job-a")
+    ended = replace(make_pod("p1", gpus=2, namespace="team", node="w1"), consumes_provisioning_request="job-a")
+    snapshot = replace(make_snapshot(nodes, [ran], groups=[GROUP]), ended_consumers=(ended,))
+    out = plan(snapshot, request(conditions=provisioned))
+    assert out.release == ("w1",) and out.decisions == ()
+    assert plan(make_snapshot(nodes, [ran], groups=[GROUP]), request(conditions=provisioned)).release == (), \
+        "one of two pods bound: still booked"
+
+
 def test_a_booking_whose_pods_do_not_come_in_time_expires_and_is_released():
     provisioned = {PROVISIONED: Condition("True", "", "", since=600.0)}  # now = 1000, bound 300 s
     nodes = [make_node("w1", gpus=4, taints=[booked("uid-job-a")])]
