@@ -37,6 +37,7 @@ from dds.model.groups import ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN
 from dds.nodes.kwok import KWOK_PROVIDER_IDS, ProviderIds
 from harness import rbac
 from harness.autoscaler import AutoscalerHandle, free_port, start_autoscaler
+from harness.controlplane import RESOURCE_CLAIM_CONTROLLER
 
 ROOT = Path(__file__).resolve().parents[1]
 MACHINESET_FILE = ROOT / "manifests" / "examples" / "machineset-gpu-workers.yaml"
@@ -73,7 +74,7 @@ class StackOptions:
     # kube-controller-manager's resourceclaim controller (DRA claim templates, claims released when pods end).
     controller_manager: bool = False
     # The controllers it runs (with `controller_manager`): e.g. the Job controller for Kueue's batch Jobs.
-    controllers: tuple[str, ...] = ("resourceclaim-controller",)
+    controllers: tuple[str, ...] = (RESOURCE_CLAIM_CONTROLLER,)
     # ProvisioningRequests served (docs/kueue.md): their CRD (vendored from cluster-autoscaler) installed before DDS
     # starts, and cluster-autoscaler run with --enable-provisioning-requests under the RBAC that flag needs
     # (manifests/cluster-autoscaler/provisioning-requests).
