@@ -45,6 +45,7 @@ CHECK = "dds-provisioning"
 SLOTS = 4
 WORKERS = 2
 POOL = 12
+QUOTA = 32  # GPUs Kueue admits at once: more than the pool, so that DDS, not the quota, is what refuses a job
 # Bounds against a hung run only: Kueue requeues, DDS passes every second, attaches take 1-2 s, a node 10 s.
 SETUP_TIMEOUT_S = 120.0
 ADMIT_TIMEOUT_S = 180.0
@@ -109,7 +110,7 @@ def kueue_setup(run: KueueRun) -> None:
         "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
                             "flavors": [{"name": "default", "resources": [
                                 {"name": "cpu", "nominalQuota": "64"}, {"name": "memory", "nominalQuota": "256Gi"},
-                                {"name": "nvidia.com/gpu", "nominalQuota": str(POOL)}]}]}],
+                                {"name": "nvidia.com/gpu", "nominalQuota": str(QUOTA)}]}]}],
         "admissionChecksStrategy": {"admissionChecks": [{"name": CHECK}]}}})
     create("localqueues", {"kind": "LocalQueue", "metadata": {"name": LOCAL_QUEUE},
                            "spec": {"clusterQueue": CLUSTER_QUEUE}}, WORKLOAD_NAMESPACE)
@@ -256,3 +257,24 @@ def test_a_job_that_attaches_cannot_serve_gets_a_node_too(run: KueueRun):
     assert len(added) == 1 and added <= nodes, (added, nodes)
     assert machineset_replicas(run.stack) == WORKERS + 1
     assert fabric_facts(run.stack).attached_count() == (WORKERS + 1) * SLOTS == POOL
+
+
+def test_a_job_the_pool_cannot_serve_stays_suspended_and_its_request_fails_saying_why(run: KueueRun):
+    nodes = {n.metadata.name for n in run.stack.nodes()}
+    attached = fabric_facts(run.stack).attached_count()
+    batch = client.BatchV1Api(run.stack.api)
+    # 5 x 4 GPUs: more than the group's 4 nodes of 4 slots and than the pool's 12 GPUs; within Kueue's quota.
+    batch.create_namespaced_job(WORKLOAD_NAMESPACE, batch_job("train-too-big", pods=5, gpus=4))
+
+    def failed() -> Optional[dict[str, Any]]:
+        request = request_of(run, "train-too-big")
+        found = condition(request, "Failed") if request else None
+        return found if found and found["status"] == "True" else None
+    refused = run.wait_for("train-too-big's request Failed", failed, ADMIT_TIMEOUT_S)
+    assert refused["reason"] in ("LargerThanCluster", "CapacityNotFound"), refused
+    assert "nothing attached or added" in refused["message"], refused
+    assert batch.read_namespaced_job("train-too-big", WORKLOAD_NAMESPACE).spec.suspend is True
+    assert job_pods(run, "train-too-big") == []
+    assert fabric_facts(run.stack).attached_count() == attached
+    assert {n.metadata.name for n in run.stack.nodes()} == nodes
+    assert not any(t.key == BOOKED_TAINT_KEY for n in run.stack.nodes() for t in n.spec.taints or ())
