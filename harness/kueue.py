@@ -41,7 +41,6 @@ import contextlib
 import copy
 import os
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -50,7 +49,7 @@ import requests
 import yaml
 
 from harness import versions
-from harness.controlplane import ControlPlane, ManagedProcess, free_ports
+from harness.controlplane import ControlPlane, ManagedProcess, _wait_ready, free_ports
 from harness.install import CUSTOM_RESOURCE_DEFINITIONS, AdminApi, as_installed, yaml_documents
 
 MANAGER_BINARY = "kueue"
@@ -71,7 +70,6 @@ FEATURE_GATES = {"VisibilityOnDemand": False}
 
 READY_TIMEOUT_S = 120.0  # certificates made, CA bundles injected, caches synced: slow on a loaded machine
 STOP_TIMEOUT_S = 10.0
-_POLL_S = 0.2
 
 
 class KueueError(RuntimeError):
@@ -378,30 +376,12 @@ class KueueManager:
             self._process = self.plane.add_component(MANAGER_BINARY, self._argv(), env=self._env())
         self._process.start()
         try:
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            self._wait("its /readyz answers 200", self._ready, deadline)
-            self._wait("a dry-run ResourceFlavor passes its webhooks through the apiserver", self._webhooks_answer,
-                       deadline)
+            # The control plane's wait for its components (exit, deadline, log tail): /readyz, then the webhooks.
+            _wait_ready(self._process, lambda: self._ready() or self._webhooks_answer(), READY_TIMEOUT_S)
         except BaseException:
             if self._process.running():
                 self._process.stop(STOP_TIMEOUT_S)
             raise
-
-    def _wait(self, what: str, check: Any, deadline: float) -> None:
-        assert self._process is not None
-        why = ""
-        while True:
-            code = self._process.exit_code()
-            if code is not None:
-                raise KueueError(f"{MANAGER_BINARY} exited with code {code} while starting; last lines of "
-                                 f"{self.log_path}:\n{self.log_tail()}")
-            why = check()
-            if not why:
-                return
-            if time.monotonic() > deadline:
-                raise KueueError(f"{MANAGER_BINARY} not ready after {READY_TIMEOUT_S:.0f} s: waiting until {what} "
-                                 f"({why}); last lines of {self.log_path}:\n{self.log_tail()}")
-            time.sleep(_POLL_S)
 
     def _ready(self) -> str:
         url = f"http://127.0.0.1:{self.health_port}/readyz"
@@ -422,5 +402,5 @@ class KueueManager:
         try:
             self.admin_api().request("POST", f"{API}/resourceflavors?dryRun=All", flavor, ok=(201,))
         except KueueError as exc:
-            return str(exc)
+            return f"a dry-run ResourceFlavor through the apiserver: {exc}"
         return ""
