@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Builds (once) and caches the pinned binaries the tests and `make demo` run as local processes: etcd,
 # kube-apiserver, kube-scheduler, kube-controller-manager (DRA tests only), kwok, the real cluster-autoscaler, the
-# CDI operator `cro-manager` (composability tests only) and Cluster API's core manager `cluster-api-manager`. Prints the bin directory on its last line.
+# CDI operator `cro-manager` (composability tests only), Cluster API's core manager `cluster-api-manager` and Kueue's
+# manager `kueue` (tests/e2e/test_kueue.py only). Prints the bin directory on its last line.
 #
 #   bash hack/build-binaries.sh            the profile $DDS_K8S_PROFILE, else hack/versions.env's default profile
 #   bash hack/build-binaries.sh 1.35       that Kubernetes profile (hack/versions-1.35.env)
 #   bash hack/build-binaries.sh --all      every profile (hack/setup.sh); prints the default profile's directory
 #
 # DDS_BINARIES=demo builds only what `make demo` runs (etcd, kwok, kube-apiserver, kube-scheduler, cluster-autoscaler);
-# the default, all, adds kube-controller-manager and cro-manager (make test).
+# the default, all, adds kube-controller-manager, cro-manager, cluster-api-manager and kueue (make test).
 #
 # Independent builds run at once, up to DDS_BUILD_JOBS (default 3) at a time, longest first: one downloads modules
 # while another compiles, and a Kubernetes link takes about 2 GiB. Each Kubernetes profile's binaries come from one
@@ -294,6 +295,31 @@ build_cluster_api() {
   built cluster-api
 }
 
+# Kueue's manager (cmd/kueue) from its Go module, pinned by go.sum hash, in a wrapper module that requires only it (so
+# the versions are those of Kueue's own go.mod, which replaces nothing), and the install files of the same release
+# under config/ (harness/kueue.py installs them as shipped): its CRDs with the conversion-webhook patches
+# (config/components/crd), RBAC (config/components/rbac), webhook configuration (config/components/webhook) and the
+# Secret its internal certificate management fills (config/components/internalcert). Shared by every profile and not
+# linked into a profile's bin dir: harness/kueue.py finds it as <cache>/kueue-<KUEUE_VERSION>/kueue.
+build_kueue() {
+  local out="$cache/kueue-$KUEUE_VERSION"
+  if [[ -x "$out/kueue" && -f "$out/config/webhook/manifests.yaml" ]]; then return; fi
+  building kueue "$KUEUE_VERSION"
+  local w="$cache/wrappers/kueue-$KUEUE_VERSION" module part
+  module="$(module_dir kueue "sigs.k8s.io/kueue@$KUEUE_VERSION" "$KUEUE_MODULE_SUM")"
+  rm -rf "$w" "$out.tmp"; mkdir -p "$w" "$out.tmp/config"
+  (cd "$w" && run kueue go mod init dds.local/wrapper/kueue &&
+    run kueue go get -tool "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION" &&
+    run kueue go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+      -o "$out.tmp/kueue" sigs.k8s.io/kueue/cmd/kueue)
+  for part in crd rbac webhook internalcert; do
+    cp -r "$module/config/components/$part" "$out.tmp/config/$part" || die "cannot copy Kueue's config/components/$part"
+  done
+  chmod -R u+w "$out.tmp/config"
+  rm -rf "$out" "$w"; mv "$out.tmp" "$out"
+  built kueue
+}
+
 # link_profile PROFILE DIR: DIR becomes a directory of symlinks to that profile's binaries (the harness's bin dir).
 link_profile() {
   local bin="$2"
@@ -356,6 +382,7 @@ for profile in "${wanted[@]}"; do
 done
 [[ "$binaries" == all ]] && start cro-manager build_cro_manager
 [[ "$binaries" == all ]] && start cluster-api build_cluster_api
+[[ "$binaries" == all ]] && start kueue build_kueue
 start etcd build_etcd
 start kwok build_kwok
 finish

@@ -75,6 +75,8 @@ CONTROLLER_MANAGER = "kube-controller-manager"  # optional: start_control_plane(
 # The 1.35 name of the controller (cmd/kube-controller-manager/names: ResourceClaimController; alias
 # resource-claim-controller).
 RESOURCE_CLAIM_CONTROLLER = "resourceclaim-controller"
+# The Job controller (Jobs' pods made and counted): tests/e2e/test_kueue.py, where Kueue admits batch Jobs.
+JOB_CONTROLLER = "job-controller"
 
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 ADMIN_USER = "dds-test-admin"
@@ -408,7 +410,8 @@ class ControlPlane:
 
     def __init__(self, workdir: Path, bin_dir: Path, *, scheduler: bool = True, kwok: bool = True,
                  feature_gates: Optional[Mapping[str, bool]] = None, runtime_config: Sequence[str] = (),
-                 controller_manager: bool = False, dra_binding_timeout_seconds: Optional[float] = None) -> None:
+                 controller_manager: bool = False, dra_binding_timeout_seconds: Optional[float] = None,
+                 controllers: Sequence[str] = (RESOURCE_CLAIM_CONTROLLER,)) -> None:
         self.workdir = workdir
         # kube-scheduler's DynamicResources bindingTimeout (None: its default, 600 s): DRA pool mode's slow-fabric test.
         self.dra_binding_timeout_seconds = dra_binding_timeout_seconds
@@ -434,8 +437,10 @@ class ControlPlane:
         # not depend on that moment.
         self._binaries = {name: (bin_dir / name).resolve() for name in BINARIES}
         # kube-controller-manager with only its resourceclaim controller (DRA: claims made from templates, released
-        # when their pods end); the other controllers' work is done by kwok, the harness and DDS as before.
+        # when their pods end), or the `controllers` a test names; the other controllers' work is done by kwok, the
+        # harness and DDS as before.
         self._with_controller_manager = controller_manager
+        self._controllers = tuple(controllers)
         if controller_manager:
             self._binaries[CONTROLLER_MANAGER] = (bin_dir / CONTROLLER_MANAGER).resolve()
             self._controller_manager_port = free_ports(1)[0]
@@ -639,7 +644,7 @@ class ControlPlane:
     def _controller_manager_argv(self) -> list[str]:
         # Serves /healthz with the apiserver's certificate (valid for 127.0.0.1) so the probe can verify it.
         return [str(self._binaries[CONTROLLER_MANAGER]), f"--kubeconfig={self.kubeconfig}",
-                f"--controllers={RESOURCE_CLAIM_CONTROLLER}", "--leader-elect=false",
+                f"--controllers={','.join(self._controllers)}", "--leader-elect=false",
                 "--bind-address=127.0.0.1", f"--secure-port={self._controller_manager_port}",
                 f"--tls-cert-file={self._pki.serving_cert}", f"--tls-private-key-file={self._pki.serving_key}"
                 ] + self._gate_flags()
@@ -752,7 +757,8 @@ def _crd_documents(directories: Iterable[Path]) -> Iterator[dict[str, Any]]:
 def start_control_plane(workdir: Path, *, scheduler: bool = True, kwok: bool = True, crds: bool = True,
                         bin_dir: Optional[Path] = None, feature_gates: Optional[Mapping[str, bool]] = None,
                         runtime_config: Sequence[str] = (), controller_manager: bool = False,
-                        dra_binding_timeout_seconds: Optional[float] = None) -> ControlPlane:
+                        dra_binding_timeout_seconds: Optional[float] = None,
+                        controllers: Sequence[str] = (RESOURCE_CLAIM_CONTROLLER,)) -> ControlPlane:
     """Start etcd and kube-apiserver (plus kube-scheduler, kwok, and the CRDs DDS uses, unless told not to) under
     `workdir`, wait until each is ready, and return the handle. On failure nothing is left running and the error
     shows the failing component's log tail.
@@ -766,7 +772,7 @@ def start_control_plane(workdir: Path, *, scheduler: bool = True, kwok: bool = T
         attempt_dir.mkdir(parents=True, exist_ok=True)
         plane = ControlPlane(attempt_dir, bin_dir, scheduler=scheduler, kwok=kwok, feature_gates=feature_gates,
                              runtime_config=runtime_config, controller_manager=controller_manager,
-                             dra_binding_timeout_seconds=dra_binding_timeout_seconds)
+                             dra_binding_timeout_seconds=dra_binding_timeout_seconds, controllers=controllers)
         try:
             plane._start(crds)
             return plane

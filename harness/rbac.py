@@ -85,7 +85,15 @@ def dds_for(fabric: str, *, reservations: bool = False) -> Identity:
 
 
 AUTOSCALER = Identity("cluster-autoscaler", "dds-system", ROOT / "manifests" / "cluster-autoscaler")
+# The same ServiceAccount with what --enable-provisioning-requests adds (an overlay of manifests/cluster-autoscaler).
+AUTOSCALER_WITH_PROVISIONING_REQUESTS = Identity(AUTOSCALER.name, AUTOSCALER.namespace,
+                                                 AUTOSCALER.manifests / "provisioning-requests")
 IDENTITIES = (DDS, AUTOSCALER)
+
+
+def autoscaler_for(*, provisioning_requests: bool = False) -> Identity:
+    """cluster-autoscaler's ServiceAccount, with the grants of --enable-provisioning-requests when it runs with it."""
+    return AUTOSCALER_WITH_PROVISIONING_REQUESTS if provisioning_requests else AUTOSCALER
 
 
 # --- applying what the manifests render ---

@@ -37,11 +37,13 @@ from dds.model.groups import ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN
 from dds.nodes.kwok import KWOK_PROVIDER_IDS, ProviderIds
 from harness import rbac
 from harness.autoscaler import AutoscalerHandle, free_port, start_autoscaler
+from harness.controlplane import RESOURCE_CLAIM_CONTROLLER
 
 ROOT = Path(__file__).resolve().parents[1]
 MACHINESET_FILE = ROOT / "manifests" / "examples" / "machineset-gpu-workers.yaml"
 GPU = "nvidia.com/gpu"
 WORKLOAD_NAMESPACE = "demo"
+PROVISIONING_REQUEST_CRDS = ROOT / "tests" / "e2e" / "crds" / "provisioningrequests"
 DDS_NAMESPACE = "dds-system"
 
 
@@ -71,6 +73,12 @@ class StackOptions:
     runtime_config: tuple[str, ...] = ()
     # kube-controller-manager's resourceclaim controller (DRA claim templates, claims released when pods end).
     controller_manager: bool = False
+    # The controllers it runs (with `controller_manager`): e.g. the Job controller for Kueue's batch Jobs.
+    controllers: tuple[str, ...] = (RESOURCE_CLAIM_CONTROLLER,)
+    # ProvisioningRequests served (docs/kueue.md): their CRD (vendored from cluster-autoscaler) installed before DDS
+    # starts, and cluster-autoscaler run with --enable-provisioning-requests under the RBAC that flag needs
+    # (manifests/cluster-autoscaler/provisioning-requests).
+    provisioning_requests: bool = False
     # kube-scheduler's DynamicResources bindingTimeout (None: its default); DDS is told the same
     # (dra_binding_timeout_seconds) by the test that sets it.
     dra_binding_timeout_seconds: Optional[float] = None
@@ -283,7 +291,10 @@ class Stack:
         self.control_plane = self._exit.enter_context(start_control_plane(
             self.workdir / "control-plane", feature_gates=self.options.feature_gates,
             runtime_config=self.options.runtime_config, controller_manager=self.options.controller_manager,
-            dra_binding_timeout_seconds=self.options.dra_binding_timeout_seconds))
+            dra_binding_timeout_seconds=self.options.dra_binding_timeout_seconds,
+            controllers=self.options.controllers))
+        if self.options.provisioning_requests:
+            self.control_plane.install_crds([PROVISIONING_REQUEST_CRDS])
         self.api = self.control_plane.api_client()
         self.core = client.CoreV1Api(self.api)
         for namespace in (DDS_NAMESPACE, WORKLOAD_NAMESPACE):
@@ -294,7 +305,8 @@ class Stack:
             self.options.dds_settings.get("fabric", DEFAULT_FABRIC),
             reservations=bool(self.options.dds_settings.get("reservations",
                                                             Settings.model_fields["reservations"].default))))
-        self.autoscaler_kubeconfig = rbac.install(self.control_plane, rbac.AUTOSCALER)
+        self.autoscaler_kubeconfig = rbac.install(self.control_plane, rbac.autoscaler_for(
+            provisioning_requests=self.options.provisioning_requests))
         self.tls_dir = self.workdir / "tls"
         self.grpc_port = free_port()
         bundle = certs.generate_bundle(["localhost"], ["127.0.0.1"], days=1)
@@ -373,7 +385,9 @@ class Stack:
         handle = start_autoscaler(self.autoscaler_kubeconfig, self.tls_dir / certs.CLOUD_CONFIG,
                                   self.workdir / "autoscaler", binary=self.options.autoscaler_binary,
                                   bin_dir=self.control_plane.bin_dir,
-                                  control_plane_version=self.control_plane.server_version(), **timings)
+                                  control_plane_version=self.control_plane.server_version(),
+                                  extra_flags=(("--enable-provisioning-requests",)
+                                               if self.options.provisioning_requests else ()), **timings)
         self.autoscaler = handle
         self._exit.callback(handle.stop)
         return handle

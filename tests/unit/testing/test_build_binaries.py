@@ -36,6 +36,10 @@ def _cache(root: Path, *, controller_manager: bool = True, cro_manager: bool = T
         _executable(capi / "cluster-api-manager")
         (capi / "config" / "webhook").mkdir(parents=True)
         (capi / "config" / "webhook" / "manifests.yaml").write_text("")
+        kueue = root / f"kueue-{shared['KUEUE_VERSION']}"
+        _executable(kueue / "kueue")
+        (kueue / "config" / "webhook").mkdir(parents=True)
+        (kueue / "config" / "webhook" / "manifests.yaml").write_text("")
     for name in versions.known_profiles():
         profile = versions.load_profile(name)
         kubernetes = root / f"kubernetes-{profile.kubernetes_version}"

@@ -1,0 +1,280 @@
+"""Batch Jobs admitted by the real Kueue through ProvisioningRequests that DDS serves (issue 42, docs/kueue.md).
+
+One stack for the module: DDS as a process under its shipped RBAC, the real cluster-autoscaler 1.36.1 with
+--enable-provisioning-requests under its shipped RBAC and that flag's overlay (manifests/cluster-autoscaler/
+provisioning-requests), kube-controller-manager's Job controller, and Kueue's manager built from its Go module, with its
+CRDs, webhooks and own ServiceAccount (harness/kueue.py). Kueue is set up as a Kueue user would for DDS: a
+ClusterQueue whose AdmissionCheck is Kueue's provisioning check with a ProvisioningRequestConfig of class
+`attach-or-provision.dds.cdi.dev`, and a LocalQueue in the workload namespace.
+
+Two workers of 4 GPU slots, each with the one GPU a node boots with, a pool of 12 A30s, the group's maximum 4 nodes. A Job is created
+suspended with the queue's label; Kueue reserves quota, creates the ProvisioningRequest and its PodTemplate, DDS plans
+the pods as one gang and attaches (and adds a node only where attaches cannot serve), sets `Provisioned`, Kueue admits
+the Job, the Job controller makes the pods and kube-scheduler binds them on the booked nodes. (kwok completes a Job's
+pod as soon as it runs: harness/kwok_stages.yaml, so "started" below is Running or Succeeded.)
+
+The time from the Job's creation to its admission and to all its pods started is printed (run with -s to see it); it
+is measured here, not asserted: speed goals live in docs/kueue.md and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pytest
+from kubernetes import client
+
+from dds.model.groups import ANN_CAPI_MAX
+from dds.model.provisioning import (API_GROUP, API_VERSION, BOOKED_TAINT_KEY, CONSUME_ANNOTATION, DEFAULT_CLASS,
+                                    PLURAL)
+from harness.controlplane import JOB_CONTROLLER
+from harness.kueue import PROVISIONING_CHECK_CONTROLLER, KueueManager
+from harness.stack import WORKLOAD_NAMESPACE, Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
+from tests.e2e.cluster_facts import describe, fabric_facts, machineset_replicas
+
+pytestmark = pytest.mark.e2e
+
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue's pkg/controller/constants QueueLabel
+LOCAL_QUEUE = "gpus"
+CLUSTER_QUEUE = "gpus"
+CHECK = "dds-provisioning"
+SLOTS = 4
+WORKERS = 2
+POOL = 12
+QUOTA = 32  # GPUs Kueue admits at once: more than the pool, so that DDS, not the quota, is what refuses a job
+# Bounds against a hung run only: Kueue requeues, DDS passes every second, attaches take 1-2 s, a node 10 s.
+SETUP_TIMEOUT_S = 120.0
+ADMIT_TIMEOUT_S = 180.0
+
+
+@dataclass
+class KueueRun:
+    stack: Stack
+    kueue: KueueManager
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.stack.api)
+
+    def describe(self) -> str:
+        requests = "; ".join(f"{r['metadata']['name']}: {conditions(r)}" for r in provisioning_requests(self))
+        workloads = "; ".join(f"{w['metadata']['name']}: {conditions(w)}" for w in self.workloads())
+        return (f"{describe(self.stack)} | requests: {requests} | workloads: {workloads}\n"
+                f"Kueue log tail:\n{self.kueue.log_tail(15)}")
+
+    def wait_for(self, what: str, predicate: Any, timeout: float) -> Any:
+        if not self.kueue.running():
+            raise AssertionError(f"Kueue stopped:\n{self.kueue.log_tail()}")
+        return self.stack.wait_for(what, predicate, timeout, describe=self.describe, interval=0.2)
+
+    def workloads(self) -> list[dict[str, Any]]:
+        return self.custom.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_NAMESPACE,
+                                                         "workloads")["items"]
+
+
+def provisioning_requests(run: KueueRun) -> list[dict[str, Any]]:
+    return run.custom.list_namespaced_custom_object(API_GROUP, API_VERSION, WORKLOAD_NAMESPACE, PLURAL)["items"]
+
+
+def conditions(obj: dict[str, Any]) -> dict[str, str]:
+    return {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions") or ()}
+
+
+def condition(obj: dict[str, Any], kind: str) -> Optional[dict[str, Any]]:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or () if c["type"] == kind), None)
+
+
+def kueue_setup(run: KueueRun) -> None:
+    """What a Kueue user writes to send GPU Jobs through DDS's class: flavor, config, check, queues."""
+    def create(plural: str, body: dict[str, Any], namespace: Optional[str] = None) -> None:
+        body = {"apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", **body}
+        if namespace:
+            run.custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, plural, body)
+        else:
+            run.custom.create_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, plural, body)
+
+    create("resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": "default"}, "spec": {}})
+    create("provisioningrequestconfigs", {"kind": "ProvisioningRequestConfig", "metadata": {"name": "dds"},
+                                          "spec": {"provisioningClassName": DEFAULT_CLASS,
+                                                   "managedResources": ["nvidia.com/gpu"]}})
+    create("admissionchecks", {"kind": "AdmissionCheck", "metadata": {"name": CHECK},
+                               "spec": {"controllerName": PROVISIONING_CHECK_CONTROLLER,
+                                        "parameters": {"apiGroup": KUEUE_GROUP, "kind": "ProvisioningRequestConfig",
+                                                       "name": "dds"}}})
+    create("clusterqueues", {"kind": "ClusterQueue", "metadata": {"name": CLUSTER_QUEUE}, "spec": {
+        "namespaceSelector": {},
+        "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                            "flavors": [{"name": "default", "resources": [
+                                {"name": "cpu", "nominalQuota": "64"}, {"name": "memory", "nominalQuota": "256Gi"},
+                                {"name": "nvidia.com/gpu", "nominalQuota": str(QUOTA)}]}]}],
+        "admissionChecksStrategy": {"admissionChecks": [{"name": CHECK}]}}})
+    create("localqueues", {"kind": "LocalQueue", "metadata": {"name": LOCAL_QUEUE},
+                           "spec": {"clusterQueue": CLUSTER_QUEUE}}, WORKLOAD_NAMESPACE)
+
+    def active(plural: str, name: str) -> bool:
+        obj = run.custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, plural, name)
+        return conditions(obj).get("Active") == "True"
+    run.wait_for("the AdmissionCheck Active (Kueue found its ProvisioningRequestConfig)",
+                 lambda: active("admissionchecks", CHECK), SETUP_TIMEOUT_S)
+    run.wait_for("the ClusterQueue Active", lambda: active("clusterqueues", CLUSTER_QUEUE), SETUP_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Iterator[KueueRun]:
+    options = StackOptions(pool_size=POOL, workers=WORKERS, attach_latency=(1.0, 2.0), detach_latency=(1.0, 2.0),
+                           node_provisioning_seconds=10.0, gpu_idle_cooldown_seconds=600.0,
+                           node_idle_cooldown_seconds=600.0,
+                           machineset_annotations={"dds.cdi.dev/max-gpus-per-node": str(SLOTS), ANN_CAPI_MAX: "4"},
+                           # Scale-down is not what this module is about: the Jobs' nodes stay for the next test.
+                           autoscaler_timings={"scale_down_unneeded_time": 600.0},
+                           controller_manager=True, controllers=(JOB_CONTROLLER,), provisioning_requests=True)
+    with start_stack(tmp_path_factory.mktemp("kueue"), options) as stack:
+        stack.wait_for("two Ready workers with their boot GPU",
+                       lambda: len([n for n in stack.nodes() if is_ready(n) and gpus_allocatable(n) >= 1]) == WORKERS,
+                       SETUP_TIMEOUT_S, lambda: describe(stack))
+        with KueueManager(stack.control_plane) as kueue:
+            run = KueueRun(stack, kueue)
+            kueue_setup(run)
+            yield run
+
+
+def batch_job(name: str, pods: int, gpus: int) -> dict[str, Any]:
+    """A training Job as a Kueue user submits it: suspended, labelled with the LocalQueue, GPUs in its pod template."""
+    template = pod(name, memory_gib=2, gpus=gpus)
+    spec = {**template["spec"], "restartPolicy": "Never"}
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE, "labels": {QUEUE_LABEL: LOCAL_QUEUE}},
+            "spec": {"suspend": True, "parallelism": pods, "completions": pods, "backoffLimit": 0,
+                     "template": {"metadata": {"labels": {"app": name}}, "spec": spec}}}
+
+
+@dataclass(frozen=True)
+class Admission:
+    """One Job through Kueue and DDS: when each step was first seen (seconds after the Job was created)."""
+
+    request: dict[str, Any]  # the ProvisioningRequest, as it was once Provisioned
+    pods: list[Any]  # the Job's pods, all started
+    provisioned_s: float
+    admitted_s: float
+    started_s: float
+
+    def report(self, name: str) -> str:
+        return (f"[kueue] {name}: ProvisioningRequest Provisioned {self.provisioned_s:.1f} s, Job admitted "
+                f"{self.admitted_s:.1f} s, all {len(self.pods)} pods started {self.started_s:.1f} s after the Job "
+                f"was created")
+
+
+def job_pods(run: KueueRun, name: str) -> list[Any]:
+    return run.stack.core.list_namespaced_pod(WORKLOAD_NAMESPACE, label_selector=f"job-name={name}").items
+
+
+def request_of(run: KueueRun, job: str) -> Optional[dict[str, Any]]:
+    """The ProvisioningRequest Kueue made for the Job's Workload (each owned by the one before)."""
+    workloads = {w["metadata"]["name"] for w in run.workloads() if owned_by(w, "Job", job)}
+    return next((r for r in provisioning_requests(run)
+                 if any(owned_by(r, "Workload", workload) for workload in workloads)), None)
+
+
+def owned_by(obj: dict[str, Any], kind: str, name: str) -> bool:
+    return any(o["kind"] == kind and o["name"] == name for o in obj["metadata"].get("ownerReferences") or ())
+
+
+def submit(run: KueueRun, name: str, pods: int, gpus: int) -> Admission:
+    """Create the Job and follow it to all its pods started; every step bounded by ADMIT_TIMEOUT_S."""
+    batch = client.BatchV1Api(run.stack.api)
+    began = time.monotonic()
+    batch.create_namespaced_job(WORKLOAD_NAMESPACE, batch_job(name, pods, gpus))
+
+    def provisioned() -> Optional[dict[str, Any]]:
+        request = request_of(run, name)
+        if request is None:
+            return None
+        failed = condition(request, "Failed")
+        assert failed is None or failed["status"] != "True", f"{name}'s request Failed: {failed}"
+        return request if conditions(request).get("Provisioned") == "True" else None
+    request = run.wait_for(f"{name}'s ProvisioningRequest Provisioned", provisioned, ADMIT_TIMEOUT_S)
+    provisioned_s = time.monotonic() - began
+    run.wait_for(f"{name} admitted (unsuspended by Kueue)",
+                 lambda: batch.read_namespaced_job(name, WORKLOAD_NAMESPACE).spec.suspend is False, ADMIT_TIMEOUT_S)
+    admitted_s = time.monotonic() - began
+
+    def started() -> list[Any]:
+        found = job_pods(run, name)
+        return found if len(found) == pods and all(p.status.phase in ("Running", "Succeeded") for p in found) else []
+    started_pods = run.wait_for(f"{name}'s {pods} pods started", started, ADMIT_TIMEOUT_S)
+    admission = Admission(request, started_pods, provisioned_s, admitted_s, time.monotonic() - began)
+    print(admission.report(name), flush=True)
+    return admission
+
+
+def check_served_by_its_booking(admission: Admission) -> set[str]:
+    """Every pod consumed the request (Kueue's annotation), tolerated its booking (DDS's toleration), and ran on a
+    node the request's Provisioned message names. Returns those nodes."""
+    request = admission.request
+    assert request["spec"]["provisioningClassName"] == DEFAULT_CLASS
+    provisioned = condition(request, "Provisioned")
+    assert provisioned is not None and provisioned["reason"] == "CapacityAttached", provisioned
+    uid, name = request["metadata"]["uid"], request["metadata"]["name"]
+    nodes = set()
+    for started in admission.pods:
+        assert (started.metadata.annotations or {}).get(CONSUME_ANNOTATION) == name
+        assert any(t.key == BOOKED_TAINT_KEY and t.value == uid for t in started.spec.tolerations or ()), \
+            f"{started.metadata.name} lacks the booking's toleration"
+        assert started.spec.node_name and started.spec.node_name in provisioned["message"], \
+            (started.spec.node_name, provisioned["message"])
+        nodes.add(started.spec.node_name)
+    return nodes
+
+
+def test_a_job_kueue_admits_is_served_by_attaches_on_live_nodes_with_no_node_added(run: KueueRun):
+    workers = {n.metadata.name for n in run.stack.nodes()}
+    assert len(workers) == WORKERS and fabric_facts(run.stack).attached_count() == WORKERS
+
+    admission = submit(run, "train-attach", pods=4, gpus=2)  # 8 GPUs: the two workers' 4 slots each, 6 attaches
+
+    nodes = check_served_by_its_booking(admission)
+    assert nodes == workers
+    assert {n.metadata.name for n in run.stack.nodes()} == workers and machineset_replicas(run.stack) == WORKERS, \
+        "no node added"
+    assert fabric_facts(run.stack).attached_count() == WORKERS * SLOTS
+    run.wait_for("the booking released once every pod is bound",
+                 lambda: not any(t.key == BOOKED_TAINT_KEY for n in run.stack.nodes() for t in n.spec.taints or ()),
+                 ADMIT_TIMEOUT_S)
+
+
+def test_a_job_that_attaches_cannot_serve_gets_a_node_too(run: KueueRun):
+    workers = {n.metadata.name for n in run.stack.nodes()}
+
+    # 3 x 4 GPUs: the two workers hold one pod each (4 slots), the third needs a node of its own.
+    admission = submit(run, "train-node", pods=3, gpus=4)
+
+    nodes = check_served_by_its_booking(admission)
+    added = {n.metadata.name for n in run.stack.nodes()} - workers
+    assert len(added) == 1 and added <= nodes, (added, nodes)
+    assert machineset_replicas(run.stack) == WORKERS + 1
+    assert fabric_facts(run.stack).attached_count() == (WORKERS + 1) * SLOTS == POOL
+
+
+def test_a_job_the_pool_cannot_serve_stays_suspended_and_its_request_fails_saying_why(run: KueueRun):
+    nodes = {n.metadata.name for n in run.stack.nodes()}
+    attached = fabric_facts(run.stack).attached_count()
+    batch = client.BatchV1Api(run.stack.api)
+    # 5 x 4 GPUs: more than the group's 4 nodes of 4 slots and than the pool's 12 GPUs; within Kueue's quota.
+    batch.create_namespaced_job(WORKLOAD_NAMESPACE, batch_job("train-too-big", pods=5, gpus=4))
+
+    def failed() -> Optional[dict[str, Any]]:
+        request = request_of(run, "train-too-big")
+        found = condition(request, "Failed") if request else None
+        return found if found and found["status"] == "True" else None
+    refused = run.wait_for("train-too-big's request Failed", failed, ADMIT_TIMEOUT_S)
+    assert refused["reason"] in ("LargerThanCluster", "CapacityNotFound"), refused
+    assert "nothing attached or added" in refused["message"], refused
+    assert batch.read_namespaced_job("train-too-big", WORKLOAD_NAMESPACE).spec.suspend is True
+    assert job_pods(run, "train-too-big") == []
+    assert fabric_facts(run.stack).attached_count() == attached
+    assert {n.metadata.name for n in run.stack.nodes()} == nodes
+    assert not any(t.key == BOOKED_TAINT_KEY for n in run.stack.nodes() for t in n.spec.taints or ())
