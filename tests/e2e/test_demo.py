@@ -80,11 +80,18 @@ def test_scale_down_detaches_then_removes_the_empty_node(demo: DemoResult):
 
 def test_gpu_counts_add_up_in_metrics(demo: DemoResult):
     # Every attach counted: the two workers' and the added node's boot GPUs, and train-0's.
-    assert (demo.gpus_attached, demo.gpus_attached_at_boot) == (4, 3)
-    assert demo.gpus_detached == 2  # train-0's once idle, and the removed node's boot GPU
+    assert (demo.gpus_attached, demo.gpus_attached_at_boot) == (4, 3), _fabric_story(demo)
+    assert demo.gpus_detached == 2, _fabric_story(demo)  # train-0's once idle, and the removed node's boot GPU
     decisions = {k: v for k, v in demo.metrics.items() if k.startswith("dds_decisions_total{")}
     assert any('outcome="gpu"' in k and 'case="fast-path-attach"' in k and v >= 1 for k, v in decisions.items()), decisions
     assert any('outcome="node"' in k and 'case="case1-scale-up"' in k and v >= 1 for k, v in decisions.items()), decisions
+
+
+def _fabric_story(demo: DemoResult) -> str:
+    """What a count that does not add up is explained by: every attach, detach and node change the run showed."""
+    words = ("GPU", "Node", "ScaleUp", "ScaleDown", "registered", "removed")
+    return "\n".join(e.line() for e in demo.timeline
+                     if e.kind in ("dds", "ca", "node", "step") and any(w in e.text for w in words))
 
 
 def test_every_decision_is_explained_in_the_journal(demo: DemoResult):
