@@ -82,5 +82,7 @@ APISERVER_REQUESTS = Counter("dds_apiserver_requests_total", "Requests DDS sent 
                              "and WATCH are GETs of a collection)", ["verb"])
 CERTIFICATE_EXPIRY = Gauge("dds_certificate_expiry_seconds",
                            "Unix time at which the soonest certificate of each file DDS serves with or trusts expires "
-                           "(notAfter): server (tls_cert), client_ca (tls_ca); read at each scrape, so a renewed Secret "
-                           "shows at once (NaN: the file could not be read)", ["certificate"])
+                           "(notAfter): server (tls_cert), client_ca (tls_ca), read at each scrape, so a renewed Secret "
+                           "shows at once (NaN: the file could not be read); client: the soonest of the newest "
+                           "certificate each allowed caller presented (cluster-autoscaler reads its own once at start)",
+                           ["certificate"])

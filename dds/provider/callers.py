@@ -14,6 +14,12 @@ each refused identity at most once per `DENIAL_LOG_INTERVAL_SECONDS`, with how m
 per certificate, so an allowed client sharing an address with a refused one is not slowed down.
 
 It runs first, before the leader gate, so an unknown caller learns nothing, not even who the leader is.
+
+The gate also sees what expires on the client's side: cluster-autoscaler reads its client certificate once at start,
+and DDS never reads CA's files. `ClientCertificates` keeps, per allowed identity, the newest certificate it presented
+(a renewal has the later notAfter) and publishes the soonest of those as
+`dds_certificate_expiry_seconds{certificate="client"}`: a CA still presenting a certificate its Secret has renewed
+long ago shows there, and DDSCertificateExpiresSoon fires before the handshakes start failing.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from typing import Any, Callable, Optional, Sequence
 import grpc
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from dds.metrics import CERTIFICATE_EXPIRY
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +54,7 @@ class CallerIdentity:
     dns_names: tuple[str, ...] = ()
     uris: tuple[str, ...] = ()
     client_auth: bool = True  # the certificate's extended key usage includes clientAuth
+    not_after: float = float("nan")  # the certificate's notAfter, Unix seconds
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -63,14 +72,15 @@ def identity_of(pem_certificate: bytes) -> CallerIdentity:
     certificate = x509.load_pem_x509_certificate(pem_certificate)
     common_names = tuple(str(a.value) for a in certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME))
     client_auth = has_usage(certificate, ExtendedKeyUsageOID.CLIENT_AUTH)
+    not_after = certificate.not_valid_after_utc.timestamp()
     try:
         sans = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
-        return CallerIdentity(common_names=common_names, client_auth=client_auth)
+        return CallerIdentity(common_names=common_names, client_auth=client_auth, not_after=not_after)
     return CallerIdentity(common_names=common_names,
                           dns_names=tuple(sans.get_values_for_type(x509.DNSName)),
                           uris=tuple(sans.get_values_for_type(x509.UniformResourceIdentifier)),
-                          client_auth=client_auth)
+                          client_auth=client_auth, not_after=not_after)
 
 
 def has_usage(certificate: x509.Certificate, usage: x509.ObjectIdentifier) -> bool:
@@ -80,6 +90,24 @@ def has_usage(certificate: x509.Certificate, usage: x509.ObjectIdentifier) -> bo
         return usage in certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound:
         return False
+
+
+class ClientCertificates:
+    """The newest certificate each allowed identity presented, and the soonest notAfter among them as
+    `dds_certificate_expiry_seconds{certificate="client"}` (no series before the first allowed call)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._newest: dict[tuple[str, ...], float] = {}  # identity (its SANs) -> latest notAfter presented
+
+    def presented(self, identity: CallerIdentity) -> None:
+        with self._lock:
+            if identity.names not in self._newest and len(self._newest) >= _KNOWN_CERTIFICATES:
+                self._newest.clear()  # identities piled up (each replica its own SANs?): start over rather than grow
+            if identity.not_after > self._newest.get(identity.names, float("-inf")):
+                self._newest[identity.names] = identity.not_after
+            soonest = min(self._newest.values())
+        CERTIFICATE_EXPIRY.labels("client").set(soonest)
 
 
 class CallerGate(grpc.ServerInterceptor):
@@ -97,6 +125,7 @@ class CallerGate(grpc.ServerInterceptor):
         # The verdict per certificate: CA sends the same one on every call of a connection (thousands a scan), and
         # parsing it was most of what a call cost. Only allowed ones are kept, and at most _KNOWN_CERTIFICATES of them.
         self._allowed_certificates: dict[bytes, CallerIdentity] = {}
+        self._presented = ClientCertificates()  # parsed once per certificate, as the verdicts are
 
     def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
                           handler_call_details: grpc.HandlerCallDetails) -> Any:
@@ -150,6 +179,7 @@ class CallerGate(grpc.ServerInterceptor):
             if len(self._allowed_certificates) >= _KNOWN_CERTIFICATES:
                 self._allowed_certificates.clear()  # rotations piled up: start over rather than grow
             self._allowed_certificates[pem] = identity
+        self._presented.presented(identity)
 
     @staticmethod
     def _identity(pem: Optional[bytes]) -> Optional[CallerIdentity]:

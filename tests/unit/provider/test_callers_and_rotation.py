@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 
 from dds import certs
 from dds.config import Settings
@@ -67,8 +68,8 @@ def server_bundle() -> certs.CertBundle:
 
 
 def client_certificate(ca: certs.KeyPair, common_name: str, sans: Sequence[x509.GeneralName] = (),
-                       usages: Optional[Sequence[x509.ObjectIdentifier]] = (ExtendedKeyUsageOID.CLIENT_AUTH,)
-                       ) -> certs.KeyPair:
+                       usages: Optional[Sequence[x509.ObjectIdentifier]] = (ExtendedKeyUsageOID.CLIENT_AUTH,),
+                       days: int = 1) -> certs.KeyPair:
     """A client pair signed by `ca`, with the identity the test wants (not one `dds certs` issues); `usages` None
     leaves out the extended key usage extension."""
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
@@ -78,7 +79,7 @@ def client_certificate(ca: certs.KeyPair, common_name: str, sans: Sequence[x509.
     builder = (x509.CertificateBuilder()
                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
                .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
     if usages is not None:
         builder = builder.add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
@@ -251,6 +252,33 @@ def test_the_default_allowed_identity_is_the_client_dds_certs_issues():
 def test_an_empty_list_of_allowed_callers_is_a_settings_error(allowed: Optional[list]):
     with pytest.raises(ValueError, match="grpc_allowed_clients"):
         Settings(grpc_allowed_clients=allowed)
+
+
+def client_expiry() -> Optional[float]:
+    return REGISTRY.get_sample_value("dds_certificate_expiry_seconds", {"certificate": "client"})
+
+
+def test_the_client_certificate_callers_present_is_published_and_follows_a_renewal(provider_factory, volume,
+                                                                                   channels):
+    """cluster-autoscaler reads its client certificate once at start: what it presents is what expires. The gauge
+    shows the newest certificate an allowed caller presented; a refused caller's never counts."""
+    bundle = server_bundle()
+    volume.update(bundle.server.cert_pem, bundle.server.key_pem, bundle.client_ca.cert_pem)
+    provider = provider_factory([make_group()], settings=volume.settings(allowed=["ca.example"]))
+    names = [x509.DNSName("ca.example")]
+    soon = client_certificate(bundle.client_ca, "ca", names, days=3)
+    assert node_groups(channels(provider, credentials(bundle.ca, soon))) == ["MachineSet/default/gpu-workers"]
+    assert client_expiry() == identity_of(soon.cert_pem).not_after
+
+    intruder = client_certificate(bundle.client_ca, "batch-job", [x509.DNSName("batch-job.example")], days=2)
+    refusal(channels(provider, credentials(bundle.ca, intruder)))
+    assert client_expiry() == identity_of(soon.cert_pem).not_after
+
+    renewed = client_certificate(bundle.client_ca, "ca", names, days=60)
+    old_connection = channels(provider, credentials(bundle.ca, soon))
+    node_groups(channels(provider, credentials(bundle.ca, renewed)))
+    node_groups(old_connection)  # a connection from before the renewal still calls: the renewal has happened
+    assert client_expiry() == identity_of(renewed.cert_pem).not_after > identity_of(soon.cert_pem).not_after
 
 
 # --- rotation ---
