@@ -275,6 +275,10 @@ class ClusterObserver:
         claims = any(entry.claims for entry in on_nodes.values()) or any(r.info.resource_claims for r in waiting)
         # A pending pod asking for an extended resource a DeviceClass serves is a claim too (KEP-5004, docs/dra.md).
         claims = claims or bool(dra.classes and waiting)
+        # Operations before devices: an attach that ends between the two reads is then seen on its way and online
+        # (counted twice for one pass: a later pod may wait a pass for the GPU), never neither — read the other way
+        # round, its GPU was in no count and the pod it was for got a second one.
+        operations = self._fabric.operations()
         fabric_devices = self._fabric.devices()
         # A vendor DRA driver names a GPU by its UUID; the fabric may call it otherwise (a ComposableResource's name).
         fabric_models = {d.serial: d.model for d in fabric_devices if d.serial}
@@ -294,7 +298,7 @@ class ClusterObserver:
         attaching_by_node: dict[str, int] = {}
         cxl_attaching_by_node: dict[str, int] = {}
         online_ids: Optional[set[str]] = None  # built at the first attach in flight: most passes have none
-        for op in self._fabric.operations():
+        for op in operations:
             if op.kind == OperationKind.ATTACH and not op.state.done:
                 if online_ids is None:
                     online_ids = {dev.id for devs in (*online_by_node.values(), *grouped.cxl_online.values())

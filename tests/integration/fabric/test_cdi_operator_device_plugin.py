@@ -283,11 +283,18 @@ DDS_WAIT_BOUND_S = 300.0
 
 
 def dds_fabric(dds_api: Any) -> ComposabilityRequestFabric:
-    """DDS's backend under its own ServiceAccount, with this module's bounds and one pool of MODEL."""
-    return ComposabilityRequestFabric(
-        dds_api, ComposabilitySettings(operator_error_bound_seconds=DDS_ERROR_BOUND_S,
-                                       operator_wait_bound_seconds=DDS_WAIT_BOUND_S),
-        [PoolSpec(name="pool", devices={MODEL: 3})], clock=time.time)
+    """DDS's backend under its own ServiceAccount, with this module's bounds and one pool of MODEL: this test's
+    cluster manager's 3 GPUs, and what the module's earlier tests left taken on the plane they share (each had a
+    cluster manager of its own, but DDS counts every request and resource of the model as taken from its pool)."""
+    def fabric(gpus: int) -> ComposabilityRequestFabric:
+        return ComposabilityRequestFabric(
+            dds_api, ComposabilitySettings(operator_error_bound_seconds=DDS_ERROR_BOUND_S,
+                                           operator_wait_bound_seconds=DDS_WAIT_BOUND_S),
+            [PoolSpec(name="pool", devices={MODEL: gpus})], clock=time.time)
+
+    unbounded = 1_000
+    taken_before = unbounded - fabric(unbounded).pools()[0].free[MODEL]
+    return fabric(3 + taken_before)
 
 
 def ended(fabric: ComposabilityRequestFabric, key: str) -> Any:
