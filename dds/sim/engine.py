@@ -441,7 +441,10 @@ class Simulation:
     def _stalled(self) -> bool:
         """Every job has arrived, none runs, and none has started for STALL_LIMIT_S: what still waits cannot start
         (e.g. a gang larger than the pool) and only idle churn is left, which would go on for ever."""
-        if not self._pending or len(self._pending) + self._finished < len(self._pods):
+        # Pods of Kueue jobs not admitted wait too: for quota, or on a request nobody can serve (CA's class never
+        # fails one; it gives up after 7 days, processors/provreq/processor.go).
+        waiting = len(self._pending) + (self._kueue.unadmitted_pods if self._kueue is not None else 0)
+        if not waiting or waiting + self._finished < len(self._pods):
             return False
         if any(p.start_s is not None and p.finish_s is None for p in self._pods.values()):
             return False

@@ -104,12 +104,14 @@ class Kueue:
 
     queue: KueueQueue
     workloads: dict[str, Workload] = field(default_factory=dict)
+    unadmitted_pods: int = 0  # pods of jobs that arrived and are not admitted (yet, or ever)
     _quota_used: int = 0
 
     def arrive(self, job: Job, now: float) -> None:
         name = job.group or job.name
         workload = self.workloads.setdefault(name, Workload(name=name, jobs=[], created_s=now))
         workload.jobs.append(job)
+        self.unadmitted_pods += 1
 
     def take_quota(self, now: float, templates: Mapping[str, PodInfo]) -> list[Workload]:
         """Workloads that get quota now (oldest first, smaller ones past one that does not fit), each with a new
@@ -172,6 +174,7 @@ class Kueue:
             return False
         if workload.request.is_true(PROVISIONED) and workload.admitted_s is None:
             workload.admitted_s = now
+            self.unadmitted_pods -= len(workload.jobs)
             return True
         return False
 
@@ -180,7 +183,7 @@ class Kueue:
         pod could be placed); True when Kueue admits the job now."""
         accepted = (ACCEPTED, "True", "Accepted", "Provisioning Request was accepted")
         if plan is None:
-            workload.ca_retry_at = now + min(CA_RETRY_FIRST_S * 2 ** workload.ca_retries, CA_RETRY_MAX_S)
+            workload.ca_retry_at = now + min(CA_RETRY_FIRST_S * 2 ** min(workload.ca_retries, 10), CA_RETRY_MAX_S)
             workload.ca_retries += 1
             return self.set_conditions(workload, [accepted, (PROVISIONED, "False", "CapacityIsNotFound",
                                                              "Capacity is not found, CA will try to find it later.")],
