@@ -413,17 +413,21 @@ KUEUE_POOL_GPUS = 32
 
 
 def kueue_jobs(count: int, mean_interval_s: float, seed: int) -> tuple[Job, ...]:
-    """`count` Kueue jobs at Poisson arrivals, of the KUEUE_SHAPES mix, each lasting an exponential time of mean
-    30 minutes (at least one); a job of several pods is one gang (`group`), all of its pods needed at once."""
+    """Kueue jobs of `count` pods in all (trace rows; the last job is cut to what is left), submitted at Poisson
+    arrivals, of the KUEUE_SHAPES mix, each lasting an exponential time of mean 30 minutes (at least one); a job's
+    pods are one gang (`group`), all of them needed at once."""
     rng = random.Random(seed)
     jobs: list[Job] = []
     for index, arrival in enumerate(poisson_arrivals(count, mean_interval_s, rng)):
+        if len(jobs) >= count:
+            break
         pick = rng.random()
         share, pods, gpus = KUEUE_SHAPES[-1]
         for share, pods, gpus in KUEUE_SHAPES:
             if pick < share:
                 break
             pick -= share
+        pods = min(pods, count - len(jobs))
         duration = round(max(60.0, rng.expovariate(1 / 1800.0)), 1)
         name = f"job-{index:03d}"
         for member in range(pods):
@@ -438,14 +442,14 @@ def kueue(params: WorkloadParams) -> Scenario:
                       models=("A30",), gpu_idle_cooldown_s=_cooldown(params))
     cluster = ClusterSpec(groups=(group,), pools=(PoolSpec(name="pool-0", devices={"A30": KUEUE_POOL_GPUS}),),
                           initial_nodes={"gpu-workers": 2}, preconfigured={"gpu-workers": (2, 2)})
-    count = params.jobs or 100
+    count = params.jobs or 240
     interval = params.mean_interval_s or 600.0
     return Scenario(
         name="kueue", cluster=cluster, timing=_timing(params), seed=params.seed, baseline="node-only",
         jobs=kueue_jobs(count, interval, params.seed), kueue=KueueQueue(gpu_quota=KUEUE_POOL_GPUS),
         description="2-8 servers (64 cores, up to 8 GPUs), 32-GPU pool; every job admitted by Kueue through a "
                     "ProvisioningRequest (ClusterQueue quota: 32 GPUs)",
-        notes=(f"{count} jobs, Poisson mean gap {interval:g} s, ~30 min each: 40% 4 pods x 2 GPUs, 20% 2 x 4, "
+        notes=(f"{count} pods, jobs at Poisson mean gap {interval:g} s, ~30 min each: 40% 4 pods x 2 GPUs, 20% 2 x 4, "
                "30% 1 x 4, 10% 1 x 8; a job's pods exist only once its request is Provisioned",
                "attach-first policies: DDS's class attach-or-provision.dds.cdi.dev; node-only: cluster-autoscaler's "
                "best-effort-atomic-scale-up (whole 8-GPU servers)"))
