@@ -218,9 +218,12 @@ def gpu_only_policies(scenario: Scenario, policies: Sequence[Policy]) -> tuple[P
 KUEUE_HEADING = ("Kueue admission: every job's pods are created only once its ProvisioningRequest is Provisioned "
                  "(DDS's class under the attach-first policies, cluster-autoscaler's best-effort-atomic-scale-up "
                  "under node-only), the same jobs, quota and latencies:")
-KUEUE_LEGEND = ("  admitted: seconds from the job's creation to Provisioned=True (Kueue admits it); all Running: to the "
-                "last of its pods started; retried: jobs whose request failed and was tried again; p50/node-only, "
-                "p95/node-only: the all-Running percentiles over node-only's (below 1 = sooner)")
+KUEUE_LEGEND = ("  admitted: seconds from the job's creation to Provisioned=True (Kueue admits it; CA's class says it "
+                "when it asks for the nodes, DDS's when the GPUs are attached); all Running: from the job's creation "
+                "to the last of its pods started, the wait for quota included; from quota: from its (last) request, "
+                "created when it got quota, to all Running (the autoscaler's part); retried: jobs whose request "
+                "failed and was tried again; p50/node-only, p95/node-only: all Running over node-only's (below 1 = "
+                "sooner)")
 MEMORY_HEADING = ("CXL memory against GPU-only: the same jobs, each attach-first policy again with no CXL memory in the "
                   "pools (a pod short of memory on every node then waits for a new node):")
 MEMORY_LEGEND = ("  memory/GPU-only: the memory run's figure over the GPU-only run's (below 1 = less with CXL memory); "

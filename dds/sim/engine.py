@@ -1023,7 +1023,8 @@ class Simulation:
                    chunks: list[Device], chunks_attaching: int) -> NodeInfo:
         # Most nodes do not change between two steps: reuse the NodeInfo built last time when nothing it holds moved.
         key = (tuple(d.id for d in devices), tuple(detaching), attaching, node.removing, node.reserved_for,
-               node.claimed_by, node.booked_for, self._idle.gpus_idle_since(node.name), self._idle.empty_since(node.name),
+               node.claimed_by, node.booked_for, self._idle.gpus_idle_since(node.name),
+               self._idle.empty_since(node.name),
                tuple(d.id for d in chunks), chunks_attaching, self._idle.cxl_idle_since(node.name))
         cached = self._node_infos.get(node.name)
         if cached is not None and cached[0] == key:

@@ -65,6 +65,7 @@ class WorkloadRecord:
     pods: int
     gpus: int
     created_s: float
+    requested_s: Optional[float]  # when its last ProvisioningRequest was created (it got quota): None, never
     admitted_s: Optional[float]  # None: never admitted (deactivated after its retries, or the run ended first)
     running_s: Optional[float]  # when the last of its pods started
     attempts: int  # ProvisioningRequests created for it
@@ -72,6 +73,12 @@ class WorkloadRecord:
     @property
     def to_admitted_s(self) -> Optional[float]:
         return None if self.admitted_s is None else self.admitted_s - self.created_s
+
+    @property
+    def from_quota_s(self) -> Optional[float]:
+        """From its last request (created when it got quota) to all of its pods Running: the autoscaler's part and
+        the pods' start, without the wait for quota."""
+        return None if self.running_s is None or self.requested_s is None else self.running_s - self.requested_s
 
     @property
     def to_running_s(self) -> Optional[float]:
@@ -235,6 +242,7 @@ class Kueue:
             starts = [started.get(j.name) for j in w.jobs]
             running = None if any(s is None for s in starts) else max(s for s in starts if s is not None)
             out.append(WorkloadRecord(name=w.name, pods=len(w.jobs), gpus=w.gpus, created_s=w.created_s,
+                                      requested_s=w.request.created_at if w.request is not None else None,
                                       admitted_s=w.admitted_s, running_s=running, attempts=w.attempts))
         return tuple(out)
 

@@ -335,6 +335,8 @@ class Admission:
     retried: int  # jobs that needed more than one ProvisioningRequest (a request Failed, Kueue tried again)
     admitted_p50_s: Optional[float]
     admitted_p95_s: Optional[float]
+    from_quota_p50_s: Optional[float]  # request created (quota given) -> all pods Running: the autoscaler's part
+    from_quota_p95_s: Optional[float]
     running_p50_s: Optional[float]
     running_p95_s: Optional[float]
     running_max_s: Optional[float]
@@ -346,9 +348,11 @@ def admission(result: SimResult) -> Optional[Admission]:
         return None
     admitted = [w.to_admitted_s for w in result.workloads if w.to_admitted_s is not None]
     running = [w.to_running_s for w in result.workloads if w.to_running_s is not None]
+    from_quota = [w.from_quota_s for w in result.workloads if w.from_quota_s is not None]
     return Admission(policy=result.policy, jobs=len(result.workloads), admitted=len(admitted),
                      retried=sum(1 for w in result.workloads if w.attempts > 1),
                      admitted_p50_s=percentile(admitted, 0.5), admitted_p95_s=percentile(admitted, 0.95),
+                     from_quota_p50_s=percentile(from_quota, 0.5), from_quota_p95_s=percentile(from_quota, 0.95),
                      running_p50_s=percentile(running, 0.5), running_p95_s=percentile(running, 0.95),
                      running_max_s=max(running, default=None))
 
@@ -359,12 +363,14 @@ def render_admission_table(results: Sequence[SimResult], baseline: str = "node-o
     rows = [a for a in (admission(r) for r in results) if a is not None]
     base = next((a for a in rows if a.policy == baseline), None)
     header = ["policy", "jobs", "admitted", "retried", "admitted p50", "p95", "all Running p50", "p95", "max",
+              "from quota p50", "p95",
               f"p50/{baseline}", f"p95/{baseline}"]
     lines = [header]
     for a in rows:
         lines.append([a.policy, str(a.jobs), str(a.admitted), str(a.retried)]
                      + [_cell(v, "{:,.0f}") for v in (a.admitted_p50_s, a.admitted_p95_s, a.running_p50_s,
-                                                       a.running_p95_s, a.running_max_s)]
+                                                       a.running_p95_s, a.running_max_s, a.from_quota_p50_s,
+                                                       a.from_quota_p95_s)]
                      + [_ratio(a.running_p50_s, base.running_p50_s if base else None),
                         _ratio(a.running_p95_s, base.running_p95_s if base else None)])
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
