@@ -673,9 +673,8 @@ class Simulation:
         workload = self._kueue.pending_ca(self.now)
         if workload is None or workload.request is None:
             return
-        booked = [p.info for p in self._pending.values() if p.info.consumes_provisioning_request is not None]
-        plan = ca_atomic_scale_up(self._snapshot(capacity_to_come=True), self._pass_settings.planner, booked,
-                                  workload.request, self._memos)
+        plan = ca_atomic_scale_up(self._snapshot(capacity_to_come=True), self._pass_settings.planner,
+                                  self._kueue.ca_booked(self.now), workload.request, self._memos)
         for new in plan.new_nodes if plan is not None else ():
             group = next(g for g in self._groups if g.id == new.group)
             self._actions.add_nodes(new, group, f"nodes/{next(self._node_requests)}", Case.SCALE_UP)

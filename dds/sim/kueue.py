@@ -17,8 +17,9 @@ Who serves the request is the policy's:
   dds/controller/provisioning.py does: bookings (taints), tolerations, attaches, new nodes, conditions.
 - `node-only`: cluster-autoscaler's `best-effort-atomic-scale-up.autoscaling.x-k8s.io`, as CA 1.36.1 runs it
   (provisioningrequest/besteffortatomic/provisioning_class.go): one request per loop, its pods that fit the nodes
-  as they are (live and on their way, after the pods of requests already provisioned) need nothing, the rest get
-  whole new nodes in one atomic scale-up. `Provisioned=True` is written as soon as the scale-up is asked for (not
+  as they are (live and on their way, after the capacity CA books for the requests provisioned in the last 10
+  minutes: their pods as CA injects them into its simulation, whether or not the real pods run already,
+  processors/provreq/processor.go) need nothing, the rest get whole new nodes in one atomic scale-up. `Provisioned=True` is written as soon as the scale-up is asked for (not
   when the nodes are up: the pods then wait for them); when the nodes cannot all be had, `Provisioned=False` and
   the request is tried again after 1 minute, doubling up to 10 (`--provisioning-request-max-backoff-time`). CA books
   nothing on the nodes: kube-scheduler may give a new node to any pod that fits it first.
@@ -41,6 +42,7 @@ from dds.sim.trace import Job
 
 CA_RETRY_FIRST_S = 60.0  # cluster-autoscaler's initial ProvisioningRequest retry time
 CA_RETRY_MAX_S = 600.0  # --provisioning-request-max-backoff-time default
+CA_BOOKING_S = 600.0  # processors/provreq/processor.go defaultReservationTime
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,17 @@ class Kueue:
                 return workload
         return None
 
+    def ca_booked(self, now: float) -> list[PodInfo]:
+        """The pods cluster-autoscaler injects into its simulation to book capacity: those of every request of its
+        class Provisioned less than 10 minutes ago (then BookingExpired), the job's own pods counted besides."""
+        pods: list[PodInfo] = []
+        for workload in self.workloads.values():
+            request = workload.request
+            if request is not None and request.is_true(PROVISIONED) and \
+                    now - request.conditions[PROVISIONED].since < CA_BOOKING_S:
+                pods += virtual_pods(request)
+        return pods
+
     def set_conditions(self, workload: Workload, changes: Sequence[tuple[str, str, str, str]], now: float) -> bool:
         """Write conditions on the Workload's request; True when it became Provisioned (Kueue admits the job)."""
         request = workload.request
@@ -250,10 +263,10 @@ class Kueue:
 def ca_atomic_scale_up(snapshot: Snapshot, config: PlannerConfig, booked: Sequence[PodInfo],
                        request: ProvisioningRequest, memos: PlannerMemos) -> Optional[ScaleUpPlan]:
     """Cluster-autoscaler's best-effort-atomic class for one request, with the planner standing in for CA's
-    simulation (as the `node-only` policy's scale-up does): the pods of requests already provisioned (`booked`, CA's
-    booked capacity) take their room first wherever they fit, without a scale-up of their own; then the request's
-    pods go where they fit, and whole new nodes are planned for the rest, all or nothing. Returns the plan (its
-    `new_nodes` may be empty: everything fits as it is), or None when not every pod can be placed."""
+    simulation (as the `node-only` policy's scale-up does): the booked pods (`Kueue.ca_booked`) take their room first
+    wherever they fit, without a scale-up of their own; then the request's pods go where they fit, and whole new nodes
+    are planned for the rest, all or nothing. Returns the plan (its `new_nodes` may be empty: everything fits as it
+    is), or None when not every pod can be placed."""
     fits = plan_scale_up(snapshot, replace(config, allow_new_nodes=False), list(booked), memos=memos)
     held = [p for p in booked if p.key in placed_pods(fits)]
     # CA schedules the booked pods in its snapshot before it tries the request's: the request's pods come after them.
