@@ -17,6 +17,7 @@ from dds.sim.trace import Job
 from dds.sim.workloads import GiB, WorkloadParams, build
 
 from tests.unit.sim.builders import cluster, scenario
+from tests.unit.sim.test_results_and_command import run_cli
 
 
 def gang(name: str, at: float, pods: int, gpus: int, duration: float = 600.0) -> list[Job]:
@@ -94,3 +95,14 @@ def test_the_kueue_workload_reports_both_policies_and_their_ratio():
     table = render_admission_table(results)
     assert "p50/node-only" in table and "best-fit" in table
     assert table.splitlines()[2].split()[-2:] == ["1.00", "1.00"]  # node-only against itself
+
+
+def test_dds_simulate_prints_the_admission_table_and_leaves_out_the_static_policies(capsys):
+    assert run_cli("--workload", "kueue", "--jobs", "20", "--policies", "all", "--no-files", "--progress", "never") == 0
+    printed = capsys.readouterr().out
+    table = printed[printed.index("Kueue admission"):]
+    for policy in ("node-only", "best-fit", "spread"):
+        assert f"\n{policy} " in table
+    rows = [line.split()[0] for line in printed.splitlines() if line.strip()]
+    assert "static" not in rows and "static-concentrated" not in rows
+    assert "ideal" not in rows  # the ideal pool has no queue: no bound for Kueue's jobs
