@@ -25,6 +25,10 @@ What happens, in the order the production pieces do it:
   are carried out with its GPU attaches, a node shows its online chunks as memory at once, its chunks its pods'
   requests do not need are tracked for the cooldown as the controller's observer does, and `plan_scale_down` detaches
   them. Policies that attach nothing take no memory either.
+- **Kueue** (a scenario with a `KueueQueue`, dds/sim/kueue.py): a job's pods exist only once Kueue admits it, when
+  its ProvisioningRequest is `Provisioned`; the attach-first policies serve the requests with the pass's own
+  provisioning plan (dds/planner/provisioning.py), carried out as dds/controller/provisioning.py does, and
+  `node-only` with cluster-autoscaler's best-effort-atomic class.
 - **Fabric**: the production simulated backend (`dds.fabric.simulated.SimulatedFabric`, the one `dds serve` runs with
   the simulated fabric) on the virtual clock, with fixed latencies and no faults: attaches and detaches complete after
   their latency, and the watcher is asked about an operation once that latency has passed.

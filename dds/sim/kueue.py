@@ -134,6 +134,7 @@ class Kueue:
                 continue
             self._quota_used += workload.gpus
             workload.holds_quota, workload.retry_at = True, None
+            workload.ca_retry_at, workload.ca_retries = None, 0  # CA's backoff is per request
             workload.attempts += 1
             workload.request = self._request(workload, now, templates)
             started.append(workload)
