@@ -225,8 +225,8 @@ class SimulatedCloud:
 class SimulatedNodes:
     """The applier's node writes (dds.controller.apply.NodeWriter) on the simulation's own nodes. A reservation's taint,
     a claim's and a ProvisioningRequest's booking are the node's `reserved_for`, `claimed_by` and `booked_for` (what
-    the snapshot shows as taints); no other taint
-    or label is part of the simulated world, so asking for one is an error, not a write that goes nowhere."""
+    the snapshot shows as taints); no other taint or label is part of the simulated world, so asking for one is an
+    error, not a write that goes nowhere."""
 
     def __init__(self, simulation: "Simulation") -> None:
         self._simulation = simulation
@@ -639,7 +639,7 @@ class Simulation:
         """Kueue gives quota to the Workloads that fit it now, each with a new request for the next scale step."""
         if self._kueue is None:
             return
-        if self._kueue.take_quota(self.now, {name: pod.info for name, pod in self._pods.items()}):
+        if self._kueue.take_quota(self.now, lambda name: self._pods[name].info):
             self._arm_loop(self.now)
         retry = self._kueue.next_retry(self.now)
         if retry is not None:

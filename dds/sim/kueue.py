@@ -28,7 +28,7 @@ Who serves the request is the policy's:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from dds.model.plan import PlannerConfig, ScaleUpPlan
 from dds.model.provisioning import (ACCEPTED, FAILED, PROVISIONED, Condition, PodSet, ProvisioningRequest,
@@ -122,7 +122,7 @@ class Kueue:
         workload.jobs.append(job)
         self.unadmitted_pods += 1
 
-    def take_quota(self, now: float, templates: Mapping[str, PodInfo]) -> list[Workload]:
+    def take_quota(self, now: float, templates: Callable[[str], PodInfo]) -> list[Workload]:
         """Workloads that get quota now (oldest first, smaller ones past one that does not fit), each with a new
         request; `templates`: each job's pod as Kueue's PodTemplate shows it."""
         started = []
@@ -140,16 +140,16 @@ class Kueue:
             started.append(workload)
         return started
 
-    def _request(self, workload: Workload, now: float, templates: Mapping[str, PodInfo]) -> ProvisioningRequest:
+    def _request(self, workload: Workload, now: float, templates: Callable[[str], PodInfo]) -> ProvisioningRequest:
         """One pod set per distinct pod shape (Kueue merges pod sets with identical templates)."""
         counts: dict[tuple, list[Job]] = {}
         for job in workload.jobs:
             counts.setdefault((job.milli_cpu, job.memory, job.gpus, job.gpu_model), []).append(job)
-        pod_sets = tuple(PodSet(template=replace(templates[jobs[0].name], pod_group=None, pod_group_min_member=0,
+        pod_sets = tuple(PodSet(template=replace(templates(jobs[0].name), pod_group=None, pod_group_min_member=0,
                                                  labels={}), count=len(jobs))
                          for jobs in counts.values())
         name = f"{workload.name}-attempt{workload.attempts}"
-        return ProvisioningRequest(namespace=templates[workload.jobs[0].name].namespace, name=name,
+        return ProvisioningRequest(namespace=templates(workload.jobs[0].name).namespace, name=name,
                                    uid=f"sim-pr-{name}", created_at=now, pod_sets=pod_sets)
 
     def view(self) -> ProvisioningView:
