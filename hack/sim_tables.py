@@ -1,4 +1,4 @@
-"""Regenerate the tables of docs/simulation.md from the simulator: `make sim-tables`.
+"""Regenerate the tables of docs/simulation.md (and docs/kueue.md's) from the simulator: `make sim-tables`.
 
     .venv/bin/python hack/sim_tables.py [--check] [--only NAME,...]
 
@@ -23,11 +23,12 @@ from dds.commands.simulate import release_idle_from_args, reservations_from_args
 from dds.sim.engine import SimResult, simulate
 from dds.sim.ideal import IDEAL_POLICY, ideal
 from dds.sim.policies import POLICIES, parse_policies
-from dds.sim.results import Summary, baseline_name, compare, summarize
-from dds.sim.scenario import gpu_only
+from dds.sim.results import Summary, admission, baseline_name, compare, summarize
+from dds.sim.scenario import Scenario, gpu_only
 from dds.sim.workloads import WorkloadParams, build
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "simulation.md"
+KUEUE_DOC = DOC.with_name("kueue.md")
 SEEDS = "1,2,3"
 # The defaults before issue 41: a 60 s GPU cooldown in simulations, no reservations, idle GPUs never released early.
 BEFORE = ("--gpu-idle-cooldown", "60", "--no-reservations", "--no-release-idle-gpus")
@@ -36,11 +37,15 @@ SHORT = {"static-concentrated": "static-conc."}
 
 def _run(workload: str, policy: str, seed: int = 1, warm: int = 0, memory: bool = True) -> SimResult:
     """`memory=False`: the workload GPU-only (its pools' CXL memory taken out, dds.sim.scenario.gpu_only)."""
-    defaults = ideal_gap.parse([])
     scenario = build(workload, WorkloadParams(seed=seed))
-    return simulate(scenario if memory else gpu_only(scenario), POLICIES[policy],
-                    reservations=reservations_from_args(defaults), release_idle=release_idle_from_args(defaults),
-                    warm_gpus=warm)
+    return _simulate(scenario if memory else gpu_only(scenario), policy, warm)
+
+
+def _simulate(scenario: Scenario, policy: str, warm: int = 0) -> SimResult:
+    """`scenario` under `policy` with `dds simulate`'s defaults."""
+    defaults = ideal_gap.parse([])
+    return simulate(scenario, POLICIES[policy], reservations=reservations_from_args(defaults),
+                    release_idle=release_idle_from_args(defaults), warm_gpus=warm)
 
 
 def _seconds(value: Optional[float]) -> str:
@@ -181,6 +186,41 @@ def cxl_memory_table() -> str:
     return "\n".join(lines)
 
 
+KUEUE_GAPS = ((600.0, "default"), (2400.0, "sparse"))
+
+
+def kueue_table() -> str:
+    """`kueue`: node-only (CA's best-effort-atomic class) against best-fit (DDS's class), seeds 1-3, the default
+    arrivals and sparse ones; the last column of each pair of rows is DDS over node-only."""
+    lines = ["| arrivals | seed | policy | admitted p50 / p95 | all Running p50 / p95 / max | from quota p50 / p95 "
+             "| GPUs held (avg) | nodes added |", "|---|---|---|---|---|---|---|---|"]
+    for gap, label in KUEUE_GAPS:
+        for seed in (int(s) for s in SEEDS.split(",")):
+            scenario = build("kueue", WorkloadParams(seed=seed, mean_interval_s=gap))
+            rows = []
+            for policy in ("node-only", "best-fit"):
+                result = _simulate(scenario, policy)
+                rows.append((policy, admission(result), summarize(result)))
+            for policy, a, s in rows:
+                lines.append(f"| {label} ({gap:,.0f} s) | {seed} | {policy} "
+                             f"| {_secs(a.admitted_p50_s, a.admitted_p95_s)} "
+                             f"| {_secs(a.running_p50_s, a.running_p95_s, a.running_max_s)} "
+                             f"| {_secs(a.from_quota_p50_s, a.from_quota_p95_s)} | {s.gpus_present_avg:.1f} "
+                             f"| {s.nodes_added} |")
+            (_, base, base_s), (_, dds, dds_s) = rows
+            lines.append(f"| | {seed} | best-fit / node-only | | "
+                         f"{_ratio(dds.running_p50_s, base.running_p50_s)} / "
+                         f"{_ratio(dds.running_p95_s, base.running_p95_s)} | "
+                         f"{_ratio(dds.from_quota_p50_s, base.from_quota_p50_s)} / "
+                         f"{_ratio(dds.from_quota_p95_s, base.from_quota_p95_s)} | "
+                         f"{_ratio(dds_s.gpus_present_avg, base_s.gpus_present_avg)} | |")
+    return "\n".join(lines)
+
+
+def _secs(*values: Optional[float]) -> str:
+    return " / ".join("-" if v is None else f"{v:,.0f}" for v in values) + " s"
+
+
 def _ratio(mine: Optional[float], theirs: Optional[float]) -> str:
     return "-" if mine is None or not theirs else f"**{mine / theirs:.2f}x**"
 
@@ -195,14 +235,17 @@ TABLES: Mapping[str, Callable[[], str]] = {
     "warm": warm_table,
     "gangs": gangs_table,
     "cxl-memory": cxl_memory_table,
+    "kueue": kueue_table,
 }
+TABLE_DOCS: Mapping[str, Path] = {"kueue": KUEUE_DOC}  # the others are DOC's
 
 
 def replace_block(text: str, name: str, table: str) -> str:
+    doc = TABLE_DOCS.get(name, DOC)
     pattern = re.compile(rf"(<!-- generated: {re.escape(name)} -->\n).*?(<!-- /generated: {re.escape(name)} -->)",
                          re.S)
     if not pattern.search(text):
-        raise SystemExit(f"{DOC}: no '<!-- generated: {name} -->' ... '<!-- /generated: {name} -->' block")
+        raise SystemExit(f"{doc}: no '<!-- generated: {name} -->' ... '<!-- /generated: {name} -->' block")
     return pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), text)
 
 
@@ -215,13 +258,16 @@ def main() -> int:
     unknown = [n for n in names if n not in TABLES]
     if unknown:
         parser.error(f"unknown table(s) {', '.join(unknown)}; known: {', '.join(TABLES)}")
-    text = original = DOC.read_text()
+    texts = {doc: doc.read_text() for doc in {TABLE_DOCS.get(n, DOC) for n in names}}
+    originals = dict(texts)
     for name in names:
         print(f"{name} ...", file=sys.stderr, flush=True)
-        text = replace_block(text, name, TABLES[name]())
+        doc = TABLE_DOCS.get(name, DOC)
+        texts[doc] = replace_block(texts[doc], name, TABLES[name]())
     if args.check:
-        return 1 if text != original else 0
-    DOC.write_text(text)
+        return 1 if texts != originals else 0
+    for doc, text in texts.items():
+        doc.write_text(text)
     return 0
 
 

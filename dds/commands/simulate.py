@@ -25,10 +25,11 @@ from dds.config import Settings
 from dds.planner.reservations import ReservationConfig
 from dds.sim.engine import SimResult, simulate
 from dds.sim.ideal import IDEAL_POLICY, ideal
-from dds.sim.policies import GANG_BASELINE, POLICIES, Policy, parse_policies
+from dds.sim.policies import GANG_BASELINE, POLICIES, Mode, Policy, parse_policies
 from dds.sim.progress import ProgressBar
-from dds.sim.results import (MemoryEffect, baseline_name, compare, jobs_csv, memory_csv, memory_effects, render_legend,
-                             render_memory_table, render_table, summaries_csv, timeline_csv, unrun_warning)
+from dds.sim.results import (MemoryEffect, baseline_name, compare, jobs_csv, memory_csv, memory_effects,
+                             render_admission_table, render_legend, render_memory_table, render_table, summaries_csv,
+                             timeline_csv, unrun_warning)
 from dds.sim.scenario import GPU_ONLY_SUFFIX, Scenario, Timing, gpu_only
 from dds.sim.trace import TraceError, dump_csv, load_trace
 from dds.sim.workloads import BUILTIN, WorkloadParams, build, trace_scenario
@@ -120,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"dds simulate: {exc}", file=sys.stderr)
         return EXIT_USAGE
     policies = with_gang_baseline(scenario, policies)
+    if scenario.kueue is not None:  # a ProvisioningRequest needs an autoscaler: DDS's class, or CA's under node-only
+        policies = tuple(p for p in policies if p.mode != Mode.STATIC)
     if args.warm_gpus < 0:
         print("dds simulate: --warm-gpus must be >= 0", file=sys.stderr)
         return EXIT_USAGE
@@ -131,9 +134,10 @@ def run(args: argparse.Namespace) -> int:
         more, more_seconds = run_policies(gpu_only(scenario), twins, *settings)
         results += [replace(r, policy=r.policy + GPU_ONLY_SUFFIX) for r in more]
         seconds += more_seconds
-    started = time.perf_counter()
-    results.append(ideal(scenario))  # the bound every policy's row is measured against ("vs ideal")
-    seconds.append(time.perf_counter() - started)
+    if scenario.kueue is None:  # the ideal pool has no queue: no bound for jobs that wait on Kueue's quota
+        started = time.perf_counter()
+        results.append(ideal(scenario))  # the bound every policy's row is measured against ("vs ideal")
+        seconds.append(time.perf_counter() - started)
     if twins:  # and the GPU-only rows against the GPU-only cluster's
         started = time.perf_counter()
         results.append(replace(ideal(gpu_only(scenario)), policy=IDEAL_POLICY + GPU_ONLY_SUFFIX))
@@ -151,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         print(f"\n{warning}")
     print("\n" + render_legend())
+    if scenario.kueue is not None:
+        print("\n" + KUEUE_HEADING)
+        print(render_admission_table(results))
+        print(KUEUE_LEGEND)
     effects = memory_effects(summaries, GPU_ONLY_SUFFIX)
     if effects:
         print("\n" + MEMORY_HEADING)
@@ -207,6 +215,15 @@ def gpu_only_policies(scenario: Scenario, policies: Sequence[Policy]) -> tuple[P
     return tuple(p for p in policies if p.moves_gpus)
 
 
+KUEUE_HEADING = ("Kueue admission: every job's pods are created only once its ProvisioningRequest is Provisioned "
+                 "(DDS's class under the attach-first policies, cluster-autoscaler's best-effort-atomic-scale-up "
+                 "under node-only), the same jobs, quota and latencies:")
+KUEUE_LEGEND = ("  admitted: seconds from the job's creation to Provisioned=True (Kueue admits it; CA's class says it "
+                "when it asks for the nodes, DDS's when the GPUs are attached); all Running: from the job's creation "
+                "to the last of its pods started, the wait for quota included; from quota: from its (last) request, "
+                "created when it got quota, to all Running (the autoscaler's part); retried: jobs whose request "
+                "failed and was tried again; p50/node-only, p95/node-only: all Running over node-only's (below 1 = "
+                "sooner)")
 MEMORY_HEADING = ("CXL memory against GPU-only: the same jobs, each attach-first policy again with no CXL memory in the "
                   "pools (a pod short of memory on every node then waits for a new node):")
 MEMORY_LEGEND = ("  memory/GPU-only: the memory run's figure over the GPU-only run's (below 1 = less with CXL memory); "

@@ -25,6 +25,10 @@ What happens, in the order the production pieces do it:
   are carried out with its GPU attaches, a node shows its online chunks as memory at once, its chunks its pods'
   requests do not need are tracked for the cooldown as the controller's observer does, and `plan_scale_down` detaches
   them. Policies that attach nothing take no memory either.
+- **Kueue** (a scenario with a `KueueQueue`, dds/sim/kueue.py): a job's pods exist only once Kueue admits it, when
+  its ProvisioningRequest is `Provisioned`; the attach-first policies serve the requests with the pass's own
+  provisioning plan (dds/planner/provisioning.py), carried out as dds/controller/provisioning.py does, and
+  `node-only` with cluster-autoscaler's best-effort-atomic class.
 - **Fabric**: the production simulated backend (`dds.fabric.simulated.SimulatedFabric`, the one `dds serve` runs with
   the simulated fabric) on the virtual clock, with fixed latencies and no faults: attaches and detaches complete after
   their latency, and the watcher is asked about an operation once that latency has passed.
@@ -58,6 +62,7 @@ from dds.fabric.simulated import SimulatedFabric
 from dds.model.cxl import chunk_bytes, cxl_memory_of, is_cxl_model
 from dds.model.events import ObjectRef
 from dds.model.groups import NodeGroupSpec, Taint
+from dds.model.provisioning import BOOKED_EFFECT, BOOKED_TAINT_KEY, ProvisioningView
 from dds.model.resources import Resources
 from dds.nodes.base import MachineInfo, MachinePhase
 from dds.planner import plan_scale_up
@@ -65,10 +70,12 @@ from dds.planner.cxl_memory import unneeded_chunks
 from dds.model.snapshot import POD_GROUP_LABEL, ContainerRequests, Device, NodeInfo, PodInfo, PoolInfo, Snapshot
 from dds.planner.passes import PassInputs, PassPlan, PassSettings, plan_pass
 from dds.planner.memos import PlannerMemos
+from dds.planner.provisioning import ProvisioningConfig, ProvisioningPlan, booking_toleration
 from dds.model.plan import Attach, Case, Detach, PlannerConfig, RemoveNode, Verdict
 from dds.planner.reservations import (CLAIM_TAINT_KEY, RESERVATION_EFFECT, RESERVATION_TAINT_KEY, ReservationConfig,
                                       ReservationPlan, claim_taint, earliest_reservation_age, pod_token,
                                       reservation_taint)
+from dds.sim.kueue import Kueue, Workload, WorkloadRecord, ca_atomic_scale_up
 from dds.sim.policies import Layout, Mode, Policy
 from dds.sim.scenario import Scenario, concentrated_layout, without_cxl_memory
 from dds.sim.trace import Job, gang_minimums
@@ -139,6 +146,7 @@ class SimResult:
     counters: Counters
     end_s: float
     total_pool_gpus: int
+    workloads: tuple[WorkloadRecord, ...] = ()  # Kueue jobs (dds/sim/kueue.py), when the scenario has a queue
 
 
 @dataclass
@@ -151,6 +159,7 @@ class _Node:
     removing: bool = False
     reserved_for: Optional[str] = None  # the token of the pod the node is reserved for (its reservation taint)
     claimed_by: Optional[str] = None  # the token of a reservation that waits for this node's busy GPUs (claim taint)
+    booked_for: Optional[str] = None  # the uid of the ProvisioningRequest the node is booked for (booking taint)
     # Sums of the requests of the pods bound here, kept as pods come and go.
     used_cpu: int = 0
     used_memory: int = 0
@@ -214,9 +223,10 @@ class SimulatedCloud:
 
 
 class SimulatedNodes:
-    """The applier's node writes (dds.controller.apply.NodeWriter) on the simulation's own nodes. A reservation's taint
-    and a claim's are the node's `reserved_for` and `claimed_by` (what the snapshot shows as taints); no other taint
-    or label is part of the simulated world, so asking for one is an error, not a write that goes nowhere."""
+    """The applier's node writes (dds.controller.apply.NodeWriter) on the simulation's own nodes. A reservation's taint,
+    a claim's and a ProvisioningRequest's booking are the node's `reserved_for`, `claimed_by` and `booked_for` (what
+    the snapshot shows as taints); no other taint or label is part of the simulated world, so asking for one is an
+    error, not a write that goes nowhere."""
 
     def __init__(self, simulation: "Simulation") -> None:
         self._simulation = simulation
@@ -239,9 +249,11 @@ class SimulatedNodes:
             target.reserved_for = token
         elif key == CLAIM_TAINT_KEY:
             target.claimed_by = token
+        elif key == BOOKED_TAINT_KEY:
+            target.booked_for = token
         else:
-            raise ValueError(f"taint {key} on {node}: the simulation models only {RESERVATION_TAINT_KEY} and "
-                             f"{CLAIM_TAINT_KEY}")
+            raise ValueError(f"taint {key} on {node}: the simulation models only {RESERVATION_TAINT_KEY}, "
+                             f"{CLAIM_TAINT_KEY} and {BOOKED_TAINT_KEY}")
 
 
 class Simulation:
@@ -259,6 +271,9 @@ class Simulation:
         `exhaustive`: ask the planner at every step about every pending pod on the whole cluster, without the
         shortcuts that skip questions whose answer cannot change (slow; the reference the shortcuts are tested
         against)."""
+        if scenario.kueue is not None and policy.mode == Mode.STATIC:
+            raise ValueError(f"policy {policy.name} adds no capacity: nothing would serve the ProvisioningRequests of "
+                             f"scenario {scenario.name}'s Kueue jobs (use node-only or an attach-first policy)")
         self.scenario = scenario
         self._exhaustive = exhaustive
         self.policy = policy
@@ -282,7 +297,11 @@ class Simulation:
                                   warm_gpus_by_pool=self._warm),
             move_idle_gpus=self._moves, release_idle_gpus=policy.moves_gpus and release_idle,
             reservations=reservations if policy.moves_gpus else ReservationConfig(enabled=False),
-            fast_path_adds_nodes=True, gang_aware=policy.gang_aware)
+            fast_path_adds_nodes=True, gang_aware=policy.gang_aware,
+            provisioning=ProvisioningConfig() if scenario.kueue and policy.moves_gpus else ProvisioningConfig(""))
+        # Jobs admitted by Kueue through ProvisioningRequests (dds/sim/kueue.py): served by DDS's class under the
+        # attach-first policies, by cluster-autoscaler's best-effort-atomic class under node-only.
+        self._kueue = Kueue(scenario.kueue) if scenario.kueue is not None else None
         self._gpu_resource = self._groups[0].gpu_resource if self._groups else "nvidia.com/gpu"
         self.fabric = sim_fabric(self._cluster.pools, self._clock, self._timing.attach_s, self._timing.detach_s)
         self._watcher = OperationWatcher(self.fabric, _UNREPORTED, self._clock)
@@ -407,12 +426,14 @@ class Simulation:
                 else:
                     self._handle(_Kind(kind), payload)
             self._collect_operations()
+            self._kueue_quota()
             if self._capacity_changed or self._arrived:
                 self._schedule_pending()
             if loop_due:
                 self._loop_at = None
                 self._scale()
                 self._collect_operations()
+                self._kueue_quota()
                 if self._capacity_changed or self._arrived:
                     self._schedule_pending()
                 self._arm_after_scale()
@@ -424,7 +445,10 @@ class Simulation:
     def _stalled(self) -> bool:
         """Every job has arrived, none runs, and none has started for STALL_LIMIT_S: what still waits cannot start
         (e.g. a gang larger than the pool) and only idle churn is left, which would go on for ever."""
-        if not self._pending or len(self._pending) + self._finished < len(self._pods):
+        # Pods of Kueue jobs not admitted wait too: for quota, or on a request nobody can serve (CA's class never
+        # fails one; it gives up after 7 days, processors/provreq/processor.go).
+        waiting = len(self._pending) + (self._kueue.unadmitted_pods if self._kueue is not None else 0)
+        if not waiting or waiting + self._finished < len(self._pods):
             return False
         if any(p.start_s is not None and p.finish_s is None for p in self._pods.values()):
             return False
@@ -450,8 +474,11 @@ class Simulation:
         self._changed_since_scale_up = True
         if kind == _Kind.ARRIVAL:
             pod = self._pods[str(payload)]
-            self._pending[pod.job.name] = pod
-            self._arrived.append(pod)
+            if self._kueue is not None:
+                self._kueue.arrive(pod.job, self.now)  # no pod until Kueue admits the job
+            else:
+                self._pending[pod.job.name] = pod
+                self._arrived.append(pod)
         elif kind == _Kind.FINISH:
             self._finish(self._pods[str(payload)])
         elif kind == _Kind.NODE_READY:
@@ -466,6 +493,8 @@ class Simulation:
         pod.finish_s = self.now
         self._finished += 1
         self._capacity_changed = True
+        if self._kueue is not None:
+            self._kueue.pod_ended(pod.job)
 
     def _node_ready(self, group_id: str) -> None:
         self._provisioning[group_id] -= 1
@@ -569,10 +598,14 @@ class Simulation:
         out in the order the controller does (dds/controller/loop.py), then finishes the removals under way."""
         self.counters.scale_steps += 1
         self._observe_idleness()
+        self._ca_provision()
         plan = self._plan_pass(self._snapshot(capacity_to_come=True))
+        if self._provision(plan.provisioning):
+            # As the controller: what the requests took is seen before anything else is decided.
+            plan = self._plan_pass(self._snapshot(capacity_to_come=True), provisioning=plan.provisioning)
         if self._reserve(plan.reservations):
             # As the controller: what the reservations changed is seen before anything else is decided.
-            plan = self._plan_pass(self._snapshot(capacity_to_come=True), plan.reservations)
+            plan = self._plan_pass(self._snapshot(capacity_to_come=True), plan.reservations, plan.provisioning)
         if not self._serve_pending(plan):
             for step in plan.room_headroom + plan.warm_refill:
                 self._attach(step, Case.WARM_HEADROOM)
@@ -582,16 +615,88 @@ class Simulation:
         self._scale_down(plan)
         self._finish_removals()
 
-    def _plan_pass(self, snapshot: Snapshot, reservations: Optional[ReservationPlan] = None) -> PassPlan:
+    def _plan_pass(self, snapshot: Snapshot, reservations: Optional[ReservationPlan] = None,
+                   provisioning: Optional[ProvisioningPlan] = None) -> PassPlan:
         pending = tuple(p.info for p in self._pending.values())
         # The scale-up is skipped when it cannot change anything (see "Shortcuts" in docs/simulation.md).
         scale_up = bool(pending) and (self._exhaustive or (self._changed_since_scale_up
                                                            and self._scale_up_could_act()))
         if scale_up:
             self._changed_since_scale_up = False
-        inputs = PassInputs(pending=pending, waiting=pending if scale_up else (), reservations=reservations,
-                            scale_down_due=self._exhaustive or self._cooldown_over_somewhere())
+        waiting = pending if scale_up else ()
+        if self._kueue is not None and not self.policy.moves_gpus:
+            # cluster-autoscaler's scale-up leaves the pods that consume a ProvisioningRequest to the request
+            # (processors/provreq/pods_filter.go).
+            waiting = tuple(p for p in waiting if p.consumes_provisioning_request is None)
+        inputs = PassInputs(pending=pending, waiting=waiting, reservations=reservations,
+                            scale_down_due=self._exhaustive or self._cooldown_over_somewhere(),
+                            provisioning=self._kueue.view() if self._kueue is not None else ProvisioningView(),
+                            provisioning_done=provisioning)
         return plan_pass(snapshot, inputs, self._pass_settings, memos=self._memos)
+
+    # --- Kueue: jobs admitted through ProvisioningRequests (dds/sim/kueue.py) ---
+    def _kueue_quota(self) -> None:
+        """Kueue gives quota to the Workloads that fit it now, each with a new request for the next scale step."""
+        if self._kueue is None:
+            return
+        if self._kueue.take_quota(self.now, lambda name: self._pods[name].info):
+            self._arm_loop(self.now)
+        retry = self._kueue.next_retry(self.now)
+        if retry is not None:
+            self._arm_loop(retry)
+
+    def _provision(self, plan: ProvisioningPlan) -> bool:
+        """DDS's plan for the requests of its class, carried out as dds/controller/provisioning.py does: bookings
+        released and made, tolerations, attaches, new nodes, then the conditions (Kueue admits the jobs provisioned).
+        True when the cluster changed (the pass is planned again on it)."""
+        if self._kueue is None or not self.policy.moves_gpus:
+            return False
+        for node in plan.release:
+            if node in self._nodes:
+                self._actions.untaint(node, BOOKED_TAINT_KEY)
+        for node, uid in plan.book:
+            self._actions.taint(node, BOOKED_TAINT_KEY, uid, BOOKED_EFFECT)
+        for key, uid in plan.tolerate:
+            pod = self._pods[key.partition("/")[2]]
+            pod.info = replace(pod.info, tolerations=pod.info.tolerations + (booking_toleration(uid),))
+        for step in plan.attaches:
+            self._attach(step, Case.PROVISIONING)
+        for new in plan.new_nodes.new_nodes if plan.new_nodes is not None else ():
+            group = next(g for g in self._groups if g.id == new.group)
+            self._actions.add_nodes(new, group, f"nodes/{next(self._node_requests)}", Case.PROVISIONING)
+        for workload in self._kueue.apply(plan.decisions, self.now):
+            self._admit(workload)
+        if plan.changes_cluster or plan.tolerate:
+            self._capacity_changed = self._changed_since_scale_up = True
+        return plan.changes_cluster
+
+    def _ca_provision(self) -> None:
+        """Under node-only, cluster-autoscaler's best-effort-atomic class: one request per loop (dds/sim/kueue.py)."""
+        if self._kueue is None or self.policy.moves_gpus:
+            return
+        workload = self._kueue.pending_ca(self.now)
+        if workload is None or workload.request is None:
+            return
+        plan = ca_atomic_scale_up(self._snapshot(capacity_to_come=True), self._pass_settings.planner,
+                                  self._kueue.ca_booked(self.now), workload.request, self._memos)
+        for new in plan.new_nodes if plan is not None else ():
+            group = next(g for g in self._groups if g.id == new.group)
+            self._actions.add_nodes(new, group, f"nodes/{next(self._node_requests)}", Case.SCALE_UP)
+        if self._kueue.ca_outcome(workload, plan, self.now):
+            self._admit(workload)
+        elif workload.ca_retry_at is not None:
+            self._arm_loop(workload.ca_retry_at)
+
+    def _admit(self, workload: Workload) -> None:
+        """Kueue admits the job: all of its pods are created at once, consuming the request."""
+        request = workload.request.name if workload.request is not None else None
+        for job in workload.jobs:
+            pod = self._pods[job.name]
+            pod.info = replace(pod.info, created_at=self.now, consumes_provisioning_request=request)
+            self._pending[job.name] = pod
+            self._arrived.append(pod)
+        self._changed_since_scale_up = True
+        self._arm_loop(self.now + self._timing.loop_interval_s)  # the next pass tolerates them onto the booking
 
     def _reserve(self, plan: ReservationPlan) -> bool:
         """The planner's reservations, carried out as the controller would: taint the reserved node and give its pod
@@ -921,7 +1026,8 @@ class Simulation:
                    chunks: list[Device], chunks_attaching: int) -> NodeInfo:
         # Most nodes do not change between two steps: reuse the NodeInfo built last time when nothing it holds moved.
         key = (tuple(d.id for d in devices), tuple(detaching), attaching, node.removing, node.reserved_for,
-               node.claimed_by, self._idle.gpus_idle_since(node.name), self._idle.empty_since(node.name),
+               node.claimed_by, node.booked_for, self._idle.gpus_idle_since(node.name),
+               self._idle.empty_since(node.name),
                tuple(d.id for d in chunks), chunks_attaching, self._idle.cxl_idle_since(node.name))
         cached = self._node_infos.get(node.name)
         if cached is not None and cached[0] == key:
@@ -967,9 +1073,11 @@ class Simulation:
     def _result(self) -> SimResult:
         jobs = tuple(JobRecord(name=p.job.name, arrival_s=p.job.arrival_s, gpus=p.job.gpus, start_s=p.start_s,
                                finish_s=p.finish_s, node=p.node) for p in self._pods.values())
+        workloads = () if self._kueue is None else self._kueue.records({p.job.name: p.start_s
+                                                                         for p in self._pods.values()})
         return SimResult(scenario=self.scenario.name, policy=self.policy.name, jobs=jobs,
                          timeline=tuple(self._timeline), counters=self.counters, end_s=self.now,
-                         total_pool_gpus=self._cluster.total_gpus())
+                         total_pool_gpus=self._cluster.total_gpus(), workloads=workloads)
 
 
 def sim_fabric(pools: Sequence[PoolSpec], clock: Callable[[], float], attach_s: float, detach_s: float
@@ -1003,6 +1111,8 @@ def _reservation_taints(node: _Node) -> tuple[Taint, ...]:
         taints.append(reservation_taint(node.reserved_for))
     if node.claimed_by is not None:
         taints.append(claim_taint(node.claimed_by))
+    if node.booked_for is not None:
+        taints.append(Taint(key=BOOKED_TAINT_KEY, value=node.booked_for, effect=BOOKED_EFFECT))
     return tuple(taints)
 
 

@@ -320,3 +320,67 @@ def memory_csv(effects: Sequence[MemoryEffect]) -> str:
                         + [_csv_value(getattr(e.gpu_only, n)) for n in names]
                         + [_csv_value(e.ratio(n)) for n in _RATIO_FIGURES])
     return out.getvalue()
+
+
+# --- Kueue admission (issue 42): jobs admitted through ProvisioningRequests ---
+
+@dataclass(frozen=True)
+class Admission:
+    """One policy's Kueue jobs: seconds from a job's creation to its admission (`Provisioned=True`) and to all of its
+    pods Running, over the jobs that got there."""
+
+    policy: str
+    jobs: int
+    admitted: int
+    retried: int  # jobs that needed more than one ProvisioningRequest (a request Failed, Kueue tried again)
+    admitted_p50_s: Optional[float]
+    admitted_p95_s: Optional[float]
+    from_quota_p50_s: Optional[float]  # request created (quota given) -> all pods Running: the autoscaler's part
+    from_quota_p95_s: Optional[float]
+    running_p50_s: Optional[float]
+    running_p95_s: Optional[float]
+    running_max_s: Optional[float]
+
+
+def admission(result: SimResult) -> Optional[Admission]:
+    """None when the run had no Kueue jobs."""
+    if not result.workloads:
+        return None
+    admitted = [w.to_admitted_s for w in result.workloads if w.to_admitted_s is not None]
+    running = [w.to_running_s for w in result.workloads if w.to_running_s is not None]
+    from_quota = [w.from_quota_s for w in result.workloads if w.from_quota_s is not None]
+    return Admission(policy=result.policy, jobs=len(result.workloads), admitted=len(admitted),
+                     retried=sum(1 for w in result.workloads if w.attempts > 1),
+                     admitted_p50_s=percentile(admitted, 0.5), admitted_p95_s=percentile(admitted, 0.95),
+                     from_quota_p50_s=percentile(from_quota, 0.5), from_quota_p95_s=percentile(from_quota, 0.95),
+                     running_p50_s=percentile(running, 0.5), running_p95_s=percentile(running, 0.95),
+                     running_max_s=max(running, default=None))
+
+
+def render_admission_table(results: Sequence[SimResult], baseline: str = "node-only") -> str:
+    """Per policy the percentiles of creation -> admitted and creation -> all pods Running, and each policy's
+    all-Running percentiles over the baseline's (below 1 = admitted and running sooner than the baseline)."""
+    rows = [a for a in (admission(r) for r in results) if a is not None]
+    base = next((a for a in rows if a.policy == baseline), None)
+    header = ["policy", "jobs", "admitted", "retried", "admitted p50", "p95", "all Running p50", "p95", "max",
+              "from quota p50", "p95",
+              f"p50/{baseline}", f"p95/{baseline}"]
+    lines = [header]
+    for a in rows:
+        lines.append([a.policy, str(a.jobs), str(a.admitted), str(a.retried)]
+                     + [_cell(v, "{:,.0f}") for v in (a.admitted_p50_s, a.admitted_p95_s, a.running_p50_s,
+                                                       a.running_p95_s, a.running_max_s, a.from_quota_p50_s,
+                                                       a.from_quota_p95_s)]
+                     + [_ratio(a.running_p50_s, base.running_p50_s if base else None),
+                        _ratio(a.running_p95_s, base.running_p95_s if base else None)])
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    out = []
+    for index, row in enumerate(lines):
+        out.append("  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]).rstrip())
+        if index == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def _ratio(mine: Optional[float], theirs: Optional[float]) -> str:
+    return "-" if mine is None or not theirs else f"{mine / theirs:.2f}"

@@ -9,6 +9,7 @@ from typing import Mapping, Optional
 from dds.config import PoolSpec
 from dds.model.cxl import gpus_of, is_cxl_model
 from dds.model.groups import NodeGroupSpec, SourceRef
+from dds.sim.kueue import KueueQueue
 from dds.sim.trace import Job
 
 SIM_SOURCE = SourceRef(kind="File", name="dds-simulate")
@@ -150,6 +151,8 @@ class Scenario:
     seed: Optional[int] = None
     # The policy the others' mean wait is compared with (the paper's reference for its scenario).
     baseline: str = "static"
+    # Every job admitted by Kueue through a ProvisioningRequest, queued on this ClusterQueue (dds/sim/kueue.py).
+    kueue: Optional[KueueQueue] = None
 
 
 GPU_ONLY_SUFFIX = "/gpu-only"

@@ -28,6 +28,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from dds.config import PoolSpec
 from dds.model.cxl import cxl_model
 from dds.model.groups import DEFAULT_GPU_IDLE_COOLDOWN_SECONDS, LABEL_NODE_GROUP, NodeGroupSpec
+from dds.sim.kueue import KueueQueue
 from dds.sim.scenario import SIM_SOURCE, ClusterSpec, Scenario, Timing
 from dds.sim.trace import Job
 
@@ -405,6 +406,55 @@ def cxl_memory(params: WorkloadParams) -> Scenario:
                "compared with it"))
 
 
+# Kueue jobs (our choice): share, pods, GPUs per pod. Data-parallel training as in tests/e2e/test_kueue.py (4 pods x
+# 2 GPUs), jobs of 2 x 4 GPUs, single 4-GPU and 8-GPU jobs; 8 cores and 32 GiB per GPU.
+KUEUE_SHAPES = ((0.40, 4, 2), (0.20, 2, 4), (0.30, 1, 4), (0.10, 1, 8))
+KUEUE_POOL_GPUS = 32
+
+
+def kueue_jobs(count: int, mean_interval_s: float, seed: int) -> tuple[Job, ...]:
+    """Kueue jobs of `count` pods in all (trace rows; the last job is cut to what is left), submitted at Poisson
+    arrivals, of the KUEUE_SHAPES mix, each lasting an exponential time of mean 30 minutes (at least one); a job's
+    pods are one gang (`group`), all of them needed at once."""
+    rng = random.Random(seed)
+    jobs: list[Job] = []
+    for index, arrival in enumerate(poisson_arrivals(count, mean_interval_s, rng)):
+        if len(jobs) >= count:
+            break
+        pick = rng.random()
+        share, pods, gpus = KUEUE_SHAPES[-1]
+        for share, pods, gpus in KUEUE_SHAPES:
+            if pick < share:
+                break
+            pick -= share
+        pods = min(pods, count - len(jobs))
+        duration = round(max(60.0, rng.expovariate(1 / 1800.0)), 1)
+        name = f"job-{index:03d}"
+        for member in range(pods):
+            jobs.append(Job(name=f"{name}-{member}", arrival_s=arrival, duration_s=duration, milli_cpu=8000 * gpus,
+                            memory=32 * GiB * gpus, gpus=gpus, gpu_model="A30", group=name))
+    return tuple(jobs)
+
+
+def kueue(params: WorkloadParams) -> Scenario:
+    """Kueue jobs admitted through ProvisioningRequests (issue 42): 2-8 servers, a 32-GPU pool, a 32-GPU quota."""
+    group = gpu_group("gpu-workers", nodes=2, max_nodes=8, cores=64, memory=512 * GiB, max_gpus=8, pool="pool-0",
+                      models=("A30",), gpu_idle_cooldown_s=_cooldown(params))
+    cluster = ClusterSpec(groups=(group,), pools=(PoolSpec(name="pool-0", devices={"A30": KUEUE_POOL_GPUS}),),
+                          initial_nodes={"gpu-workers": 2}, preconfigured={"gpu-workers": (2, 2)})
+    count = params.jobs or 240
+    interval = params.mean_interval_s or 600.0
+    return Scenario(
+        name="kueue", cluster=cluster, timing=_timing(params), seed=params.seed, baseline="node-only",
+        jobs=kueue_jobs(count, interval, params.seed), kueue=KueueQueue(gpu_quota=KUEUE_POOL_GPUS),
+        description="2-8 servers (64 cores, up to 8 GPUs), 32-GPU pool; every job admitted by Kueue through a "
+                    "ProvisioningRequest (ClusterQueue quota: 32 GPUs)",
+        notes=(f"{count} pods, jobs at Poisson mean gap {interval:g} s, ~30 min each: 40% 4 pods x 2 GPUs, 20% 2 x 4, "
+               "30% 1 x 4, 10% 1 x 8; a job's pods exist only once its request is Provisioned",
+               "attach-first policies: DDS's class attach-or-provision.dds.cdi.dev; node-only: cluster-autoscaler's "
+               "best-effort-atomic-scale-up (whole 8-GPU servers)"))
+
+
 def trace_scenario(jobs: Sequence[Job], params: WorkloadParams, name: str = "trace") -> Scenario:
     """A user's trace on the `elastic` cluster shape, unless a caller passes its own cluster (docs/simulation.md)."""
     base = elastic(replace(params, jobs=1))
@@ -426,6 +476,7 @@ BUILTIN: Mapping[str, tuple[str, Callable[[WorkloadParams], Scenario]]] = Mappin
     "scale-50x1000": ("1,000 jobs on 50 nodes: simulator speed", scale_test),
     "gangs": ("4 nodes, 16-GPU pool: gangs of 4 x 2 GPUs among single jobs", gangs),
     "cxl-memory": ("2-10 servers, 32 GPUs and 1 TiB of CXL memory: memory-heavy jobs, against GPU-only", cxl_memory),
+    "kueue": ("2-8 servers, 32-GPU pool: jobs admitted by Kueue through ProvisioningRequests", kueue),
 })
 
 
