@@ -17,8 +17,11 @@ returns ErrWaitingDeviceAttaching (or ...Detaching) and the ComposableResource c
 (composableresource_controller.go, `requeueAfter(30*time.Second)`, constants at the pinned commit): two attaches and
 two detaches are four such looks; and of two resources requested together one POSTs, the other's POST is refused
 (409: one resize of a spec at a time) and its quick retry takes the device the first one's POST added, so the first
-finds none at its next look and POSTs again: a second round. Nothing on the harness side is slower than a second. The tests share only the control plane, so under pytest-xdist they may run in
-separate workers side by side (`spread`), each with a control plane of its own (about 10 s to start)."""
+finds none at its next look and POSTs again: a second round. Nothing on the harness side is slower than a second.
+
+Each test has a control plane of its own (about 10 s to start): the operator reconciles every request in its cluster,
+and the requests an earlier test left (its cluster manager gone with it) kept a later test's operator busy and counted
+in DDS's pool. Under pytest-xdist the tests may run in separate workers side by side (`spread`)."""
 
 from __future__ import annotations
 
@@ -60,13 +63,13 @@ PORT_WAIT_S = 300.0
 FAILED_ADD_VISIBLE_S = 35.0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     with start_control_plane(tmp_path_factory.mktemp("cdi-device-plugin-plane"), bin_dir=ensure_binaries()) as started:
         yield started
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def api(plane: ControlPlane) -> Iterator[Any]:
     with plane.api_client() as api_client:
         yield api_client
@@ -283,18 +286,11 @@ DDS_WAIT_BOUND_S = 300.0
 
 
 def dds_fabric(dds_api: Any) -> ComposabilityRequestFabric:
-    """DDS's backend under its own ServiceAccount, with this module's bounds and one pool of MODEL: this test's
-    cluster manager's 3 GPUs, and what the module's earlier tests left taken on the plane they share (each had a
-    cluster manager of its own, but DDS counts every request and resource of the model as taken from its pool)."""
-    def fabric(gpus: int) -> ComposabilityRequestFabric:
-        return ComposabilityRequestFabric(
-            dds_api, ComposabilitySettings(operator_error_bound_seconds=DDS_ERROR_BOUND_S,
-                                           operator_wait_bound_seconds=DDS_WAIT_BOUND_S),
-            [PoolSpec(name="pool", devices={MODEL: gpus})], clock=time.time)
-
-    unbounded = 1_000
-    taken_before = unbounded - fabric(unbounded).pools()[0].free[MODEL]
-    return fabric(3 + taken_before)
+    """DDS's backend under its own ServiceAccount, with this module's bounds and one pool of MODEL."""
+    return ComposabilityRequestFabric(
+        dds_api, ComposabilitySettings(operator_error_bound_seconds=DDS_ERROR_BOUND_S,
+                                       operator_wait_bound_seconds=DDS_WAIT_BOUND_S),
+        [PoolSpec(name="pool", devices={MODEL: 3})], clock=time.time)
 
 
 def ended(fabric: ComposabilityRequestFabric, key: str) -> Any:
@@ -354,7 +350,7 @@ def test_a_cluster_manager_that_keeps_a_failed_add_costs_dds_no_device(plane: Co
             cluster.operator.start_when_port_free(PORT_WAIT_S)
             node, machine = cluster.add_node()
             fabric = dds_fabric(dds_api)
-            free_before = fabric.pools()[0].free[MODEL]  # the module's other requests share the plane and pool
+            free_before = fabric.pools()[0].free[MODEL]
             manager.fail_next_attaches(1, message="switch port 7 did not come up")
             started = fabric.attach(AttachRequest(key="kept-failure", node=node, pool="pool", model=MODEL, count=1))
             done = cluster.wait("DDS's attach ended", lambda: ended(fabric, started.key))
@@ -395,7 +391,7 @@ def test_a_gpu_drain_that_fails_fails_the_detach_and_a_slow_one_only_delays_it(p
             cluster.operator.start_when_port_free(PORT_WAIT_S)
             node, machine = cluster.add_node()
             fabric = dds_fabric(dds_api)
-            free_before = fabric.pools()[0].free[MODEL]  # the module's other requests share the plane and pool
+            free_before = fabric.pools()[0].free[MODEL]
             events = RecordedEvents()
             watcher = OperationWatcher(fabric, events, time.time)
             started = fabric.attach(AttachRequest(key="two", node=node, pool="pool", model=MODEL, count=2))
