@@ -4,6 +4,10 @@ The stack's DDS (`dds serve`, mutual TLS, files from `dds certs`) serves CA. Its
 the same CA signed — what renewing a Secret's certificate does — and then:
 1. a new TLS connection is served the new certificate (the files were re-read, the process is the same one);
 2. CA's calls go on and none fails: its channel was not broken and its trust (the same CA) still holds.
+
+Then every certificate, both CAs included, as cert-manager rotates a CA with trust bundles and the chart restarts CA
+when its Secret changes (`checksum/client-tls`): the new CAs trusted beside the old, DDS's server pair and CA's client
+pair moved to them, the old CAs dropped; CA's calls go on at every step and its scale-up still adds a node at the end.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from kubernetes import client
 
 from dds import certs
-from harness.stack import Stack, StackOptions, start_stack, tail
+from harness.stack import WORKLOAD_NAMESPACE, Stack, StackOptions, pod, start_stack, tail
+from tests.e2e.cluster_facts import describe, pods_running
 
 pytestmark = pytest.mark.e2e
 
@@ -105,3 +111,75 @@ def test_a_renewed_server_certificate_is_served_without_a_restart_and_ca_keeps_c
         ca_log.seek(ca_log_offset)
         since_rotation = ca_log.read().decode(errors="replace")
     assert "handshake" not in since_rotation and "x509" not in since_rotation, since_rotation[-3000:]
+
+
+# --- every certificate, both CAs included ---
+
+def restart_autoscaler(stack: Stack) -> None:
+    """What a change of CA's Secret does under the chart: its pod template's checksum changes and it restarts."""
+    assert stack.autoscaler is not None
+    stack.autoscaler.stop()
+    stack.start_autoscaler()
+
+
+def calls_go_on(stack: Stack, step: str) -> None:
+    """CA's calls reach DDS after `step` (a few scans' worth); CA's log since its start shows no failed handshake."""
+    assert stack.dds is not None and stack.autoscaler is not None
+    calls = total(stack.dds.metrics(), CALLS)
+    stack.wait_for(f"cluster-autoscaler's calls after {step}", lambda: total(stack.dds.metrics(), CALLS) >= calls + 5,
+                   timeout=60, describe=lambda: tail(stack.autoscaler.log_path))
+    assert stack.autoscaler.running(), f"{step}: {tail(stack.autoscaler.log_path)}"
+    text = stack.autoscaler.log_path.read_text(errors="replace")
+    assert "handshake" not in text and "x509" not in text, f"{step}: {text[-3000:]}"
+
+
+def client_expiry(stack: Stack) -> float:
+    assert stack.dds is not None
+    return stack.dds.metrics().get('dds_certificate_expiry_seconds{certificate="client"}', float("nan"))
+
+
+def test_both_cas_rotated_through_trust_bundles_keep_cas_calls_and_scale_ups_working(stack: Stack):
+    assert stack.dds is not None
+    tls = stack.tls_dir
+    old_ca, old_client_ca = (tls / certs.CA_CERT).read_bytes(), (tls / certs.CLIENT_CA_CERT).read_bytes()
+    new = certs.generate_bundle(["localhost"], ["127.0.0.1"], days=30)  # 30 days: told apart from the stack's 1
+
+    # 1. The new CAs trusted beside the old: DDS re-reads its client CA bundle; CA restarts on its server CA bundle.
+    replace_file(tls / certs.CLIENT_CA_CERT, old_client_ca + new.client_ca.cert_pem)
+    replace_file(tls / certs.CA_CERT, old_ca + new.ca.cert_pem)
+    restart_autoscaler(stack)
+    calls_go_on(stack, "both CAs trusted")
+
+    # 2. DDS's server pair from the new server CA: re-read, no restart; CA's new connections verify it.
+    replace_file(tls / certs.SERVER_KEY, new.server.key_pem)
+    replace_file(tls / certs.SERVER_CERT, new.server.cert_pem)
+    serial = new.server.certificate.serial_number
+    stack.wait_for("the new server certificate served", lambda: served_serial(stack) == serial, timeout=10)
+    calls_go_on(stack, "DDS's server pair renewed")
+
+    # 3. CA's client pair from the new client CA (its Secret changed: restarted); DDS shows what CA now presents.
+    replace_file(tls / certs.CLIENT_KEY, new.client.key_pem)
+    replace_file(tls / certs.CLIENT_CERT, new.client.cert_pem)
+    restart_autoscaler(stack)
+    calls_go_on(stack, "CA's client pair renewed")
+    assert client_expiry(stack) == new.client.certificate.not_valid_after_utc.timestamp()
+
+    # 4. The old CAs dropped from both bundles: only the new pairs are left, and they are enough.
+    replace_file(tls / certs.CLIENT_CA_CERT, new.client_ca.cert_pem)
+    replace_file(tls / certs.CA_CERT, new.ca.cert_pem)
+    restart_autoscaler(stack)
+    calls_go_on(stack, "the old CAs dropped")
+
+    # CA still scales up through DDS: two pods no live node holds together; the second gets a new node.
+    core = client.CoreV1Api(stack.api)
+    nodes_before = {n.metadata.name for n in core.list_node().items}
+    for name in ("after-rotation-0", "after-rotation-1"):  # 40Gi each: one per 64Gi node
+        core.create_namespaced_pod(WORKLOAD_NAMESPACE, pod(name, memory_gib=40))
+    names = ["after-rotation-0", "after-rotation-1"]
+    stack.wait_for("both pods Running, one on a node CA's scale-up added after the rotation",
+                   lambda: pods_running(stack, names), timeout=120, describe=lambda: describe(stack))
+    hosts = {p.metadata.name: p.spec.node_name for p in stack.pods() if p.metadata.name in names}
+    assert set(hosts.values()) - nodes_before, hosts
+    triggered = [e for e in core.list_namespaced_event(WORKLOAD_NAMESPACE).items if e.reason == "TriggeredScaleUp"]
+    assert triggered, "the node was not CA's scale-up"
+    assert stack.dds.running, "DDS exited"
