@@ -10,6 +10,7 @@ from prometheus_client import REGISTRY
 from dds.config import FaultSpec, LatencySpec, PoolSpec, SimulatedFabricSettings
 from dds.controller.apply import Actions
 from dds.controller.executor import Executor, OperationWatcher
+from dds.controller.gpu_retries import attaches_text
 from dds.fabric.simulated import SimulatedFabric
 from dds.model.plan import DEVICE_CXL_MEMORY, DEVICE_GPU, Attach, Case, Detach, by_device_kind
 from dds.nodes.memory import MemoryProvisioner
@@ -116,3 +117,11 @@ def test_a_nodes_gpus_and_chunks_reclaimed_together_are_each_told_as_what_they_a
     assert [r for _, r in events.reasons()][-4:] == ["DetachingGPU", "DetachingMemory", "DetachedGPU",
                                                      "DetachedMemory"]
     assert fabric.devices("w1") == ()
+
+
+def test_a_retried_attach_says_whether_it_asked_for_gpus_or_memory():
+    gpus = Attach(node="w1", pool="pool-m", model="A30", count=2, pods=(), reason="r")
+    memory = Attach(node="w1", pool="pool-m", model=CHUNK, count=1, pods=(), reason="r")
+    assert attaches_text([gpus]) == "2 GPU(s)"
+    assert attaches_text([memory]) == "1 CXL memory chunk of 16 GiB (16 GiB)"
+    assert attaches_text([gpus, memory]) == "2 GPU(s) and 1 CXL memory chunk of 16 GiB (16 GiB)"
