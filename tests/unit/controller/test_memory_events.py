@@ -15,27 +15,21 @@ from dds.fabric.simulated import SimulatedFabric
 from dds.model.plan import DEVICE_CXL_MEMORY, DEVICE_GPU, Attach, Case, Detach, by_device_kind
 from dds.nodes.memory import MemoryProvisioner
 from tests.unit.controller.node_writes import NodesInMemory
+from tests.unit.controller.test_apply import Clock, Events as AppliedEvents
 
 CHUNK = "cxl-memory-16Gi"
 
 
-class Clock:
+class Events(AppliedEvents):
+    """The applier tests' Events, with each message kept as well."""
+
     def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Events:
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str, str]] = []
+        super().__init__()
+        self.messages: dict[str, str] = {}  # reason -> its last message
 
     def emit(self, involved, event_type: str, reason: str, message: str) -> None:
-        self.seen.append((f"{involved.kind}/{involved.name}", reason, message))
-
-    def reasons(self) -> list[tuple[str, str]]:
-        return [(subject, reason) for subject, reason, _ in self.seen]
+        super().emit(involved, event_type, reason, message)
+        self.messages[reason] = message
 
 
 def applier() -> tuple[Actions, SimulatedFabric, Clock, Events]:
@@ -74,10 +68,10 @@ def test_a_memory_attach_and_its_detach_have_their_own_events_and_counters():
     actions.detach(Detach(node="w1", device_ids=chunks, reason="idle", kind=DEVICE_CXL_MEMORY), "k/2",
                    Case.SCALE_DOWN)
     settle(actions, clock)
-    assert events.reasons() == [("Node/w1", "AttachingMemory"), ("Pod/mem-0", "AttachingMemory"),
+    assert events.seen == [("Node/w1", "AttachingMemory"), ("Pod/mem-0", "AttachingMemory"),
                                 ("Node/w1", "AttachedMemory"), ("Node/w1", "DetachingMemory"),
                                 ("Node/w1", "DetachedMemory")]
-    said = {reason: message for _, reason, message in events.seen}
+    said = events.messages
     assert said["AttachingMemory"].startswith(
         f"attaching 2 CXL memory chunks of 16 GiB (32 GiB) from pool pool-m ({CHUNK}) to w1 for demo/mem-0: ")
     assert said["AttachedMemory"].startswith("attached 2 CXL memory chunks of 16 GiB (32 GiB) to w1 in 1.0s (")
@@ -93,7 +87,7 @@ def test_a_gpu_attach_stays_a_gpu_attach():
     actions.attach(Attach(node="w1", pool="pool-m", model="A30", count=1, pods=("demo/train-0",), reason="r"),
                    "k/1", Case.FAST_PATH)
     settle(actions, clock)
-    assert [r for _, r in events.reasons()] == ["AttachingGPU", "AttachingGPU", "AttachedGPU"]
+    assert [r for _, r in events.seen] == ["AttachingGPU", "AttachingGPU", "AttachedGPU"]
     assert tuple(a - b for a, b in zip(counters(), before)) == (0, 0, 0, 0, 1, 0)
 
 
@@ -114,7 +108,7 @@ def test_a_nodes_gpus_and_chunks_reclaimed_together_are_each_told_as_what_they_a
     for part in by_device_kind(step, {d.id: d.model for d in devices}):
         actions.detach(part, f"orphan/{part.kind}", Case.ORPHAN_RECLAIM)
     settle(actions, clock)
-    assert [r for _, r in events.reasons()][-4:] == ["DetachingGPU", "DetachingMemory", "DetachedGPU",
+    assert [r for _, r in events.seen][-4:] == ["DetachingGPU", "DetachingMemory", "DetachedGPU",
                                                      "DetachedMemory"]
     assert fabric.devices("w1") == ()
 
