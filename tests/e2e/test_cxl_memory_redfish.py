@@ -5,7 +5,7 @@ only), the memory-bound pod runs there and no node is added; once the pod is gon
 deleted after the cooldown and the worker is back at its own memory.
 
 Two workers of 64 GiB with no GPUs, each with a 48 GiB pod (16 GiB free); the group takes up to 64 GiB of CXL memory
-per node in 8 GiB chunks from zone 3 of the mockup's CXL fabric, which holds 8 of them beside DMTF's own; a 5 s idle
+per node in 16 GiB chunks from zone 3 of the mockup's CXL fabric, which holds 8 of them beside DMTF's own; a 5 s idle
 cooldown. In file order.
 """
 
@@ -29,9 +29,9 @@ pytestmark = pytest.mark.e2e
 TIMEOUT = 60.0
 COOLDOWN = 5.0
 GiB, MiB = 2**30, 2**20
-# The zone of DMTF's pooled Type 3 device in public-cxl, and chunks of 8 GiB: the zone's 16 GiB chunk of the host's
-# directly attached device (CXLType3, the local memory of DMTF's CXL-System) is then no chunk of the group's size.
-ZONE, CHUNK_MIB, CHUNKS = "3", 8192, 8
+# The zone of DMTF's pooled Type 3 device in public-cxl. It also holds a 16 GiB chunk of the mockup host's own Type 3
+# device (Chassis/CXLType3, CXL-System's local memory): DDS must never take it for pool memory.
+ZONE, CHUNK_MIB, CHUNKS = "3", 16384, 8
 MODEL = cxl_model(CHUNK_MIB * MiB)
 
 
@@ -58,7 +58,7 @@ def world(tmp_path_factory) -> Iterator[tuple[Stack, RedfishEmulator]]:
         cleanup.callback(emulator.stop)
         options = StackOptions(
             node_provisioning_seconds=8.0, gpu_idle_cooldown_seconds=COOLDOWN, node_idle_cooldown_seconds=600.0,
-            machineset_annotations={ANN_MAX_CXL_MEMORY: "64Gi", ANN_CXL_MEMORY_CHUNK: "8Gi", ANN_FABRIC_POOL: ZONE,
+            machineset_annotations={ANN_MAX_CXL_MEMORY: "64Gi", ANN_CXL_MEMORY_CHUNK: "16Gi", ANN_FABRIC_POOL: ZONE,
                                     ANN_CAPACITY_PREFIX + "gpu-count": "0"},
             dds_settings={"fabric": "redfish", "redfish": {"endpoint": url},
                           "pools": [{"name": ZONE, "devices": {MODEL: CHUNKS}}]})
@@ -82,12 +82,13 @@ def test_a_memory_bound_pod_is_served_by_a_cxl_connection_and_no_node_is_added(w
     stack.core.create_namespaced_pod("demo", pod("mem-0", memory_gib=24))
     stack.wait_for("mem-0 Running", lambda: pods_running(stack, ["mem-0"]), TIMEOUT, lambda: shown(stack, emulator))
     node = node_of(stack, "mem-0")
-    # 8 GiB short on a worker: one 8 GiB chunk, bound by a Connection to the worker's ComputerSystem.
+    # 8 GiB short on a worker: one 16 GiB chunk, bound by a Connection to the worker's ComputerSystem.
     assert emulator.bound_memory_mib()[node] == CHUNK_MIB, shown(stack, emulator)
-    assert memory_by_node(stack)[node] == 64 + 8, shown(stack, emulator)
+    assert memory_by_node(stack)[node] == 64 + 16, shown(stack, emulator)
     assert machineset_replicas(stack) == 2 and len(stack.nodes()) == 2, shown(stack, emulator)
+    assert not [e for e in dds_events(stack) if e.reason in ("AttachFailed", "RetryingAttach")], shown(stack, emulator)
     assert [e for e in dds_events(stack) if e.involved == "pod/mem-0" and e.reason == "AttachingMemory"
-            and f"1 CXL memory chunk of 8 GiB (8 GiB) from pool {ZONE}" in e.message], shown(stack, emulator)
+            and f"1 CXL memory chunk of 16 GiB (16 GiB) from pool {ZONE}" in e.message], shown(stack, emulator)
 
 
 def test_the_idle_chunk_is_disconnected_after_the_cooldown(world):
