@@ -19,6 +19,12 @@ DECISIONS = Counter("dds_decisions_total", "Scaling decisions by case and outcom
                     ["case", "outcome"])
 GPUS_ATTACHED = Counter("dds_gpus_attached_total", "GPUs attached to nodes", ["pool", "model"])
 GPUS_DETACHED = Counter("dds_gpus_detached_total", "GPUs detached from nodes", ["pool", "model"])
+# CXL memory chunks apart from the GPUs (docs/cxl-memory.md): the model names the chunk's size (cxl-memory-16Gi), so
+# bytes are the count times that size.
+CXL_CHUNKS_ATTACHED = Counter("dds_cxl_memory_chunks_attached_total", "CXL memory chunks attached to nodes (the model "
+                              "names the chunk's size)", ["pool", "model"])
+CXL_CHUNKS_DETACHED = Counter("dds_cxl_memory_chunks_detached_total", "CXL memory chunks detached from nodes (the "
+                              "model names the chunk's size)", ["pool", "model"])
 FABRIC_ERRORS = Counter("dds_fabric_errors_total", "Fabric operations that failed, by kind and error code",
                         ["backend", "kind", "code"])
 OPERATOR_WEBHOOK_REFUSALS = Counter("dds_operator_webhook_refusals_total", "Writes of DDS's ComposabilityRequests "

@@ -42,6 +42,8 @@ CA_UNSCHEDULABLE_PODS = "cluster_autoscaler_unschedulable_pods_count"
 # without the label (a Prometheus of one cluster has no `cluster` label).
 SCOPE = 'cluster=~"$cluster", namespace=~"$namespace"'
 USED = 'state="used"'
+CXL = 'model=~"cxl-memory-.*"'  # CXL memory chunks: devices whose model names their size (dds/model/cxl.py)
+NOT_CXL = 'model!~"cxl-memory-.*"'
 
 
 def m(metric: str, matchers: str = "") -> str:
@@ -110,11 +112,20 @@ def build() -> Dashboard:
             "a value that stays up fires DDSGPUsIdleLongPastCooldown.", "short",
             [Query(f"sum by (group) ({m('dds_gpus_idle_past_cooldown')})", "{{group}}")]))
         .with_panel(panel(
-            "GPUs on nodes by model", "GPUs attached to nodes (the pools' used devices) per model, and the "
-            "attach and detach rates.", "short",
-            [Query(f"sum by (model) ({m('dds_pool_devices', USED)})", "{{model}} on nodes"),
+            "GPUs on nodes by model", "GPUs attached to nodes (the pools' used devices but CXL memory) per model, "
+            "and the attach and detach rates.", "short",
+            [Query(f"sum by (model) ({m('dds_pool_devices', USED + ', ' + NOT_CXL)})", "{{model}} on nodes"),
              Query(f"sum by (model) (rate({m('dds_gpus_attached_total')}[{RATE}])) * 60", "{{model}} attached / min"),
              Query(f"sum by (model) (rate({m('dds_gpus_detached_total')}[{RATE}])) * 60", "{{model}} detached / min")]))
+        .with_panel(panel(
+            "CXL memory chunks on nodes", "CXL memory chunks attached to nodes (the pools' used cxl-memory-<size> "
+            "devices; the model names a chunk's size), and the chunks attached and detached per minute "
+            "(docs/cxl-memory.md).", "short",
+            [Query(f"sum by (model) ({m('dds_pool_devices', USED + ', ' + CXL)})", "{{model}} on nodes"),
+             Query(f"sum by (model) (rate({m('dds_cxl_memory_chunks_attached_total')}[{RATE}])) * 60",
+                   "{{model}} attached / min"),
+             Query(f"sum by (model) (rate({m('dds_cxl_memory_chunks_detached_total')}[{RATE}])) * 60",
+                   "{{model}} detached / min")]))
         .with_panel(panel(
             "Attach latency", "From attach request to the GPU visible on the node, per fabric backend.", "s",
             quantiles("dds_attach_duration_seconds", ", backend", " {{backend}}")))

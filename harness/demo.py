@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import threading
 import time
@@ -38,7 +39,7 @@ from typing import Any, Callable, Optional, TextIO
 
 from kubernetes import client
 
-from dds.model.cxl import CXL_MODEL_PREFIX
+from dds.model.cxl import CXL_MODEL_PREFIX, chunk_bytes, memory_text
 from dds.model.quantity import to_int
 from harness.demo_plot import Moment, Recording, Sample, Span, render, write_recording
 from harness.stack import (WORKLOAD_NAMESPACE as DEMO_NAMESPACE, StackError, StackOptions, gpus_allocatable,
@@ -49,8 +50,10 @@ BOOT_GPUS = 1  # the demo MachineSet's capacity.cluster-autoscaler.kubernetes.io
 PICTURE = "demo-timeline.png"  # written beside the logs, with its recording (demo-timeline.json): harness/demo_plot.py
 # DDS's and CA's Events marked on the picture: (kind, reason, subject prefix) -> what a reader is told happened.
 MOMENTS = {("dds", "AttachingGPU", "pod/"): "DDS attaches a GPU", ("ca", "TriggeredScaleUp", "pod/"): "CA scale-up",
+           ("dds", "AttachingMemory", "pod/"): "DDS attaches CXL memory",
            ("dds", "AddingNode", "machineset/"): "DDS adds a node",
            ("dds", "DetachingGPU", "node/"): "DDS detaches a GPU",
+           ("dds", "DetachingMemory", "node/"): "DDS detaches CXL memory",
            ("dds", "RemovingNode", "machineset/"): "DDS removes a node"}
 
 
@@ -251,7 +254,7 @@ class DemoResult:
     node_path_seconds: float  # the memory-heavy pods: Pending -> Running
     nodes_added: int
     nodes_removed: int
-    gpus_attached: int  # every attach DDS made, boot-time GPUs of new nodes included
+    gpus_attached: int  # every GPU attach DDS made, boot-time GPUs of new nodes included (CXL memory apart)
     gpus_attached_at_boot: int  # of those, the GPUs each node boots with (capacity.../gpu-count per node)
     gpus_detached: int
     metrics: dict[str, float]
@@ -260,6 +263,8 @@ class DemoResult:
     samples: list[Sample] = field(default_factory=list)  # what the watcher saw at each poll
     spans: list[Span] = field(default_factory=list)  # the GPU path and the node path, in timeline seconds
     picture: Optional[Path] = None  # the timeline's PNG, beside the logs
+    memory_attached: int = 0  # bytes of CXL memory DDS attached (dds_cxl_memory_chunks_attached_total), and detached
+    memory_detached: int = 0
     memory_path: str = "node path"  # how the memory-heavy pods were served (harness/demo_cxl.py: "memory path")
 
 
@@ -391,6 +396,8 @@ class Demo:
             gpus_attached=int(_total(after, "dds_gpus_attached_total")),
             gpus_attached_at_boot=BOOT_GPUS * (len(workers) + len(added)),
             gpus_detached=int(_total(after, "dds_gpus_detached_total")),
+            memory_attached=memory_counted(after, "dds_cxl_memory_chunks_attached_total"),
+            memory_detached=memory_counted(after, "dds_cxl_memory_chunks_detached_total"),
             metrics=after, decisions=self.dds.decisions(), workdir=self.options.workdir,
             samples=list(self.timeline.samples), spans=spans, memory_path=self.memory_path)
         result.picture = self.draw(result, workers)
@@ -430,8 +437,6 @@ def moments(timeline: list[Entry], merge_within: float = 1.5) -> list[Moment]:
                       if entry.kind == kind and reason == known and entry.subject.startswith(prefix)), None)
         if label is None:
             continue
-        if CXL_MODEL_PREFIX in entry.text:  # memory attaches and detaches share the GPUs' reasons (docs/cxl-memory.md)
-            label = label.replace("a GPU", "CXL memory")
         if marks and entry.at - marks[-1].at <= merge_within:
             if label not in marks[-1].label:
                 marks[-1] = Moment(marks[-1].at, f"{marks[-1].label}, {label}")
@@ -442,6 +447,12 @@ def moments(timeline: list[Entry], merge_within: float = 1.5) -> list[Moment]:
 
 def _total(samples: dict[str, float], name: str) -> float:
     return sum(v for k, v in samples.items() if k.startswith(name + "{") or k == name)
+
+
+def memory_counted(samples: dict[str, float], name: str) -> int:
+    """Bytes of CXL memory a chunk counter counts: each series' count times the size its model names."""
+    return sum(int(v) * (chunk_bytes(model.group(1)) or 0) for k, v in samples.items()
+               if k.startswith(name + "{") and (model := re.search(r'model="([^"]*)"', k)))
 
 
 def run_demo(options: DemoOptions, out: Optional[TextIO] = sys.stdout, scenario: type["Demo"] = Demo) -> DemoResult:
@@ -462,6 +473,8 @@ def summary(result: DemoResult) -> str:
         f"GPUs attached by DDS:  {result.gpus_attached} ({result.gpus_attached_at_boot} at node boot, "
         f"{result.gpus_attached - result.gpus_attached_at_boot} for pending pods)",
         f"GPUs detached by DDS:  {result.gpus_detached} (idle past the cooldown, or with a removed node)",
+        *([f"CXL memory by DDS:     {memory_text(result.memory_attached)} attached, "
+           f"{memory_text(result.memory_detached)} detached"] if result.memory_attached else []),
         f"nodes added/removed:   {result.nodes_added} / {result.nodes_removed}",
         f"logs and configs:      {result.workdir}",
         *([f"timeline picture:      {result.picture}"] if result.picture else []),

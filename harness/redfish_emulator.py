@@ -714,9 +714,13 @@ class RedfishEmulator:
 
     def bound_memory_mib(self) -> dict[str, int]:
         """System id -> MiB of memory its Enabled Connections bind (what the host's memory controller sees)."""
+        return {system: sum(sizes) for system, sizes in self.bound_chunks_mib().items()}
+
+    def bound_chunks_mib(self) -> dict[str, list[int]]:
+        """System id -> the size in MiB of each chunk its Enabled Connections bind, for every configured system."""
         with self._lock:
             self._advance()
-            return {_last(h.system): sum(self._chunk_mib(c) for b in self._bound_to(h) for c in b.chunks)
+            return {_last(h.system): [self._chunk_mib(c) for b in self._bound_to(h) for c in b.chunks]
                     for h in self._hosts.values()}
 
     def expire_sessions(self) -> None:

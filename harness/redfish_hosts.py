@@ -12,6 +12,11 @@ kwok nodes have neither, so `RedfishHosts` plays both, in the test process:
 - it publishes, for every Node with a system, the number of GPU blocks in state Composed linked to that system, read
   from the emulator's own composition state (the hardware truth), never from DDS. A block still Composing, or Failed,
   is not published: the device plugin would not see a usable GPU either.
+- with `own_memory` (the server's own memory, by node), it publishes the Node's memory as a kubelet following
+  hot-added memory would (docs/cxl-memory.md): its own plus the CXL memory chunks that Enabled Connections of the
+  emulator's CXL fabric bind to its ComputerSystem's initiator endpoint (a Connection still Starting binds nothing
+  yet). Both are written by DDS's own visibility hook for the simulated fabric (dds/kube/nodes.py
+  `gpu_capacity_hook`), given what the emulator says the server holds.
 
 Systems are never removed: a deprovisioned server stays in the inventory, as it would in a rack.
 """
@@ -19,13 +24,15 @@ Systems are never removed: a deprovisioned server stays in the inventory, as it 
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from kubernetes import client
 
 from harness.reconcile_loop import ReconcileLoop
-from dds.kube.nodes import NodeNotFound, set_gpu_capacity
+from dds.kube.nodes import NodeNotFound, OwnMemoryOfNode, gpu_capacity_hook
+from dds.model.cxl import cxl_memory_of, cxl_model, gpus_of
 from dds.model.groups import DEFAULT_GPU_RESOURCE
+from dds.model.quantity import to_int
 from harness.redfish_emulator import EmulatedSystem, RedfishEmulator
 
 log = logging.getLogger(__name__)
@@ -33,6 +40,8 @@ log = logging.getLogger(__name__)
 CAPI_GROUP = "cluster.x-k8s.io"
 CAPI_VERSION = "v1beta1"
 _VISIBLE_STATES = ("Composed", "ComposedAndAvailable")
+_GPU = "GPU"  # the composed GPU blocks, as a model of the devices a server shows (anything but CXL memory is a GPU)
+MiB = 2**20
 
 
 def composed_gpus(block_states: dict[str, tuple[str, Optional[str]]]) -> dict[str, int]:
@@ -44,17 +53,31 @@ def composed_gpus(block_states: dict[str, tuple[str, Optional[str]]]) -> dict[st
     return counts
 
 
+def devices_shown(gpus: int, chunks_mib: Sequence[int]) -> dict[str, int]:
+    """What a server shows of the devices composed into it, as DDS's visibility hook reads devices (model -> count):
+    its usable GPUs, and the CXL memory chunks bound to it by their model, which names their size (dds/model/cxl.py)."""
+    shown = {_GPU: gpus}
+    for mib in chunks_mib:
+        model = cxl_model(mib * MiB)
+        shown[model] = shown.get(model, 0) + 1
+    return shown
+
+
 class RedfishHosts(ReconcileLoop):
-    """Registers a ComputerSystem per Machine/Node and publishes each Node's composed GPUs; see the module docstring."""
+    """Registers a ComputerSystem per Machine/Node and publishes each Node's composed GPUs (and, with `own_memory`, its
+    memory with the CXL memory bound to it); see the module docstring."""
 
     def __init__(self, api: client.ApiClient, emulator: RedfishEmulator, *, resource: str = DEFAULT_GPU_RESOURCE,
-                 poll_interval_s: float = 0.2) -> None:
+                 own_memory: Optional[OwnMemoryOfNode] = None, poll_interval_s: float = 0.2) -> None:
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
         self._emulator = emulator
         self._resource = resource
+        self._own_memory = own_memory
+        self._show = gpu_capacity_hook(api, resource, own_memory=own_memory)
         super().__init__("redfish-hosts", poll_interval_s)
         self.published: list[tuple[str, int]] = []  # (node, GPUs) each time a count was written, for tests
+        self.memory_published: list[tuple[str, int]] = []  # (node, bytes) each time its memory was written
 
     def reconcile_once(self) -> None:
         machines = self._custom.list_cluster_custom_object(CAPI_GROUP, CAPI_VERSION, "machines").get("items", [])
@@ -64,15 +87,22 @@ class RedfishHosts(ReconcileLoop):
             if name not in known and self._emulator.add_system(EmulatedSystem(id=name, name=name, host_name=name)):
                 log.info("server %s racked: ComputerSystem %s registered in the composition service", name, name)
         composed = composed_gpus(self._emulator.block_states())
+        bound = self._emulator.bound_chunks_mib()
         for node in nodes:
-            self._publish(node, composed.get(node.metadata.name, 0))
+            name = node.metadata.name
+            self._publish(node, devices_shown(composed.get(name, 0), bound.get(name, ())))
 
-    def _publish(self, node: Any, count: int) -> None:
-        shown = (node.status.allocatable or {}).get(self._resource)
-        if shown == str(count):
+    def _publish(self, node: Any, shown: dict[str, int]) -> None:
+        name, allocatable = node.metadata.name, node.status.allocatable or {}
+        own = self._own_memory(name) if self._own_memory is not None else None
+        memory = None if own is None else own + cxl_memory_of(shown)
+        if allocatable.get(self._resource) == str(gpus_of(shown)) and (
+                memory is None or to_int(allocatable.get("memory", "0")) == memory):
             return
         try:
-            set_gpu_capacity(self._core.api_client, node.metadata.name, self._resource, count)
+            self._show(name, shown)
         except NodeNotFound:
             return  # deleted since the list: nothing to show
-        self.published.append((node.metadata.name, count))
+        self.published.append((name, gpus_of(shown)))
+        if memory is not None:
+            self.memory_published.append((name, memory))

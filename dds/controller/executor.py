@@ -19,10 +19,11 @@ from dds import metrics
 from dds.crashpoints import crashpoint
 from dds.fabric.base import (AttachRequest, BatchAttachFabric, DetachRequest, ErrorCode, Fabric, FabricError, Operation,
                              OperationKind, OperationState)
+from dds.model.cxl import chunk_bytes, chunks_text, is_cxl_model
 from dds.model.events import NORMAL, WARNING, EventRecorder
 from dds.nodes.base import NodeProvisioner
 from dds.scaling.node_actions import NodeActions, node_ref, pod_ref
-from dds.model.plan import Attach, Case, Detach
+from dds.model.plan import DEVICE_CXL_MEMORY, Attach, Case, Detach
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +125,13 @@ class Executor:
             self.events.emit(node_ref(step.node), WARNING, "AttachFailed",
                              f"could not attach {step.count} x {step.model} from pool {step.pool}: {result.message}")
             return
-        message = (f"attaching {step.count} x {step.model} to {step.node} for {', '.join(step.pods) or 'capacity'}: "
-                   f"{step.reason}")
+        memory = is_cxl_model(step.model)
+        what = (f"{chunks_text(step.count, chunk_bytes(step.model) or 0)} from pool {step.pool} ({step.model})" if memory
+                else f"{step.count} x {step.model}")
+        message = f"attaching {what} to {step.node} for {', '.join(step.pods) or 'capacity'}: {step.reason}"
         log.info(message, extra={"case": case.value, "key": key, "node": step.node})
-        self.events.emit(node_ref(step.node), NORMAL, "AttachingGPU", message)
-        for pod in step.pods:
-            self.events.emit(pod_ref(pod), NORMAL, "AttachingGPU", message)
+        for subject in (node_ref(step.node), *(pod_ref(pod) for pod in step.pods)):
+            self.events.emit(subject, NORMAL, "AttachingMemory" if memory else "AttachingGPU", message)
 
     def detach(self, step: Detach, key: str, case: Case) -> Optional[Operation]:
         request = DetachRequest(key=key, node=step.node, device_ids=step.device_ids, force=step.force,
@@ -145,12 +147,18 @@ class Executor:
                 log.warning("detach of %s from %s refused: %s", ",".join(step.device_ids), step.node, exc,
                             extra={"case": case.value, "key": key})
                 self.events.emit(node_ref(step.node), WARNING, "DetachFailed",
-                                 f"could not detach {len(step.device_ids)} GPU(s): {exc.message}")
+                                 f"could not detach {_devices(step)}: {exc.message}")
                 return None
-        message = f"detaching {len(step.device_ids)} GPU(s) ({', '.join(step.device_ids)}) from {step.node}: {step.reason}"
+        message = f"detaching {_devices(step)} ({', '.join(step.device_ids)}) from {step.node}: {step.reason}"
         log.info(message, extra={"case": case.value, "key": key, "node": step.node})
-        self.events.emit(node_ref(step.node), NORMAL, "DetachingGPU", message)
+        self.events.emit(node_ref(step.node), NORMAL,
+                         "DetachingMemory" if step.kind == DEVICE_CXL_MEMORY else "DetachingGPU", message)
         return operation
+
+
+def _devices(step: Detach) -> str:
+    """What a detach takes away: `2 GPU(s)`, `2 CXL memory chunk(s)`."""
+    return f"{len(step.device_ids)} {'CXL memory chunk(s)' if step.kind == DEVICE_CXL_MEMORY else 'GPU(s)'}"
 
 
 @dataclass
@@ -214,21 +222,29 @@ class OperationWatcher:
     def _record(self, op: Operation) -> None:
         took = max(0.0, (op.finished_at or self.clock()) - op.started_at)
         done = len(op.devices)
-        if op.kind == OperationKind.ATTACH:
-            if done:
-                metrics.GPUS_ATTACHED.labels(op.pool, op.model).inc(done)
-                metrics.ATTACH_LATENCY.labels(self.fabric.name).observe(took)
-                self.events.emit(node_ref(op.node), NORMAL, "AttachedGPU",
-                                 f"attached {done} x {op.model} to {op.node} in {took:.1f}s ({', '.join(op.devices)})")
-        else:
-            if done:
-                metrics.GPUS_DETACHED.labels(op.pool, op.model).inc(done)
-                metrics.DETACH_LATENCY.labels(self.fabric.name).observe(took)
-                self.events.emit(node_ref(op.node), NORMAL, "DetachedGPU",
-                                 f"detached {done} GPU(s) from {op.node} in {took:.1f}s ({', '.join(op.devices)})")
+        if done:
+            self._record_done(op, done, took)
         if op.state == OperationState.FAILED:
             code = op.error.code.value if op.error else "Unknown"
             metrics.FABRIC_ERRORS.labels(self.fabric.name, op.kind.value, code).inc()
             self.events.emit(node_ref(op.node), WARNING, f"{op.kind.value.capitalize()}Failed",
                              f"{op.kind.value} on {op.node} failed after {took:.1f}s "
                              f"({done} of {op.requested} done): {op.error.message if op.error else 'unknown error'}")
+
+    def _record_done(self, op: Operation, done: int, took: float) -> None:
+        """Count and tell the devices an operation attached or released: GPUs, or CXL memory chunks (an operation
+        moves one kind: its model's; DDS splits a detach naming both, `by_device_kind`)."""
+        attach = op.kind == OperationKind.ATTACH
+        (metrics.ATTACH_LATENCY if attach else metrics.DETACH_LATENCY).labels(self.fabric.name).observe(took)
+        said = f"in {took:.1f}s ({', '.join(op.devices)})"
+        if is_cxl_model(op.model):
+            (metrics.CXL_CHUNKS_ATTACHED if attach else metrics.CXL_CHUNKS_DETACHED).labels(op.pool, op.model).inc(done)
+            amount = chunks_text(done, chunk_bytes(op.model) or 0)
+            self.events.emit(node_ref(op.node), NORMAL, "AttachedMemory" if attach else "DetachedMemory",
+                             f"{'attached' if attach else 'detached'} {amount} {'to' if attach else 'from'} {op.node} "
+                             f"{said}")
+        else:
+            (metrics.GPUS_ATTACHED if attach else metrics.GPUS_DETACHED).labels(op.pool, op.model).inc(done)
+            self.events.emit(node_ref(op.node), NORMAL, "AttachedGPU" if attach else "DetachedGPU",
+                             f"attached {done} x {op.model} to {op.node} {said}" if attach
+                             else f"detached {done} GPU(s) from {op.node} {said}")

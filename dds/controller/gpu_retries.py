@@ -42,6 +42,7 @@ from typing import Callable, Iterable, Optional, Sequence
 from dds.crashpoints import crashpoint
 from dds.fabric.base import ErrorCode, FabricError, Operation, OperationKind, OperationState
 from dds.model.events import WARNING
+from dds.model.cxl import chunk_bytes, chunks_text, is_cxl_model
 from dds.model.groups import NodeGroupSpec
 from dds.model.lifecycle import Lifecycle, Transition
 from dds.planner.attach_failures import Action, after_attach_failure
@@ -247,7 +248,7 @@ class GpuInstanceRetries:
         where = ", ".join(sorted({step.node for step in missing}))
         if decision.action == Action.RETRY:
             work.retry_at, work.retries, work.failed = now + decision.delay, missing, []
-            message = f"attaching {wanted} GPU(s) to {where} failed: {decision.message}"
+            message = f"attaching {attaches_text(missing)} to {where} failed: {decision.message}"
             log.warning("instance %s of %s: %s", record.id, group.id, message)
             outcomes.tell(WARNING, "RetryingAttach", message, [step.node for step in missing], pods)
             return
@@ -294,3 +295,10 @@ def missing_steps(work: GpuInstanceWork) -> list[Attach]:
                           pods=step.pods if step else (), score=step.score if step else None,
                           reason=step.reason if step else f"what attach {op.key} did not attach"))
     return out
+
+
+def attaches_text(steps: Sequence[Attach]) -> str:
+    """What attaches ask for, as people read it: `2 GPU(s)`, `1 CXL memory chunk of 8 GiB (8 GiB)`, or both."""
+    gpus = sum(step.count for step in steps if not is_cxl_model(step.model))
+    memory = [chunks_text(step.count, chunk_bytes(step.model) or 0) for step in steps if is_cxl_model(step.model)]
+    return " and ".join(([f"{gpus} GPU(s)"] if gpus or not memory else []) + memory)

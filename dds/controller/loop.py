@@ -55,7 +55,7 @@ from dds.kube.podgroups import PodGroupReader
 from dds.model.events import WARNING, EventRecorder
 from dds.model.groups import GpuApi, TemplateMode
 from dds.planner import render_scale_down, render_scale_up
-from dds.model.plan import Attach, Case, Detach, PlannerConfig, ScaleDownPlan, ScaleUpPlan
+from dds.model.plan import Attach, Case, Detach, PlannerConfig, ScaleDownPlan, ScaleUpPlan, by_device_kind
 from dds.model.snapshot import Snapshot
 from dds.planner.passes import PassInputs, PassPlan, PassSettings, plan_pass
 from dds.planner.reservations import ReservationConfig, ReservationPlan
@@ -503,14 +503,17 @@ class Controller:
             deleted = self.fabric.deleted_nodes_to_reclaim([n.name for n in observation.snapshot.nodes
                                                             if n.being_deleted])
         busy = {op.node for op in self.watcher.in_flight() if op.kind == OperationKind.DETACH}
-        reclaims = self.orphans.find(self.fabric.devices(), self.fabric.operations(), live - deleted,
-                                     observation.snapshot.now, deleted=deleted)
+        devices = self.fabric.devices()
+        models = {d.id: d.model for d in devices}
+        reclaims = self.orphans.find(devices, self.fabric.operations(), live - deleted, observation.snapshot.now,
+                                     deleted=deleted)
         for reclaim in reclaims:
             if reclaim.node in busy:
                 continue  # a detach already runs there; judged again when it ends
-            step = Detach(reclaim.node, reclaim.device_ids, force=True, reason=reclaim.reason)
-            if self.actions.detach(step, f"orphan/{uuid.uuid4().hex[:8]}", Case.ORPHAN_RECLAIM) is not None:
-                metrics.ORPHANS_RECLAIMED.inc(len(reclaim.device_ids))
+            for step in by_device_kind(Detach(reclaim.node, reclaim.device_ids, force=True, reason=reclaim.reason),
+                                       models):
+                if self.actions.detach(step, f"orphan/{uuid.uuid4().hex[:8]}", Case.ORPHAN_RECLAIM) is not None:
+                    metrics.ORPHANS_RECLAIMED.inc(len(step.device_ids))
 
     # --- devices a node shows that no fabric record holds: reported, as DDS cannot detach them ---
     def _report_unheld(self, snapshot: Snapshot) -> None:

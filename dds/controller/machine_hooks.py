@@ -37,7 +37,7 @@ from dds.fabric.base import Fabric, OperationKind
 from dds.kube.capi import DDS_PRE_TERMINATE_HOOK
 from dds.model.events import WARNING, EventRecorder
 from dds.model.groups import NodeGroupSpec
-from dds.model.plan import Case, Detach
+from dds.model.plan import Case, Detach, by_device_kind
 from dds.scaling.node_actions import node_ref
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,9 @@ class PreTerminateHooks:
 
     def run(self, observation: Observation) -> None:
         held: dict[str, list[str]] = {}
+        models: dict[str, str] = {}
         for device in self.fabric.devices():
+            models[device.id] = device.model
             if device.node:
                 held.setdefault(device.node, []).append(device.id)
         detaching = {op.node for op in self.actions.watcher.in_flight() if op.kind == OperationKind.DETACH}
@@ -112,14 +114,16 @@ class PreTerminateHooks:
         for step in hook_steps(observation.machines, held, detaching, self._waiting_since, now, self.bound_seconds):
             group = self.group(step.group_id)
             if group is not None:  # a MachineSet DDS does not serve: its Machines are not DDS's to hold
-                self._apply(group, step, versions.get(step.machine, ""))
+                self._apply(group, step, versions.get(step.machine, ""), models)
 
-    def _apply(self, group: NodeGroupSpec, step: HookStep, api_version: str) -> None:
+    def _apply(self, group: NodeGroupSpec, step: HookStep, api_version: str, models: Mapping[str, str]) -> None:
         try:
             if step.verb is Verb.DETACH:
-                reason = f"Machine {step.machine} is being deleted: its GPUs go back to the pool before its host goes"
-                self.actions.detach(Detach(step.node, step.device_ids, reason=reason, force=True),
-                                    f"pre-terminate/{uuid.uuid4().hex[:8]}", Case.ORPHAN_RECLAIM)
+                reason = (f"Machine {step.machine} is being deleted: its devices go back to the pool before its host "
+                          f"goes")
+                for detach in by_device_kind(Detach(step.node, step.device_ids, reason=reason, force=True),
+                                             models):
+                    self.actions.detach(detach, f"pre-terminate/{uuid.uuid4().hex[:8]}", Case.ORPHAN_RECLAIM)
                 return
             if step.verb is Verb.GIVE_UP:
                 message = (f"Machine {step.machine} still holds {len(step.device_ids)} fabric device(s) "

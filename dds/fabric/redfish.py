@@ -44,6 +44,8 @@ ComputerSystem. A chunk is bound to a host by a Connection (`ConnectionType: Mem
 chunk, `Links.InitiatorEndpoints` the host's endpoint, `Links.TargetEndpoints` the chunk's): attaching POSTs one to the
 fabric's Connections collection, detaching DELETEs it. Connection `Status.State` `Enabled` -> online, `Starting` (or
 any other) -> attaching, `Health: Critical` or `UnavailableOffline` -> failed; a chunk no Connection names is free.
+A chunk of a host's own device (its memory domain under a ComputerSystem, or under a chassis contained in one holding a
+ComputerSystem: DMTF's `Chassis/CXLType3` in `CXL-Chassis`) is that host's memory, never the pool's.
 `MemoryRegionInfo` is never sent: DSP0268 (Connection v1_3_3) allows no memory regions in a CXL fabric's Connections.
 A change the service accepted must show within `connection_wait_seconds` (the Connection listed and Enabled, or gone),
 else the chunk fails naming what is missing. Chunks take no GPU slot (`max_slots_per_node`).
@@ -713,10 +715,10 @@ class RedfishFabric:
                 if uri not in self._static:
                     size = self._get(uri).get("MemoryChunkSizeMiB")
                     model = cxl_model(int(size) * 2**20) if isinstance(size, int) and size > 0 else None
-                    self._static[uri] = (model, pool)
+                    self._static[uri] = (None if self._host_local(uri) else model, pool)
                 model = self._static[uri][0]
                 if model is None:
-                    continue  # a chunk without a size cannot be planned
+                    continue  # a chunk without a size cannot be planned; a host's own is not the pool's
                 binding = by_chunk.get(uri)
                 owner = None
                 if binding is not None:
@@ -726,6 +728,32 @@ class RedfishFabric:
                                      endpoint.uri, connections, binding.uri if binding else None,
                                      binding.chunks if binding else ())
         return chunks
+
+    def _host_local(self, chunk: str) -> bool:
+        """Whether a chunk is memory of a host's own device, not pooled memory: its memory domain is a ComputerSystem's
+        (`/Systems/<id>/MemoryDomains/...`), or a chassis' contained (`Links.ContainedBy`, at any depth) in a chassis
+        holding a ComputerSystem (`Links.ComputerSystems`) — DMTF's public-cxl: `Chassis/CXLType3`, the Type 3 device
+        of `CXL-System`, in its zone 3 beside the pooled device and bound by no Connection. Where hardware sits does not
+        change while DDS runs: read once per chunk."""
+        owner = chunk.split("/MemoryDomains/", 1)[0]
+        if "/Systems/" in owner:
+            return True
+        chassis: Optional[str] = owner if "/Chassis/" in owner else None
+        seen: set[str] = set()
+        while chassis and chassis not in seen:
+            seen.add(chassis)
+            try:
+                links = self._get(chassis).get("Links") or {}
+            except FabricError as exc:
+                if exc.code == ErrorCode.NOT_FOUND:
+                    return False  # a chassis the service does not serve holds no host we can see
+                raise
+            if links.get("ComputerSystems"):
+                return True
+            contained_by = links.get("ContainedBy")
+            chassis = str(contained_by["@odata.id"]) if isinstance(contained_by, dict) and \
+                contained_by.get("@odata.id") else None
+        return False
 
     def _read_block(self, uri: str) -> Optional[_Block]:
         body = self._get(uri)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from dds.model.quantity import QuantityError, to_int
+from dds.model.quantity import QuantityError, human_amount, to_int
 
 CXL_MODEL_PREFIX = "cxl-memory-"
 _UNITS = (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
@@ -51,3 +51,14 @@ def cxl_memory_of(devices_by_model: Mapping[str, int]) -> int:
 def gpus_of(devices_by_model: Mapping[str, int]) -> int:
     """The GPUs in a count of devices by model: every model but CXL memory."""
     return sum(count for model, count in devices_by_model.items() if not is_cxl_model(model))
+
+
+def memory_text(amount: int) -> str:
+    """Bytes of memory as people read them: 16 GiB."""
+    return human_amount("memory", amount)
+
+
+def chunks_text(chunks: int, chunk_bytes: int) -> str:
+    """`2 CXL memory chunks of 16 GiB (32 GiB)`: how plans, Events and logs name an amount of CXL memory."""
+    noun = "chunk" if chunks == 1 else "chunks"
+    return f"{chunks} CXL memory {noun} of {memory_text(chunk_bytes)} ({memory_text(chunks * chunk_bytes)})"

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping, Optional
 
-from dds.model.cxl import cxl_model
+from dds.model.cxl import cxl_model, is_cxl_model
 from dds.model.quantity import human_amount
 
 
@@ -38,6 +38,11 @@ class Case(str, Enum):
 
 DEVICE_GPU = "gpu"
 DEVICE_CXL_MEMORY = "cxl-memory"
+
+
+def device_kind(model: str) -> str:
+    """What a device of `model` is: DEVICE_CXL_MEMORY for a chunk (`cxl-memory-<size>`), DEVICE_GPU otherwise."""
+    return DEVICE_CXL_MEMORY if is_cxl_model(model) else DEVICE_GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +164,15 @@ class Detach:
     kind: str = "gpu"  # what the devices are: DEVICE_GPU or DEVICE_CXL_MEMORY (chunks of CXL memory)
 
 
+def by_device_kind(step: Detach, models: Mapping[str, str]) -> tuple[Detach, ...]:
+    """`step` as one detach per kind of device it names (GPUs, CXL memory chunks; `models`: device id -> model), each
+    with its `kind`, so its Events and counters say which devices go. An id `models` does not know stays with the
+    step's own kind."""
+    ids: dict[str, list[str]] = {}
+    for device_id in step.device_ids:
+        model = models.get(device_id)
+        ids.setdefault(step.kind if model is None else device_kind(model), []).append(device_id)
+    return tuple(Detach(step.node, tuple(group), step.reason, step.force, kind) for kind, group in ids.items())
 @dataclass(frozen=True, slots=True)
 class RemoveNode:
     node: str

@@ -23,10 +23,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
+from dds.model.cxl import chunks_text, memory_text
 from dds.model.groups import NodeGroupSpec
 from dds.model.plan import (DEVICE_CXL_MEMORY, Detach, MemoryAttach, PlannerConfig, PodDecision, Reject, ScaleDownPlan, ScaleUpPlan,
                             Verdict)
-from dds.model.quantity import human_amount
 from dds.model.resources import MEMORY, Resources
 from dds.model.snapshot import NodeInfo, PodInfo, Snapshot
 from dds.planner.requests import effective_requests, scheduling_order
@@ -38,15 +38,6 @@ _SERVED = (Verdict.FITS_NOW, Verdict.FITS_AFTER_GPUS, Verdict.FITS_AFTER_MEMORY)
 _WAITING = (Verdict.NEEDS_NODE, Verdict.UNSCHEDULABLE)
 
 PlanGpus = Callable[[Snapshot], ScaleUpPlan]
-
-
-def memory_text(amount: int) -> str:
-    return human_amount(MEMORY, amount)
-
-
-def chunks_text(chunks: int, chunk_bytes: int) -> str:
-    noun = "chunk" if chunks == 1 else "chunks"
-    return f"{chunks} CXL memory {noun} of {memory_text(chunk_bytes)} ({memory_text(chunks * chunk_bytes)})"
 
 
 def takes_cxl_memory(snapshot: Snapshot) -> bool:

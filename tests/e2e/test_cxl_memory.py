@@ -62,7 +62,15 @@ def test_a_memory_bound_pod_is_served_by_an_attach_and_no_node_is_added(stack: S
     assert memory_by_node(stack)[node] == 64 + 32, shown(stack)  # 24 GiB short: two 16 GiB chunks
     assert machineset_replicas(stack) == 2 and len(stack.nodes()) == 2, shown(stack)
     attached = [e for e in dds_events(stack) if e.involved == f"node/{node}" or e.involved == "pod/mem-0"]
-    assert any(cxl_model(16 * GiB) in e.message for e in attached), [e.line() for e in attached]
+    # Told and counted as memory, never as GPUs (docs/cxl-memory.md).
+    assert [e for e in attached if e.reason == "AttachingMemory" and e.involved == "pod/mem-0"
+            and "2 CXL memory chunks of 16 GiB (32 GiB)" in e.message], [e.line() for e in attached]
+    assert not [e for e in attached if e.reason.endswith("GPU") and cxl_model(16 * GiB) in e.message], \
+        [e.line() for e in attached]
+    counted = stack.dds.metrics()
+    assert counted.get(f'dds_cxl_memory_chunks_attached_total{{model="{cxl_model(16 * GiB)}",pool="default"}}') == 2, \
+        counted
+    assert not [k for k in counted if k.startswith("dds_gpus_") and cxl_model(16 * GiB) in k], counted
 
 
 def test_a_pod_needing_gpus_and_memory_gets_both_on_one_worker(stack: Stack):
@@ -86,6 +94,11 @@ def test_idle_memory_is_detached_after_the_cooldown(stack: Stack):
     stack.core.delete_namespaced_pod("mem-0", "demo", grace_period_seconds=0)
     stack.wait_for("mem-0's chunks back in the pool", lambda: memory_by_node(stack)[node] <= 64 + 16, TIMEOUT,
                    lambda: shown(stack))
+    # The detach told as memory once the fabric has the chunks back (the node may show it a moment before).
+    detached = stack.wait_for("DDS's DetachedMemory Event", lambda: [
+        e for e in dds_events(stack) if e.involved == f"node/{node}" and e.reason == "DetachedMemory"], 10.0,
+        lambda: str([e.line() for e in dds_events(stack)]))
+    assert "CXL memory chunk" in detached[-1].message, detached[-1].line()
     assert pods_running(stack, ["both-0"]), shown(stack)
 
 

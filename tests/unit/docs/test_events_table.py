@@ -123,6 +123,9 @@ def resolve(site: Site, constants: dict[str, set[str]]) -> Optional[set[str]]:
         parts = [resolve(Site(site.path, site.line, v), constants) for v in expression.values
                  if not carries_a_refusal(v)]
         return None if any(p is None for p in parts) else set().union(*parts)
+    if isinstance(expression, ast.IfExp):  # `"AttachingMemory" if memory else "AttachingGPU"`: either
+        parts = [resolve(Site(site.path, site.line, v), constants) for v in (expression.body, expression.orelse)]
+        return None if any(p is None for p in parts) else set().union(*parts)
     if isinstance(expression, ast.Constant) and isinstance(expression.value, str):
         return {expression.value}
     if isinstance(expression, ast.Name) and len(constants.get(expression.id, ())) == 1:

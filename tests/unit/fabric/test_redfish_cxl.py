@@ -107,11 +107,11 @@ def make_world() -> Iterator[Callable[..., World]]:
 def test_the_pool_is_the_type3_chunks_of_the_zone(make_world: Callable[..., World]) -> None:
     world = make_world()
     [pool] = world.fabric.pools()
-    # DMTF's own chunks count too: the pooled device's 16 GiB and 4 GiB chunks (bound to the mockup's CXL-System by
-    # its Connections 13 and 14) and the host's local 16 GiB device; the Type 2 device's (a GPU's HBM, Connection 12)
-    # is no pooled memory.
+    # DMTF's own pooled chunks count too: the pooled device's 16 GiB and 4 GiB chunks (bound to the mockup's
+    # CXL-System by its Connections 13 and 14). The Type 2 device's (a GPU's HBM, Connection 12) is no pooled memory,
+    # nor is the host's own 16 GiB Type 3 device in the same zone (Chassis/CXLType3, in CXL-System's CXL-Chassis).
     assert (pool.name, dict(pool.total), dict(pool.free)) == (
-        ZONE, {MODEL: TOTAL, "cxl-memory-16Gi": 2, "cxl-memory-4Gi": 1}, {MODEL: TOTAL, "cxl-memory-16Gi": 1,
+        ZONE, {MODEL: TOTAL, "cxl-memory-16Gi": 1, "cxl-memory-4Gi": 1}, {MODEL: TOTAL, "cxl-memory-16Gi": 0,
                                                                           "cxl-memory-4Gi": 0})
     assert [(d.id, d.node) for d in world.fabric.devices()] == [("PooledCXLType3.1.1", "CXL System"),
                                                                 ("PooledCXLType3.6.1", "CXL System")]
@@ -180,10 +180,14 @@ def test_a_connection_across_zones_is_refused(make_world: Callable[..., World]) 
 
 def test_a_hosts_local_device_is_not_bound_elsewhere(make_world: Callable[..., World]) -> None:
     world = make_world()
+    local = "/redfish/v1/Chassis/CXLType3/MemoryDomains/1/MemoryChunks/1"  # 16 GiB, CXL-System's own, in zone 3
     op = world.fabric.attach(AttachRequest(key="local", node=NODE_A, pool=ZONE, model="cxl-memory-16Gi", count=1))
     done = world.settle(op.key)
+    # DDS never offers it (the zone's other 16 GiB chunk is bound to CXL-System): refused before any Connection.
     assert done.state == OperationState.FAILED and done.error is not None
-    assert "local memory of /redfish/v1/Systems/CXL-System" in done.error.message
+    assert done.error.code == ErrorCode.OUT_OF_RESOURCES, done.error
+    assert "zone 3 has 0 free cxl-memory-16Gi" in done.error.message
+    assert world.sent("POST") == [] and world.emulator.chunks()[local] == ("Local", "CXL-System")
 
 
 def test_a_restarted_backend_binds_each_chunk_exactly_once(make_world: Callable[..., World]) -> None:

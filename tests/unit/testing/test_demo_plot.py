@@ -7,12 +7,14 @@ picture)."""
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from harness.demo import Demo, DemoOptions, DemoResult, Entry, free_gpus, moments, sample_of
+from harness.demo import (Demo, DemoOptions, DemoResult, Entry, free_gpus, memory_counted, moments, sample_of,
+                          summary)
 from harness.demo_plot import (Moment, Recording, RecordingError, Sample, Span, is_png, main, read_recording, render,
                                write_recording)
 
@@ -124,8 +126,8 @@ def test_a_poll_records_each_nodes_memory_beside_its_gpus() -> None:
 def test_a_run_with_memory_attached_draws_memory_per_node(tmp_path: Path) -> None:
     samples = cxl_samples()
     demo = Demo(DemoOptions(workdir=tmp_path, echo=False), out=None)
-    result = DemoResult(timeline=[Entry(9.5, "dds", "pod/mem-0", "AttachingGPU: attaching 1 x cxl-memory-16Gi to w1 "
-                                                                 "for demo/mem-0")],
+    result = DemoResult(timeline=[Entry(9.5, "dds", "pod/mem-0", "AttachingMemory: attaching 1 CXL memory chunk of "
+                                                                 "16 GiB (16 GiB) to w1 for demo/mem-0")],
                         autoscaler="cluster-autoscaler", gpu_path_seconds=5.0, node_path_seconds=3.0, nodes_added=0,
                         nodes_removed=0, gpus_attached=3, gpus_attached_at_boot=2, gpus_detached=3, metrics={},
                         decisions=[], workdir=tmp_path, samples=samples,
@@ -157,3 +159,18 @@ def test_the_pools_free_gpus_leave_its_cxl_memory_out() -> None:
                'dds_pool_devices{model="cxl-memory-16Gi",pool="default",state="free"}': 8.0}
     assert free_gpus(metrics) == 6
     assert free_gpus({}) is None
+
+
+def test_the_summary_counts_gpus_only_and_cxl_memory_apart(tmp_path: Path) -> None:
+    metrics = {'dds_gpus_attached_total{model="A30",pool="default"}': 1.0,
+               'dds_cxl_memory_chunks_attached_total{model="cxl-memory-16Gi",pool="default"}': 2.0,
+               'dds_cxl_memory_chunks_detached_total{model="cxl-memory-16Gi",pool="default"}': 1.0}
+    result = DemoResult(timeline=[], autoscaler="cluster-autoscaler", gpu_path_seconds=5.0, node_path_seconds=3.0,
+                        nodes_added=0, nodes_removed=0, gpus_attached=3, gpus_attached_at_boot=2, gpus_detached=1,
+                        metrics=metrics, decisions=[], workdir=tmp_path, memory_path="memory path",
+                        memory_attached=memory_counted(metrics, "dds_cxl_memory_chunks_attached_total"),
+                        memory_detached=memory_counted(metrics, "dds_cxl_memory_chunks_detached_total"))
+    lines = summary(result).splitlines()
+    assert "GPUs attached by DDS:  3 (2 at node boot, 1 for pending pods)" in lines
+    assert "CXL memory by DDS:     32 GiB attached, 16 GiB detached" in lines
+    assert not [line for line in summary(replace(result, memory_attached=0)).splitlines() if "CXL" in line]

@@ -1,12 +1,13 @@
 """The servers' side of the Redfish e2e variant (harness/redfish_hosts.py): which GPUs a host's device plugin would
-publish, and servers racked while the emulator runs."""
+publish, the CXL memory a host's kubelet would count, and servers racked while the emulator runs."""
 
 from __future__ import annotations
 
 import requests
 
+from dds.model.cxl import cxl_memory_of, gpus_of
 from harness.redfish_emulator import EmulatedSystem, EmulatorConfig, RedfishEmulator
-from harness.redfish_hosts import composed_gpus
+from harness.redfish_hosts import composed_gpus, devices_shown
 
 
 def test_only_composed_blocks_are_published():
@@ -23,3 +24,10 @@ def test_a_system_registered_later_is_served_and_registered_once():
         assert members.count({"@odata.id": "/redfish/v1/Systems/worker-1"}) == 1  # beside the DMTF mockup's own
         system = requests.get(f"{emulator.url}/redfish/v1/Systems/worker-1", timeout=5).json()
         assert system["HostName"] == "worker-1" and system["Links"]["ResourceBlocks"] == []
+
+
+def test_a_server_shows_its_gpus_and_the_cxl_memory_bound_to_it_by_chunk_size():
+    shown = devices_shown(2, [16384, 16384, 8192])
+    assert shown == {"GPU": 2, "cxl-memory-16Gi": 2, "cxl-memory-8Gi": 1}
+    assert (gpus_of(shown), cxl_memory_of(shown)) == (2, 40 * 2**30)  # as DDS's visibility hook counts them
+    assert devices_shown(0, []) == {"GPU": 0}
