@@ -31,7 +31,10 @@ from dds.model.snapshot import NodeInfo, PodInfo, Snapshot, Toleration
 from dds.planner import plan_scale_up
 from dds.planner.equip import equip_every_group
 from dds.planner.gangs import GANG_LARGER_THAN_CLUSTER, placed_pods, whole_gangs_after_cut
+from dds.planner.existing import FastExisting
 from dds.planner.memos import PlannerMemos
+from dds.planner.requests import RequestCache, scheduling_order
+from dds.planner.state import ClusterState
 
 # Condition reasons DDS writes (Kueue shows the message; the reason is for people and tools).
 REASON_ACCEPTED = "AcceptedByDDS"
@@ -265,18 +268,23 @@ def _capacity_lost(work: _Pass, request: ProvisioningRequest, consumers: Sequenc
     if not booked:
         return "no node booked for it is left (deleted)"
     usable = tuple(n for n in booked.values() if n.ready and not n.being_deleted)
-    view = replace(work.snapshot, nodes=usable, pools=(), upcoming_nodes={})
-    plan = plan_scale_up(view, replace(work.planner, allow_new_nodes=False), waiting, memos=PlannerMemos())
-    decisions = {d.pod: d for d in plan.decisions}
-    short = [p.key for p in waiting
-             if (decisions.get(p.key) is None or decisions[p.key].verdict != Verdict.FITS_NOW
-                 or decisions[p.key].node not in booked)]
+    memos = PlannerMemos()
+    cache = RequestCache(memos.requests)
+    live = FastExisting(ClusterState(replace(work.snapshot, nodes=usable, pools=(), upcoming_nodes={}), cache, None,
+                                     extra_pods=waiting, memos=memos), work.planner.policy)
+    short, why = 0, ""
+    for pod in sorted(waiting, key=scheduling_order):  # one after the other, each taking what it fits in
+        req = cache.get(pod)
+        choice = live.fits_now(req)
+        if choice is None:
+            short += 1
+            why = why or live.explain(req, with_gpus=False).summary()
+            continue
+        live.commit(req, choice)
     if not short:
         return ""
     states = "; ".join(f"{n.name} ({_node_state(n)})" for n in sorted(booked.values(), key=lambda n: n.name))
-    first = decisions.get(short[0])
-    why = f" ({first.reason})" if first is not None and first.reason else ""
-    return f"{len(short)} pod(s) no longer fit the booked nodes: {states}{why}"
+    return f"{short} pod(s) no longer fit the booked nodes: {states} ({why})"
 
 
 def _node_state(node: NodeInfo) -> str:

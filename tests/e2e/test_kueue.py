@@ -269,9 +269,14 @@ def test_a_job_that_attaches_cannot_serve_gets_a_node_too(run: KueueRun):
     # 3 x 4 GPUs: the two workers hold one pod each (4 slots), the third needs a node of its own.
     admission = submit(run, "train-node", pods=3, gpus=4)
 
-    nodes = check_served_by_its_booking(admission)
+    check_served_by_its_booking(admission)
     added = {n.metadata.name for n in run.stack.nodes()} - workers
-    assert len(added) == 1 and added <= nodes, (added, nodes)
+    # Provisioned on the two workers and the added node, one pod each. Where each pod then runs is kube-scheduler's:
+    # kwok ends a Job's pod as soon as it runs, so the last pod DDS lets onto the booking may take a worker the first
+    # two have already left (seen on a loaded machine), and the added node may run none of them.
+    provisioned = condition(admission.request, "Provisioned")
+    assert provisioned is not None and len(added) == 1, added
+    assert all(f"{node} (1 pod(s), 4 GPU(s)" in provisioned["message"] for node in workers | added), provisioned
     assert machineset_replicas(run.stack) == WORKERS + 1
     assert fabric_facts(run.stack).attached_count() == (WORKERS + 1) * SLOTS == POOL
 
@@ -454,7 +459,7 @@ def test_a_booked_node_lost_before_the_pods_bound_revokes_the_capacity_and_kueue
         found = condition(current, "CapacityRevoked")
         return found if found and found["status"] == "True" else None
     said = run.wait_for(f"{name} CapacityRevoked", revoked, ADMIT_TIMEOUT_S)
-    assert said["reason"] == "BookedCapacityLost" and lost in said["message"], said
+    assert said["reason"] == "BookedCapacityLost" and kept in said["message"], said
     warned = [e for e in events_of(run, "ProvisioningRequest", name) if e.reason == "CapacityRevoked"]
     assert warned and warned[0].type == "Warning" and warned[0].message == said["message"]
 
