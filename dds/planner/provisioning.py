@@ -25,8 +25,9 @@ from typing import Callable, Optional, Sequence
 
 from dds.model.groups import Taint
 from dds.model.plan import Attach, PlannerConfig, PodDecision, ScaleUpPlan, Verdict
-from dds.model.provisioning import (ACCEPTED, BOOKED_EFFECT, BOOKED_TAINT_KEY, BOOKING_EXPIRED, CAPACITY_REVOKED,
-                                    DEFAULT_CLASS, FAILED, PROVISIONED, ProvisioningRequest, ProvisioningView)
+from dds.model.provisioning import (ACCEPTED, BOOKED_EFFECT, BOOKED_TAINT_KEY, BOOKING_EXPIRED, CAPACITY_CONSUMED,
+                                    CAPACITY_REVOKED, DEFAULT_CLASS, FAILED, PROVISIONED, ProvisioningRequest,
+                                    ProvisioningView)
 from dds.model.snapshot import NodeInfo, PodInfo, Snapshot, Toleration
 from dds.planner import plan_scale_up
 from dds.planner.equip import equip_every_group
@@ -46,7 +47,7 @@ REASON_INVALID = "InvalidRequest"
 REASON_EXPIRED = "BookingExpired"
 # Provisioned stays True once every pod bound; the reason says the booking has served them (so a pod replaced later is
 # never taken for capacity lost). Kueue reads only the status once admitted (controller.go, syncCheckStates).
-REASON_CONSUMED = "CapacityConsumed"
+REASON_CONSUMED = CAPACITY_CONSUMED
 REASON_REVOKED = "BookedCapacityLost"  # CapacityRevoked=True: Kueue deactivates the job (it would wait for nothing)
 EVENT_REVOKED = "CapacityRevoked"
 
