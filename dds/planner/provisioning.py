@@ -271,8 +271,10 @@ def _capacity_lost(work: _Pass, request: ProvisioningRequest, consumers: Sequenc
     usable = tuple(n for n in booked.values() if n.ready and not n.being_deleted)
     memos = PlannerMemos()
     cache = RequestCache(memos.requests)
-    live = FastExisting(ClusterState(replace(work.snapshot, nodes=usable, pools=(), upcoming_nodes={}), cache, None,
-                                     extra_pods=waiting, memos=memos), work.planner.policy)
+    # The booked nodes and their pods only: a pass asks this of every booked request, not of the whole cluster.
+    on_them = tuple(p for n in usable for p in work.snapshot.pods_on(n.name))
+    view = replace(work.snapshot, nodes=usable, pods=on_them, pools=(), upcoming_nodes={}, ended_consumers=())
+    live = FastExisting(ClusterState(view, cache, None, extra_pods=waiting, memos=memos), work.planner.policy)
     short, why = 0, ""
     for pod in sorted(waiting, key=scheduling_order):  # one after the other, each taking what it fits in
         req = cache.get(pod)
