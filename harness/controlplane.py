@@ -77,6 +77,8 @@ CONTROLLER_MANAGER = "kube-controller-manager"  # optional: start_control_plane(
 RESOURCE_CLAIM_CONTROLLER = "resourceclaim-controller"
 # The Job controller (Jobs' pods made and counted): tests/e2e/test_kueue.py, where Kueue admits batch Jobs.
 JOB_CONTROLLER = "job-controller"
+# The garbage collector (dependents deleted with their owner): a deleted Job's Workload, ProvisioningRequest and pods.
+GARBAGE_COLLECTOR = "garbage-collector-controller"
 
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 ADMIN_USER = "dds-test-admin"

@@ -9,7 +9,7 @@ Each pass, before reservations and the fast path (so a request's gang gets its c
 | tolerate    | a pod consuming a provisioned request gets the booking's toleration                               |
 | attaches    | started through the applier, as every attach (key `provisioning/...`)                             |
 | new nodes   | the loop adds them through the applier (`Controller._add_nodes`), as for pods with claims         |
-| conditions  | written on the request (Accepted, Provisioned, Failed, BookingExpired), with an Event saying why |
+| conditions  | on the request (Accepted, Provisioned, Failed, BookingExpired, CapacityRevoked), an Event why    |
 
 A request whose node could not be booked this pass gets no condition written: `Provisioned=True` is never said of
 capacity another pod could still take; the next pass tries again. The taints are the state: after a restart, or with

@@ -5,7 +5,8 @@ Requests are listed in every namespace each pass (Kueue creates one per workload
 only those of DDS's class are decoded. Each request is read on its own: one a tenant wrote badly (a template missing
 or malformed, a count out of range, resources no pod could ask for) is returned with `error` set — the controller
 refuses it with an Event and `Failed` — and never stops the others. The templates are read only for requests still to
-provision (a provisioned request's pods are counted from its spec).
+provision, or provisioned and still booked (the booked nodes must still hold the pods to come: `CapacityRevoked`
+otherwise); for the others, and for a booked one whose template has gone, the pods are counted from the spec.
 
 A cluster that serves no ProvisioningRequest API (the CRD not installed: 404) has none; any other failure to list
 leaves the view incomplete, so no booking is released for a request that was merely not read.
@@ -22,8 +23,9 @@ from kubernetes import client
 
 from dds.kube.decode import noted_unreadable, pod_info, timestamp
 from dds.kube.errors import api_errors
-from dds.model.provisioning import (API_GROUP, API_VERSION, BOOKING_EXPIRED, FAILED, PLURAL, PROVISIONED, Condition,
-                                    PodSet, ProvisioningRequest, ProvisioningView)
+from dds.model.provisioning import (API_GROUP, API_VERSION, BOOKING_EXPIRED, CAPACITY_CONSUMED, CAPACITY_REVOKED,
+                                    FAILED, PLURAL, PROVISIONED, Condition, PodSet, ProvisioningRequest,
+                                    ProvisioningView)
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +142,16 @@ class ProvisioningRequestReader:
                                       timestamp(meta.get("creationTimestamp")), conditions=conditions)
         try:
             sets = pod_sets_of(obj)
-            if any(conditions.get(k) is not None and conditions[k].status == "True"
-                   for k in (PROVISIONED, FAILED, BOOKING_EXPIRED)):
-                # Planned no more: the count is all the controller needs (placeholder templates).
-                return _with_sets(request, [(pod_info({"metadata": {"name": t, "namespace": namespace}}), c)
-                                            for t, c in sets])
-            return _with_sets(request, [(self._template(namespace, t), c) for t, c in sets])
+            if not _booking_in_force(request) and any(request.is_true(k) for k in _PLANNED_NO_MORE):
+                return _with_sets(request, _placeholders(namespace, sets))  # the count is all that is needed
+            try:
+                return _with_sets(request, [(self._template(namespace, t), c) for t, c in sets])
+            except Exception:
+                if not _booking_in_force(request):
+                    raise
+                # A provisioned request is never refused for a template it was served on (gone, or not read this
+                # pass): the pods Kueue made from it say what they need.
+                return _with_sets(request, _placeholders(namespace, sets))
         except Exception as exc:  # a tenant's object: whatever is wrong with it, it alone is refused
             error = noted_unreadable("ProvisioningRequest", f"{namespace}/{name}", exc, "refused")
             return ProvisioningRequest(namespace, name, request.uid, request.created_at, conditions=conditions,
@@ -162,6 +168,20 @@ class ProvisioningRequestReader:
         pod = (body.get("template") or {})
         return pod_info({"metadata": {**(pod.get("metadata") or {}), "name": name, "namespace": namespace},
                          "spec": pod.get("spec") or {}})
+
+
+_PLANNED_NO_MORE = (PROVISIONED, FAILED, BOOKING_EXPIRED, CAPACITY_REVOKED)
+
+
+def _booking_in_force(request: ProvisioningRequest) -> bool:
+    """Provisioned and still booked for pods to come: not consumed, expired, failed or revoked."""
+    provisioned = request.conditions.get(PROVISIONED)
+    return (provisioned is not None and provisioned.status == "True" and provisioned.reason != CAPACITY_CONSUMED
+            and not any(request.is_true(k) for k in (FAILED, BOOKING_EXPIRED, CAPACITY_REVOKED)))
+
+
+def _placeholders(namespace: str, sets: Sequence[tuple[str, int]]) -> list[tuple[Any, int]]:
+    return [(pod_info({"metadata": {"name": t, "namespace": namespace}}), c) for t, c in sets]
 
 
 def _with_sets(request: ProvisioningRequest, sets: Sequence[tuple[Any, int]]) -> ProvisioningRequest:

@@ -29,6 +29,9 @@ PROVISIONED = "Provisioned"
 FAILED = "Failed"
 BOOKING_EXPIRED = "BookingExpired"
 CAPACITY_REVOKED = "CapacityRevoked"
+# DDS's reason on `Provisioned=True` once every pod of the request has bound: the booking has served them, nothing is
+# held for the request any more (dds/planner/provisioning.py), so its templates need not be read again.
+CAPACITY_CONSUMED = "CapacityConsumed"
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ I/O, no clock), what the control loop does for it (dds/controller/provisioning.p
 |---------------------------------------|---------------------------------------------------------------------------------------------|
 | malformed (`error`)                   | `Failed=True` (reason `InvalidRequest`), an Event; nothing planned                          |
 | not yet provisioned                   | its pod sets planned as one gang of virtual pending pods, all or nothing (gangs.py): attaches on live nodes first, new nodes only for what attaches cannot serve. The nodes it uses are booked (taint `dds.cdi.dev/booked-for=<uid>:NoSchedule`, which only its pods tolerate). All pods fit as the nodes are: `Provisioned=True`; GPUs or nodes still coming: `Provisioned=False` with what is coming; the gang does not fit whole: `Failed=True` with why, nothing booked or attached |
-| provisioned, pods not all bound       | its pods (annotation `autoscaling.x-k8s.io/consume-provisioning-request`) get the toleration; past `booking_seconds` after `Provisioned`: `BookingExpired=True`, the nodes released |
-| provisioned, pods all bound; failed; expired | its nodes released                                                                   |
+| provisioned, pods not all bound       | its pods (annotation `autoscaling.x-k8s.io/consume-provisioning-request`) get the toleration; the booked nodes, as they are, no longer hold the pods still to come (a node deleted, NotReady or being removed, GPUs failed or detached by someone else): `CapacityRevoked=True` with why, an Event, the nodes released (Kueue deactivates the job); past `booking_seconds` after `Provisioned`: `BookingExpired=True`, the nodes released |
+| provisioned, pods all bound           | its nodes released; `Provisioned` stays True with reason `CapacityConsumed` (the booking served its pods: a pod replaced later is never taken for capacity lost) |
+| failed; expired; revoked              | its nodes released                                                                          |
 | deleted (its uid on a node, no request) | its nodes released (only when every request was read)                                     |
 
 Why a taint and a toleration: the same reason as reservations (docs/reservations.md): kube-scheduler must not give
@@ -24,13 +25,17 @@ from typing import Callable, Optional, Sequence
 
 from dds.model.groups import Taint
 from dds.model.plan import Attach, PlannerConfig, PodDecision, ScaleUpPlan, Verdict
-from dds.model.provisioning import (ACCEPTED, BOOKED_EFFECT, BOOKED_TAINT_KEY, BOOKING_EXPIRED, DEFAULT_CLASS, FAILED,
-                                    PROVISIONED, ProvisioningRequest, ProvisioningView)
-from dds.model.snapshot import PodInfo, Snapshot, Toleration
+from dds.model.provisioning import (ACCEPTED, BOOKED_EFFECT, BOOKED_TAINT_KEY, BOOKING_EXPIRED, CAPACITY_CONSUMED,
+                                    CAPACITY_REVOKED, DEFAULT_CLASS, FAILED, PROVISIONED, ProvisioningRequest,
+                                    ProvisioningView)
+from dds.model.snapshot import NodeInfo, PodInfo, Snapshot, Toleration
 from dds.planner import plan_scale_up
 from dds.planner.equip import equip_every_group
 from dds.planner.gangs import GANG_LARGER_THAN_CLUSTER, placed_pods, whole_gangs_after_cut
+from dds.planner.existing import FastExisting
 from dds.planner.memos import PlannerMemos
+from dds.planner.requests import RequestCache, scheduling_order
+from dds.planner.state import ClusterState
 
 # Condition reasons DDS writes (Kueue shows the message; the reason is for people and tools).
 REASON_ACCEPTED = "AcceptedByDDS"
@@ -40,6 +45,11 @@ REASON_NOT_FOUND = "CapacityNotFound"
 REASON_TOO_LARGE = "LargerThanCluster"
 REASON_INVALID = "InvalidRequest"
 REASON_EXPIRED = "BookingExpired"
+# Provisioned stays True once every pod bound; the reason says the booking has served them (so a pod replaced later is
+# never taken for capacity lost). Kueue reads only the status once admitted (controller.go, syncCheckStates).
+REASON_CONSUMED = CAPACITY_CONSUMED
+REASON_REVOKED = "BookedCapacityLost"  # CapacityRevoked=True: Kueue deactivates the job (it would wait for nothing)
+EVENT_REVOKED = "CapacityRevoked"
 
 WithAttaches = Callable[[Snapshot, Sequence[Attach]], Snapshot]
 
@@ -56,7 +66,7 @@ class ProvisioningConfig:
 
 @dataclass(frozen=True)
 class ConditionChange:
-    kind: str  # Accepted, Provisioned, Failed, BookingExpired
+    kind: str  # Accepted, Provisioned, Failed, BookingExpired, CapacityRevoked
     status: str
     reason: str
     message: str
@@ -178,7 +188,7 @@ def _decide(work: _Pass, request: ProvisioningRequest) -> None:
                 ConditionChange(FAILED, "True", REASON_INVALID, request.error),), event_reason=REASON_INVALID,
                 event_message=f"refused: {request.error}", warning=True))
         return
-    if request.is_true(FAILED) or request.is_true(BOOKING_EXPIRED):
+    if request.is_true(FAILED) or request.is_true(BOOKING_EXPIRED) or request.is_true(CAPACITY_REVOKED):
         _release_nodes(work, request.uid)
         return
     if request.is_true(PROVISIONED):
@@ -201,19 +211,33 @@ def _consumers(snapshot: Snapshot, request: ProvisioningRequest) -> list[PodInfo
 
 
 def _provisioned(work: _Pass, request: ProvisioningRequest) -> None:
-    """Booked capacity waits for the request's pods: they tolerate it, and it is released once they are all bound or
-    the booking's bound has passed."""
-    if request.uid not in work.booked.values():
-        return  # released already (the pods bound, or the booking expired)
+    """Booked capacity waits for the request's pods: they tolerate it, and it is released once they are all bound
+    (`Provisioned` then says so), once the booking's bound has passed (`BookingExpired`), or once the booked nodes can
+    no longer hold the pods still to come (`CapacityRevoked`)."""
+    provisioned = request.conditions[PROVISIONED]
+    if provisioned.reason == REASON_CONSUMED:
+        return  # the booking served its pods: a pod replaced since is an ordinary pod
     pods = _consumers(work.snapshot, request)
     bound = sum(1 for p in pods if p.node_name is not None)
     if bound >= request.pods:
+        nodes = _booked_for(work, request.uid)
         _release_nodes(work, request.uid)
+        where = f"the booking on {', '.join(nodes)} is released" if nodes else "nothing is booked for them any more"
+        work.decisions.append(RequestDecision(request, (ConditionChange(
+            PROVISIONED, "True", REASON_CONSUMED, f"all {request.pods} pod(s) of the request bound: {where}"),)))
         return
-    provisioned = request.conditions[PROVISIONED]
+    lost = _capacity_lost(work, request, pods)
+    if lost:
+        _release_nodes(work, request.uid)
+        message = (f"{bound} of the request's {request.pods} pod(s) bound; the capacity booked for the others is "
+                   f"lost: {lost}; what is left of the booking is released")
+        work.decisions.append(RequestDecision(request, (
+            ConditionChange(CAPACITY_REVOKED, "True", REASON_REVOKED, message),), event_reason=EVENT_REVOKED,
+            event_message=message, warning=True))
+        return
     waited = work.snapshot.now - provisioned.since
     if waited >= work.config.booking_seconds:
-        nodes = sorted(n for n, token in work.booked.items() if token == request.uid)
+        nodes = _booked_for(work, request.uid)
         _release_nodes(work, request.uid)
         message = (f"{bound} of the request's {request.pods} pod(s) bound within {work.config.booking_seconds:.0f}s "
                    f"of Provisioned (provisioning_booking_seconds): the capacity booked on {', '.join(nodes)} is "
@@ -228,6 +252,63 @@ def _provisioned(work: _Pass, request: ProvisioningRequest) -> None:
             work.consumers.add(pod.key)
             if toleration not in pod.tolerations:
                 work.tolerate.append((pod.key, request.uid))
+
+
+def _booked_for(work: _Pass, uid: str) -> list[str]:
+    return sorted(n for n, token in work.booked.items() if token == uid)
+
+
+def _capacity_lost(work: _Pass, request: ProvisioningRequest, consumers: Sequence[PodInfo]) -> str:
+    """Why the nodes booked for a provisioned request can no longer hold its pods not bound yet, as they are now (a
+    booked node deleted, NotReady or being removed, booked GPUs failed or detached by someone else); "" while they
+    can. Only what is live and attached counts: no attach, no new node, no node of another booking."""
+    waiting = _waiting_pods(request, consumers)
+    if not waiting:
+        return ""
+    booked = {n.name: n for n in work.snapshot.nodes if work.booked.get(n.name) == request.uid}
+    if not booked:
+        return "no node booked for it is left (deleted)"
+    usable = tuple(n for n in booked.values() if n.ready and not n.being_deleted)
+    memos = PlannerMemos()
+    cache = RequestCache(memos.requests)
+    # The booked nodes and their pods only: a pass asks this of every booked request, not of the whole cluster.
+    on_them = tuple(p for n in usable for p in work.snapshot.pods_on(n.name))
+    view = replace(work.snapshot, nodes=usable, pods=on_them, pools=(), upcoming_nodes={}, ended_consumers=())
+    live = FastExisting(ClusterState(view, cache, None, extra_pods=waiting, memos=memos), work.planner.policy)
+    short, why = 0, ""
+    for pod in sorted(waiting, key=scheduling_order):  # one after the other, each taking what it fits in
+        req = cache.get(pod)
+        choice = live.fits_now(req)
+        if choice is None:
+            short += 1
+            why = why or live.explain(req, with_gpus=False).summary()
+            continue
+        live.commit(req, choice)
+    if not short:
+        return ""
+    states = "; ".join(f"{n.name} ({_node_state(n)})" for n in sorted(booked.values(), key=lambda n: n.name))
+    return f"{short} pod(s) no longer fit the booked nodes: {states} ({why})"
+
+
+def _node_state(node: NodeInfo) -> str:
+    state = "NotReady" if not node.ready else "being removed" if node.being_deleted else "Ready"
+    return f"{state}, {len(node.devices)} GPU(s) attached"
+
+
+def _waiting_pods(request: ProvisioningRequest, consumers: Sequence[PodInfo]) -> list[PodInfo]:
+    """The request's pods not bound yet, as the booking must hold them: those Kueue made that are pending (with the
+    booking's toleration), and for those not made yet the pod sets' templates (one per consumer crossed off, the one
+    of its shape first). Planned each on its own merits, not as a gang: only their joint fit is asked."""
+    toleration = booking_toleration(request.uid)
+    left = virtual_pods(request)
+    for consumer in consumers:
+        if not left:
+            break
+        same = next((i for i, v in enumerate(left) if v.containers == consumer.containers), 0)
+        del left[same]
+    pending = [p if toleration in p.tolerations else replace(p, tolerations=p.tolerations + (toleration,))
+               for p in consumers if p.node_name is None]
+    return [replace(p, pod_group=None, pod_group_min_member=0) for p in (*pending, *left)]
 
 
 def _provision(work: _Pass, request: ProvisioningRequest, accepted: tuple[ConditionChange, ...]) -> None:

@@ -147,6 +147,7 @@ def test_a_request_is_served_by_attaches_with_no_node_and_its_capacity_kept_for_
     assert booked(dds) == {}, "every pod of the request is bound: the booking ends"
     assert all(dds.events("Node", node, "BookingReleased") for node in nodes)
     assert is_true(dds, "job-a", "Provisioned") and condition(dds, "job-a", "Failed") is None
+    assert condition(dds, "job-a", "Provisioned")["reason"] == "CapacityConsumed", "the booking served its pods"
 
 
 def test_a_request_the_pool_cannot_serve_fails_and_nothing_is_attached(dds: ControllerHarness):
@@ -208,6 +209,24 @@ def test_a_booking_whose_pods_never_come_expires_and_is_released(dds: Controller
     assert dds.events("ProvisioningRequest", "job-c", "BookingExpired")
     assert booked(dds) == {}
     assert dds.events("Node", node, "BookingReleased")
+
+
+def test_a_booked_node_lost_before_the_pods_bind_revokes_the_capacity(dds: ControllerHarness):
+    """Provisioned on both workers; one is deleted before the job's pods come: the request says CapacityRevoked (so
+    Kueue deactivates the job rather than leave its pods waiting), with an Event, and the other worker is let go."""
+    provision(dds, "job-d", count=2, gpus=3)
+    uid = uid_of(dds, "job-d")
+    assert set(booked(dds).values()) == {uid} and len(booked(dds)) == 2
+    lost, kept = sorted(booked(dds))
+    dds.core.delete_node(lost)
+    wait_for(f"{lost} gone", lambda: lost not in {n.metadata.name for n in dds.core.list_node().items})
+    passes_until(dds, "job-d CapacityRevoked", lambda: is_true(dds, "job-d", "CapacityRevoked"))
+    revoked = condition(dds, "job-d", "CapacityRevoked")
+    assert revoked is not None and revoked["status"] == "True" and revoked["reason"] == "BookedCapacityLost"
+    assert "0 of the request's 2 pod(s) bound" in revoked["message"] and kept in revoked["message"]
+    assert [e.message for e in dds.events("ProvisioningRequest", "job-d", "CapacityRevoked")] == [revoked["message"]]
+    assert booked(dds) == {} and dds.events("Node", kept, "BookingReleased")
+    assert is_true(dds, "job-d", "Provisioned"), "what was provisioned is not unsaid, only revoked"
 
 
 def test_with_the_api_served_at_start_requests_are_watched_and_read_without_a_list(dds: ControllerHarness):

@@ -119,3 +119,24 @@ def test_each_request_is_read_on_its_own_and_a_hostile_one_refused_alone():
 def test_a_list_that_fails_leaves_the_view_incomplete_and_an_api_not_served_has_no_request():
     assert reader([], list_error=client.ApiException(status=500, reason="boom")).read().complete is False
     assert reader([], list_error=client.ApiException(status=404, reason="Not Found")).read() == ProvisioningView()
+
+
+def provisioned(obj: dict, reason: str = "CapacityAttached", **more: str) -> dict:
+    conditions = [{"type": "Provisioned", "status": "True", "reason": reason, "message": ""}]
+    conditions += [{"type": kind, "status": status, "reason": "R", "message": ""} for kind, status in more.items()]
+    return {**obj, "status": {"conditions": conditions}}
+
+
+def test_a_provisioned_request_still_booked_is_read_with_its_templates_and_never_refused_for_them():
+    """While booked, DDS checks that the booked nodes still hold the pods to come (CapacityRevoked otherwise): their
+    templates say what they need. Once the booking is over, the count is all that is read."""
+    items = [provisioned(request("booked", pod_set("ok", 2))),
+             provisioned(request("template-gone", pod_set("nowhere"))),
+             provisioned(request("consumed", pod_set("ok")), reason="CapacityConsumed"),
+             provisioned(request("expired", pod_set("ok")), BookingExpired="True"),
+             provisioned(request("revoked", pod_set("ok")), CapacityRevoked="True")]
+    by_name = {r.name: r for r in reader(items, {"ok": GPU_POD}).read().requests}
+    assert by_name["booked"].pod_sets[0].template.containers[0].requests.scalar == {"nvidia.com/gpu": 2}
+    assert by_name["template-gone"].error is None and by_name["template-gone"].pods == 1
+    for name in ("template-gone", "consumed", "expired", "revoked"):
+        assert by_name[name].error is None and by_name[name].pod_sets[0].template.containers == (), name

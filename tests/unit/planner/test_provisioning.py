@@ -6,12 +6,12 @@ from dataclasses import replace
 
 from dds.model.groups import Taint
 from dds.model.plan import PlannerConfig
-from dds.model.provisioning import (ACCEPTED, BOOKED_TAINT_KEY, BOOKING_EXPIRED, FAILED, PROVISIONED, Condition,
-                                    PodSet, ProvisioningRequest, ProvisioningView)
+from dds.model.provisioning import (ACCEPTED, BOOKED_TAINT_KEY, BOOKING_EXPIRED, CAPACITY_REVOKED, FAILED, PROVISIONED,
+                                    Condition, PodSet, ProvisioningRequest, ProvisioningView)
 from dds.planner.passes import PassInputs, PassSettings, plan_pass, with_attaches
-from dds.planner.provisioning import (REASON_EXPIRED, REASON_INVALID, REASON_NOT_FOUND, REASON_PROVISIONED,
-                                      REASON_PROVISIONING, REASON_TOO_LARGE, ProvisioningConfig, booking_toleration,
-                                      plan_provisioning, virtual_pods)
+from dds.planner.provisioning import (EVENT_REVOKED, REASON_CONSUMED, REASON_EXPIRED, REASON_INVALID, REASON_NOT_FOUND,
+                                      REASON_PROVISIONED, REASON_PROVISIONING, REASON_REVOKED, REASON_TOO_LARGE,
+                                      ProvisioningConfig, booking_toleration, plan_provisioning, virtual_pods)
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
 
 GROUP = make_group(replicas=2, max_size=2, max_gpus=4)
@@ -127,7 +127,10 @@ def test_once_every_pod_is_bound_the_booking_is_released():
     pods = [replace(make_pod(f"p{i}", gpus=2, namespace="team", node="w1"), consumes_provisioning_request="job-a")
             for i in range(2)]
     out = plan(make_snapshot(nodes, pods, groups=[GROUP]), request(conditions=provisioned))
-    assert out.release == ("w1",) and out.decisions == ()
+    assert out.release == ("w1",)
+    (decision,) = out.decisions  # Provisioned stays True and says the booking served its pods (no Event)
+    assert kinds(decision) == {PROVISIONED: ("True", REASON_CONSUMED)} and not decision.event_reason
+    assert "all 2 pod(s)" in decision.conditions[0].message and "w1" in decision.conditions[0].message
 
 
 def test_pods_that_bound_and_ended_between_two_passes_count_as_bound():
@@ -139,7 +142,7 @@ def test_pods_that_bound_and_ended_between_two_passes_count_as_bound():
     ended = replace(make_pod("p1", gpus=2, namespace="team", node="w1"), consumes_provisioning_request="job-a")
     snapshot = replace(make_snapshot(nodes, [ran], groups=[GROUP]), ended_consumers=(ended,))
     out = plan(snapshot, request(conditions=provisioned))
-    assert out.release == ("w1",) and out.decisions == ()
+    assert out.release == ("w1",) and [kinds(d) for d in out.decisions] == [{PROVISIONED: ("True", REASON_CONSUMED)}]
     assert plan(make_snapshot(nodes, [ran], groups=[GROUP]), request(conditions=provisioned)).release == (), \
         "one of two pods bound: still booked"
 
@@ -212,3 +215,90 @@ def test_a_node_booked_for_a_placement_the_plan_no_longer_uses_is_released():
     assert out.release == ("w2",) and out.booked == {"w1"}
     (decision,) = out.decisions
     assert kinds(decision) == {PROVISIONED: ("True", REASON_PROVISIONED)}
+
+
+# --- capacity revoked: what DDS said was Provisioned is lost before the request's pods take it ---
+
+PROVISIONED_AT_900 = {ACCEPTED: Condition("True", "", ""),
+                      PROVISIONED: Condition("True", REASON_PROVISIONED, "", since=900.0)}
+
+
+def consumer(name: str, gpus: int = 2, node=None, uid: str = "uid-job-a"):
+    pod = replace(make_pod(name, gpus=gpus, namespace="team", node=node), consumes_provisioning_request="job-a")
+    return pod if node else replace(pod, tolerations=pod.tolerations + (booking_toleration(uid),))
+
+
+def revoked(out) -> str:
+    (decision,) = out.decisions
+    assert kinds(decision) == {CAPACITY_REVOKED: ("True", REASON_REVOKED)}
+    assert decision.event_reason == EVENT_REVOKED and decision.warning
+    assert decision.event_message == decision.conditions[0].message
+    return decision.conditions[0].message
+
+
+def test_capacity_that_still_holds_the_pods_is_not_revoked():
+    nodes = [make_node("w1", gpus=2, taints=[booked("uid-job-a")]),
+             make_node("w2", gpus=2, taints=[booked("uid-job-a")])]
+    out = plan(make_snapshot(nodes, groups=[GROUP], pools=[make_pool(A30=0)]),
+               request(pods=2, gpus=2, conditions=PROVISIONED_AT_900))
+    assert out.decisions == () and out.release == () and out.booked == {"w1", "w2"}
+
+
+def test_a_booked_node_deleted_before_the_pods_came_revokes_the_capacity_and_releases_the_rest():
+    """w2 is gone (deleted with its GPUs): the second pod has nowhere to go; w1's booking is let go too."""
+    nodes = [make_node("w1", gpus=2, taints=[booked("uid-job-a")]), make_node("w2", gpus=4)]
+    out = plan(make_snapshot(nodes, groups=[GROUP], pools=[make_pool(A30=4)]),
+               request(pods=2, gpus=2, conditions=PROVISIONED_AT_900))
+    message = revoked(out)
+    assert out.release == ("w1",) and out.booked == frozenset()
+    assert "0 of the request's 2 pod(s) bound" in message and "w1 (Ready, 2 GPU(s) attached)" in message
+    assert out.attaches == () and out.new_nodes is None, "a revoked request is not provisioned again"
+
+
+def test_every_booked_node_deleted_revokes_the_capacity():
+    nodes = [make_node("w9", gpus=4)]
+    message = revoked(plan(make_snapshot(nodes, groups=[GROUP]),
+                           request(pods=1, gpus=2, conditions=PROVISIONED_AT_900)))
+    assert "no node booked for it is left" in message
+
+
+def test_a_booked_node_gone_notready_or_being_removed_no_longer_counts():
+    for lost in ({"ready": False}, {"being_deleted": True}):
+        node = replace(make_node("w1", gpus=4, taints=[booked("uid-job-a")]), **lost)
+        message = revoked(plan(make_snapshot([node], groups=[GROUP]),
+                               request(pods=2, gpus=2, conditions=PROVISIONED_AT_900)))
+        assert ("NotReady" if "ready" in lost else "being removed") in message
+
+
+def test_booked_gpus_failed_or_detached_by_someone_else_revoke_the_capacity_of_the_pods_still_to_come():
+    """One pod bound on w1 and running; the other pod's 2 GPUs on w2 are down to 1: it no longer fits."""
+    nodes = [make_node("w1", gpus=2, taints=[booked("uid-job-a")]),
+             make_node("w2", gpus=1, taints=[booked("uid-job-a")])]
+    pods = [consumer("job-a-0", node="w1"), consumer("job-a-1")]
+    message = revoked(plan(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=4)]),
+                           request(pods=2, gpus=2, conditions=PROVISIONED_AT_900)))
+    assert "1 of the request's 2 pod(s) bound" in message and "w2 (Ready, 1 GPU(s) attached)" in message
+
+
+def test_pods_bound_elsewhere_leave_the_booking_only_the_pods_still_to_come():
+    """One pod bound on a node outside the booking: w1's 2 GPUs hold the other one; nothing is revoked."""
+    nodes = [make_node("w1", gpus=2, taints=[booked("uid-job-a")]), make_node("w2", gpus=2)]
+    pods = [consumer("job-a-0", node="w2")]
+    out = plan(make_snapshot(nodes, pods, groups=[GROUP]), request(pods=2, gpus=2, conditions=PROVISIONED_AT_900))
+    assert out.decisions == () and out.booked == {"w1"}
+
+
+def test_a_consumed_booking_is_never_revoked_even_when_its_pods_are_replaced_later():
+    """Every pod bound once (Provisioned says CapacityConsumed); a pod deleted and recreated by its Job, its node gone:
+    an ordinary pending pod, not capacity lost."""
+    consumed = {PROVISIONED: Condition("True", REASON_CONSUMED, "", since=900.0)}
+    out = plan(make_snapshot([make_node("w2")], [consumer("job-a-2")], groups=[GROUP]),
+               request(pods=2, gpus=2, conditions=consumed))
+    assert out.decisions == () and out.tolerate == () and out.consumers == frozenset()
+
+
+def test_a_revoked_request_keeps_nothing_booked():
+    nodes = [make_node("w1", gpus=2, taints=[booked("uid-job-a")])]
+    gone = {**PROVISIONED_AT_900, CAPACITY_REVOKED: Condition("True", REASON_REVOKED, "")}
+    out = plan(make_snapshot(nodes, groups=[GROUP]), request(conditions=gone))
+    assert out.release == ("w1",) and out.decisions == ()
