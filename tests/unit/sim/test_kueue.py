@@ -53,7 +53,8 @@ def test_dds_serves_the_request_by_attaches_where_node_only_adds_a_whole_server(
     assert dds.counters.nodes_added == 0 and dds.counters.gpus_attached >= 4
     assert {j.node for j in dds.jobs} <= {"workers-0", "workers-1"}
     request = simulation._kueue.workloads["train"].request
-    assert request.conditions[PROVISIONED].reason == "CapacityAttached"
+    # Provisioned by attaches, then consumed: every pod bound on the capacity booked for it.
+    assert (request.conditions[PROVISIONED].status, request.conditions[PROVISIONED].reason) == ("True", "CapacityConsumed")
     # CA: two pods fit the two servers' own 2 GPUs; the other two get one new 8-GPU server, where the pods start.
     assert nodes_only.counters.nodes_added == 1 and nodes_only.counters.gpus_attached == 0
     assert "workers-2" in {j.node for j in nodes_only.jobs}
