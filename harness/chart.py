@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from harness.install import AdminApi
+from harness.install import RBAC_COLLECTIONS, AdminApi
 from harness.versions import SHARED_PINS, active_profile, read_pins
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,17 +28,12 @@ SETTINGS_CONFIGMAP_KEY = "settings.yaml"
 
 # Where each rendered kind is created (namespace filled from the object).
 COLLECTIONS: Mapping[tuple[str, str], str] = {
-    ("v1", "ServiceAccount"): "/api/v1/namespaces/{namespace}/serviceaccounts",
+    **RBAC_COLLECTIONS,
     ("v1", "ConfigMap"): "/api/v1/namespaces/{namespace}/configmaps",
     ("v1", "Service"): "/api/v1/namespaces/{namespace}/services",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments",
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
     ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies",
-    ("rbac.authorization.k8s.io/v1", "ClusterRole"): "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-    ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"):
-        "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"):
         "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"):
