@@ -55,7 +55,7 @@ import yaml
 
 from dds import certs
 from harness.controlplane import ControlPlane, ManagedProcess, free_ports
-from harness.install import AdminApi, as_installed, yaml_documents
+from harness.install import RBAC_COLLECTIONS, AdminApi, as_installed, yaml_documents
 # Restarted by the operator after an attach or detach in DEVICE_PLUGIN mode (internal/controller); the node agent
 # plays their pods.
 from harness.gpu_node_agent import GPU_OPERATOR_DAEMONSETS
@@ -239,13 +239,8 @@ def missing_rbac() -> list[dict[str, Any]]:
 _COLLECTIONS = {
     ("v1", "Namespace"): "/api/v1/namespaces",
     ("v1", "Secret"): "/api/v1/namespaces/{namespace}/secrets",
-    ("v1", "ServiceAccount"): "/api/v1/namespaces/{namespace}/serviceaccounts",
+    **RBAC_COLLECTIONS,
     ("apps/v1", "DaemonSet"): "/apis/apps/v1/namespaces/{namespace}/daemonsets",
-    ("rbac.authorization.k8s.io/v1", "ClusterRole"): "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-    ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"):
-        "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
     ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration"):
         "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"):

@@ -26,6 +26,15 @@ _POLL_S = 0.1
 CUSTOM_RESOURCE_DEFINITIONS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 CLUSTER_ROLES = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
 _NAMESPACED_RBAC = {"ServiceAccount", "Role", "RoleBinding"}
+_RBAC = "rbac.authorization.k8s.io/v1"
+# `AdminApi` collections of a ServiceAccount and its RBAC, which every shipped install has ({namespace} from the object).
+RBAC_COLLECTIONS = {
+    ("v1", "ServiceAccount"): "/api/v1/namespaces/{namespace}/serviceaccounts",
+    (_RBAC, "ClusterRole"): f"/apis/{_RBAC}/clusterroles",
+    (_RBAC, "ClusterRoleBinding"): f"/apis/{_RBAC}/clusterrolebindings",
+    (_RBAC, "Role"): f"/apis/{_RBAC}/namespaces/{{namespace}}/roles",
+    (_RBAC, "RoleBinding"): f"/apis/{_RBAC}/namespaces/{{namespace}}/rolebindings",
+}
 
 
 def yaml_documents(path: Path) -> list[dict[str, Any]]:

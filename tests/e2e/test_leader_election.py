@@ -34,9 +34,9 @@ from kubernetes import client
 
 from dds import certs
 from harness.autoscaler import free_port
-from dds.kube.leader_label import LEADER_LABEL, LEADER_VALUE
-from harness.forwarder import Backend, ReadyForwarder, Route
+from harness.forwarder import ReadyForwarder, Route
 from harness.invariants import wait_converged
+from harness.replicas import Replica, create_replica_pod
 from harness.stack import (DDS_NAMESPACE, WORKLOAD_NAMESPACE, DdsProcess, Stack, StackOptions, gpus_allocatable,
                                is_ready, pod, start_stack)
 from tests.e2e.cluster_facts import (DdsEvent, ProviderClient, check_no_double_action, dds_events, describe,
@@ -52,28 +52,6 @@ JITTERED_RETRY = RETRY_PERIOD * 2.2
 HANDOVER_BOUND = LEASE_DURATION + 2 * JITTERED_RETRY + 1.0  # + 1 s for the API round trips and the /readyz poll
 POOL_SIZE = 8
 STEP_TIMEOUT = 150.0
-
-
-@dataclass
-class Replica:
-    identity: str
-    config: Path
-    grpc_port: int
-    process: Optional[DdsProcess] = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def labelled(self, core: client.CoreV1Api) -> bool:
-        """Whether the Service's selector picks this replica's Pod (the leader's label)."""
-        labels = core.read_namespaced_pod(self.identity, DDS_NAMESPACE).metadata.labels or {}
-        return labels.get(LEADER_LABEL) == LEADER_VALUE
-
-    def backend(self, core: client.CoreV1Api) -> Backend:
-        process = self.process
-        return Backend(self.identity, "127.0.0.1", self.grpc_port,
-                       lambda: process is not None and process.ready() and self.labelled(core))
 
 
 @dataclass
@@ -122,11 +100,7 @@ class Scenario:
                           "renew_deadline_seconds": RENEW_DEADLINE, "retry_period_seconds": RETRY_PERIOD},
             dds_env={"POD_NAME": "dds-a"}))
         for identity in ("dds-a", "dds-b"):  # dds-a's label is written by its next pass once its Pod is there
-            self.stack.core.create_namespaced_pod(DDS_NAMESPACE, {
-                "metadata": {"name": identity, "labels": {"app.kubernetes.io/name": "dds"}},
-                "spec": {"schedulerName": "nobody", "containers": [{"name": "dds", "image": "example.com/dds:1"}]}})
-            # Running, as the kubelet of the node the replica runs on would report it (the processes run here).
-            self.stack.core.patch_namespaced_pod_status(identity, DDS_NAMESPACE, {"status": {"phase": "Running"}})
+            create_replica_pod(self.stack.core, identity)
         self.extra: list[DdsProcess] = []
         self.forwarder: Optional[ReadyForwarder] = None
 

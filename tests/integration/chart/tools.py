@@ -11,21 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.versions import SHARED_PINS, active_profile, read_pins
+from harness.chart import CHART, KUBE_VERSION, tools_dir
 
 ROOT = Path(__file__).resolve().parents[3]
-CHART = ROOT / "charts" / "dds"
 RULES = CHART / "files" / "prometheus-rules.yaml"
 DASHBOARD = CHART / "files" / "dashboard.json"
-# The Kubernetes version `helm template` and `helm lint` assume (Capabilities.KubeVersion, the chart's kubeVersion):
-# the one the tests' control plane runs (DDS_K8S_PROFILE, harness/versions.py).
-KUBE_VERSION = active_profile().kubernetes_version.lstrip("v")
-
-
-def tools_dir() -> Path:
-    pins = read_pins(SHARED_PINS)
-    cache = Path(os.environ.get("DDS_BIN_CACHE", Path.home() / ".cache" / "dds" / "bin"))
-    return cache / f"tools-helm-{pins['HELM_VERSION']}-promtool-{pins['PROMETHEUS_VERSION']}"
 
 
 def tool(name: str) -> Path:
