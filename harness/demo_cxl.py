@@ -15,7 +15,7 @@ from typing import Any
 
 from dds.model.cxl import cxl_model
 from dds.model.groups import ANN_CXL_MEMORY_CHUNK, ANN_MAX_CXL_MEMORY
-from harness.demo import Demo, DemoOptions
+from harness.demo import Demo, DemoOptions, memory_counted
 
 GiB = 2**30
 CHUNK_GIB = 16
@@ -44,4 +44,10 @@ class CxlDemo(Demo):
         return f"mem-0 and mem-1 Running {seconds:.1f}s after creation, on {where} (memory now: {grown})"
 
     def memory_settled(self, node: Any) -> bool:
-        return int(node.status.allocatable["memory"]) == WORKER_MEMORY_GIB * GiB
+        """The node at its own memory again, and every chunk back in the pool: a node stops showing a chunk when its
+        detach starts (memory goes offline before it is unplugged), the fabric has it back only when the detach ends."""
+        if int(node.status.allocatable["memory"]) != WORKER_MEMORY_GIB * GiB:
+            return False
+        metrics = self.dds.metrics()
+        return memory_counted(metrics, "dds_cxl_memory_chunks_detached_total") \
+            >= memory_counted(metrics, "dds_cxl_memory_chunks_attached_total")
