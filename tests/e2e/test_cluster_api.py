@@ -8,7 +8,9 @@ MachineSet's Machines are made by Cluster API's controllers and their hosts by t
    and its Node; the host held no GPU when it went, and the pool is whole;
 4. a Machine deleted by someone else while its node holds GPUs: Cluster API drains it and waits on DDS's pre-terminate
    hook with the GPUs still attached and the host up; DDS detaches them; only then the host goes; the pool is whole,
-   and Cluster API replaces the Machine.
+   and Cluster API replaces the Machine;
+5. a MachineDeployment node group scaled up and down by CA: DDS raises the MachineDeployment's replicas, Cluster API's
+   MachineDeployment and MachineSet controllers make the Machine; the empty node goes by the Machine DDS chose.
 """
 
 from __future__ import annotations
@@ -20,9 +22,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from dds.config import Settings
 from dds.controller.observe import machine_refs
 from dds.kube.capi import DDS_PRE_TERMINATE_HOOK
-from harness.stack import Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
+from harness import kwok_provider
+from harness.kwok_provider import infrastructure_ref
+from harness.stack import (Stack, StackOptions, cluster_api_machineset, gpus_allocatable, group_of, is_ready, pod,
+                           start_stack)
 from tests.e2e.cluster_facts import describe, fabric_facts, pods_running
 
 pytestmark = pytest.mark.e2e
@@ -32,6 +38,8 @@ POOL = 8
 TIMEOUT = 180.0
 NODE_IDLE_COOLDOWN_SECONDS = 20.0
 DETACH_LATENCY = (8.0, 10.0)  # long enough to see Cluster API waiting on DDS's hook while a detach runs
+PROVISIONING_SECONDS = 5.0
+MACHINEDEPLOYMENT, INSTANCE_TYPE, MD_INSTANCE_TYPE = "gpu-deployment", "node.kubernetes.io/instance-type", "cdi-md"
 
 
 def machines(stack: Stack) -> list[dict[str, Any]]:
@@ -80,7 +88,7 @@ def wait_for_host_removed(stack: Stack, host: str, node: str, timeout: float) ->
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     options = StackOptions(cluster_api=True, workers=1, pool_size=POOL, attach_latency=(2.0, 3.0),
-                           detach_latency=DETACH_LATENCY, node_provisioning_seconds=5.0,
+                           detach_latency=DETACH_LATENCY, node_provisioning_seconds=PROVISIONING_SECONDS,
                            gpu_idle_cooldown_seconds=600.0, node_idle_cooldown_seconds=NODE_IDLE_COOLDOWN_SECONDS)
     with start_stack(tmp_path_factory.mktemp("cluster-api"), options) as started:
         started.wait_for("a Ready worker of a real Machine with its boot GPU",
@@ -142,7 +150,8 @@ def test_the_empty_node_goes_by_the_machine_dds_chose(stack: Stack) -> None:
     assert any(node in (e.message or "") for e in removing), [e.message for e in removing]
 
 
-def test_a_machine_deleted_by_someone_else_waits_on_ddss_hook_until_its_gpus_are_back(stack: Stack) -> None:
+def test_a_machine_deleted_by_someone_else_waits_on_ddss_hook_until_its_gpus_are_back(stack: Stack,
+                                                                                      capsys: Any) -> None:
     node = node_of_pod(stack, "gpu-0")
     machine = machine_of_node(stack, node)["metadata"]["name"]
     held = gpus_allocatable(stack.core.read_node(node))
@@ -153,6 +162,7 @@ def test_a_machine_deleted_by_someone_else_waits_on_ddss_hook_until_its_gpus_are
     stack.core.delete_namespaced_pod("gpu-0", "demo", grace_period_seconds=0)
     stack.wait_for("gpu-0 gone", lambda: "gpu-0" not in {p.metadata.name for p in stack.pods()}, 60.0)
 
+    deleted = time.monotonic()
     custom.delete_namespaced_custom_object(CAPI, V1BETA2, NAMESPACE, "machines", machine)  # a user, a health check
 
     def waiting_with_gpus() -> bool:
@@ -163,10 +173,17 @@ def test_a_machine_deleted_by_someone_else_waits_on_ddss_hook_until_its_gpus_are
 
     stack.wait_for(f"Machine {machine} drained and held by DDS's hook with its GPUs attached and its host up",
                    waiting_with_gpus, 60.0, lambda: describe(stack), interval=0.2)
+    held_s = time.monotonic() - deleted
     assert wait_for_host_removed(stack, machine, node, TIMEOUT) == [], "the host went with GPUs attached"
+    host_s = time.monotonic() - deleted
     stack.wait_for(f"Machine {machine} gone", lambda: machine not in {m["metadata"]["name"] for m in machines(stack)},
                    TIMEOUT, lambda: describe(stack))
     stack.wait_for(f"Node {node} deleted by Cluster API", lambda: node not in node_names(stack), 60.0)
+    gone_s = time.monotonic() - deleted
+    with capsys.disabled():
+        print(f"\nCluster API {stack.cluster_api.version}, removal of a node holding {held} GPUs: Machine deleted -> "
+              f"drained and held by DDS's hook {held_s:.1f}s -> GPUs detached, host gone {host_s:.1f}s -> Machine "
+              f"and Node gone {gone_s:.1f}s (fabric detach {DETACH_LATENCY[0]:g}-{DETACH_LATENCY[1]:g}s)", flush=True)
     # The replacement Cluster API makes gets its boot GPU from the pool the detach refilled.
     started = time.monotonic()
     stack.wait_for("a replacement Machine's node Ready with its boot GPU", lambda: [
@@ -175,3 +192,75 @@ def test_a_machine_deleted_by_someone_else_waits_on_ddss_hook_until_its_gpus_are
     assert machineset_replicas(stack) == 1
     stack.wait_for("the pool whole", lambda: pool_whole(stack, 1), 30.0,
                    lambda: f"{fabric_facts(stack).attached()} after {time.monotonic() - started:.0f}s")
+
+
+# --- a MachineDeployment node group, scaled by CA through DDS; Cluster API's MachineDeployment and MachineSet
+# controllers make and delete its Machines ---
+
+def machinedeployment(stack: Stack) -> dict[str, Any]:
+    """The example group as a MachineDeployment of its own hosts (instance type MD_INSTANCE_TYPE), 0 to 2 nodes: a pod
+    selecting that instance type fits only this group, so CA's choice among the groups is not left to its expander."""
+    obj = cluster_api_machineset(stack.options)
+    obj["kind"], obj["metadata"]["name"] = "MachineDeployment", MACHINEDEPLOYMENT
+    obj["spec"]["replicas"] = 0
+    labels = {"cluster.x-k8s.io/cluster-name": obj["spec"]["clusterName"],
+              "cluster.x-k8s.io/deployment-name": MACHINEDEPLOYMENT}
+    obj["spec"]["selector"] = {"matchLabels": labels}
+    obj["spec"]["template"]["metadata"]["labels"] = labels
+    obj["spec"]["template"]["spec"]["infrastructureRef"] = infrastructure_ref(MACHINEDEPLOYMENT)
+    annotations = obj["metadata"]["annotations"]
+    annotations["cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size"] = "0"
+    annotations["cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size"] = "2"
+    annotations["capacity.cluster-autoscaler.kubernetes.io/labels"] = f"{INSTANCE_TYPE}={MD_INSTANCE_TYPE}"
+    return obj
+
+
+def deployment_replicas(stack: Stack) -> tuple[int, list[int]]:
+    """The MachineDeployment's replicas and those of the MachineSets it owns."""
+    custom = client.CustomObjectsApi(stack.api)
+    deployment = custom.get_namespaced_custom_object(CAPI, V1BETA2, NAMESPACE, "machinedeployments", MACHINEDEPLOYMENT)
+    owned = [s["spec"]["replicas"] for s in custom.list_namespaced_custom_object(
+        CAPI, V1BETA2, NAMESPACE, "machinesets")["items"]
+        if any(o["kind"] == "MachineDeployment" for o in s["metadata"].get("ownerReferences") or ())]
+    return deployment["spec"]["replicas"], owned
+
+
+def test_a_machinedeployment_group_is_scaled_up_and_down_by_the_real_ca(stack: Stack, capsys: Any) -> None:
+    obj = machinedeployment(stack)
+    gpu_label = stack.options.dds_settings.get("gpu_label", Settings.model_fields["gpu_label"].default)
+    kwok_provider.create_template(stack.cluster_api.admin_api(), kwok_provider.machine_template(
+        NAMESPACE, MACHINEDEPLOYMENT, kwok_provider.node_shape(group_of(obj), gpu_label)))
+    client.CustomObjectsApi(stack.api).create_namespaced_custom_object(CAPI, V1BETA2, NAMESPACE,
+                                                                       "machinedeployments", obj)
+    group = f"MachineDeployment/{NAMESPACE}/{MACHINEDEPLOYMENT}"
+    manifest = pod("md-0", memory_gib=8)
+    manifest["spec"]["nodeSelector"] = {INSTANCE_TYPE: MD_INSTANCE_TYPE}
+    created = time.monotonic()
+    stack.core.create_namespaced_pod("demo", manifest)
+
+    stack.wait_for("md-0 Running on a node of the MachineDeployment", lambda: pods_running(stack, ["md-0"]), TIMEOUT,
+                   lambda: f"{describe(stack)}; CA log {stack.autoscaler.log_path}")
+    pending_to_running = time.monotonic() - created
+    node = node_of_pod(stack, "md-0")
+    machine = stack.wait_for(f"a Machine's nodeRef naming {node}", lambda: [
+        m for m in machines(stack) if ((m.get("status") or {}).get("nodeRef") or {}).get("name") == node], 60.0)[0]
+    assert [r.group_id for r in machine_refs([machine])] == [group]
+    assert deployment_replicas(stack) == (1, [1]), "DDS scales the MachineDeployment, its controller the MachineSet"
+    name = machine["metadata"]["name"]
+    others = {m["metadata"]["name"] for m in machines(stack)} - {name}
+
+    stack.core.delete_namespaced_pod("md-0", "demo", grace_period_seconds=0)
+    emptied = time.monotonic()
+    assert wait_for_host_removed(stack, name, node, NODE_IDLE_COOLDOWN_SECONDS + TIMEOUT) == [], \
+        "the host went with GPUs attached"
+    stack.wait_for(f"Machine {name} gone", lambda: name not in {m["metadata"]["name"] for m in machines(stack)},
+                   TIMEOUT, lambda: describe(stack))
+    removed = time.monotonic() - emptied
+    stack.wait_for(f"Node {node} deleted by Cluster API", lambda: node not in node_names(stack), 60.0)
+    assert {m["metadata"]["name"] for m in machines(stack)} == others, "Cluster API deleted another Machine"
+    assert deployment_replicas(stack) == (0, [0])
+    stack.wait_for("the pool whole", lambda: pool_whole(stack, 1), 30.0, lambda: str(fabric_facts(stack).attached()))
+    with capsys.disabled():
+        print(f"\nCluster API {stack.cluster_api.version}, MachineDeployment group: a pod needing a node Pending -> "
+              f"Running in {pending_to_running:.1f}s (provisioning delay {PROVISIONING_SECONDS:g}s); its node emptied "
+              f"-> Machine gone in {removed:.1f}s (node idle cooldown {NODE_IDLE_COOLDOWN_SECONDS:g}s)", flush=True)
