@@ -10,7 +10,9 @@ MachineSet's Machines are made by Cluster API's controllers and their hosts by t
    hook with the GPUs still attached and the host up; DDS detaches them; only then the host goes; the pool is whole,
    and Cluster API replaces the Machine;
 5. a MachineDeployment node group scaled up and down by CA: DDS raises the MachineDeployment's replicas, Cluster API's
-   MachineDeployment and MachineSet controllers make the Machine; the empty node goes by the Machine DDS chose.
+   MachineDeployment and MachineSet controllers make the Machine; the empty node goes by the Machine DDS chose;
+6. a Machine held by DDS's hook (its boot GPU detaching) while two pods each need a whole node: its replacement serves
+   one, CA's scale-up (asked while the Machine is held) the other; no Machine more, every device counted once.
 """
 
 from __future__ import annotations
@@ -264,3 +266,51 @@ def test_a_machinedeployment_group_is_scaled_up_and_down_by_the_real_ca(stack: S
         print(f"\nCluster API {stack.cluster_api.version}, MachineDeployment group: a pod needing a node Pending -> "
               f"Running in {pending_to_running:.1f}s (provisioning delay {PROVISIONING_SECONDS:g}s); its node emptied "
               f"-> Machine gone in {removed:.1f}s (node idle cooldown {NODE_IDLE_COOLDOWN_SECONDS:g}s)", flush=True)
+
+
+
+# --- a Machine held by DDS's pre-terminate hook while CA asks for more nodes ---
+
+def machineset_machines(stack: Stack) -> list[dict[str, Any]]:
+    return [m for m in machines(stack) if any(o["kind"] == "MachineSet" and o["name"] == MACHINESET
+                                              for o in m["metadata"].get("ownerReferences") or ())]
+
+
+def test_a_machine_held_by_ddss_hook_while_ca_asks_for_more_nodes_is_not_counted_twice(stack: Stack) -> None:
+    (machine,) = machineset_machines(stack)
+    held, node = machine["metadata"]["name"], machine["status"]["nodeRef"]["name"]
+    stack.wait_for(f"DDS's pre-terminate hook on {held} (its node holds its boot GPU)", lambda: DDS_PRE_TERMINATE_HOOK
+                   in (machine_of_node(stack, node)["metadata"].get("annotations") or {}), 30.0)
+    client.CustomObjectsApi(stack.api).delete_namespaced_custom_object(CAPI, V1BETA2, NAMESPACE, "machines", held)
+    stack.wait_for(f"Machine {held} held by DDS's hook", lambda: any(
+        r.name == held and r.awaiting_pre_terminate for r in machine_refs(machines(stack))), 60.0, interval=0.2)
+    # Two pods of a whole node each while the held Machine is still there: its replacement (replicas unchanged) serves
+    # one, CA asks for one more node for the other.
+    names = ["whole-0", "whole-1"]
+    for name in names:
+        stack.core.create_namespaced_pod("demo", pod(name, memory_gib=60))
+    seen: set[str] = set()
+    raised_while_held: list[bool] = []
+
+    def served() -> bool:
+        current = machineset_machines(stack)
+        seen.update(m["metadata"]["name"] for m in current)
+        if machineset_replicas(stack) == 2 and not raised_while_held:
+            raised_while_held.append(held in {m["metadata"]["name"] for m in current})
+        return pods_running(stack, names)
+
+    stack.wait_for(f"{names} Running", served, TIMEOUT, lambda: f"{describe(stack)}; CA log {stack.autoscaler.log_path}",
+                   interval=0.2)
+    assert raised_while_held == [True], "CA's scale-up did not come while the Machine was held"
+    stack.wait_for(f"Machine {held} gone", lambda: held not in {m["metadata"]["name"] for m in machines(stack)},
+                   TIMEOUT, lambda: describe(stack))
+    hosts = {node_of_pod(stack, name) for name in names}
+    assert len(hosts) == 2 and node not in hosts
+    live = {m["metadata"]["name"] for m in machineset_machines(stack)}
+    assert machineset_replicas(stack) == len(live) == 2
+    assert seen - {held} == live, f"a Machine made and deleted on the way: {sorted(seen - {held} - live)}"
+    # The pool adds up: every device once, the held node's boot GPU back, one boot GPU per live node.
+    facts = fabric_facts(stack)
+    assert len({d["id"] for d in facts.devices}) == POOL
+    stack.wait_for("a boot GPU on each live node and none elsewhere", lambda: set(fabric_facts(stack).attached()) ==
+                   hosts and fabric_facts(stack).attached_count() == 2, 60.0, lambda: str(fabric_facts(stack).attached()))
