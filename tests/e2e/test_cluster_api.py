@@ -12,7 +12,9 @@ MachineSet's Machines are made by Cluster API's controllers and their hosts by t
 5. a MachineDeployment node group scaled up and down by CA: DDS raises the MachineDeployment's replicas, Cluster API's
    MachineDeployment and MachineSet controllers make the Machine; the empty node goes by the Machine DDS chose;
 6. a Machine held by DDS's hook (its boot GPU detaching) while two pods each need a whole node: its replacement serves
-   one, CA's scale-up (asked while the Machine is held) the other; no Machine more, every device counted once.
+   one, CA's scale-up (asked while the Machine is held) the other; no Machine more, every device counted once;
+7. DDS SIGKILLed between marking the Machine CA's scale-down chose and lowering replicas: the restarted DDS releases
+   the mark, CA asks again, and Cluster API deletes exactly that Machine.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from dds import crashpoints
 from dds.config import Settings
 from dds.controller.observe import machine_refs
 from dds.kube.capi import DDS_PRE_TERMINATE_HOOK
+from dds.model.groups import ANN_CAPI_DELETE_MACHINE
 from harness import kwok_provider
 from harness.kwok_provider import infrastructure_ref
 from harness.stack import (Stack, StackOptions, cluster_api_machineset, gpus_allocatable, group_of, is_ready, pod,
@@ -314,3 +318,36 @@ def test_a_machine_held_by_ddss_hook_while_ca_asks_for_more_nodes_is_not_counted
     assert len({d["id"] for d in facts.devices}) == POOL
     stack.wait_for("a boot GPU on each live node and none elsewhere", lambda: set(fabric_facts(stack).attached()) ==
                    hosts and fabric_facts(stack).attached_count() == 2, 60.0, lambda: str(fabric_facts(stack).attached()))
+
+
+# --- DDS SIGKILLed between the mark and the replica write (crashpoint nodes.remove.marked, dds/crashpoints.py) ---
+
+def marked(stack: Stack) -> set[str]:
+    return {m["metadata"]["name"] for m in machineset_machines(stack)
+            if ANN_CAPI_DELETE_MACHINE in (m["metadata"].get("annotations") or {})}
+
+
+def test_dds_killed_between_the_mark_and_the_replica_write_leaves_one_machine_deleted_the_one_it_chose(
+        stack: Stack) -> None:
+    stack.restart_dds(env={crashpoints.ENV: "nodes.remove.marked"})
+    node = node_of_pod(stack, "whole-1")
+    chosen = machine_of_node(stack, node)["metadata"]["name"]
+    kept = {m["metadata"]["name"] for m in machineset_machines(stack)} - {chosen}
+    removed_before = len(stack.provider.removed_hosts)
+    stack.core.delete_namespaced_pod("whole-1", "demo", grace_period_seconds=0)  # CA's scale-down takes the empty node
+
+    deadline = time.monotonic() + NODE_IDLE_COOLDOWN_SECONDS + TIMEOUT
+    while stack.dds.running and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not stack.dds.running, f"DDS did not reach nodes.remove.marked; {describe(stack)}"
+    assert f"{crashpoints.LOG_MARKER} nodes.remove.marked" in stack.dds.log_path.read_text(errors="replace")
+    assert marked(stack) == {chosen} and machineset_replicas(stack) == 2, "the crash left no mark, or lowered replicas"
+
+    stack.dds = stack.start_dds()  # released at start (no removal recorded for it); CA asks again
+    stack.wait_for(f"Machine {chosen} gone", lambda: chosen not in {m["metadata"]["name"] for m in machines(stack)},
+                   NODE_IDLE_COOLDOWN_SECONDS + TIMEOUT, lambda: f"{describe(stack)}; marked {marked(stack)}")
+    assert {m["metadata"]["name"] for m in machineset_machines(stack)} == kept, "Cluster API deleted another Machine"
+    assert stack.provider.removed_hosts[removed_before:] == [chosen]
+    assert machineset_replicas(stack) == 1 and not marked(stack)
+    stack.wait_for(f"Node {node} deleted by Cluster API", lambda: node not in node_names(stack), 60.0)
+    stack.wait_for("the pool whole", lambda: pool_whole(stack, 1), 30.0, lambda: str(fabric_facts(stack).attached()))
