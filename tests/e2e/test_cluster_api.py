@@ -14,7 +14,9 @@ MachineSet's Machines are made by Cluster API's controllers and their hosts by t
 6. a Machine held by DDS's hook (its boot GPU detaching) while two pods each need a whole node: its replacement serves
    one, CA's scale-up (asked while the Machine is held) the other; no Machine more, every device counted once;
 7. DDS SIGKILLed between marking the Machine CA's scale-down chose and lowering replicas: the restarted DDS releases
-   the mark, CA asks again, and Cluster API deletes exactly that Machine.
+   the mark, CA asks again, and Cluster API deletes exactly that Machine;
+8. a host that dies with its boot GPU attached, its Machine then deleted, the fabric unable to detach: DDS's hook holds
+   the Machine for its bound only, then an Event, the GPU counted stranded, and the Machine, host and Node go.
 """
 
 from __future__ import annotations
@@ -351,3 +353,39 @@ def test_dds_killed_between_the_mark_and_the_replica_write_leaves_one_machine_de
     assert machineset_replicas(stack) == 1 and not marked(stack)
     stack.wait_for(f"Node {node} deleted by Cluster API", lambda: node not in node_names(stack), 60.0)
     stack.wait_for("the pool whole", lambda: pool_whole(stack, 1), 30.0, lambda: str(fabric_facts(stack).attached()))
+
+
+# --- a host that dies with GPUs attached: the fabric cannot detach from it within DDS's bound ---
+
+PRE_TERMINATE_BOUND_SECONDS = 12.0
+
+
+def test_a_host_that_dies_with_gpus_attached_holds_its_machine_only_for_ddss_bound(stack: Stack) -> None:
+    # The fabric refuses every detach from now on (a dead host's GPU cannot be drained), DDS's bound short.
+    config = stack.write_dds_config("dds-dead-host.yaml", stack.grpc_port,
+                                    pre_terminate_detach_timeout_seconds=PRE_TERMINATE_BOUND_SECONDS,
+                                    simulated_fabric={"faults": {"detach_error": 1.0}})
+    stack.dds.stop()
+    stack.dds = stack.start_dds(config_path=config)
+    stack.core.delete_namespaced_pod("whole-0", "demo", grace_period_seconds=0)
+    (machine,) = machineset_machines(stack)
+    name, node = machine["metadata"]["name"], machine["status"]["nodeRef"]["name"]
+    devices = sorted(fabric_facts(stack).attached()[node])
+    stranded_before = stack.dds.metrics().get("dds_gpus_stranded_total", 0.0)
+
+    stack.provider.fail_host(name)
+    deleted = time.monotonic()
+    client.CustomObjectsApi(stack.api).delete_namespaced_custom_object(CAPI, V1BETA2, NAMESPACE, "machines", name)
+
+    stack.wait_for(f"Machine {name} gone", lambda: name not in {m["metadata"]["name"] for m in machines(stack)},
+                   PRE_TERMINATE_BOUND_SECONDS + 60.0, lambda: describe(stack))
+    assert time.monotonic() - deleted >= PRE_TERMINATE_BOUND_SECONDS, "the hook went before DDS's bound"
+    assert name in stack.provider.removed_hosts
+    events = [e for e in stack.core.list_event_for_all_namespaces().items if e.reason == "PreTerminateDetachTimedOut"]
+    assert any(name in (e.message or "") and e.involved_object.name == node for e in events), \
+        [(e.involved_object.name, e.message) for e in events]
+    # Stranded, as DDS counts them: still the fabric's record for the node that is gone, and in the metric.
+    facts = fabric_facts(stack)
+    assert sorted(facts.attached().get(node, [])) == devices and len({d["id"] for d in facts.devices}) == POOL
+    assert stack.dds.metrics()["dds_gpus_stranded_total"] - stranded_before == len(devices)
+    stack.wait_for(f"Node {node} deleted by Cluster API", lambda: node not in node_names(stack), 60.0)
