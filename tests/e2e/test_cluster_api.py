@@ -48,6 +48,7 @@ NODE_IDLE_COOLDOWN_SECONDS = 20.0
 DETACH_LATENCY = (8.0, 10.0)  # long enough to see Cluster API waiting on DDS's hook while a detach runs
 PROVISIONING_SECONDS = 5.0
 MACHINEDEPLOYMENT, INSTANCE_TYPE, MD_INSTANCE_TYPE = "gpu-deployment", "node.kubernetes.io/instance-type", "cdi-md"
+MACHINESET_INSTANCE_TYPE = "cdi-16c64g"  # the example MachineSet's (manifests/examples)
 
 
 def machines(stack: Stack) -> list[dict[str, Any]]:
@@ -294,7 +295,9 @@ def test_a_machine_held_by_ddss_hook_while_ca_asks_for_more_nodes_is_not_counted
     # one, CA asks for one more node for the other.
     names = ["whole-0", "whole-1"]
     for name in names:
-        stack.core.create_namespaced_pod("demo", pod(name, memory_gib=60))
+        manifest = pod(name, memory_gib=60)
+        manifest["spec"]["nodeSelector"] = {INSTANCE_TYPE: MACHINESET_INSTANCE_TYPE}  # not the MachineDeployment's
+        stack.core.create_namespaced_pod("demo", manifest)
     seen: set[str] = set()
     raised_while_held: list[bool] = []
 
@@ -305,8 +308,8 @@ def test_a_machine_held_by_ddss_hook_while_ca_asks_for_more_nodes_is_not_counted
             raised_while_held.append(held in {m["metadata"]["name"] for m in current})
         return pods_running(stack, names)
 
-    stack.wait_for(f"{names} Running", served, TIMEOUT, lambda: f"{describe(stack)}; CA log {stack.autoscaler.log_path}",
-                   interval=0.2)
+    stack.wait_for(f"{names} Running", served, TIMEOUT,
+                   lambda: f"{describe(stack)}; CA log {stack.autoscaler.log_path}", interval=0.2)
     assert raised_while_held == [True], "CA's scale-up did not come while the Machine was held"
     stack.wait_for(f"Machine {held} gone", lambda: held not in {m["metadata"]["name"] for m in machines(stack)},
                    TIMEOUT, lambda: describe(stack))
@@ -316,10 +319,10 @@ def test_a_machine_held_by_ddss_hook_while_ca_asks_for_more_nodes_is_not_counted
     assert machineset_replicas(stack) == len(live) == 2
     assert seen - {held} == live, f"a Machine made and deleted on the way: {sorted(seen - {held} - live)}"
     # The pool adds up: every device once, the held node's boot GPU back, one boot GPU per live node.
-    facts = fabric_facts(stack)
-    assert len({d["id"] for d in facts.devices}) == POOL
-    stack.wait_for("a boot GPU on each live node and none elsewhere", lambda: set(fabric_facts(stack).attached()) ==
-                   hosts and fabric_facts(stack).attached_count() == 2, 60.0, lambda: str(fabric_facts(stack).attached()))
+    assert len({d["id"] for d in fabric_facts(stack).devices}) == POOL
+    stack.wait_for("a boot GPU on each live node and none elsewhere",
+                   lambda: set(fabric_facts(stack).attached()) == hosts and fabric_facts(stack).attached_count() == 2,
+                   60.0, lambda: str(fabric_facts(stack).attached()))
 
 
 # --- DDS SIGKILLed between the mark and the replica write (crashpoint nodes.remove.marked, dds/crashpoints.py) ---
