@@ -12,6 +12,7 @@ Cluster API's real manager (harness/capi.py) runs the MachineSets and Machines; 
 |                                                | the KwokMachine and status.initialization.provisioned: true       |
 | a KwokMachine being deleted                    | removes the host and its finalizer (Cluster API deletes the Node |
 |                                                | itself afterwards, as after any cloud instance is gone)          |
+| `fail_host(name)` (a test)                     | the host dies: its Node stops being kept Ready, reports Unknown  |
 
 `install_cluster` makes what a workload cluster needs for worker Machines to get a nodeRef without bootstrap or
 control-plane providers: the externally managed KwokControlPlane reporting `controlPlaneInitialized`, the Cluster
@@ -27,7 +28,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Optional
 
 from kubernetes import client
@@ -199,6 +200,18 @@ class KwokInfrastructureProvider(ReconcileLoop):
                 self._remove_host(machine)
             elif not ((machine.get("status") or {}).get("initialization") or {}).get("provisioned"):
                 self._provision(machine)
+
+    def fail_host(self, name: str) -> None:
+        """The host `name` dies (power, board): its kubelet stops, so kwok no longer keeps its Node Ready, and its Node
+        reports Ready Unknown, as the node lifecycle controller marks a node whose kubelet stopped posting status (that
+        controller does not run here). The KwokMachine and its Machine stay: deleting them is Cluster API's or a
+        user's call, as after a real failure."""
+        self._core.patch_node(name, {"metadata": {"annotations": {KWOK_NODE_ANNOTATION[0]: None}}})
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self._core.patch_node_status(name, {"status": {"conditions": [{
+            "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown", "lastHeartbeatTime": now,
+            "lastTransitionTime": now, "message": "Kubelet stopped posting node status."}]}})
+        log.info("kwok provider: host %s died", name)
 
     def _provision(self, machine: dict[str, Any]) -> None:
         meta = machine["metadata"]
