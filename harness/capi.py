@@ -36,8 +36,8 @@ import requests
 import yaml
 
 from dds import certs
-from harness.controlplane import ControlPlane, ManagedProcess, free_ports
-from harness.install import CUSTOM_RESOURCE_DEFINITIONS, AdminApi, as_installed, yaml_documents
+from harness.controlplane import ControlPlane, free_ports
+from harness.install import CUSTOM_RESOURCE_DEFINITIONS, ManagerProcess, as_installed, yaml_documents
 
 MANAGER_BINARY = "cluster-api-manager"
 # config/default/kustomization.yaml: every object of the install gets this namespace and name prefix.
@@ -151,44 +151,22 @@ COLLECTIONS = {
 }
 
 
-class ClusterApiManager:
+class ClusterApiManager(ManagerProcess):
     """Handle on the manager process and its install. Use as a context manager, or call start() and stop()."""
 
+    binary = MANAGER_BINARY
+    collections = COLLECTIONS
+    error = ClusterApiError
+    stop_timeout_s = STOP_TIMEOUT_S
+
     def __init__(self, plane: ControlPlane, *, bin_dir: Optional[Path] = None) -> None:
-        self.plane = plane
-        self.release = ClusterApiRelease.locate(bin_dir or plane.bin_dir)
+        super().__init__(plane, ClusterApiRelease.locate(bin_dir or plane.bin_dir))
         self.workdir = Path(plane.workdir) / "cluster-api"
         self.kubeconfig = self.workdir / "kubeconfig"
         self.cert_dir = self.workdir / "serving-certs"
         self.webhook_port, self.health_port, self.diagnostics_port = free_ports(3)
         self.webhook_url = f"https://127.0.0.1:{self.webhook_port}"
-        self._process: Optional[ManagedProcess] = None
-        self._api: Optional[AdminApi] = None
-        self._webhooks: list[dict[str, Any]] = []
         self._ca_pem = b""
-
-    @property
-    def version(self) -> str:
-        return self.release.version
-
-    @property
-    def pid(self) -> Optional[int]:
-        return self._process.pid if self._process else None
-
-    @property
-    def log_path(self) -> Path:
-        return self.plane.logs / f"{MANAGER_BINARY}.log"
-
-    def running(self) -> bool:
-        return self._process is not None and self._process.running()
-
-    def log_tail(self, lines: int = 40) -> str:
-        return self._process.tail(lines) if self._process else "(not started)"
-
-    def admin_api(self) -> AdminApi:
-        if self._api is None:
-            self._api = AdminApi(self.plane, Path(self.plane.workdir) / "pki" / "ca.crt", COLLECTIONS, ClusterApiError)
-        return self._api
 
     def start(self) -> "ClusterApiManager":
         """Install, start the process, register the webhooks; return once all answer."""
@@ -229,27 +207,6 @@ class ClusterApiManager:
             self._process.stop(STOP_TIMEOUT_S)
         self._launch()
 
-    def stop(self) -> None:
-        """Stop the process and unregister its webhooks (failurePolicy Fail: unserved, they would refuse every write
-        of a Cluster API object). The CRDs and RBAC stay. Safe to call twice."""
-        if self._process is not None and self._process.running():
-            self._process.stop(STOP_TIMEOUT_S)
-        if self._api is not None:
-            with contextlib.suppress(ClusterApiError):  # the control plane may be down already
-                for configuration in self._webhooks:
-                    self._api.delete(configuration)
-            self._api.close()
-            self._api = None
-
-    def __enter__(self) -> "ClusterApiManager":
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"ClusterApiManager({self.version}, pid={self.pid}, log={str(self.log_path)!r})"
-
     # -- install --
 
     def _write_serving_certificate(self) -> None:
@@ -281,17 +238,6 @@ class ClusterApiManager:
     def _env(self) -> dict[str, str]:
         return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir),
                 "POD_NAMESPACE": NAMESPACE, "POD_NAME": "capi-controller-manager"}
-
-    def _launch(self) -> None:
-        if self._process is None:
-            self._process = self.plane.add_component(MANAGER_BINARY, self._argv(), env=self._env())
-        self._process.start()
-        try:
-            self._wait_ready()
-        except BaseException:
-            if self._process.running():
-                self._process.stop(STOP_TIMEOUT_S)
-            raise
 
     def _wait_ready(self) -> None:
         assert self._process is not None

@@ -1,19 +1,23 @@
 """Installing a controller's shipped files on a harness ControlPlane with the admin token: what the CDI operator
-(harness/cdi_operator.py) and Cluster API's manager (harness/capi.py) both need.
+(harness/cdi_operator.py), Cluster API's manager (harness/capi.py) and Kueue's (harness/kueue.py) need.
 
 - `yaml_documents`: a manifest file's objects;
 - `as_installed`: a kustomize `namespace:` and `namePrefix:` applied to RBAC objects (references included);
 - `AdminApi`: create-or-replace by kind, delete, a CRD waited for until Established, a TokenRequest kubeconfig for a
   ServiceAccount, and the rules of an aggregated ClusterRole filled in (the harness runs no
-  clusterrole-aggregation controller). Errors are raised as the caller's own error type, naming the request.
+  clusterrole-aggregation controller). Errors are raised as the caller's own error type, naming the request;
+- `ManagerProcess`: a controller manager run as a process of the control plane, its webhooks unregistered when it
+  stops (Cluster API's and Kueue's).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, ClassVar, Mapping, Optional
 
 import requests
 import yaml
@@ -149,3 +153,94 @@ class AdminApi:
 
     def close(self) -> None:
         self.session.close()
+
+
+class ManagerProcess(ABC):
+    """A controller manager as a process of `plane`, installed as shipped. A subclass names its binary, the
+    collections of its objects and its error type (class attributes), gives `_argv`, `_env` and `_wait_ready`, and
+    registers what it serves in `_webhooks`. Use as a context manager, or call start() and stop()."""
+
+    binary: ClassVar[str]
+    collections: ClassVar[Mapping[tuple[str, str], str]]
+    error: ClassVar[type[Exception]]
+    stop_timeout_s: ClassVar[float] = 10.0
+
+    def __init__(self, plane: Any, release: Any) -> None:
+        self.plane = plane
+        self.release = release
+        self._process: Optional[Any] = None  # harness.controlplane.ManagedProcess, once launched
+        self._api: Optional[AdminApi] = None
+        self._webhooks: list[dict[str, Any]] = []
+
+    @property
+    def version(self) -> str:
+        return self.release.version
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._process.pid if self._process else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.plane.logs / f"{self.binary}.log"
+
+    def running(self) -> bool:
+        return self._process is not None and self._process.running()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self._process.tail(lines) if self._process else "(not started)"
+
+    def admin_api(self) -> AdminApi:
+        if self._api is None:
+            self._api = AdminApi(self.plane, Path(self.plane.workdir) / "pki" / "ca.crt", self.collections, self.error)
+        return self._api
+
+    @abstractmethod
+    def start(self) -> Any:
+        """Install, launch, register its webhooks (each manager in its own order); return self once it serves."""
+
+    def stop(self) -> None:
+        """Stop the process and unregister its webhooks (failurePolicy Fail: unserved, they would refuse every write
+        of the objects they guard). CRDs and RBAC stay. Safe to call twice."""
+        if self._process is not None and self._process.running():
+            self._process.stop(self.stop_timeout_s)
+        if self._api is not None:
+            with contextlib.suppress(self.error):  # the control plane may be down already
+                for configuration in self._webhooks:
+                    self._api.delete(configuration)
+            self._api.close()
+            self._api = None
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.version}, pid={self.pid}, log={str(self.log_path)!r})"
+
+    @abstractmethod
+    def _argv(self) -> list[str]:
+        """The manager's command line."""
+
+    @abstractmethod
+    def _env(self) -> dict[str, str]:
+        """The manager's whole environment (nothing inherited: no ~/.kube/config read by accident)."""
+
+    @abstractmethod
+    def _wait_ready(self) -> None:
+        """Return once the manager serves; raise (the process's exit, a deadline) otherwise."""
+
+    def _launch(self) -> None:
+        """Start the process (made once, restarted as the same component) and wait until it is ready; a process that
+        is not ready by then is stopped."""
+        if self._process is None:
+            self._process = self.plane.add_component(self.binary, self._argv(), env=self._env())
+        self._process.start()
+        try:
+            self._wait_ready()
+        except BaseException:
+            if self._process.running():
+                self._process.stop(self.stop_timeout_s)
+            raise

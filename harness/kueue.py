@@ -37,7 +37,6 @@ unserved, they would refuse every Job and Pod write).
 from __future__ import annotations
 
 import base64
-import contextlib
 import copy
 import os
 import threading
@@ -49,8 +48,9 @@ import requests
 import yaml
 
 from harness import versions
-from harness.controlplane import ControlPlane, ManagedProcess, _wait_ready, free_ports
-from harness.install import CUSTOM_RESOURCE_DEFINITIONS, AdminApi, as_installed, yaml_documents
+from harness.controlplane import ControlPlane, free_ports
+from harness.controlplane import _wait_ready as wait_for_component
+from harness.install import CUSTOM_RESOURCE_DEFINITIONS, AdminApi, ManagerProcess, as_installed, yaml_documents
 
 MANAGER_BINARY = "kueue"
 # config/default/kustomization.yaml: every object of the install gets this namespace and name prefix.
@@ -264,44 +264,22 @@ class SecretVolume:
             self._written[key] = content
 
 
-class KueueManager:
+class KueueManager(ManagerProcess):
     """Handle on Kueue's manager process and its install. Use as a context manager, or call start() and stop()."""
 
+    binary = MANAGER_BINARY
+    collections = COLLECTIONS
+    error = KueueError
+    stop_timeout_s = STOP_TIMEOUT_S
+
     def __init__(self, plane: ControlPlane, *, cache_dir: Optional[Path] = None) -> None:
-        self.plane = plane
-        self.release = KueueRelease.locate(cache_dir or Path(plane.bin_dir).resolve().parent)
+        super().__init__(plane, KueueRelease.locate(cache_dir or Path(plane.bin_dir).resolve().parent))
         self.workdir = Path(plane.workdir) / "kueue"
         self.kubeconfig = self.workdir / "kubeconfig"
         self.config_path = self.workdir / "configuration.yaml"
         self.cert_dir = self.workdir / "serving-certs"
         self.webhook_port, self.health_port = free_ports(2)
-        self._process: Optional[ManagedProcess] = None
-        self._api: Optional[AdminApi] = None
-        self._webhooks: list[dict[str, Any]] = []
         self._volume: Optional[SecretVolume] = None
-
-    @property
-    def version(self) -> str:
-        return self.release.version
-
-    @property
-    def pid(self) -> Optional[int]:
-        return self._process.pid if self._process else None
-
-    @property
-    def log_path(self) -> Path:
-        return self.plane.logs / f"{MANAGER_BINARY}.log"
-
-    def running(self) -> bool:
-        return self._process is not None and self._process.running()
-
-    def log_tail(self, lines: int = 40) -> str:
-        return self._process.tail(lines) if self._process else "(not started)"
-
-    def admin_api(self) -> AdminApi:
-        if self._api is None:
-            self._api = AdminApi(self.plane, Path(self.plane.workdir) / "pki" / "ca.crt", COLLECTIONS, KueueError)
-        return self._api
 
     def start(self) -> "KueueManager":
         """Install, start the process; return once it is ready and its webhooks answer through the apiserver."""
@@ -336,27 +314,12 @@ class KueueManager:
             configuration(self.webhook_port, self.health_port, self.cert_dir), sort_keys=False))
 
     def stop(self) -> None:
-        """Stop the process and unregister its webhooks. The CRDs, RBAC and Kueue's objects stay. Safe to call twice."""
-        if self._process is not None and self._process.running():
-            self._process.stop(STOP_TIMEOUT_S)
+        """Stop the process and unregister its webhooks, then stop playing the kubelet's part for its certificate
+        Secret. The CRDs, RBAC and Kueue's objects stay. Safe to call twice."""
+        super().stop()
         if self._volume is not None:
             self._volume.stop()
             self._volume = None
-        if self._api is not None:
-            with contextlib.suppress(KueueError):  # the control plane may be down already
-                for webhook_configuration in self._webhooks:
-                    self._api.delete(webhook_configuration)
-            self._api.close()
-            self._api = None
-
-    def __enter__(self) -> "KueueManager":
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"KueueManager({self.version}, pid={self.pid}, log={str(self.log_path)!r})"
 
     # -- the process --
 
@@ -372,16 +335,12 @@ class KueueManager:
         if self._volume is None:
             self._volume = SecretVolume(AdminApi(self.plane, Path(self.plane.workdir) / "pki" / "ca.crt", COLLECTIONS,
                                                  KueueError), NAMESPACE, WEBHOOK_SECRET, self.cert_dir).start()
-        if self._process is None:
-            self._process = self.plane.add_component(MANAGER_BINARY, self._argv(), env=self._env())
-        self._process.start()
-        try:
-            # The control plane's wait for its components (exit, deadline, log tail): /readyz, then the webhooks.
-            _wait_ready(self._process, lambda: self._ready() or self._webhooks_answer(), READY_TIMEOUT_S)
-        except BaseException:
-            if self._process.running():
-                self._process.stop(STOP_TIMEOUT_S)
-            raise
+        super()._launch()
+
+    def _wait_ready(self) -> None:
+        # The control plane's wait for its components (exit, deadline, log tail): /readyz, then the webhooks.
+        assert self._process is not None
+        wait_for_component(self._process, lambda: self._ready() or self._webhooks_answer(), READY_TIMEOUT_S)
 
     def _ready(self) -> str:
         url = f"http://127.0.0.1:{self.health_port}/readyz"
