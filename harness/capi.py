@@ -37,7 +37,7 @@ import yaml
 
 from dds import certs
 from harness.controlplane import ControlPlane, free_ports
-from harness.install import CUSTOM_RESOURCE_DEFINITIONS, ManagerProcess, as_installed, yaml_documents
+from harness.install import CUSTOM_RESOURCE_DEFINITIONS, RBAC_COLLECTIONS, ManagerProcess, as_installed, yaml_documents
 
 MANAGER_BINARY = "cluster-api-manager"
 # config/default/kustomization.yaml: every object of the install gets this namespace and name prefix.
@@ -135,16 +135,11 @@ class ClusterApiRelease:
         return configurations
 
 
-_RBAC = "rbac.authorization.k8s.io/v1"
 _ADMISSION = "admissionregistration.k8s.io/v1"
 # Collection paths of the kinds the install creates ({namespace} filled from the object).
 COLLECTIONS = {
+    **RBAC_COLLECTIONS,
     ("v1", "Namespace"): "/api/v1/namespaces",
-    ("v1", "ServiceAccount"): "/api/v1/namespaces/{namespace}/serviceaccounts",
-    (_RBAC, "ClusterRole"): f"/apis/{_RBAC}/clusterroles",
-    (_RBAC, "ClusterRoleBinding"): f"/apis/{_RBAC}/clusterrolebindings",
-    (_RBAC, "Role"): f"/apis/{_RBAC}/namespaces/{{namespace}}/roles",
-    (_RBAC, "RoleBinding"): f"/apis/{_RBAC}/namespaces/{{namespace}}/rolebindings",
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): CUSTOM_RESOURCE_DEFINITIONS,
     (_ADMISSION, "MutatingWebhookConfiguration"): f"/apis/{_ADMISSION}/mutatingwebhookconfigurations",
     (_ADMISSION, "ValidatingWebhookConfiguration"): f"/apis/{_ADMISSION}/validatingwebhookconfigurations",

@@ -50,7 +50,8 @@ import yaml
 from harness import versions
 from harness.controlplane import ControlPlane, free_ports
 from harness.controlplane import _wait_ready as wait_for_component
-from harness.install import CUSTOM_RESOURCE_DEFINITIONS, AdminApi, ManagerProcess, as_installed, yaml_documents
+from harness.install import (CUSTOM_RESOURCE_DEFINITIONS, RBAC_COLLECTIONS, AdminApi, ManagerProcess, as_installed,
+                             yaml_documents)
 
 MANAGER_BINARY = "kueue"
 # config/default/kustomization.yaml: every object of the install gets this namespace and name prefix.
@@ -178,18 +179,13 @@ def _merge_webhook_patch(configurations: list[dict[str, Any]], patch: dict[str, 
         by_name[change["name"]].update({key: value for key, value in change.items() if key != "name"})
 
 
-_RBAC = "rbac.authorization.k8s.io/v1"
 _ADMISSION = "admissionregistration.k8s.io/v1"
 # Collection paths of the kinds the install creates ({namespace} filled from the object).
 COLLECTIONS = {
+    **RBAC_COLLECTIONS,
     ("v1", "Namespace"): "/api/v1/namespaces",
     ("v1", "Secret"): "/api/v1/namespaces/{namespace}/secrets",
     ("v1", "Service"): "/api/v1/namespaces/{namespace}/services",
-    ("v1", "ServiceAccount"): "/api/v1/namespaces/{namespace}/serviceaccounts",
-    (_RBAC, "ClusterRole"): f"/apis/{_RBAC}/clusterroles",
-    (_RBAC, "ClusterRoleBinding"): f"/apis/{_RBAC}/clusterrolebindings",
-    (_RBAC, "Role"): f"/apis/{_RBAC}/namespaces/{{namespace}}/roles",
-    (_RBAC, "RoleBinding"): f"/apis/{_RBAC}/namespaces/{{namespace}}/rolebindings",
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): CUSTOM_RESOURCE_DEFINITIONS,
     (_ADMISSION, "MutatingWebhookConfiguration"): f"/apis/{_ADMISSION}/mutatingwebhookconfigurations",
     (_ADMISSION, "ValidatingWebhookConfiguration"): f"/apis/{_ADMISSION}/validatingwebhookconfigurations",
