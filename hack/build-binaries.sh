@@ -8,8 +8,8 @@
 #   bash hack/build-binaries.sh 1.35       that Kubernetes profile (hack/versions-1.35.env)
 #   bash hack/build-binaries.sh --all      every profile (hack/setup.sh); prints the default profile's directory
 #
-# DDS_BINARIES=demo builds only what `make demo` runs (etcd, kwok, kube-apiserver, kube-scheduler, cluster-autoscaler);
-# the default, all, adds kube-controller-manager, cro-manager, cluster-api-manager and kueue (make test).
+# DDS_BINARIES=demo builds only what `make demo` runs (etcd, kwok, kube-apiserver, kube-scheduler, cluster-autoscaler,
+# cluster-api-manager); the default, all, adds kube-controller-manager, cro-manager and kueue (make test).
 #
 # Independent builds run at once, up to DDS_BUILD_JOBS (default 3) at a time, longest first: one downloads modules
 # while another compiles, and a Kubernetes link takes about 2 GiB. Each Kubernetes profile's binaries come from one
@@ -381,7 +381,7 @@ for profile in "${wanted[@]}"; do
   load_profile "$profile"; start "cluster-autoscaler $CLUSTER_AUTOSCALER_VERSION" build_cluster_autoscaler
 done
 [[ "$binaries" == all ]] && start cro-manager build_cro_manager
-[[ "$binaries" == all ]] && start cluster-api build_cluster_api
+start cluster-api build_cluster_api
 [[ "$binaries" == all ]] && start kueue build_kueue
 start etcd build_etcd
 start kwok build_kwok

@@ -42,12 +42,12 @@ from kubernetes.client.rest import ApiException
 from dds.model.groups import (ANN_DRA_DEVICE_ATTRIBUTES, ANN_DRA_DRIVER, ANN_DRA_MODELS, ANN_GPU_API, ANN_GPU_MODELS,
                               GpuApi)
 from dds.kube.composability import NODE_FINALIZER
-from dds.nodes.kwok import ProviderIds
 from harness.cdi_operator import (DRA_FEATURE_GATES, DRA_RUNTIME_CONFIG, CdiOperator, DeviceResourceType,
                                   FabricManagerAccess, OperatorRelease)
 from harness.cluster_manager import ClusterManagerEmulator
 from harness.fabric_manager import FabricManagerEmulator
 from harness.gpu_node_agent import NVIDIA_DRA_DRIVER, PROVIDER_ID_PREFIX, DeviceMode, GpuNodeAgent, gpu_spec
+from harness.kwok_provider import ProviderIds
 from harness.stack import Stack, StackOptions, merge
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,9 @@
 """`make demo`: the talk's demo end to end on the embedded default, with a readable timeline.
 
 What runs, all on this machine: etcd, kube-apiserver, kube-scheduler and kwok as processes (harness/controlplane.py),
-DDS (`dds serve` in cluster mode, mutual TLS, simulated fabric), Cluster API's part that turns MachineSet replicas into
-kwok nodes (dds/nodes/kwok.py), and the real cluster-autoscaler of the Kubernetes profile (1.36.1 with Kubernetes 1.36 by
+DDS (`dds serve` in cluster mode, mutual TLS, simulated fabric), Cluster API's own manager (its MachineSet and Machine
+controllers, built by hack/build-binaries.sh at the version hack/versions.env pins) with the harness's kwok
+infrastructure provider standing for the servers (harness/kwok_provider.py), and the real cluster-autoscaler of the Kubernetes profile (1.36.1 with Kubernetes 1.36 by
 default, DDS_K8S_PROFILE=1.35 for 1.35.2: docs/versions.md) with `--cloud-provider=externalgrpc`, built from source by
 hack/build-binaries.sh ($DDS_CLUSTER_AUTOSCALER names another build of the same version). The version the demo prints
 is the one the running binary logs.
@@ -266,6 +267,9 @@ class DemoResult:
     memory_attached: int = 0  # bytes of CXL memory DDS attached (dds_cxl_memory_chunks_attached_total), and detached
     memory_detached: int = 0
     memory_path: str = "node path"  # how the memory-heavy pods were served (harness/demo_cxl.py: "memory path")
+    cluster_api: str = ""  # "Cluster API v1.14.2": the manager's version
+    # DDS's decision to remove the added node (its GPUs first) -> the Node gone, through Cluster API; None: not seen
+    node_removal_seconds: Optional[float] = None
 
 
 class Demo:
@@ -302,13 +306,14 @@ class Demo:
 
     def start(self) -> None:
         options = self.options.stack
-        self.step(f"starting etcd, kube-apiserver, kube-scheduler and kwok; MachineSet default/gpu-workers (2 workers, "
+        self.step(f"starting etcd, kube-apiserver, kube-scheduler, kwok and Cluster API's manager; MachineSet default/gpu-workers (2 workers, "
                   f"1 A30 each at boot, up to 4 attachable); DDS (mutual TLS, simulated fabric: {options.pool_size} x "
                   f"A30, attach {options.attach_latency[0]:g}-{options.attach_latency[1]:g}s); "
                   f"logs in {self.options.workdir}")
         self.stack = start_stack(self.options.workdir, options)
         self.core = self.stack.core
         self.dds = self.stack.dds
+        self.step(cluster_api_step(self.stack))
         self.step(f"autoscaler: {self.stack.autoscaler.kind} (--cloud-provider=externalgrpc, "
                   f"log {self.stack.autoscaler.log_path})")
         self.watcher = ClusterWatcher(self.stack.control_plane.api_client(), self.timeline,
@@ -399,7 +404,9 @@ class Demo:
             memory_attached=memory_counted(after, "dds_cxl_memory_chunks_attached_total"),
             memory_detached=memory_counted(after, "dds_cxl_memory_chunks_detached_total"),
             metrics=after, decisions=self.dds.decisions(), workdir=self.options.workdir,
-            samples=list(self.timeline.samples), spans=spans, memory_path=self.memory_path)
+            samples=list(self.timeline.samples), spans=spans, memory_path=self.memory_path,
+            cluster_api=f"Cluster API {self.stack.cluster_api.version}",
+            node_removal_seconds=node_removal_seconds(self.timeline.entries, added))
         result.picture = self.draw(result, workers)
         return result
 
@@ -415,7 +422,8 @@ class Demo:
         """The timeline's picture and its recording, beside the logs."""
         options = self.options.stack
         fabric = options.dds_settings.get("fabric", "simulated")
-        title = f"DDS demo with {result.autoscaler} \u2014 {fabric} fabric, {options.pool_size} x A30, kwok nodes"
+        title = (f"DDS demo with {result.autoscaler} and {result.cluster_api} \u2014 {fabric} fabric, "
+                 f"{options.pool_size} x A30, kwok nodes")
         recording = Recording(title, result.samples, result.spans, moments(result.timeline), sorted(workers),
                               own_memory_gib=group_of(machineset(options)).memory / GiB)
         write_recording(recording, self.options.workdir / Path(PICTURE).with_suffix(".json"))
@@ -426,6 +434,27 @@ class Demo:
             self.watcher.stop()
         if getattr(self, "stack", None) is not None:
             self.stack.close()
+
+
+def cluster_api_step(stack: Any) -> str:
+    """The demo's line naming Cluster API: the manager's version and process, and what stands for the servers."""
+    manager = stack.cluster_api
+    return (f"Cluster API {manager.version}: its manager (pid {manager.pid}, log {manager.log_path}) runs the "
+            f"MachineSet and its Machines; the kwok infrastructure provider stands for the servers "
+            f"({stack.options.node_provisioning_seconds:g}s to provision one)")
+
+
+def node_removal_seconds(timeline: list[Entry], added: set[str]) -> Optional[float]:
+    """From DDS's first step in removing an added node (releasing its GPUs, or the removal itself) to the timeline
+    seeing the Node gone: DDS's detaches, then Cluster API's Machine deletion, its hooks and the host's removal."""
+    spans = []
+    for name in added:
+        started = [e.at for e in timeline if e.kind == "dds" and e.subject == f"node/{name}"
+                   and ("is being removed" in e.text or e.text.startswith("RemovingNode"))]
+        gone = [e.at for e in timeline if e.kind == "node" and e.subject == name and e.text == "removed from the cluster"]
+        if started and gone:
+            spans.append(gone[-1] - min(started))
+    return round(max(spans), 1) if spans else None
 
 
 def moments(timeline: list[Entry], merge_within: float = 1.5) -> list[Moment]:
@@ -468,6 +497,7 @@ def summary(result: DemoResult) -> str:
     return "\n".join([
         "",
         f"autoscaler:            {result.autoscaler}",
+        f"nodes:                 {result.cluster_api} (kwok infrastructure provider)",
         f"GPU path:              1 pod Pending -> Running in {result.gpu_path_seconds:.1f}s (no node added for it)",
         f"{result.memory_path + ':':<22} 2 pods Pending -> Running in {result.node_path_seconds:.1f}s",
         f"GPUs attached by DDS:  {result.gpus_attached} ({result.gpus_attached_at_boot} at node boot, "
@@ -476,6 +506,8 @@ def summary(result: DemoResult) -> str:
         *([f"CXL memory by DDS:     {memory_text(result.memory_attached)} attached, "
            f"{memory_text(result.memory_detached)} detached"] if result.memory_attached else []),
         f"nodes added/removed:   {result.nodes_added} / {result.nodes_removed}",
+        *([f"node removal:          {result.node_removal_seconds:.1f}s from DDS's decision to the Node gone (its GPUs "
+           f"back in the pool first, then Cluster API's deletion)"] if result.node_removal_seconds is not None else []),
         f"logs and configs:      {result.workdir}",
         *([f"timeline picture:      {result.picture}"] if result.picture else []),
     ])

@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from harness.cdi_stack import PRODUCT_NAME, cdi_options, fabric_side, operator_version
-from harness.demo import ClusterWatcher, DemoOptions
+from harness.demo import ClusterWatcher, DemoOptions, cluster_api_step
 from harness.demo_dra import DraDemo, claim_template
 from harness.gpu_node_agent import NVIDIA_DRA_DRIVER
 from harness.stack import start_stack
@@ -45,8 +45,8 @@ class CdiDemo(DraDemo):
 
     def start(self) -> None:
         options = self.options.stack
-        self.step(f"starting etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok; the fabric-manager "
-                  f"emulator ({options.pool_size} x A30, attach {options.attach_latency[0]:g}-"
+        self.step(f"starting etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok and Cluster API's "
+                  f"manager; the fabric-manager emulator ({options.pool_size} x A30, attach {options.attach_latency[0]:g}-"
                   f"{options.attach_latency[1]:g}s) and the CDI operator (DRA mode); MachineSet default/gpu-workers "
                   f"(2 workers, 1 A30 each at boot, up to 4 attachable); DDS (mutual TLS, fabric composability-request); "
                   f"logs in {self.options.workdir}")
@@ -55,6 +55,7 @@ class CdiDemo(DraDemo):
         self.dds = self.stack.dds
         side = fabric_side(self.stack)
         assert side.operator is not None
+        self.step(cluster_api_step(self.stack))
         self.step(f"CDI operator: {operator_version(self.stack.control_plane.bin_dir)}, pid {side.operator.pid}, "
                   f"log {side.operator.log_path}")
         self.step(f"autoscaler: {self.stack.autoscaler.kind} (--cloud-provider=externalgrpc, "

@@ -25,9 +25,13 @@ Harness-only: the hardware's stand-in, never in the `dds` wheel.
 
 from __future__ import annotations
 
+import argparse
 import base64
+import copy
 import logging
+import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Optional
 
@@ -55,6 +59,23 @@ LABEL_CLUSTER_NAME = "cluster.x-k8s.io/cluster-name"
 BOOTSTRAP_SECRET = "kwok-bootstrap"  # a MachineSet template's bootstrap.dataSecretName: the bootstrap phase is skipped
 DEFAULT_CAPACITY = {"cpu": "4", "memory": "16Gi", "pods": "110"}
 CLUSTER_ROLE = "capi-kwok-provider"
+
+
+@dataclass(frozen=True)
+class ProviderIds:
+    """How this cloud names its machines: a KwokMachine's spec.providerID, copied by Cluster API to its Machine and
+    matched to the Node, is `prefix` followed by `machine_id(host name)`. The default is kwok://<name>; a test cluster
+    whose hosts stand for another infrastructure's servers names them as that infrastructure does
+    (harness/cdi_stack.py: fsas-cdi://<uuid>, which the CDI operator reads in DRA mode)."""
+
+    prefix: str = PROVIDER_PREFIX
+    machine_id: Callable[[str], str] = str
+
+    def of(self, host_name: str) -> str:
+        return self.prefix + self.machine_id(host_name)
+
+
+KWOK_PROVIDER_IDS = ProviderIds()
 
 
 def _crd(kind: str, plural: str, group: str, *, status: bool = True) -> dict[str, Any]:
@@ -98,9 +119,11 @@ def _collection(group: str, namespace: str, plural: str) -> str:
     return f"/apis/{group}/{VERSION}/namespaces/{namespace}/{plural}"
 
 
-def install_cluster(api: AdminApi, namespace: str, cluster: str) -> None:
+def install_cluster(api: AdminApi, namespace: str, cluster: str, workload_server: Optional[str] = None) -> None:
     """A workload cluster named `cluster` in `namespace` whose worker Machines get nodeRefs: the KwokControlPlane
-    (externally managed, initialized), the Cluster, its kubeconfig Secret and the bootstrap data Secret."""
+    (externally managed, initialized), the Cluster, its kubeconfig Secret and the bootstrap data Secret. The Secret
+    points at `workload_server` (default: the address the harness reaches the apiserver at; in a cluster, where Cluster
+    API's manager runs as a pod, https://kubernetes.default.svc) with the admin credential `api` uses."""
     api.apply({"apiVersion": f"{CONTROL_PLANE_GROUP}/{VERSION}", "kind": CONTROL_PLANE_KIND,
                "metadata": {"name": cluster, "namespace": namespace}, "spec": {}},
               _collection(CONTROL_PLANE_GROUP, namespace, CONTROL_PLANES))
@@ -113,7 +136,7 @@ def install_cluster(api: AdminApi, namespace: str, cluster: str) -> None:
                                             "name": cluster}}},
               f"/apis/cluster.x-k8s.io/v1beta2/namespaces/{namespace}/clusters")
     kubeconfig = (f"apiVersion: v1\nkind: Config\ncurrent-context: {cluster}\n"
-                  f"clusters:\n- name: {cluster}\n  cluster:\n    server: {api.server}\n"
+                  f"clusters:\n- name: {cluster}\n  cluster:\n    server: {workload_server or api.server}\n"
                   f"    certificate-authority-data: {base64.b64encode(api.ca_pem).decode()}\n"
                   f"users:\n- name: admin\n  user:\n    token: {api.session.headers['Authorization'].split()[1]}\n"
                   f"contexts:\n- name: {cluster}\n  context:\n    cluster: {cluster}\n    user: admin\n")
@@ -127,6 +150,17 @@ def install_cluster(api: AdminApi, namespace: str, cluster: str) -> None:
                "stringData": {"value": "#!/bin/sh\n# kwok nodes need no bootstrap\n"}}, secrets)
 
 
+def node_capacity(group: NodeGroupSpec) -> dict[str, str]:
+    """cpu, memory, ephemeral-storage and pods of the group's template node; the GPU resource present at 0 (the
+    fabric's attaches raise it), or absent for a DRA group (its GPUs are ResourceSlice devices, never node capacity)."""
+    capacity = group.node_allocatable(0).to_kubernetes()
+    if group.gpu_api.dra:
+        capacity.pop(group.gpu_resource, None)
+    elif group.max_gpus_per_node > 0:
+        capacity[group.gpu_resource] = "0"
+    return capacity
+
+
 def node_shape(group: NodeGroupSpec, gpu_label: str) -> dict[str, Any]:
     """A KwokMachineTemplate's `node` for hosts of a DDS group: the labels, taints and capacity the group's template
     node shows cluster-autoscaler (the real node must match what CA simulated), its GPUs at 0: they come from the
@@ -134,12 +168,7 @@ def node_shape(group: NodeGroupSpec, gpu_label: str) -> dict[str, Any]:
     labels = template_labels(group, "", gpu_label)
     labels.pop(LABEL_HOSTNAME, None)
     labels.pop(LABEL_ATTACHED_GPU, None)  # a node boots with 0 GPUs visible: DDS labels it once its GPUs are usable
-    capacity = group.node_allocatable(0).to_kubernetes()
-    if group.gpu_api.dra:
-        capacity.pop(group.gpu_resource, None)  # a DRA group's GPUs are ResourceSlice devices, never node capacity
-    elif group.max_gpus_per_node > 0:
-        capacity[group.gpu_resource] = "0"  # the resource is there from the start; the fabric's attaches raise it
-    return {"labels": labels, "capacity": capacity,
+    return {"labels": labels, "capacity": node_capacity(group),
             "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in group.taints]}
 
 
@@ -148,6 +177,19 @@ def machine_template(namespace: str, name: str, node: Optional[Mapping[str, Any]
     return {"apiVersion": f"{INFRA_GROUP}/{VERSION}", "kind": TEMPLATE_KIND,
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"template": {"spec": {"node": dict(node or {})}}}}
+
+
+def template_for(obj: Mapping[str, Any], gpu_label: str) -> dict[str, Any]:
+    """The KwokMachineTemplate for a DDS node group's MachineSet (or MachineDeployment): of its name, its hosts shaped as
+    the group's template node; a MachineSet DDS would refuse is refused here with DDS's reasons."""
+    from dds.groups.schema import parse_group
+    from dds.groups.sources import group_input_from_machineset
+    from dds.kube.machinesets import machineset_from_object
+
+    group, problems = parse_group(group_input_from_machineset(machineset_from_object(obj)))
+    if group is None:
+        raise ValueError(f"{obj['kind']} {obj['metadata']['name']} is no DDS node group: {problems}")
+    return machine_template(obj["metadata"]["namespace"], obj["metadata"]["name"], node_shape(group, gpu_label))
 
 
 def create_template(api: AdminApi, template: dict[str, Any]) -> None:
@@ -159,12 +201,22 @@ def infrastructure_ref(template_name: str) -> dict[str, str]:
     return {"apiGroup": INFRA_GROUP, "kind": TEMPLATE_KIND, "name": template_name}
 
 
+def on_kwok_hosts(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A MachineSet (or MachineDeployment) whose machines this provider makes: its template's infrastructureRef on the
+    KwokMachineTemplate of the same name, the bootstrap phase skipped (kwok hosts need none)."""
+    obj = copy.deepcopy(dict(obj))
+    template = obj["spec"]["template"]["spec"]
+    template["infrastructureRef"] = infrastructure_ref(obj["metadata"]["name"])
+    template["bootstrap"] = {"dataSecretName": BOOTSTRAP_SECRET}
+    return obj
+
+
 def _created_at(obj: Mapping[str, Any]) -> float:
     stamp = (obj.get("metadata") or {}).get("creationTimestamp") or ""
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else 0.0
 
 
-def node_object(name: str, shape: Mapping[str, Any]) -> dict[str, Any]:
+def node_object(name: str, shape: Mapping[str, Any], provider_ids: ProviderIds = KWOK_PROVIDER_IDS) -> dict[str, Any]:
     """The host's Node as its kubelet would register it; kwok then keeps it Ready."""
     capacity = {**DEFAULT_CAPACITY, **(shape.get("capacity") or {})}
     labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
@@ -172,7 +224,7 @@ def node_object(name: str, shape: Mapping[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": labels,
                          "annotations": {KWOK_NODE_ANNOTATION[0]: KWOK_NODE_ANNOTATION[1]}},
-            "spec": {"providerID": PROVIDER_PREFIX + name, "taints": list(shape.get("taints") or [])},
+            "spec": {"providerID": provider_ids.of(name), "taints": list(shape.get("taints") or [])},
             "status": {"capacity": capacity, "allocatable": capacity}}
 
 
@@ -180,7 +232,8 @@ class KwokInfrastructureProvider(ReconcileLoop):
     """The provider's controller: one `reconcile_once()` pass, or `start()` for a background thread."""
 
     def __init__(self, api_client: client.ApiClient, *, provisioning_delay_seconds: float = 0.0,
-                 interval_seconds: float = 0.2, active: Callable[[], bool] = lambda: True) -> None:
+                 interval_seconds: float = 0.2, active: Callable[[], bool] = lambda: True,
+                 provider_ids: ProviderIds = KWOK_PROVIDER_IDS) -> None:
         """`active`: whether to run passes now (the harness pauses the provider while its manager is not running)."""
         super().__init__("kwok-infrastructure-provider", interval_seconds)
         self._custom = client.CustomObjectsApi(api_client)
@@ -189,6 +242,7 @@ class KwokInfrastructureProvider(ReconcileLoop):
         self.hosts: set[str] = set()  # the "machines" this cloud runs, by KwokMachine name
         self.removed_hosts: list[str] = []
         self._active = active
+        self.provider_ids = provider_ids
 
     def reconcile_once(self) -> None:
         if not self._active():
@@ -228,13 +282,13 @@ class KwokInfrastructureProvider(ReconcileLoop):
             return
         shape = ((machine.get("spec") or {}).get("node")) or {}
         try:
-            self._core.create_node(node_object(name, shape))
+            self._core.create_node(node_object(name, shape, self.provider_ids))
         except client.ApiException as exc:
             if exc.status != 409:  # made in an earlier pass whose status write failed
                 raise
         self.hosts.add(name)
         self._custom.patch_namespaced_custom_object(INFRA_GROUP, VERSION, namespace, MACHINES, name,
-                                                    {"spec": {"providerID": PROVIDER_PREFIX + name}})
+                                                    {"spec": {"providerID": self.provider_ids.of(name)}})
         self._custom.patch_namespaced_custom_object_status(
             INFRA_GROUP, VERSION, namespace, MACHINES, name,
             {"status": {"initialization": {"provisioned": True},
@@ -257,3 +311,55 @@ class KwokInfrastructureProvider(ReconcileLoop):
             if exc.status != 404:  # gone meanwhile (its namespace deleted): nothing left to remove
                 raise
         log.info("kwok provider: host %s/%s removed", meta["namespace"], meta["name"])
+
+
+# --- as a program: the provider for a cluster of one's own (hack/kind-up.sh) ---
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Install the provider into the cluster a kubeconfig names, make the workload cluster and KwokMachineTemplates for
+    the given MachineSets, create those MachineSets on kwok hosts, then run the provider until interrupted."""
+    import types
+
+    import yaml
+    from kubernetes import config as kube_config
+
+    from harness.capi import COLLECTIONS, ClusterApiError
+
+    parser = argparse.ArgumentParser(prog="python -m harness.kwok_provider", description=main.__doc__)
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--context")
+    parser.add_argument("--token-file", required=True,
+                        help="a bearer token with admin rights: the provider's writes and the workload cluster's "
+                             "kubeconfig Secret (Cluster API reads the cluster's Nodes with it)")
+    parser.add_argument("--workload-server", default="https://kubernetes.default.svc",
+                        help="the apiserver as Cluster API's manager reaches it (default: from inside the cluster)")
+    parser.add_argument("--machineset", action="append", default=[], metavar="FILE",
+                        help="a DDS node group's MachineSet manifest, created on kwok hosts (repeatable)")
+    parser.add_argument("--gpu-label", default="nvidia.com/gpu.product")
+    parser.add_argument("--provisioning-delay", type=float, default=10.0, metavar="SECONDS")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+    api_client = kube_config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
+    token = open(args.token_file).read().strip()
+    admin = AdminApi(types.SimpleNamespace(server=api_client.configuration.host, token=token),
+                     api_client.configuration.ssl_ca_cert, COLLECTIONS, ClusterApiError)
+    install(admin)
+    for path in args.machineset:
+        obj = on_kwok_hosts(yaml.safe_load(open(path).read()))
+        namespace = obj["metadata"].setdefault("namespace", "default")
+        install_cluster(admin, namespace, obj["spec"]["clusterName"], workload_server=args.workload_server)
+        create_template(admin, template_for(obj, args.gpu_label))
+        plural, version = f"{obj['kind'].lower()}s", obj["apiVersion"].rpartition("/")[2]
+        admin.apply(obj, f"/apis/cluster.x-k8s.io/{version}/namespaces/{namespace}/{plural}")
+        log.info("kwok provider: %s %s/%s on kwok hosts", obj["kind"], namespace, obj["metadata"]["name"])
+    provider = KwokInfrastructureProvider(api_client, provisioning_delay_seconds=args.provisioning_delay)
+    try:
+        provider.run_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

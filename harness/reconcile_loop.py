@@ -27,6 +27,10 @@ class ReconcileLoop:
         self._thread.start()
         return self
 
+    def run_forever(self) -> None:
+        """Passes in the calling thread until stop() (a program whose only work this loop is)."""
+        self._run()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:

@@ -38,7 +38,7 @@ from harness.redfish_emulator import EmulatedSystem, RedfishEmulator
 log = logging.getLogger(__name__)
 
 CAPI_GROUP = "cluster.x-k8s.io"
-CAPI_VERSION = "v1beta1"
+CAPI_VERSION = "v1beta2"
 _VISIBLE_STATES = ("Composed", "ComposedAndAvailable")
 _GPU = "GPU"  # the composed GPU blocks, as a model of the devices a server shows (anything but CXL memory is a GPU)
 MiB = 2**20

@@ -1,11 +1,11 @@
 """The whole DDS stack on this machine, for `make demo`, the e2e tests and the reliability campaign.
 
     control plane (etcd, kube-apiserver, kube-scheduler, kwok; harness/controlplane.py)
-    + MachineSet default/gpu-workers (manifests/examples, with short cooldowns)
-    + Cluster API's part, played by KwokInfrastructure in this process (as in a cluster, it is not DDS: killing DDS
-      does not stop machines from being made); with `StackOptions.cluster_api`, Cluster API's own manager
-      (harness/capi.py, as shipped) and the kwok infrastructure provider (harness/kwok_provider.py) instead, the
-      MachineSet written as v1beta2 with its template on the provider's KwokMachineTemplate
+    + Cluster API: its own manager (harness/capi.py, as shipped: its CRDs, conversion and admission webhooks,
+      ServiceAccount and RBAC) and the hardware's stand-in, the kwok infrastructure provider (harness/kwok_provider.py,
+      in this process: killing DDS does not stop machines from being made)
+    + MachineSet default/gpu-workers (manifests/examples as v1beta2, with short cooldowns), its template on the
+      provider's KwokMachineTemplate shaped as DDS's group template
     + DDS: `python -m dds serve --config ...` as a process of its own, on mutual TLS, restartable and killable, with
       its ServiceAccount's kubeconfig (`dds_kubeconfig`: the RBAC of manifests/dds, harness/rbac.py)
     + the real cluster-autoscaler (--cloud-provider=externalgrpc; $DDS_CLUSTER_AUTOSCALER or the binary cache, the
@@ -23,10 +23,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import yaml
 from kubernetes import client
@@ -34,10 +34,10 @@ from kubernetes import client
 from dds import certs
 from dds.config import Settings
 from dds.model.groups import ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN
-from dds.nodes.kwok import KWOK_PROVIDER_IDS, ProviderIds
 from harness import rbac
 from harness.autoscaler import AutoscalerHandle, free_port, start_autoscaler
 from harness.controlplane import RESOURCE_CLAIM_CONTROLLER
+from harness.kwok_provider import KWOK_PROVIDER_IDS, ProviderIds
 
 ROOT = Path(__file__).resolve().parents[1]
 MACHINESET_FILE = ROOT / "manifests" / "examples" / "machineset-gpu-workers.yaml"
@@ -45,6 +45,7 @@ GPU = "nvidia.com/gpu"
 WORKLOAD_NAMESPACE = "demo"
 PROVISIONING_REQUEST_CRDS = ROOT / "tests" / "e2e" / "crds" / "provisioningrequests"
 DDS_NAMESPACE = "dds-system"
+PAUSED_ANNOTATION = "cluster.x-k8s.io/paused"
 
 
 class StackError(RuntimeError):
@@ -82,14 +83,12 @@ class StackOptions:
     # kube-scheduler's DynamicResources bindingTimeout (None: its default); DDS is told the same
     # (dra_binding_timeout_seconds) by the test that sets it.
     dra_binding_timeout_seconds: Optional[float] = None
-    # The providerIDs the Cluster API part gives Machines and their Nodes (kwok://<name> by default).
+    # The providerIDs the infrastructure provider gives its hosts and their Nodes (kwok://<name> by default).
     provider_ids: ProviderIds = KWOK_PROVIDER_IDS
     # The hardware's side of a real fabric backend, entered once the control plane runs and before the MachineSet and
     # DDS exist, closed with the stack: called with the Stack, returns a context manager (harness/cdi_stack.py: the
     # fabric-manager emulator, the GPU node agent and the real CDI operator).
     fabric_side: Optional[Callable[["Stack"], Any]] = None
-    # Cluster API's own manager and the harness's kwok infrastructure provider make the machines (not KwokInfrastructure).
-    cluster_api: bool = False
 
 
 def machineset(options: StackOptions) -> dict:
@@ -104,16 +103,10 @@ def machineset(options: StackOptions) -> dict:
 
 
 def cluster_api_machineset(options: StackOptions) -> dict:
-    """The example MachineSet as v1beta2 for Cluster API's own manager: its template's infrastructureRef on the kwok
-    provider's KwokMachineTemplate of the same name, the bootstrap phase skipped (kwok hosts need none)."""
-    from harness.kwok_provider import BOOTSTRAP_SECRET, infrastructure_ref
+    """The stack's MachineSet as Cluster API's manager gets it: the example on kwok hosts."""
+    from harness.kwok_provider import on_kwok_hosts
 
-    obj = machineset(options)
-    obj["apiVersion"] = "cluster.x-k8s.io/v1beta2"
-    template = obj["spec"]["template"]["spec"]
-    template["infrastructureRef"] = infrastructure_ref(obj["metadata"]["name"])
-    template["bootstrap"] = {"dataSecretName": BOOTSTRAP_SECRET}
-    return obj
+    return on_kwok_hosts(machineset(options))
 
 
 def group_of(obj: dict) -> Any:
@@ -273,6 +266,7 @@ class Stack:
         self._exit = ExitStack()
         self.dds: Optional[DdsProcess] = None
         self.autoscaler: Optional[AutoscalerHandle] = None
+        self._clusters: set[tuple[str, str]] = set()  # (namespace, name) of the workload clusters made
 
     def __enter__(self) -> "Stack":
         return self
@@ -284,7 +278,6 @@ class Stack:
         self._exit.close()
 
     def _start(self) -> None:
-        from dds.nodes.kwok import KwokInfrastructure
         from harness.controlplane import start_control_plane
 
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -314,16 +307,7 @@ class Stack:
                                                                           files_dir=str(self.tls_dir)))
         self.fabric_side = (self._exit.enter_context(self.options.fabric_side(self))
                             if self.options.fabric_side is not None else None)
-        if self.options.cluster_api:
-            self._start_cluster_api()
-        else:
-            client.CustomObjectsApi(self.api).create_namespaced_custom_object(
-                "cluster.x-k8s.io", "v1beta1", "default", "machinesets", machineset(self.options))
-            self.infrastructure = KwokInfrastructure(self.control_plane.api_client(), time.time,
-                                                     provisioning_delay_seconds=self.options.node_provisioning_seconds,
-                                                     provider_ids=self.options.provider_ids)
-            self.infrastructure.run_in_thread()
-            self._exit.callback(self.infrastructure.stop)
+        self._start_cluster_api()
         self.config_path = self.write_dds_config("dds.yaml", self.grpc_port)
         self.dds = self.start_dds(env=self.options.dds_env or None)
         self._exit.callback(lambda: self.dds.stop() if self.dds else None)
@@ -342,15 +326,44 @@ class Stack:
         kwok_provider.install(admin)
         self.provider = kwok_provider.KwokInfrastructureProvider(
             self.control_plane.api_client(), provisioning_delay_seconds=self.options.node_provisioning_seconds,
-            active=self.cluster_api.running).start()
+            active=self.cluster_api.running, provider_ids=self.options.provider_ids).start()
         self._exit.callback(self.provider.stop)
-        obj = cluster_api_machineset(self.options)
-        kwok_provider.install_cluster(admin, obj["metadata"]["namespace"], obj["spec"]["clusterName"])
+        self.add_node_group(machineset(self.options))
+
+    def add_node_group(self, obj: dict, plural: str = "machinesets", api: Optional[client.ApiClient] = None) -> dict:
+        """Create a MachineSet (or MachineDeployment) of the stack's workload cluster on kwok hosts shaped as its DDS
+        group's template node (a KwokMachineTemplate of its name); `api` writes it (default: the admin); returns what
+        the apiserver stored."""
+        from harness import kwok_provider
+
+        obj = kwok_provider.on_kwok_hosts(obj)
+        cluster = (obj["metadata"]["namespace"], obj["spec"]["clusterName"])
+        if cluster not in self._clusters:  # its workload cluster, made once
+            kwok_provider.install_cluster(self.cluster_api.admin_api(), *cluster)
+            self._clusters.add(cluster)
         gpu_label = self.options.dds_settings.get("gpu_label", Settings.model_fields["gpu_label"].default)
-        kwok_provider.create_template(admin, kwok_provider.machine_template(
-            obj["metadata"]["namespace"], obj["metadata"]["name"], kwok_provider.node_shape(group_of(obj), gpu_label)))
-        client.CustomObjectsApi(self.api).create_namespaced_custom_object(
-            "cluster.x-k8s.io", "v1beta2", obj["metadata"]["namespace"], "machinesets", obj)
+        kwok_provider.create_template(self.cluster_api.admin_api(), kwok_provider.template_for(obj, gpu_label))
+        version = obj["apiVersion"].rpartition("/")[2]
+        return client.CustomObjectsApi(api or self.api).create_namespaced_custom_object(
+            "cluster.x-k8s.io", version, obj["metadata"]["namespace"], plural, obj)
+
+    @contextmanager
+    def machines_paused(self) -> Iterator[None]:
+        """Cluster API makes no Machine for the stack's MachineSet meanwhile (its `cluster.x-k8s.io/paused` annotation,
+        which its MachineSet controller honours), as when its controllers are still reconnecting after an outage."""
+        obj = cluster_api_machineset(self.options)
+        namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        custom = client.CustomObjectsApi(self.api)
+
+        def annotate(value: Optional[str]) -> None:
+            custom.patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", namespace, "machinesets", name,
+                                                  {"metadata": {"annotations": {PAUSED_ANNOTATION: value}}})
+
+        annotate("")
+        try:
+            yield
+        finally:
+            annotate(None)
 
     # --- DDS ---
     def write_dds_config(self, name: str, grpc_port: int, **overrides: Any) -> Path:

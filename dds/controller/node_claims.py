@@ -30,7 +30,7 @@ class NodeClaimReporter:
             metrics.MACHINE_CLAIMS_REFUSED.inc()
             try:
                 self._events.emit(ObjectRef(kind="Machine", name=machine.name, namespace=machine.namespace,
-                                            api_version=machine.api_version or "cluster.x-k8s.io/v1beta1",
+                                            api_version=machine.api_version or "cluster.x-k8s.io/v1beta2",
                                             uid=machine.uid), WARNING, REASON, machine.refused)
             except Exception as exc:  # an Event is best effort: never let it stop the pass
                 log.warning("could not record an Event for Machine %s/%s: %s", machine.namespace, machine.name, exc)

@@ -82,7 +82,7 @@ def dds_events(stack: Stack) -> list[DdsEvent]:
 
 def machineset_replicas(stack: Stack) -> int:
     obj = client.CustomObjectsApi(stack.api).get_namespaced_custom_object(
-        "cluster.x-k8s.io", "v1beta1", "default", "machinesets", "gpu-workers")
+        "cluster.x-k8s.io", "v1beta2", "default", "machinesets", "gpu-workers")
     return int(obj["spec"]["replicas"])
 
 

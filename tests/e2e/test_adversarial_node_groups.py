@@ -9,7 +9,8 @@ ServiceAccount, in each of the two namespaces, may only create pods, ResourceCla
 - an opted-in MachineSet in outsider, which may have no node groups;
 - in team-a: one drawing from team B's pool, one asking for force detach and a GPU idle cooldown of 0, one with a
   mistyped key; and a Machine whose spec.providerID is a copy of team B's node's, whose status.nodeRef Cluster API then
-  sets to that node (played here by the test: the kwok stand-in does not link Machines to Nodes by providerID).
+  sets to that node (played here by the test: team-a has no workload Cluster here, so Cluster API's Machine
+  controller, which runs, does not get that far).
 
 Shown: none of it is served, each refusal is an InvalidNodeGroup Event saying why, no GPU or node of team B is touched,
 and team B's pending GPU pod gets its GPU on its own node.
@@ -81,7 +82,7 @@ def tenant_machineset(name: str, **annotations: str) -> dict[str, Any]:
 
 
 def create(api: client.ApiClient, namespace: str, plural: str, body: dict[str, Any]) -> dict[str, Any]:
-    return client.CustomObjectsApi(api).create_namespaced_custom_object(CAPI, "v1beta1", namespace, plural, body)
+    return client.CustomObjectsApi(api).create_namespaced_custom_object(CAPI, "v1beta2", namespace, plural, body)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,7 @@ def attempt(tmp_path_factory) -> Iterator[dict[str, Any]]:
             n for n in stack.nodes() if is_ready(n) and gpus_allocatable(n) >= 1] or None, TIMEOUT,
             lambda: describe(stack))
         machine_b = next(m for m in client.CustomObjectsApi(stack.api).list_namespaced_custom_object(
-            CAPI, "v1beta1", "default", "machines")["items"] if capi.node_ref_name(m) == node_b.metadata.name)
+            CAPI, "v1beta2", "default", "machines")["items"] if capi.node_ref_name(m) == node_b.metadata.name)
         outsider, team_a = tenant_client(stack, OUTSIDER), tenant_client(stack, TEAM_A)
 
         create(outsider, OUTSIDER, "machinesets", tenant_machineset("outsider-gpu"))
@@ -105,19 +106,19 @@ def attempt(tmp_path_factory) -> Iterator[dict[str, Any]]:
         del plain["metadata"]["annotations"][g.ANN_ENABLED]
         owner = create(team_a, TEAM_A, "machinesets", plain)
         create(team_a, TEAM_A, "machines", {
-            "apiVersion": f"{CAPI}/v1beta1", "kind": "Machine",
+            "apiVersion": f"{CAPI}/v1beta2", "kind": "Machine",
             "metadata": {"name": "a-copy", "labels": {capi.LABEL_SET_NAME: "a-plain"},
-                         "ownerReferences": [{"apiVersion": f"{CAPI}/v1beta1", "kind": "MachineSet",
+                         "ownerReferences": [{"apiVersion": f"{CAPI}/v1beta2", "kind": "MachineSet",
                                               "name": "a-plain", "uid": owner["metadata"]["uid"],
                                               "controller": True}]},
             "spec": {"clusterName": "demo", "providerID": node_b.spec.provider_id,
                      "bootstrap": {"dataSecretName": "a-plain-bootstrap"},
-                     "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
-                                           "kind": "KwokMachine", "name": "a-copy"}}})
+                     "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Machine",
+                                           "name": "a-copy"}}})
         # Cluster API's machine controller: the Node whose providerID the Machine names becomes its nodeRef
         # (core/reconcilers/machine/machine_controller_noderef.go, no check that another Machine has it).
         client.CustomObjectsApi(stack.api).patch_namespaced_custom_object_status(
-            CAPI, "v1beta1", TEAM_A, "machines", "a-copy", {"status": {"nodeRef": {"name": node_b.metadata.name}}})
+            CAPI, "v1beta2", TEAM_A, "machines", "a-copy", {"status": {"nodeRef": {"name": node_b.metadata.name}}})
         yield {"stack": stack, "node_b": node_b, "machine_b": machine_b, "team_a": team_a}
 
 
@@ -182,7 +183,7 @@ def test_team_bs_pending_pod_gets_its_gpu_on_its_own_node_and_nothing_of_team_b_
     assert not [t.key for t in node.spec.taints or () if t.key.startswith("dds.cdi.dev/")]
     assert [n.metadata.name for n in stack.nodes()] == [name], "no node added, none removed"
     machine = client.CustomObjectsApi(stack.api).get_namespaced_custom_object(
-        CAPI, "v1beta1", "default", "machines", capi.name_of(attempt["machine_b"]))
+        CAPI, "v1beta2", "default", "machines", capi.name_of(attempt["machine_b"]))
     assert not capi.marked_for_deletion(machine) and not capi.is_deleting(machine)
     assert machineset_replicas(stack) == 1
     facts = fabric_facts(stack)

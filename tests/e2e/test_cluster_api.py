@@ -29,14 +29,11 @@ import pytest
 from kubernetes import client
 
 from dds import crashpoints
-from dds.config import Settings
 from dds.controller.observe import machine_refs
 from dds.kube.capi import DDS_PRE_TERMINATE_HOOK
 from dds.model.groups import ANN_CAPI_DELETE_MACHINE
-from harness import kwok_provider
 from harness.kwok_provider import infrastructure_ref
-from harness.stack import (Stack, StackOptions, cluster_api_machineset, gpus_allocatable, group_of, is_ready, pod,
-                           start_stack)
+from harness.stack import Stack, StackOptions, cluster_api_machineset, gpus_allocatable, is_ready, pod, start_stack
 from tests.e2e.cluster_facts import describe, fabric_facts, pods_running
 
 pytestmark = pytest.mark.e2e
@@ -96,7 +93,7 @@ def wait_for_host_removed(stack: Stack, host: str, node: str, timeout: float) ->
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    options = StackOptions(cluster_api=True, workers=1, pool_size=POOL, attach_latency=(2.0, 3.0),
+    options = StackOptions(workers=1, pool_size=POOL, attach_latency=(2.0, 3.0),
                            detach_latency=DETACH_LATENCY, node_provisioning_seconds=PROVISIONING_SECONDS,
                            gpu_idle_cooldown_seconds=600.0, node_idle_cooldown_seconds=NODE_IDLE_COOLDOWN_SECONDS)
     with start_stack(tmp_path_factory.mktemp("cluster-api"), options) as started:
@@ -235,12 +232,7 @@ def deployment_replicas(stack: Stack) -> tuple[int, list[int]]:
 
 
 def test_a_machinedeployment_group_is_scaled_up_and_down_by_the_real_ca(stack: Stack, capsys: Any) -> None:
-    obj = machinedeployment(stack)
-    gpu_label = stack.options.dds_settings.get("gpu_label", Settings.model_fields["gpu_label"].default)
-    kwok_provider.create_template(stack.cluster_api.admin_api(), kwok_provider.machine_template(
-        NAMESPACE, MACHINEDEPLOYMENT, kwok_provider.node_shape(group_of(obj), gpu_label)))
-    client.CustomObjectsApi(stack.api).create_namespaced_custom_object(CAPI, V1BETA2, NAMESPACE,
-                                                                       "machinedeployments", obj)
+    stack.add_node_group(machinedeployment(stack), "machinedeployments")
     group = f"MachineDeployment/{NAMESPACE}/{MACHINEDEPLOYMENT}"
     manifest = pod("md-0", memory_gib=8)
     manifest["spec"]["nodeSelector"] = {INSTANCE_TYPE: MD_INSTANCE_TYPE}

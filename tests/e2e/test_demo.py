@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.demo import PICTURE, DemoOptions, DemoResult, Entry, run_demo
+from harness import versions
+from harness.demo import PICTURE, DemoOptions, DemoResult, Entry, run_demo, summary
 from harness.demo_plot import is_png, read_recording
 from harness.stack import StackOptions
 
@@ -76,6 +77,16 @@ def test_scale_down_detaches_then_removes_the_empty_node(demo: DemoResult):
     detached = first(demo, "dds", f"node/{node}", "DetachedGPU")
     removing = first(demo, "dds", f"node/{node}", "RemovingNode")
     assert detached.at <= removing.at <= removed[0].at
+
+
+def test_the_nodes_come_and_go_through_cluster_apis_own_manager(demo: DemoResult):
+    """The demo names the Cluster API it ran, and its summary times the removal of a node holding a GPU: DDS's decision,
+    the GPU detached, then Cluster API's Machine deletion to the Node gone."""
+    assert demo.cluster_api == f"Cluster API {versions.read_pins(versions.SHARED_PINS)['CLUSTER_API_VERSION']}"
+    assert any(e.kind == "step" and e.text.startswith(f"{demo.cluster_api}: its manager (pid ")
+               for e in demo.timeline[:3]), [e.line() for e in demo.timeline[:3]]
+    assert demo.node_removal_seconds is not None and demo.node_removal_seconds > 0
+    assert f"node removal:          {demo.node_removal_seconds:.1f}s" in summary(demo)
 
 
 def test_gpu_counts_add_up_in_metrics(demo: DemoResult):

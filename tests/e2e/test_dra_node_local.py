@@ -109,8 +109,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
                            gpu_idle_cooldown_seconds=15.0, node_idle_cooldown_seconds=600.0, controller_manager=True,
                            machineset_annotations={ANN_GPU_API: GpuApi.DRA_NODE_LOCAL.value})
     with start_stack(tmp_path_factory.mktemp("dra-node-local"), options) as stack:
-        client.CustomObjectsApi(stack.api).create_namespaced_custom_object(
-            "cluster.x-k8s.io", "v1beta1", "default", "machinesets", extended_machineset(options))
+        stack.add_node_group(extended_machineset(options))
         resource = client.ResourceV1Api(stack.api)
         resource.create_device_class(yaml.safe_load(DEVICE_CLASS_FILE.read_text()))
         for template in (claim_template("one-gpu"),

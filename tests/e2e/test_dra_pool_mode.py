@@ -68,8 +68,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
                                                    "capacity.cluster-autoscaler.kubernetes.io/gpu-count": "0"})
     with start_stack(tmp_path_factory.mktemp("dra-pool-mode"), options) as stack:
         # No node: what matters is that the pool's slice is not placed on it (the group is served all the same).
-        client.CustomObjectsApi(stack.api).create_namespaced_custom_object(
-            "cluster.x-k8s.io", "v1beta1", "default", "machinesets", extended_machineset(options, workers=0))
+        stack.add_node_group(extended_machineset(options, workers=0))
         resource = client.ResourceV1Api(stack.api)
         resource.create_device_class(yaml.safe_load((ROOT / "manifests" / "dra" / "deviceclass.yaml").read_text()))
         resource.create_namespaced_resource_claim_template(WORKLOAD_NAMESPACE, claim_template("one-gpu"))

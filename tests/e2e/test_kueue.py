@@ -313,7 +313,7 @@ def settled(run: KueueRun) -> None:
     """The cluster at rest with short cooldowns: only the workers (each kept by a CPU pod, so the group's scale-down
     takes the nodes Jobs added, not them), every idle GPU detached, no fabric operation running, no booking."""
     custom = client.CustomObjectsApi(run.stack.api)
-    custom.patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta1", "default", "machinesets", "gpu-workers", {
+    custom.patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", "default", "machinesets", "gpu-workers", {
         "metadata": {"annotations": {ANN_GPU_IDLE_COOLDOWN: GPU_COOLDOWN, ANN_NODE_IDLE_COOLDOWN: NODE_COOLDOWN}}})
     present = {p.metadata.name for p in run.stack.pods()}
     for node in sorted(run.workers):

@@ -110,7 +110,7 @@ def test_an_empty_node_gives_back_its_gpus_then_goes(scaled_down):
     [removing] = node_events(stack, nodes["c"], "RemovingNode")
     assert detached.first_timestamp <= removing.first_timestamp
     machineset = client.CustomObjectsApi(stack.api).get_namespaced_custom_object(
-        "cluster.x-k8s.io", "v1beta1", "default", "machinesets", "gpu-workers")
+        "cluster.x-k8s.io", "v1beta2", "default", "machinesets", "gpu-workers")
     assert machineset["spec"]["replicas"] == 2
     assert decisions(stack, "node") >= 1
 

@@ -185,21 +185,18 @@ def test_autoscaler_restart_while_an_attach_is_in_flight(outages: Outages):
 
 
 def test_apiserver_restart_while_a_node_is_being_added(outages: Outages):
-    """Cluster API's controllers (played by the stack's kwok infrastructure) are paused from DDS's MachineSet patch until
-    after the restart, as when they too are still reconnecting to the apiserver: the new replica has no Machine yet.
+    """Cluster API's MachineSet controller is paused from before DDS's MachineSet patch until after the restart, as
+    when it too is still reconnecting to the apiserver: the new replica has no Machine yet.
     (DDS once ended its node instance there and CA, seeing its scale-up gone, had it add a second node.)"""
     stack = outages.stack
     before = Counts.now(stack)
     asked_before = len(log_lines(stack.dds.log_path, "case 1: CA asked"))
-    stack.infrastructure.stop()
-    try:
+    with stack.machines_paused():
         for name in ("mem-0", "mem-1"):
             outages.create(name, memory_gib=24)
         outages.wait_for("DDS adding a node (MachineSet scaled up)", lambda: machineset_replicas(stack) > before.nodes)
         outages.restart_apiserver(during="a node add, before its Machine")
         time.sleep(MACHINE_LAG)  # CA, back on the apiserver, looks at the group again before the Machine exists
-    finally:
-        stack.infrastructure.run_in_thread()
     assert len(stack.nodes()) == before.nodes, "the node was up before the outage ended: this step proved nothing"
     outages.wait_for("mem-0 and mem-1 Running", lambda: pods_running(stack, ["mem-0", "mem-1"]))
     asked = len(log_lines(stack.dds.log_path, "case 1: CA asked")) - asked_before

@@ -22,7 +22,7 @@ def _executable(path: Path) -> None:
     path.chmod(0o755)
 
 
-def _cache(root: Path, *, controller_manager: bool = True, cro_manager: bool = True,
+def _cache(root: Path, *, controller_manager: bool = True, cro_manager: bool = True, cluster_api: bool = True,
            earlier_layout: bool = False) -> Path:
     shared = versions.read_pins(versions.SHARED_PINS)
     _executable(root / f"etcd-{shared['ETCD_VERSION']}" / "etcd")
@@ -32,14 +32,15 @@ def _cache(root: Path, *, controller_manager: bool = True, cro_manager: bool = T
         _executable(cro / "cro-manager")
         (cro / "config" / "webhook").mkdir(parents=True)
         (cro / "config" / "webhook" / "manifests.yaml").write_text("")
-        capi = root / f"cluster-api-{shared['CLUSTER_API_VERSION']}"
-        _executable(capi / "cluster-api-manager")
-        (capi / "config" / "webhook").mkdir(parents=True)
-        (capi / "config" / "webhook" / "manifests.yaml").write_text("")
         kueue = root / f"kueue-{shared['KUEUE_VERSION']}"
         _executable(kueue / "kueue")
         (kueue / "config" / "webhook").mkdir(parents=True)
         (kueue / "config" / "webhook" / "manifests.yaml").write_text("")
+    if cluster_api:
+        capi = root / f"cluster-api-{shared['CLUSTER_API_VERSION']}"
+        _executable(capi / "cluster-api-manager")
+        (capi / "config" / "webhook").mkdir(parents=True)
+        (capi / "config" / "webhook" / "manifests.yaml").write_text("")
     for name in versions.known_profiles():
         profile = versions.load_profile(name)
         kubernetes = root / f"kubernetes-{profile.kubernetes_version}"
@@ -83,6 +84,13 @@ def test_the_demo_set_needs_neither_the_controller_manager_nor_the_operator(tmp_
     full = _run(cache)
     assert full.returncode != 0
     assert "building kubernetes-" in full.stderr and "(kube-controller-manager)" in full.stderr, full.stderr
+
+
+def test_the_demo_set_builds_cluster_apis_manager(tmp_path: Path) -> None:
+    """`make demo` runs Cluster API's own manager: a demo cache without it builds it (and fails here, without Go)."""
+    done = _run(_cache(tmp_path, controller_manager=False, cro_manager=False, cluster_api=False), DDS_BINARIES="demo")
+    assert done.returncode != 0
+    assert "building cluster-api" in done.stderr and "building kubernetes-" not in done.stderr, done.stderr
 
 
 def test_an_earlier_caches_controller_manager_is_adopted_not_rebuilt(tmp_path: Path) -> None:

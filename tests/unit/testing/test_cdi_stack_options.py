@@ -7,10 +7,10 @@ import uuid
 from dds.groups.sources import group_input_from_machineset
 from dds.groups.schema import parse_group
 from dds.kube.machinesets import machineset_from_object
-from dds.nodes.kwok import build_machine, build_node, is_kwok_machine
 from harness.cdi_operator import DRA_FEATURE_GATES, DRA_RUNTIME_CONFIG
 from harness.cdi_stack import FSAS_CDI_PROVIDER_IDS, PRODUCT_NAME, CdiFabricSide, cdi_options, machine_uuid
 from harness.gpu_node_agent import NVIDIA_DRA_DRIVER, PROVIDER_ID_PREFIX
+from harness.kwok_provider import node_object, node_shape
 from harness.stack import StackOptions, machineset
 
 
@@ -31,19 +31,19 @@ def test_the_stack_runs_dra_the_operator_needs_and_drives_it_through_requests() 
     assert options.dds_settings == {"fabric": "composability-request", "loop_interval_seconds": 2}
 
 
-def test_machines_and_their_nodes_carry_the_fabric_machine_id_the_operator_reads() -> None:
+def test_hosts_and_their_nodes_carry_the_fabric_machine_id_the_operator_reads() -> None:
+    """The kwok provider names a host (its KwokMachine's providerID, which Cluster API copies to the Machine, and its
+    Node's) as the CDI operator's fabric knows the server."""
     options = cdi_options(StackOptions())
-    obj = {**machineset(options), "apiVersion": "cluster.x-k8s.io/v1beta1"}
-    obj["metadata"] = {**obj["metadata"], "uid": "uid-1"}
-    machine = build_machine(obj, "gpu-workers-bcd23", 1.0, options.provider_ids)
-    provider_id = machine["spec"]["providerID"]
+    provider_id = options.provider_ids.of("gpu-workers-bcd23")
     assert provider_id == PROVIDER_ID_PREFIX + machine_uuid("gpu-workers-bcd23")
     assert uuid.UUID(provider_id.removeprefix(PROVIDER_ID_PREFIX))  # the operator's FM path takes the uuid
     assert machine_uuid("gpu-workers-bcd23") == machine_uuid("gpu-workers-bcd23") != machine_uuid("gpu-workers-x")
-    assert is_kwok_machine(machine, FSAS_CDI_PROVIDER_IDS) and not is_kwok_machine(machine)
-    spec, _ = parse_group(group_input_from_machineset(machineset_from_object(obj)))
+    assert options.provider_ids == FSAS_CDI_PROVIDER_IDS and StackOptions().provider_ids.of("n") == "kwok://n"
+    spec, _ = parse_group(group_input_from_machineset(machineset_from_object(machineset(options))))
     assert spec is not None
-    assert build_node(spec, obj, machine, "nvidia.com/gpu.product")["spec"]["providerID"] == provider_id
+    node = node_object("gpu-workers-bcd23", node_shape(spec, "nvidia.com/gpu.product"), options.provider_ids)
+    assert node["spec"]["providerID"] == provider_id
 
 
 def test_device_plugin_mode_is_an_extended_resource_group_through_the_cluster_manager() -> None:
