@@ -59,7 +59,6 @@ from dds.planner.provisioning import ProvisioningConfig
 from dds.model.groups import DEFAULT_GPU_RESOURCE, LABEL_NODE_GROUP, NodeGroupSpec
 from dds.nodes.factory import build_node_backend
 from dds.nodes.machineset import MachineSetProvisioner
-from dds.nodes.kwok import KwokInfrastructure
 from dds.ops.http import OpsServer, build_ops_server, check_metrics_settings
 from dds.planner import plan_scale_up
 from dds.planner.dra import CelLimits
@@ -241,7 +240,6 @@ class App:
     tracker: InstanceTracker
     scale_up: PlannerScaleUp  # what CA's IncreaseSize calls (case 1)
     scale_down: PlannerScaleDown  # what CA's DeleteNodes calls (case 3)
-    infrastructure: Optional[KwokInfrastructure] = None  # node_backend kwok: DDS also makes the Machines and Nodes
     cache: Optional[ClusterCache] = None  # settings.watch_cache: what every decision reads the cluster from
     leader_label: Optional[LeaderPodLabel] = None  # with leader election: the label the Service selects the leader by
     heap: HeapKeeper = field(default_factory=HeapKeeper)  # the collector kept off the cache's objects (dds/heap.py)
@@ -310,9 +308,7 @@ class App:
             self.leader_label.mark(True)
 
     def _start_acting(self) -> None:
-        """What only one replica may do: the control loop, and (node_backend kwok) making Machines and Nodes."""
-        if self.infrastructure is not None:
-            self.infrastructure.run_in_thread(self.settings.kwok.poll_interval_seconds)
+        """What only one replica may do: the control loop (after the marks a previous leader left are settled)."""
         self._release_leftover_marks()
         self.controller.start()
 
@@ -357,8 +353,6 @@ class App:
         self.server.stop()
         if self.elector is not None:
             self.elector.stop()
-        if self.infrastructure is not None:
-            self.infrastructure.stop()
         if self.cache is not None:
             self.cache.stop()
         self.fabric.close()
@@ -404,13 +398,13 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
         on_devices = with_resource_slices(on_devices, slices)
     fabric = built["fabric"] = build_fabric(settings, clock=clock, api_client=api, on_node_devices_changed=on_devices,
                                             cache=cache.composability if cache else None, events=events)
-    nodes = build_node_backend(settings, clock=clock, api_client=api, on_written=cache.assume if cache else None)
+    provisioner = build_node_backend(settings, clock=clock, api_client=api, on_written=cache.assume if cache else None)
     groups = fresh_groups(catalog, clock, settings.loop_interval_seconds)
     observer = ClusterObserver(KubeClusterReader(api, settings.machineset_namespaces, cache), fabric, groups, clock,
                                IdleTracker(), settings.gpu_label, cache=cache, cel_limits=cel_limits(settings))
     tracker = InstanceTracker(ConfigMapStateStore(api, settings.namespace, INSTANCES_CONFIGMAP))
     registry = Registry(catalog, ObservedClusterView(observer, api, clock), tracker)
-    executor = Executor(fabric, nodes.provisioner, events)
+    executor = Executor(fabric, provisioner, events)
     watcher = OperationWatcher(fabric, events, clock)
     planner = planner_config(settings)
     loop = LoopConfig(interval_seconds=settings.loop_interval_seconds,
@@ -450,8 +444,8 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                               settings.max_node_provision_seconds)
     controller.listeners.append(DeviceRepair(fabric, controller.actions, events, clock).run)  # GPUs failed while attached
     controller.listeners.append(NodeClaimReporter(events).run)  # Machines naming a Node another Machine has
-    if isinstance(nodes.provisioner, MachineSetProvisioner):  # GPUs back to the pool before a Machine's host goes
-        controller.listeners.append(PreTerminateHooks(catalog.group, nodes.provisioner, fabric, controller.actions,
+    if isinstance(provisioner, MachineSetProvisioner):  # GPUs back to the pool before a Machine's host goes
+        controller.listeners.append(PreTerminateHooks(catalog.group, provisioner, fabric, controller.actions,
                                                       events, clock, settings.pre_terminate_detach_timeout_seconds).run)
     scale_down = PlannerScaleDown(controller.ca_call_ports(), tracker, planner)
     elector: Optional[LeaderElector] = None
@@ -466,7 +460,7 @@ def build_app(settings: Settings, api: Optional[ApiClient] = None,
                  if query.get("format") == ["json"] else (controller.journal.render_text(), "text/plain; charset=utf-8"))
     app = App(settings=settings, api=api, fabric=fabric, catalog=catalog, registry=registry, controller=controller,
               server=server, ops=ops, events=events, elector=elector, tracker=tracker, scale_up=scale_up,
-              scale_down=scale_down, infrastructure=nodes.infrastructure, cache=cache,
+              scale_down=scale_down, cache=cache,
               leader_label=LeaderPodLabel(api, settings.namespace, pod_name or os.environ.get("POD_NAME"),
                                           elector.timing.request_timeout) if elector is not None else None)
     ops.add_ready_check("started", app.started.is_set)

@@ -20,7 +20,17 @@ class FabricBackend(str, Enum):
 class NodeBackend(str, Enum):
     MACHINESET = "machineset"  # Cluster API: scale MachineSets (an infrastructure provider makes the machines)
     MEMORY = "memory"  # no cluster: remember the wanted nodes only (dds serve with a YAML file)
-    KWOK = "kwok"  # MachineSets, with DDS itself making their Machines and kwok Nodes (demo, tests; dds/nodes/kwok.py)
+
+
+# Settings of earlier releases that no longer mean anything, and what to do instead: refused with that advice rather
+# than as an unknown value.
+REMOVED_SETTINGS = {
+    "node_backend kwok": "DDS no longer makes Machines and Nodes itself: run Cluster API's own controllers (its core "
+                         "manager, `clusterctl init`) with an infrastructure provider, and node_backend machineset "
+                         "(docs/install.md)",
+    "kwok": "it configured node_backend kwok, which is gone: Cluster API's infrastructure provider makes the machines "
+            "(docs/install.md); remove the section",
+}
 
 
 class _Section(BaseModel):
@@ -121,13 +131,6 @@ class ComposabilitySettings(_Section):
     unheld_device_grace_seconds: float = Field(default=120.0, gt=0)
 
 
-class KwokSettings(_Section):
-    """node_backend kwok: DDS plays Cluster API's MachineSet controller and an infrastructure provider for kwok."""
-
-    provisioning_delay_seconds: float = Field(default=10.0, ge=0)  # Machine created -> its Node registers
-    poll_interval_seconds: float = Field(default=1.0, gt=0)
-
-
 class NamespaceGrant(_Section):
     """What the administrator lets the MachineSets of one namespace ask for (docs/configuration.md "Who may have node
     groups"). A MachineSet asking for more is refused, with an InvalidNodeGroup Event saying which setting allows it:
@@ -202,7 +205,6 @@ class Settings(BaseSettings):
     redfish: RedfishSettings = Field(default_factory=RedfishSettings)
     composability: ComposabilitySettings = Field(default_factory=ComposabilitySettings)
     node_backend: NodeBackend = NodeBackend.MACHINESET
-    kwok: KwokSettings = Field(default_factory=KwokSettings)
 
     # Planning.
     policy: str = Field(default="best-fit", json_schema_extra={"enum": list(POLICIES)})
@@ -300,6 +302,16 @@ class Settings(BaseSettings):
             raise ValueError("pools is for a real fabric (composability-request, redfish); the simulated fabric's "
                              "pools are simulated_fabric.pools")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_removed_settings(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if str(data.get("node_backend", "")).lower() == "kwok":
+                raise ValueError(f"node_backend kwok was removed: {REMOVED_SETTINGS['node_backend kwok']}")
+            if "kwok" in data:
+                raise ValueError(f"the kwok section was removed: {REMOVED_SETTINGS['kwok']}")
+        return data
 
     @field_validator("grpc_allowed_clients")
     @classmethod

@@ -6,16 +6,19 @@
 # What it does, in order:
 #   1. creates the kind cluster (reused when it exists)
 #   2. builds the DDS image from ./Dockerfile and loads it into kind
-#   3. installs the CRDs (Cluster API subset, ComposabilityRequest) and waits until they are Established
-#   4. installs kwok in the cluster (its controller and the "fast" stages) to play the GPU worker nodes
+#   3. installs Cluster API's own controllers at the pinned version (`clusterctl init`, which brings cert-manager)
+#   4. installs the CDI operator's CRDs (manifests/crds/composability) and kwok (its controller and the "fast" stages)
 #   5. writes mTLS material with `dds certs` (run from the image) and applies the two Secrets
-#   6. applies manifests/overlays/kind (DDS x2 with leader election and node_backend kwok — kind runs no Cluster API
-#      controllers, so the leader turns MachineSet replicas into Machines and kwok Nodes itself —, cluster-autoscaler
-#      with --cloud-provider=externalgrpc)
-#   7. applies the demo MachineSet (manifests/examples/): its one replica becomes a kwok node, to which DDS attaches
-#      the group's boot-time GPU
+#   6. applies manifests/overlays/kind (DDS x2 with leader election, node_backend machineset on the simulated fabric;
+#      cluster-autoscaler with --cloud-provider=externalgrpc)
+#   7. starts the harness's kwok infrastructure provider from this checkout (harness/kwok_provider.py, in the
+#      background, log and pid under DDS_WORKDIR): it stands for the servers, as a cloud's provider would, and creates
+#      the demo MachineSet (manifests/examples/) on kwok hosts; Cluster API makes its Machine, the provider its kwok
+#      node, and DDS attaches the group's boot-time GPU
 #   8. prints how to run the demo
 #
+# Needs docker, kind, kubectl and this checkout's Python (`make setup-python`); clusterctl is downloaded at the
+# pinned version when it is not in PATH.
 # Environment: DDS_KIND_CLUSTER (default dds), DDS_IMAGE (default ghcr.io/dds-project/dds:dev),
 # DDS_KIND_NODE_IMAGE (a kindest/node image; default: kind's own), DDS_WORKDIR (default ./.cache/kind-<cluster>).
 set -euo pipefail
@@ -29,6 +32,8 @@ IMAGE="${DDS_IMAGE:-ghcr.io/dds-project/dds:dev}"
 WORKDIR="${DDS_WORKDIR:-${ROOT}/.cache/kind-${CLUSTER}}"
 CONTEXT="kind-${CLUSTER}"
 KWOK_RELEASE="https://github.com/kubernetes-sigs/kwok/releases/download/${KWOK_VERSION}"
+CLUSTERCTL_RELEASE="https://github.com/kubernetes-sigs/cluster-api/releases/download/${CLUSTER_API_VERSION}"
+PYTHON="${ROOT}/.venv/bin/python"
 DEMO_NAMESPACE="default"
 DEMO_MACHINESET="gpu-workers"
 DEMO_NODE="gpu-workers-0"
@@ -43,6 +48,23 @@ require_tools() {
     command -v "${tool}" >/dev/null 2>&1 || die "${tool} is required (docker: a running engine; kind, kubectl: in PATH)"
   done
   docker info >/dev/null 2>&1 || die "docker is installed but the engine does not answer (is the daemon running?)"
+  [[ -x "${PYTHON}" ]] || die "${PYTHON} is missing: run make setup-python first (the kwok provider runs from it)"
+}
+
+clusterctl_binary() {
+  if command -v clusterctl >/dev/null 2>&1; then
+    command -v clusterctl
+    return
+  fi
+  local out="${WORKDIR}/bin/clusterctl-${CLUSTER_API_VERSION}"
+  if [[ ! -x "${out}" ]]; then
+    mkdir -p "${WORKDIR}/bin"
+    local arch
+    case "$(uname -m)" in x86_64) arch=amd64 ;; aarch64|arm64) arch=arm64 ;; *) die "no clusterctl for $(uname -m)" ;; esac
+    curl -fsSL --output "${out}.tmp" "${CLUSTERCTL_RELEASE}/clusterctl-$(uname -s | tr '[:upper:]' '[:lower:]')-${arch}"
+    chmod +x "${out}.tmp" && mv "${out}.tmp" "${out}"
+  fi
+  echo "${out}"
 }
 
 create_cluster() {
@@ -64,9 +86,18 @@ build_image() {
   kind load docker-image "${IMAGE}" --name "${CLUSTER}"
 }
 
+install_cluster_api() {
+  log "installing Cluster API ${CLUSTER_API_VERSION} (clusterctl init)"
+  if ! kube get deployment -n capi-system capi-controller-manager >/dev/null 2>&1; then
+    "$(clusterctl_binary)" init --kubeconfig-context "${CONTEXT}" --core "cluster-api:${CLUSTER_API_VERSION}" \
+      --bootstrap "kubeadm:${CLUSTER_API_VERSION}" --control-plane "kubeadm:${CLUSTER_API_VERSION}" --wait-providers
+  fi
+  kube -n capi-system rollout status deployment/capi-controller-manager --timeout 300s
+}
+
 install_crds() {
-  log "installing CRDs from manifests/crds/"
-  kube apply --server-side --recursive --filename "${ROOT}/manifests/crds"
+  log "installing the CDI operator's CRDs from manifests/crds/composability"
+  kube apply --server-side --recursive --filename "${ROOT}/manifests/crds/composability"
   kube wait --for condition=Established --timeout 60s crd --all
 }
 
@@ -121,21 +152,36 @@ EOF
   die "no DDS replica became Ready after ${attempt} tries: kubectl --context ${CONTEXT} -n dds-system logs deploy/dds"
 }
 
-# The demo MachineSet has one replica: the leading DDS (node_backend kwok) makes its Machine and kwok Node, then
-# attaches the group's boot-time GPU from the simulated fabric.
+# The kwok infrastructure provider stands for the servers: started from this checkout with an admin token, it creates
+# the demo MachineSet (one replica) on kwok hosts; Cluster API makes its Machine, the provider its kwok node, and the
+# leading DDS attaches the group's boot-time GPU from the simulated fabric.
 demo_node_group() {
-  log "creating the demo node group ${DEMO_NAMESPACE}/${DEMO_MACHINESET}"
-  kube apply --kustomize "${ROOT}/manifests/examples"
+  log "starting the kwok infrastructure provider and the demo node group ${DEMO_NAMESPACE}/${DEMO_MACHINESET}"
+  kube -n kube-system create serviceaccount kwok-provider --dry-run=client -o yaml | kube apply -f -
+  kube create clusterrolebinding kwok-provider --clusterrole cluster-admin \
+    --serviceaccount kube-system:kwok-provider --dry-run=client -o yaml | kube apply -f -
+  kube -n kube-system create token kwok-provider --duration 720h >"${WORKDIR}/kwok-provider.token"
+  chmod 600 "${WORKDIR}/kwok-provider.token"
+  kind get kubeconfig --name "${CLUSTER}" >"${WORKDIR}/kubeconfig"
+  chmod 600 "${WORKDIR}/kubeconfig"
+  if [[ -f "${WORKDIR}/kwok-provider.pid" ]]; then
+    kill "$(cat "${WORKDIR}/kwok-provider.pid")" 2>/dev/null || true
+  fi
+  (cd "${ROOT}" && nohup "${PYTHON}" -m harness.kwok_provider --kubeconfig "${WORKDIR}/kubeconfig" \
+    --token-file "${WORKDIR}/kwok-provider.token" \
+    --machineset "${ROOT}/manifests/examples/machineset-gpu-workers.yaml" \
+    >"${WORKDIR}/kwok-provider.log" 2>&1 & echo $! >"${WORKDIR}/kwok-provider.pid")
   local attempt node=""
   for attempt in $(seq 1 90); do
-    node="$(kube get nodes -l "cluster.x-k8s.io/set-name=${DEMO_MACHINESET}" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null || true)"
+    # The group's hosts carry DDS's group label (Cluster API copies no Machine label such as set-name to its Node).
+    node="$(kube get nodes -l "dds.cdi.dev/node-group=MachineSet.${DEMO_NAMESPACE}.${DEMO_MACHINESET}" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null || true)"
     if [[ -n "${node}" && "$(kube get node "${node}" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')" == "1" ]]; then
       DEMO_NODE="${node}"
       return
     fi
     sleep 2
   done
-  die "the demo node group has no node with its boot-time GPU after ${attempt} tries: kubectl --context ${CONTEXT} -n dds-system logs deploy/dds"
+  die "the demo node group has no node with its boot-time GPU after ${attempt} tries: ${WORKDIR}/kwok-provider.log, kubectl --context ${CONTEXT} -n dds-system logs deploy/dds"
 }
 
 print_next_steps() {
@@ -155,10 +201,11 @@ Look inside:
   kubectl --context ${CONTEXT} -n dds-system get lease dds-leader      # which replica leads
   kubectl --context ${CONTEXT} -n dds-system port-forward svc/dds 8087  # then https://localhost:8087/metrics with a token: docs/operations.md "Metrics"
 
-Adding a *node* (when GPUs alone cannot fit the pods) raises the MachineSet's replicas; the leading DDS turns them into
-kwok nodes here (node_backend kwok), as a Cluster API infrastructure provider would in a real cluster.
+Adding a *node* (when GPUs alone cannot fit the pods) raises the MachineSet's replicas; Cluster API makes the Machines
+and the kwok provider (pid in ${WORKDIR}/kwok-provider.pid, log beside it) their kwok nodes, as a cloud's infrastructure
+provider would in a real cluster.
 
-Tear down: kind delete cluster --name ${CLUSTER}
+Tear down: kill \$(cat ${WORKDIR}/kwok-provider.pid); kind delete cluster --name ${CLUSTER}
 mTLS material: ${WORKDIR}/tls (keys are 0600)
 EOF
 }
@@ -167,6 +214,7 @@ main() {
   require_tools
   create_cluster
   build_image
+  install_cluster_api
   install_crds
   install_kwok
   write_certs

@@ -1,5 +1,6 @@
 """The labels and names of a group's nodes, shared by the template CA simulates with (dds/provider/template.py) and
-the nodes that really join (dds/nodes/kwok.py): the real node must match what CA simulated."""
+the nodes that really join (the harness's kwok provider shapes its hosts so): the real node must match what CA
+simulated."""
 
 from __future__ import annotations
 

@@ -47,8 +47,8 @@ class NodeUpdateFailed(Exception):
     """The apiserver refused or did not answer the status patch; the message says why. Retrying is safe."""
 
 
-# kwok manages the Nodes annotated so (harness/controlplane.py, dds/nodes/kwok.py): no kubelet, no devices, so GPU
-# capacity written by DDS is all they ever show.
+# kwok manages the Nodes annotated so (harness/controlplane.py, harness/kwok_provider.py): no kubelet, no devices, so
+# GPU capacity written by DDS is all they ever show.
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_VALUE = "fake"
 
@@ -230,7 +230,7 @@ def read_node_labels(api: client.ApiClient, node_name: str) -> Optional[dict[str
 
 
 class NodeObjects:
-    """Nodes as plain dicts, for code that makes and deletes them (the kwok infrastructure provider, dds/nodes/kwok.py).
+    """Nodes as plain dicts, for code that makes and deletes them (harness/capi_standin.py; DDS itself never does).
     Errors are raised as `dds.kube.errors.ApiError`; connection errors as they come."""
 
     def __init__(self, api: client.ApiClient, *, request_timeout_seconds: float = 10.0) -> None:

@@ -1,8 +1,8 @@
 """Horizontal provisioning: add and remove whole nodes of a group.
 
-In a cluster this is Cluster API: DDS raises a MachineSet's replicas and an infrastructure provider makes the machine;
-removing marks the Machine `cluster.x-k8s.io/delete-machine` and lowers replicas. `dds/nodes/kwok.py` plays the
-infrastructure provider in tests and the demo.
+In a cluster this is Cluster API: DDS raises a MachineSet's replicas and Cluster API's controllers, with an
+infrastructure provider, make the machine; removing marks the Machine `cluster.x-k8s.io/delete-machine` and lowers
+replicas. The demo and the e2e tests run Cluster API's own manager, with the harness's kwok provider for the servers.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Machine `cluster.x-k8s.io/delete-machine` and lowers replicas by one, so Cluster
 deleting, then marked ones, first) removes exactly that Machine. A MachineDeployment's Machines are those of the
 MachineSets it owns; its controller passes the lower count to the MachineSet, whose deletion order then applies (with
 several MachineSets, mid-rollout, the MachineDeployment controller picks which one shrinks). An infrastructure provider
-makes the machines; in tests and the demo that is `dds/nodes/kwok.py`.
+makes the machines; in the demo and the e2e tests, Cluster API's own manager runs with the harness's kwok provider.
 
 Idempotency: every applied request is recorded by key in the MachineSet annotation `dds.cdi.dev/scale-requests` (a JSON
 list, the newest `HISTORY_LIMIT` entries), written in the same conditional patch (metadata.resourceVersion) as the

@@ -410,6 +410,9 @@ def bench_size(size: Size, bin_dir: Path, calls: int, baseline_calls: int, quiet
                modes: tuple[str, ...] = ("list", "watch")) -> None:
     workdir = Path(tempfile.mkdtemp(prefix=f"dds-bench-scale-{size.nodes}-"))
     log(f"nodes={size.nodes} pods={size.pods} ({size.pending} pending): control plane in {workdir}")
+    print(f"bench-scale nodes={size.nodes} cluster-api: the MachineSet, its {size.nodes} Machines and their Nodes are "
+          f"written by this harness as Cluster API would leave them; Cluster API's manager does not run here (what it "
+          f"costs at this size is not measured: the e2e tests and the demo run it)", flush=True)
     plane = start_control_plane(workdir / "cp", bin_dir=bin_dir)
     try:
         populate(plane, size)

@@ -55,7 +55,7 @@ EVERYTHING = {
 # A kwok test cluster: the simulated fabric, no cluster-autoscaler, CRDs installed by someone else. (Not plain metrics:
 # the chart binds them to the pod's address, where DDS refuses them without metrics_secure: test_settings_refusals.py.)
 MINIMAL = {"fabric.backend": "simulated", "clusterAutoscaler.enabled": "false", "crds.clusterApi": "false",
-           "crds.composability": "false", "settings.node_backend": "kwok",
+           "crds.composability": "false", "settings.node_backend": "machineset",
            "serviceMonitor.enabled": "true", "replicaCount": "1"}
 # cert-manager with the chart's own CAs (a self-signed bootstrap) instead of issuers of the user's.
 SELF_SIGNED = {**{k: v for k, v in EVERYTHING.items() if "IssuerRef" not in k and "issuerRef" not in k},
@@ -392,7 +392,7 @@ def test_every_value_set_renders_the_deployment_dds_runs() -> None:
             ["serve", "--config", "/etc/dds/settings.yaml"], name
     minimal = find(helm_template(MINIMAL), "Deployment", "dds")["spec"]["template"]["spec"]["containers"][0]
     assert minimal["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"  # metrics_secure: the only choice on a pod address
-    assert settings_of(helm_template(MINIMAL))["node_backend"] == NodeBackend.KWOK.value
+    assert settings_of(helm_template(MINIMAL))["node_backend"] == NodeBackend.MACHINESET.value
 
 
 @pytest.mark.integration

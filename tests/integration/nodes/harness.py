@@ -12,7 +12,7 @@ from dds.config import NamespaceGrant
 from dds.kube.capi import NODE_ANN_CLUSTER_NAMESPACE
 from dds.kube.machinesets import MachineSetLister
 from dds.model.groups import NodeGroupSpec
-from dds.nodes.kwok import KwokInfrastructure
+from harness.capi_standin import KwokInfrastructure
 from dds.nodes.machineset import MachineSetProvisioner
 from dds.groups.sources import MachineSetSource
 

@@ -15,7 +15,7 @@ from dds.model.groups import ANN_CAPI_DELETE_MACHINE, LABEL_GPU_MODEL, LABEL_NOD
 from dds.model.quantity import to_int, to_milli
 from dds.nodes.base import MachinePhase
 from dds.nodes.errors import MachineSetNotFound, NodeNotInGroup, ScaleRefused
-from dds.nodes.kwok import requested_at
+from harness.capi_standin import requested_at
 from dds.nodes.machineset import ANN_SCALE_REQUESTS, read_history
 from tests.integration.nodes.harness import GPU_LABEL, GROUP, NodeGroupHarness, wait_for
 

@@ -10,7 +10,6 @@ from kubernetes import client
 
 from dds.kube.nodes import NodeUpdateFailed, set_gpu_capacity
 from dds.nodes.errors import NodeBackendUnavailable
-from dds.nodes.kwok import KwokInfrastructure
 from dds.nodes.machineset import MachineSetProvisioner
 from tests.unit.nodes.builders import make_group
 
@@ -47,11 +46,3 @@ def test_set_gpu_capacity_says_which_node_and_count(dead_api: client.ApiClient) 
     with pytest.raises(NodeUpdateFailed, match="node worker-1: setting nvidia.com/gpu capacity and allocatable to 2: "
                                                "apiserver unreachable"):
         set_gpu_capacity(dead_api, "worker-1", "nvidia.com/gpu", 2, request_timeout_seconds=2.0)
-
-
-def test_a_kwok_pass_fails_before_it_changes_anything(dead_api: client.ApiClient) -> None:
-    infrastructure = KwokInfrastructure(dead_api, clock=lambda: 0.0, provisioning_delay_seconds=0.0,
-                                        namespaces=("team-a",), request_timeout_seconds=2.0)
-    with pytest.raises(NodeBackendUnavailable,
-                       match=r"kwok infrastructure \(team-a\): listing MachineSets: apiserver unreachable"):
-        infrastructure.reconcile_once()

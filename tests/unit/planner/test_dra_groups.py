@@ -13,7 +13,7 @@ from dds.controller.dra_binding import pool_mode_groups
 from dds.groups.schema import GroupInput, parse_group
 from dds.model.groups import (ANN_GPU_API, ANN_GPU_RESOURCE, DRA_GPU_RESOURCE, LABEL_ATTACHED_GPU, GpuApi,
                               SourceRef)
-from dds.nodes.kwok import node_capacity
+from harness.kwok_provider import node_capacity
 from dds.planner import plan_scale_up
 from dds.planner.dra import lower_claims
 from dds.model.plan import Verdict

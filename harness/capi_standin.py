@@ -1,5 +1,8 @@
-"""Cluster API's MachineSet controller and an infrastructure provider, for kwok nodes: what makes MachineSet replicas
-real in tests and the demo, where there is no cloud (settings.node_backend kwok).
+"""A stand-in for Cluster API's MachineSet controller and an infrastructure provider together, for kwok nodes, in one
+process. Test support only, never in the `dds` wheel: the demo and every e2e test run Cluster API's own manager
+(harness/capi.py, harness/kwok_provider.py, harness/stack.py); the integration tests under tests/integration that
+build on tests/integration/nodes/harness.py still scale MachineSets through this stand-in, on the shared control planes
+with the trimmed Cluster API CRDs, and are the ones left to move onto the real manager (harness/capi_stack.py).
 
 For every MachineSet opted into DDS (`dds.cdi.dev/enabled: "true"`) in the watched namespaces, one pass:
 
@@ -46,6 +49,7 @@ from dds.nodes.errors import NodeBackendError, NodeBackendUnavailable
 from dds.groups.sources import group_input_from_machineset, opted_in
 from dds.groups.schema import parse_group
 from dds.groups.labels import template_labels
+from harness.kwok_provider import node_capacity
 
 log = logging.getLogger(__name__)
 
@@ -126,16 +130,6 @@ def node_labels(group: NodeGroupSpec, machineset: Mapping[str, Any], node_name: 
     labels.update(template_labels(group, node_name, gpu_label))
     labels.pop(LABEL_ATTACHED_GPU, None)  # a node boots with 0 GPUs visible: DDS labels it once its GPUs are usable
     return labels
-
-
-def node_capacity(group: NodeGroupSpec) -> dict[str, str]:
-    """cpu, memory, ephemeral-storage and pods of the group; the GPU resource present at 0 (the fabric adds GPUs)."""
-    capacity = group.node_allocatable(0).to_kubernetes()
-    if group.gpu_api.dra:
-        capacity.pop(group.gpu_resource, None)  # a DRA group's GPUs are ResourceSlice devices, never node capacity
-    elif group.max_gpus_per_node > 0:
-        capacity[group.gpu_resource] = "0"
-    return capacity
 
 
 def build_node(group: NodeGroupSpec, machineset: Mapping[str, Any], machine: Mapping[str, Any],

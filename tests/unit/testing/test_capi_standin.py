@@ -1,16 +1,22 @@
-"""The pure parts of the kwok infrastructure provider: names, the Node it makes, the Machine it makes, which Machines
-a scale-down removes, and the MachineSet status it reports."""
+"""harness/capi_standin.py, the integration tests' stand-in for Cluster API's MachineSet controller and a kwok provider:
+names, the Node it makes, the Machine it makes, which Machines a scale-down removes, the MachineSet status it reports,
+and a pass that fails before it changes anything."""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
 from dds.model.groups import LABEL_GPU_MODEL, LABEL_NODE_GROUP, Taint
-from dds.nodes.kwok import (ANN_KWOK_NODE, ANN_REQUESTED_AT, build_machine, build_node, choose_for_deletion,
-                            machine_name, machineset_status, node_capacity, node_labels, requested_at)
+from dds.nodes.errors import NodeBackendUnavailable
+from harness.kwok_provider import node_capacity
+from harness.capi_standin import (ANN_KWOK_NODE, ANN_REQUESTED_AT, KwokInfrastructure, build_machine, build_node,
+                                  choose_for_deletion, machine_name, machineset_status, node_labels,
+                                  requested_at)
 from tests.unit.nodes.builders import make_group, make_machine, make_machineset
+from tests.unit.nodes.test_unreachable_apiserver import dead_api  # noqa: F401 (a fixture)
 
 GPU_LABEL = "nvidia.com/gpu.product"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -107,3 +113,11 @@ def test_machineset_status(version: str, extra: dict) -> None:
     assert machineset_status(machineset, replicas=3, ready=2) == {
         "replicas": 3, "readyReplicas": 2, "availableReplicas": 2, "observedGeneration": 4,
         "selector": "cluster.x-k8s.io/set-name=gpu-workers", **extra}
+
+
+def test_a_kwok_pass_fails_before_it_changes_anything(dead_api: Any) -> None:
+    infrastructure = KwokInfrastructure(dead_api, clock=lambda: 0.0, provisioning_delay_seconds=0.0,
+                                        namespaces=("team-a",), request_timeout_seconds=2.0)
+    with pytest.raises(NodeBackendUnavailable,
+                       match=r"kwok infrastructure \(team-a\): listing MachineSets: apiserver unreachable"):
+        infrastructure.reconcile_once()
