@@ -65,7 +65,7 @@ class ProvisioningRequest:
 
     @property
     def cluster_autoscalers(self) -> bool:
-        """Of cluster-autoscaler's atomic class: CA owns its conditions, DDS plans it only when CA asks (IncreaseSize)."""
+        """Of cluster-autoscaler's atomic class: CA owns its conditions; DDS plans it only in CA's IncreaseSize."""
         return self.class_name == CA_ATOMIC_CLASS
 
     @property
@@ -83,8 +83,8 @@ class ProvisioningRequest:
 
 @dataclass(frozen=True)
 class ProvisioningView:
-    """The requests of DDS's class and of CA's atomic class, read in one pass. `complete`: every namespace was read, so a booked node whose
-    request is not among them belongs to a deleted request (a failed read releases nothing)."""
+    """The requests of DDS's class and of CA's atomic class, read in one pass. `complete`: every namespace was read,
+    so a booked node whose request is not among them belongs to a deleted request (a failed read releases nothing)."""
 
     requests: tuple[ProvisioningRequest, ...] = ()
     complete: bool = True

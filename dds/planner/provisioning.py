@@ -465,6 +465,7 @@ def _coming(snapshot: Snapshot, plan: ScaleUpPlan, decisions: Sequence[PodDecisi
 # class (`_provision`), and the loop's passes only hold what was booked for it until its pods bind or the bound passes.
 
 REASON_RELEASED = "BookingReleased"
+EVENT_CONSUMED = "CapacityConsumed"  # the Event saying a CA request's pods all bound (REASON_CONSUMED, as an Event)
 
 
 def plan_atomic_scale_up(snapshot: Snapshot, view: ProvisioningView, config: ProvisioningConfig,
@@ -511,33 +512,38 @@ def _hold_for_cluster_autoscaler(work: _Pass, request: ProvisioningRequest) -> N
     if request.error is not None or any(request.is_true(k) for k in (FAILED, BOOKING_EXPIRED, CAPACITY_REVOKED)):
         ended = "unreadable" if request.error is not None else next(
             k for k in (FAILED, BOOKING_EXPIRED, CAPACITY_REVOKED) if request.is_true(k))
-        _release(work, request, REASON_RELEASED, f"the request is {ended}: the booking on {where} is released")
+        _release(work, RequestDecision(request, event_reason=REASON_RELEASED,
+                                       event_message=f"the request is {ended}: the booking on {where} is released"))
         return
     provisioned = request.conditions.get(PROVISIONED)
     if provisioned is None or provisioned.status != "True":
         accepted = request.conditions.get(ACCEPTED)
         since = max(request.created_at, accepted.since if accepted is not None else 0.0)
         if work.snapshot.now - since >= work.config.booking_seconds:
-            _release(work, request, REASON_EXPIRED,
-                     f"cluster-autoscaler has not said Provisioned of the request within "
-                     f"{work.config.booking_seconds:.0f}s of its scale-up (provisioning_booking_seconds): the "
-                     f"booking on {where} is released to other pods", warning=True)
+            _release(work, RequestDecision(
+                request, event_reason=REASON_EXPIRED, warning=True,
+                event_message=f"cluster-autoscaler has not said Provisioned of the request within "
+                              f"{work.config.booking_seconds:.0f}s of its scale-up (provisioning_booking_seconds): "
+                              f"the booking on {where} is released to other pods"))
         return
     pods = _consumers(work.snapshot, request)
     bound = sum(1 for p in pods if p.node_name is not None)
     if bound >= request.pods:
-        _release(work, request, REASON_CONSUMED,
-                 f"all {request.pods} pod(s) of the request bound: the booking on {where} is released")
+        _release(work, RequestDecision(
+            request, event_reason=EVENT_CONSUMED,
+            event_message=f"all {request.pods} pod(s) of the request bound: the booking on {where} is released"))
         return
     if work.snapshot.now - provisioned.since >= work.config.booking_seconds:
-        _release(work, request, REASON_EXPIRED,
-                 f"{bound} of the request's {request.pods} pod(s) bound within {work.config.booking_seconds:.0f}s of "
-                 f"Provisioned (provisioning_booking_seconds): the booking on {where} is released to other pods",
-                 warning=True)
+        _release(work, RequestDecision(
+            request, event_reason=REASON_EXPIRED, warning=True,
+            event_message=f"{bound} of the request's {request.pods} pod(s) bound within "
+                          f"{work.config.booking_seconds:.0f}s of Provisioned (provisioning_booking_seconds): the "
+                          f"booking on {where} is released to other pods"))
         return
     _let_consumers_in(work, request, pods)
 
 
-def _release(work: _Pass, request: ProvisioningRequest, reason: str, message: str, warning: bool = False) -> None:
-    _release_nodes(work, request.uid)
-    work.decisions.append(RequestDecision(request, event_reason=reason, event_message=message, warning=warning))
+def _release(work: _Pass, decision: RequestDecision) -> None:
+    """The booking of `decision`'s request released, and said (an Event only: the conditions are CA's)."""
+    _release_nodes(work, decision.request.uid)
+    work.decisions.append(decision)

@@ -440,7 +440,7 @@ CA_CHECK = "ca-atomic-provisioning"
 
 
 def ca_atomic_queue(run: KueueRun) -> None:
-    """A Kueue user's queue whose ProvisioningRequestConfig names CA's `best-effort-atomic-scale-up` class (made once)."""
+    """A Kueue user's queue whose ProvisioningRequestConfig names CA's `best-effort-atomic-scale-up` class (once)."""
     custom = run.custom
     if any(q["metadata"]["name"] == CA_QUEUE for q in custom.list_cluster_custom_object(
             KUEUE_GROUP, KUEUE_VERSION, "clusterqueues")["items"]):

@@ -11,7 +11,7 @@ from dds.model.plan import PlannerConfig
 from dds.model.provisioning import (ACCEPTED, BOOKED_TAINT_KEY, BOOKING_EXPIRED, CA_ATOMIC_CLASS, DEFAULT_CLASS,
                                     FAILED, PROVISIONED, Condition, PodSet, ProvisioningRequest, ProvisioningView)
 from dds.planner.passes import PassInputs, PassSettings, plan_pass, with_attaches
-from dds.planner.provisioning import (REASON_CONSUMED, REASON_EXPIRED, REASON_NOT_FOUND, REASON_PROVISIONED,
+from dds.planner.provisioning import (EVENT_CONSUMED, REASON_EXPIRED, REASON_NOT_FOUND, REASON_PROVISIONED,
                                       REASON_PROVISIONING, REASON_RELEASED, REASON_TOO_LARGE, ProvisioningConfig,
                                       booking_toleration, plan_atomic_scale_up, plan_provisioning)
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
@@ -164,7 +164,7 @@ def test_once_every_pod_bound_the_booking_goes_with_an_event_and_no_condition():
 
     assert sorted(out.release) == ["w1", "w2"] and out.booked == frozenset()
     (decision,) = out.decisions
-    assert decision.event_reason == REASON_CONSUMED and decision.conditions == ()
+    assert decision.event_reason == EVENT_CONSUMED and decision.conditions == ()
     # The next pass: nothing booked for it, nothing to say.
     assert loop_pass(replace(two_workers(gpus=4), pods=tuple(pods)), request(conditions=CA_PROVISIONED)).decisions \
         == ()
