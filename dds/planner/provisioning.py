@@ -519,12 +519,8 @@ def _hold_for_cluster_autoscaler(work: _Pass, request: ProvisioningRequest) -> N
     if provisioned is None or provisioned.status != "True":
         accepted = request.conditions.get(ACCEPTED)
         since = max(request.created_at, accepted.since if accepted is not None else 0.0)
-        if work.snapshot.now - since >= work.config.booking_seconds:
-            _release(work, RequestDecision(
-                request, event_reason=REASON_EXPIRED, warning=True,
-                event_message=f"cluster-autoscaler has not said Provisioned of the request within "
-                              f"{work.config.booking_seconds:.0f}s of its scale-up (provisioning_booking_seconds): "
-                              f"the booking on {where} is released to other pods"))
+        _hold_expired(work, request, since, "cluster-autoscaler has not said Provisioned of the request since its "
+                      "scale-up", where)
         return
     pods = _consumers(work.snapshot, request)
     bound = sum(1 for p in pods if p.node_name is not None)
@@ -533,14 +529,21 @@ def _hold_for_cluster_autoscaler(work: _Pass, request: ProvisioningRequest) -> N
             request, event_reason=EVENT_CONSUMED,
             event_message=f"all {request.pods} pod(s) of the request bound: the booking on {where} is released"))
         return
-    if work.snapshot.now - provisioned.since >= work.config.booking_seconds:
-        _release(work, RequestDecision(
-            request, event_reason=REASON_EXPIRED, warning=True,
-            event_message=f"{bound} of the request's {request.pods} pod(s) bound within "
-                          f"{work.config.booking_seconds:.0f}s of Provisioned (provisioning_booking_seconds): the "
-                          f"booking on {where} is released to other pods"))
+    if _hold_expired(work, request, provisioned.since,
+                     f"{bound} of the request's {request.pods} pod(s) bound since Provisioned", where):
         return
     _let_consumers_in(work, request, pods)
+
+
+def _hold_expired(work: _Pass, request: ProvisioningRequest, since: float, what: str, where: str) -> bool:
+    """Past the booking's bound since `since`: the booking released, with `what` said of it."""
+    if work.snapshot.now - since < work.config.booking_seconds:
+        return False
+    _release(work, RequestDecision(
+        request, event_reason=REASON_EXPIRED, warning=True,
+        event_message=f"{what}, within {work.config.booking_seconds:.0f}s (provisioning_booking_seconds): the "
+                      f"booking on {where} is released to other pods"))
+    return True
 
 
 def _release(work: _Pass, decision: RequestDecision) -> None:
