@@ -186,3 +186,19 @@ def test_cas_booking_expired_or_failed_releases_dds_booking():
         assert sorted(out.release) == ["w1", "w2"]
         assert [d.event_reason for d in out.decisions] == [REASON_RELEASED]
         assert ended in out.decisions[0].event_message
+
+
+def test_pods_of_a_request_ca_said_provisioned_without_asking_dds_are_the_fast_paths_to_serve():
+    # CA placed the request on what it already counted (CapacityIsFound): nothing is booked for it, and its pods are
+    # ordinary pending pods to DDS.
+    found = {PROVISIONED: Condition("True", "CapacityIsFound", "", since=990.0)}
+    pods = tuple(replace(make_pod(f"job-a-{i}", gpus=2, namespace="team"), consumes_provisioning_request="job-a")
+                 for i in range(2))
+    snapshot = replace(two_workers(), pods=pods)
+    passed = plan_pass(snapshot, PassInputs(pending=pods, waiting=pods,
+                                            provisioning=ProvisioningView((request(pods=2, conditions=found),))),
+                       PassSettings(provisioning=CONFIG))
+
+    assert passed.provisioning.decisions == () and passed.provisioning.tolerate == ()
+    assert [p.key for p in passed.waiting] == ["team/job-a-0", "team/job-a-1"]
+    assert passed.fast_path is not None and sum(a.count for a in passed.fast_path.attaches) == 4
