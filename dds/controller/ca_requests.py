@@ -28,6 +28,9 @@ from dds.planner import plan_scale_down, plan_scale_up, render_scale_down, rende
 from dds.model.plan import Attach, Case, NewNodes, PlannerConfig, ScaleDownPlan, ScaleUpPlan
 from dds.planner.equip import Unequipped, equip_new_nodes
 from dds.planner.gangs import AfterCut, whole_gangs_after_cut
+from dds.planner.passes import with_attaches
+from dds.planner.provisioning import REASON_PROVISIONED, ProvisioningPlan, plan_atomic_scale_up
+from dds.model.provisioning import CA_ATOMIC_CLASS
 from dds.planner.refusals import POOL_EMPTY
 from dds.model.snapshot import PodInfo, Snapshot
 # The servicer's own: it answers RESOURCE_EXHAUSTED (CA backs the group off). A class of our own here was answered
@@ -48,6 +51,8 @@ class _ScaleUpDecision:
     config: PlannerConfig
     pods: list[PodInfo]  # the unschedulable pods planned for
     plan: ScaleUpPlan
+    # No pending pod explains the call: the requests of CA's atomic class it may be for, planned (None: none waits).
+    atomic: Optional[ProvisioningPlan] = None
 
 
 class PlannerScaleUp:
@@ -79,7 +84,23 @@ class PlannerScaleUp:
         config = replace(self.planner, groups=(group.id,))
         with metrics.PLAN_LATENCY.labels("scale-up").time():
             plan = plan_scale_up(observation.snapshot, config, pods, memos=self.ports.memos)
-        return _ScaleUpDecision(observation, config, pods, plan)
+            atomic = None
+            if plan.is_empty and not self._covered(plan):
+                atomic = self._plan_atomic(group, observation.snapshot, config)
+        return _ScaleUpDecision(observation, config, pods, plan, atomic)
+
+    def _plan_atomic(self, group: NodeGroupSpec, snapshot: Snapshot,
+                     config: PlannerConfig) -> Optional[ProvisioningPlan]:
+        """The waiting requests of CA's atomic class, planned (dds/planner/provisioning.py): CA's best-effort-atomic
+        scale-up reaches DDS as this IncreaseSize, with the request's pods not made yet. None when none waits."""
+        provisioning = self.ports.provisioning
+        view = provisioning.read()
+        if not any(r.cluster_autoscalers for r in view.requests):
+            return None
+        plan = plan_atomic_scale_up(snapshot, view, provisioning.config, config, with_attaches,
+                                    f"cluster-autoscaler's scale-up of {group.id} (IncreaseSize, class "
+                                    f"{CA_ATOMIC_CLASS})", memos=self.ports.memos)
+        return plan if plan.decisions or plan.served else None
 
     def _act(self, group: NodeGroupSpec, delta: int, request_key: str,
              decision: "_ScaleUpDecision") -> Sequence[InstanceRecord]:
@@ -89,6 +110,10 @@ class PlannerScaleUp:
         rendered = render_scale_up(plan)
         log.info("case 1: CA asked %s for %d node(s); plan:\n%s", group.id, delta, rendered)
         trigger = f"cluster-autoscaler IncreaseSize {group.id} +{delta}"
+        if decision.atomic is not None:
+            return self._serve_atomic(group, delta, request_key, decision, decision.atomic, trigger)
+        if plan.is_empty and not decision.pods:
+            return self._stale(group, delta, trigger, rendered)
         if plan.is_empty and not self._covered(plan):
             metrics.DECISIONS.labels(Case.SCALE_UP.value, "none").inc()
             self.ports.journal.record(Case.SCALE_UP.value, trigger, "none", rendered)
@@ -118,6 +143,56 @@ class PlannerScaleUp:
         elif plan.device_attaches:
             self._attach_without_instance(observation.snapshot, plan.device_attaches, key_prefix=records[0].id)
         return records
+
+    def _stale(self, group: NodeGroupSpec, delta: int, trigger: str, rendered: str) -> Sequence[InstanceRecord]:
+        """No pending pod and no waiting request of CA's atomic class: the pod CA asked for has been bound since CA
+        looked (or deleted). Answered with success and nothing added: TargetSize stays as it is, so CA's clusterstate
+        finds no upcoming node at its next loop and closes the scale-up as done (clusterstate.go, updateScaleRequests),
+        instead of backing the whole group off for 5 minutes as it does after a refusal (executor.go)."""
+        metrics.DECISIONS.labels(Case.SCALE_UP.value, "none").inc()
+        why = (f"no pending pod waits for capacity and no ProvisioningRequest of class {CA_ATOMIC_CLASS} waits: the "
+               f"pod CA asked for was bound (or deleted) since CA looked; nothing added, target size unchanged")
+        log.info("case 1: CA asked %s for %d node(s): %s", group.id, delta, why)
+        self.ports.journal.record(Case.SCALE_UP.value, trigger, "none", f"{rendered}\n  {why}")
+        return []
+
+    def _serve_atomic(self, group: NodeGroupSpec, delta: int, request_key: str, decision: "_ScaleUpDecision",
+                      atomic: ProvisioningPlan, trigger: str) -> Sequence[InstanceRecord]:
+        """CA's IncreaseSize for its atomic class's requests (`atomic`, planned as DDS's own class is): the nodes
+        booked first, then the attaches started as this call's GPU instances and the nodes added as its node
+        instances. While they run, TargetSize counts them (CA waits, as for nodes on their way); once the GPUs are
+        attached the instances complete and TargetSize is the live nodes again, so CA's clusterstate closes the
+        scale-up as done, never waiting for a node that does not come. Every pod already fitting: success with
+        nothing added. No request served whole: refused (CA marks the request Provisioned=False and retries)."""
+        provisioning = self.ports.provisioning
+        rendered = "\n".join(f"  {d.request.key}: {d.event_message}" for d in atomic.decisions if d.event_reason)
+        log.info("case 1: CA asked %s for %d node(s), no pending pod behind it; requests of class %s:\n%s",
+                 group.id, delta, CA_ATOMIC_CLASS, rendered)
+        unbooked = provisioning.book(atomic)
+        provisioning.record(atomic, unbooked)
+        booked = {node: uid for node, uid in atomic.booked_by if uid not in unbooked}
+        served_keys = set(atomic.served) - {d.request.key for d in atomic.decisions if d.request.uid in unbooked}
+        if not served_keys:
+            metrics.DECISIONS.labels(Case.SCALE_UP.value, "none").inc()
+            self.ports.journal.record(Case.SCALE_UP.value, trigger, "none", rendered)
+            reasons = "; ".join(f"{d.request.key}: {d.event_message}" for d in atomic.decisions if d.warning) \
+                or "a node could not be booked for it (the next call tries again)"
+            raise ScaleUpRefused(f"DDS cannot add capacity to {group.id}: no pending pod fits this group, and no "
+                                 f"ProvisioningRequest of class {CA_ATOMIC_CLASS} fits whole: {reasons}")
+        attaches = tuple(a for a in atomic.attaches if booked.get(a.node) is not None)
+        new_nodes = tuple(n for n in (atomic.new_nodes.new_nodes if atomic.new_nodes else ()) if n.group == group.id)
+        plan = ScaleUpPlan(attaches=attaches, new_nodes=new_nodes,
+                           decisions=atomic.new_nodes.decisions if atomic.new_nodes else ())
+        # Served requests not all in place yet: GPUs or nodes still coming, this call's or an earlier one's.
+        waiting = bool(served_keys - {d.request.key for d in atomic.decisions if d.event_reason == REASON_PROVISIONED})
+        self.ports.journal.record(Case.SCALE_UP.value, trigger, _outcome(plan, group) if not plan.is_empty else
+                                  "none", rendered)
+        if plan.is_empty and not waiting:
+            metrics.DECISIONS.labels(Case.SCALE_UP.value, "none").inc()
+            log.info("case 1: every pod of %s fits now on what is booked for it: nothing added, target size "
+                     "unchanged", ", ".join(sorted(served_keys)))
+            return []
+        return self._execute(group, delta, plan, request_key, decision.observation.snapshot)
 
     def _equip_whole_gangs(self, group: NodeGroupSpec, decision: "_ScaleUpDecision") -> AfterCut[Unequipped]:
         """The plan without the new nodes the pool cannot equip (equip_new_nodes), and without every gang that cut

@@ -129,6 +129,9 @@ class CaCallPorts:
     on_every_pass: Callable[[Callable[[Observation], None]], None]
     fabric_operations: Callable[[], Sequence[Operation]]
     clock: Callable[[], float]
+    # ProvisioningRequests: CA's IncreaseSize with no pending pod behind it is planned for CA's atomic class's
+    # requests; their bookings and Events are made as the loop makes its own class's (dds/controller/provisioning.py).
+    provisioning: ProvisioningRequests
 
 
 class _RemovalTaints:
@@ -200,7 +203,7 @@ class Controller:
                            memos=self.memos, journal=self.journal, refusals=self.refusals, events=self.events,
                            gangs=self.gangs, request_removal=self.request_removal,
                            on_every_pass=self.listeners.append, fabric_operations=self.fabric.operations,
-                           clock=self.clock)
+                           clock=self.clock, provisioning=self.provisioning)
 
     # --- lifecycle ---
     def start(self) -> None:

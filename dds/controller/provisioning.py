@@ -83,9 +83,7 @@ class ProvisioningRequests:
 
     def apply(self, plan: ProvisioningPlan) -> ProvisioningPlan:
         """Carry out `plan` (see the module docstring); returns it, as carried out."""
-        for node in plan.release:
-            self._release(node)
-        unbooked = {uid for node, uid in plan.book if not self._book(node, uid)}
+        unbooked = self.book(plan)
         for pod, uid in plan.tolerate:
             self._tolerate(pod, uid)
         if plan.attaches:
@@ -95,10 +93,20 @@ class ProvisioningRequests:
                                            for a in plan.attaches))
             metrics.DECISIONS.labels(Case.PROVISIONING.value, "gpu").inc()
             self._actions.attach_all(plan.attaches, f"provisioning/{uuid.uuid4().hex[:8]}", Case.PROVISIONING)
+        self.record(plan, unbooked)
+        return plan
+
+    def book(self, plan: ProvisioningPlan) -> set[str]:
+        """The plan's releases and bookings; returns the uids of the requests a node could not be booked for."""
+        for node in plan.release:
+            self._release(node)
+        return {uid for node, uid in plan.book if not self._book(node, uid)}
+
+    def record(self, plan: ProvisioningPlan, unbooked: set[str]) -> None:
+        """The plan's conditions and Events, but for the requests a node could not be booked for (said next time)."""
         for decision in plan.decisions:
             if decision.request.uid not in unbooked:
                 self._record(decision)
-        return plan
 
     def _release(self, node: str) -> None:
         try:

@@ -1,8 +1,11 @@
 """ProvisioningRequests (autoscaling.x-k8s.io/v1) of DDS's class, and the PodTemplates they name, read from the
-apiserver; their conditions written back (docs/kueue.md).
+apiserver; their conditions written back (docs/kueue.md). Requests of cluster-autoscaler's atomic class
+(`best-effort-atomic-scale-up.autoscaling.x-k8s.io`) are read too: CA's scale-up for them reaches DDS as an
+IncreaseSize with no pod behind it, which DDS plans for their pods (dds/controller/ca_requests.py); their conditions
+are CA's, never written here.
 
 Requests are listed in every namespace each pass (Kueue creates one per workload waiting for admission: few), and
-only those of DDS's class are decoded. Each request is read on its own: one a tenant wrote badly (a template missing
+only those of the two classes are decoded. Each request is read on its own: one a tenant wrote badly (a template missing
 or malformed, a count out of range, resources no pod could ask for) is returned with `error` set — the controller
 refuses it with an Event and `Failed` — and never stops the others. The templates are read only for requests still to
 provision, or provisioned and still booked (the booked nodes must still hold the pods to come: `CapacityRevoked`
@@ -23,9 +26,9 @@ from kubernetes import client
 
 from dds.kube.decode import noted_unreadable, pod_info, timestamp
 from dds.kube.errors import api_errors
-from dds.model.provisioning import (API_GROUP, API_VERSION, BOOKING_EXPIRED, CAPACITY_CONSUMED, CAPACITY_REVOKED,
-                                    FAILED, PLURAL, PROVISIONED, Condition, PodSet, ProvisioningRequest,
-                                    ProvisioningView)
+from dds.model.provisioning import (API_GROUP, API_VERSION, BOOKING_EXPIRED, CA_ATOMIC_CLASS, CAPACITY_CONSUMED,
+                                    CAPACITY_REVOKED, FAILED, PLURAL, PROVISIONED, Condition, PodSet,
+                                    ProvisioningRequest, ProvisioningView)
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +77,8 @@ def pod_sets_of(obj: Obj) -> list[tuple[str, int]]:
 
 
 class ProvisioningRequestReader:
-    """The requests of one class (`class_name`), with their templates, each read on its own."""
+    """The requests of one class (`class_name`) and of CA's atomic class, with their templates, each read on its
+    own."""
 
     def __init__(self, api: client.ApiClient, class_name: str, cached: Optional[Any] = None,
                  served: Optional[Callable[[], bool]] = None, recheck_seconds: float = 60.0) -> None:
@@ -123,8 +127,9 @@ class ProvisioningRequestReader:
 
     def _view(self, objects: Sequence[Any]) -> ProvisioningView:
         self._warned = False
+        classes = (self._class, CA_ATOMIC_CLASS)
         items = [o for o in objects if isinstance(o, Mapping)
-                 and (o.get("spec") or _EMPTY).get("provisioningClassName") == self._class]
+                 and (o.get("spec") or _EMPTY).get("provisioningClassName") in classes]
         return ProvisioningView(tuple(self._request(o) for o in items))
 
     def _unread(self, why: str) -> ProvisioningView:
@@ -138,8 +143,10 @@ class ProvisioningRequestReader:
         meta = obj.get("metadata") or _EMPTY
         namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
         conditions = conditions_of(obj)
+        class_name = str((obj.get("spec") or _EMPTY).get("provisioningClassName") or "")
         request = ProvisioningRequest(namespace, name, str(meta.get("uid") or ""),
-                                      timestamp(meta.get("creationTimestamp")), conditions=conditions)
+                                      timestamp(meta.get("creationTimestamp")), conditions=conditions,
+                                      class_name=class_name)
         try:
             sets = pod_sets_of(obj)
             if not _booking_in_force(request) and any(request.is_true(k) for k in _PLANNED_NO_MORE):
@@ -155,7 +162,8 @@ class ProvisioningRequestReader:
         except Exception as exc:  # a tenant's object: whatever is wrong with it, it alone is refused
             error = noted_unreadable("ProvisioningRequest", f"{namespace}/{name}", exc, "refused")
             return ProvisioningRequest(namespace, name, request.uid, request.created_at, conditions=conditions,
-                                       error=str(exc) if isinstance(exc, RequestInvalid) else error)
+                                       error=str(exc) if isinstance(exc, RequestInvalid) else error,
+                                       class_name=class_name)
 
     def _template(self, namespace: str, name: str):
         try:
@@ -174,7 +182,10 @@ _PLANNED_NO_MORE = (PROVISIONED, FAILED, BOOKING_EXPIRED, CAPACITY_REVOKED)
 
 
 def _booking_in_force(request: ProvisioningRequest) -> bool:
-    """Provisioned and still booked for pods to come: not consumed, expired, failed or revoked."""
+    """Provisioned and still booked for pods to come: not consumed, expired, failed or revoked. (For CA's class DDS
+    checks no capacity lost, so once CA says Provisioned the count from the spec is all DDS needs.)"""
+    if request.cluster_autoscalers:
+        return False
     provisioned = request.conditions.get(PROVISIONED)
     return (provisioned is not None and provisioned.status == "True" and provisioned.reason != CAPACITY_CONSUMED
             and not any(request.is_true(k) for k in (FAILED, BOOKING_EXPIRED, CAPACITY_REVOKED)))
@@ -186,7 +197,8 @@ def _placeholders(namespace: str, sets: Sequence[tuple[str, int]]) -> list[tuple
 
 def _with_sets(request: ProvisioningRequest, sets: Sequence[tuple[Any, int]]) -> ProvisioningRequest:
     return ProvisioningRequest(request.namespace, request.name, request.uid, request.created_at,
-                               tuple(PodSet(template, count) for template, count in sets), request.conditions)
+                               tuple(PodSet(template, count) for template, count in sets), request.conditions,
+                               class_name=request.class_name)
 
 
 def _rfc3339(now: float) -> str:

@@ -14,6 +14,9 @@ from typing import Mapping, Optional
 from dds.model.snapshot import PodInfo
 
 DEFAULT_CLASS = "attach-or-provision.dds.cdi.dev"
+# cluster-autoscaler's own atomic class: CA writes its conditions; its scale-up reaches DDS as a plain IncreaseSize
+# with no pod behind it (externalgrpc has no AtomicIncreaseSize), which DDS plans for these requests (docs/kueue.md).
+CA_ATOMIC_CLASS = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 API_GROUP = "autoscaling.x-k8s.io"
 API_VERSION = "v1"
 PLURAL = "provisioningrequests"
@@ -58,6 +61,12 @@ class ProvisioningRequest:
     conditions: Mapping[str, Condition] = field(default_factory=dict)
     # Why the request cannot be read (a template missing or malformed, a count out of range): refused, never planned.
     error: Optional[str] = None
+    class_name: str = DEFAULT_CLASS  # DDS's class (DDS writes the conditions) or CA_ATOMIC_CLASS (CA writes them)
+
+    @property
+    def cluster_autoscalers(self) -> bool:
+        """Of cluster-autoscaler's atomic class: CA owns its conditions; DDS plans it only in CA's IncreaseSize."""
+        return self.class_name == CA_ATOMIC_CLASS
 
     @property
     def key(self) -> str:
@@ -74,8 +83,8 @@ class ProvisioningRequest:
 
 @dataclass(frozen=True)
 class ProvisioningView:
-    """The requests of DDS's class, read in one pass. `complete`: every namespace was read, so a booked node whose
-    request is not among them belongs to a deleted request (a failed read releases nothing)."""
+    """The requests of DDS's class and of CA's atomic class, read in one pass. `complete`: every namespace was read,
+    so a booked node whose request is not among them belongs to a deleted request (a failed read releases nothing)."""
 
     requests: tuple[ProvisioningRequest, ...] = ()
     complete: bool = True

@@ -13,6 +13,12 @@ I/O, no clock), what the control loop does for it (dds/controller/provisioning.p
 | failed; expired; revoked              | its nodes released                                                                          |
 | deleted (its uid on a node, no request) | its nodes released (only when every request was read)                                     |
 
+Requests of cluster-autoscaler's `best-effort-atomic-scale-up.autoscaling.x-k8s.io` class are CA's: it writes their
+conditions, and its scale-up for one reaches DDS as an IncreaseSize with no pod behind it. DDS plans them only inside
+that call (`plan_atomic_scale_up`: the same gang planning and booking, Events and no condition); each pass then holds
+what was booked for them (`_hold_for_cluster_autoscaler`: the pods let in; released once they bound, at the booking's
+bound, or when CA ends the request), with Events only. No `CapacityRevoked` is said of them (docs/kueue.md).
+
 Why a taint and a toleration: the same reason as reservations (docs/reservations.md): kube-scheduler must not give
 the gathered GPUs to another pod at any instant, and only a taint the waiting pods tolerate does that without a race.
 A released node's idle GPUs go back with the ordinary idle scale-down; while booked, they are kept from it.
@@ -93,6 +99,7 @@ class ProvisioningPlan:
     new_nodes: Optional[ScaleUpPlan] = None  # nodes the requests need that attaches cannot serve
     booked_by: tuple[tuple[str, str], ...] = ()  # (node, uid) booked after this pass
     consumers: frozenset[str] = frozenset()  # pending pods whose capacity is booked: not the fast path's to serve
+    served: tuple[str, ...] = ()  # plan_atomic_scale_up: the requests whose every pod has its capacity (keys)
 
     @property
     def booked(self) -> frozenset[str]:
@@ -169,6 +176,10 @@ def plan_provisioning(snapshot: Snapshot, view: ProvisioningView, config: Provis
                 _release_nodes(work, token)
     for request in sorted(view.requests, key=lambda r: (r.created_at, r.key)):
         _decide(work, request)
+    return _plan_of(work)
+
+
+def _plan_of(work: _Pass, served: Sequence[str] = ()) -> ProvisioningPlan:
     new_nodes = None
     if work.new_nodes:
         new_nodes = ScaleUpPlan(new_nodes=tuple(n for p in work.new_nodes for n in p.new_nodes),
@@ -176,10 +187,14 @@ def plan_provisioning(snapshot: Snapshot, view: ProvisioningView, config: Provis
     return ProvisioningPlan(decisions=tuple(d for d in work.decisions if d.conditions or d.event_reason),
                             book=tuple(work.book), release=tuple(work.release), tolerate=tuple(work.tolerate),
                             attaches=tuple(work.attaches), new_nodes=new_nodes,
-                            booked_by=tuple(sorted(work.booked.items())), consumers=frozenset(work.consumers))
+                            booked_by=tuple(sorted(work.booked.items())), consumers=frozenset(work.consumers),
+                            served=tuple(served))
 
 
 def _decide(work: _Pass, request: ProvisioningRequest) -> None:
+    if request.cluster_autoscalers:
+        _hold_for_cluster_autoscaler(work, request)
+        return
     accepted = () if request.is_true(ACCEPTED) else (
         ConditionChange(ACCEPTED, "True", REASON_ACCEPTED, f"DDS serves class {work.config.class_name}"),)
     if request.error is not None:
@@ -246,6 +261,11 @@ def _provisioned(work: _Pass, request: ProvisioningRequest) -> None:
             ConditionChange(BOOKING_EXPIRED, "True", REASON_EXPIRED, message),), event_reason=REASON_EXPIRED,
             event_message=message, warning=True))
         return
+    _let_consumers_in(work, request, pods)
+
+
+def _let_consumers_in(work: _Pass, request: ProvisioningRequest, pods: Sequence[PodInfo]) -> None:
+    """The request's pending pods get the booking's toleration, and are left to it (not the fast path's to serve)."""
     toleration = booking_toleration(request.uid)
     for pod in pods:
         if pod.node_name is None:
@@ -434,3 +454,99 @@ def _coming(snapshot: Snapshot, plan: ScaleUpPlan, decisions: Sequence[PodDecisi
     waits = [f"the GPUs already attaching to {', '.join(attaching)}"] if attaching else []
     waits += [f"the node(s) of group {', '.join(groups)} on their way"] if groups else []
     return "waiting for " + (" and ".join(waits) or "the nodes to be ready")
+
+
+# --- cluster-autoscaler's atomic class (best-effort-atomic-scale-up.autoscaling.x-k8s.io) ---
+#
+# CA writes every condition of these requests. Its scale-up for one reaches DDS as `NodeGroupIncreaseSize(group,
+# delta)` with no pod behind it (the job's pods do not exist until Kueue admits it; externalgrpc has no
+# AtomicIncreaseSize), and CA writes `Provisioned=True` as soon as that call succeeds (besteffortatomic/
+# provisioning_class.go). So DDS plans such a request only inside CA's call (plan_atomic_scale_up), exactly as its own
+# class (`_provision`), and the loop's passes only hold what was booked for it until its pods bind or the bound passes.
+
+REASON_RELEASED = "BookingReleased"
+EVENT_CONSUMED = "CapacityConsumed"  # the Event saying a CA request's pods all bound (REASON_CONSUMED, as an Event)
+
+
+def plan_atomic_scale_up(snapshot: Snapshot, view: ProvisioningView, config: ProvisioningConfig,
+                         planner: PlannerConfig, with_attaches: WithAttaches, trigger: str, *,
+                         memos: Optional[PlannerMemos] = None) -> ProvisioningPlan:
+    """CA's IncreaseSize that no pending pod explains, planned for the requests of CA's atomic class CA has not said
+    Provisioned of: each one gang, oldest first, each on what the earlier leave, with DDS's own class's planning
+    (attaches on live nodes first, new nodes only for what attaches cannot serve, all or nothing; the nodes used
+    booked for the request). `planner`: restricted to the group CA asked. `served`: the requests whose every pod has
+    its capacity (now, or on its way). No condition is planned (CA's); each request gets an Event saying what is
+    attached or added for it, or why nothing, `trigger` first."""
+    work = _Pass(snapshot, config, planner, memos if memos is not None else PlannerMemos(), with_attaches)
+    for node in snapshot.nodes:
+        token = booked_token(node.taints)
+        if token is not None:
+            work.booked[node.name] = token
+    served = []
+    for request in sorted((r for r in view.requests if _awaits_cluster_autoscaler(r)),
+                          key=lambda r: (r.created_at, r.key)):
+        _provision(work, request, accepted=())
+        decision = work.decisions.pop()
+        if not decision.warning:
+            served.append(request.key)
+        message = f"{trigger}: {decision.event_message}" if decision.event_reason else ""
+        work.decisions.append(replace(decision, conditions=(), event_message=message))
+    return _plan_of(work, served)
+
+
+def _awaits_cluster_autoscaler(request: ProvisioningRequest) -> bool:
+    """Of CA's atomic class, readable, and not yet Provisioned, Failed or ended: what CA's scale-up may be for."""
+    return (request.cluster_autoscalers and request.error is None
+            and not any(request.is_true(k) for k in (PROVISIONED, FAILED, BOOKING_EXPIRED, CAPACITY_REVOKED)))
+
+
+def _hold_for_cluster_autoscaler(work: _Pass, request: ProvisioningRequest) -> None:
+    """A request of CA's atomic class in the loop's pass: what DDS booked for it in CA's IncreaseSize is held, its
+    pods let in, until they have all bound, or the booking's bound passes (`provisioning_booking_seconds` from CA's
+    `Provisioned=True`, as CA's own booking; or from CA's latest attempt, `Accepted`, while CA has not said Provisioned
+    of it), or CA ends the request. Only Events are written: the conditions are CA's."""
+    nodes = _booked_for(work, request.uid)
+    if not nodes:
+        return  # nothing booked (served by nodes only, or released already): nothing to hold
+    where = ", ".join(nodes)
+    if request.error is not None or any(request.is_true(k) for k in (FAILED, BOOKING_EXPIRED, CAPACITY_REVOKED)):
+        ended = "unreadable" if request.error is not None else next(
+            k for k in (FAILED, BOOKING_EXPIRED, CAPACITY_REVOKED) if request.is_true(k))
+        _release(work, RequestDecision(request, event_reason=REASON_RELEASED,
+                                       event_message=f"the request is {ended}: the booking on {where} is released"))
+        return
+    provisioned = request.conditions.get(PROVISIONED)
+    if provisioned is None or provisioned.status != "True":
+        accepted = request.conditions.get(ACCEPTED)
+        since = max(request.created_at, accepted.since if accepted is not None else 0.0)
+        _hold_expired(work, request, since, "cluster-autoscaler has not said Provisioned of the request since its "
+                      "scale-up", where)
+        return
+    pods = _consumers(work.snapshot, request)
+    bound = sum(1 for p in pods if p.node_name is not None)
+    if bound >= request.pods:
+        _release(work, RequestDecision(
+            request, event_reason=EVENT_CONSUMED,
+            event_message=f"all {request.pods} pod(s) of the request bound: the booking on {where} is released"))
+        return
+    if _hold_expired(work, request, provisioned.since,
+                     f"{bound} of the request's {request.pods} pod(s) bound since Provisioned", where):
+        return
+    _let_consumers_in(work, request, pods)
+
+
+def _hold_expired(work: _Pass, request: ProvisioningRequest, since: float, what: str, where: str) -> bool:
+    """Past the booking's bound since `since`: the booking released, with `what` said of it."""
+    if work.snapshot.now - since < work.config.booking_seconds:
+        return False
+    _release(work, RequestDecision(
+        request, event_reason=REASON_EXPIRED, warning=True,
+        event_message=f"{what}, within {work.config.booking_seconds:.0f}s (provisioning_booking_seconds): the "
+                      f"booking on {where} is released to other pods"))
+    return True
+
+
+def _release(work: _Pass, decision: RequestDecision) -> None:
+    """The booking of `decision`'s request released, and said (an Event only: the conditions are CA's)."""
+    _release_nodes(work, decision.request.uid)
+    work.decisions.append(decision)

@@ -277,7 +277,7 @@ class CloudProviderServicer(pb_grpc.CloudProviderServicer):
         with self.registry.scale_lock:
             before = self.registry.check_increase(group, request.delta)
             records = list(self.scale_up.increase(group, request.delta, key))
-        if len(records) != request.delta:
+        if records and len(records) != request.delta:  # none: nothing to add (ca_requests.py says why)
             log.warning("scale-up of %s (request %s): asked for %d unit(s), %d instance(s) recorded",
                         group.id, key, request.delta, len(records))
         log.info("scale-up of %s by %d (target %d -> %d, request %s): %s", group.id, request.delta,

@@ -13,6 +13,9 @@ the pods as one gang and attaches (and adds a node only where attaches cannot se
 the Job, the Job controller makes the pods and kube-scheduler binds them on the booked nodes. (kwok completes a Job's
 pod as soon as it runs: harness/kwok_stages.yaml, so "started" below is Running or Succeeded.)
 
+One case uses cluster-autoscaler's own `best-effort-atomic-scale-up.autoscaling.x-k8s.io` class instead (a second
+queue): CA's scale-up reaches DDS as an IncreaseSize with no pod behind it, which DDS plans for the request.
+
 The time from the Job's creation to its admission and to all its pods started is printed (run with -s to see it); it
 is measured here, not asserted: speed goals live in docs/kueue.md and the benchmarks.
 """
@@ -30,12 +33,12 @@ from kubernetes import client
 from dds import crashpoints
 from dds.kube.capi import MACHINES, CapiObjects, name_of, namespace_of, node_ref_name
 from dds.model.groups import ANN_CAPI_MAX, ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN
-from dds.model.provisioning import (API_GROUP, API_VERSION, BOOKED_TAINT_KEY, CONSUME_ANNOTATION, DEFAULT_CLASS,
-                                    PLURAL)
+from dds.model.provisioning import (API_GROUP, API_VERSION, BOOKED_TAINT_KEY, CA_ATOMIC_CLASS, CONSUME_ANNOTATION,
+                                    DEFAULT_CLASS, PLURAL)
 from harness.controlplane import GARBAGE_COLLECTOR, JOB_CONTROLLER
 from harness.kueue import PROVISIONING_CHECK_CONTROLLER, KueueManager
 from harness.stack import WORKLOAD_NAMESPACE, Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
-from tests.e2e.cluster_facts import describe, fabric_facts, machineset_replicas
+from tests.e2e.cluster_facts import describe, fabric_facts, log_lines, machineset_replicas
 
 pytestmark = pytest.mark.e2e
 
@@ -146,12 +149,12 @@ def run(tmp_path_factory) -> Iterator[KueueRun]:
             yield run
 
 
-def batch_job(name: str, pods: int, gpus: int) -> dict[str, Any]:
+def batch_job(name: str, pods: int, gpus: int, queue: str = LOCAL_QUEUE) -> dict[str, Any]:
     """A training Job as a Kueue user submits it: suspended, labelled with the LocalQueue, GPUs in its pod template."""
     template = pod(name, memory_gib=2, gpus=gpus)
     spec = {**template["spec"], "restartPolicy": "Never"}
     return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE, "labels": {QUEUE_LABEL: LOCAL_QUEUE}},
+            "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE, "labels": {QUEUE_LABEL: queue}},
             "spec": {"suspend": True, "parallelism": pods, "completions": pods, "backoffLimit": 0,
                      "template": {"metadata": {"labels": {"app": name}}, "spec": spec}}}
 
@@ -430,6 +433,90 @@ def test_dds_sigkilled_mid_provisioning_provisions_the_request_once_when_restart
         "Kueue retried the request"
 
     settled(run)  # the Job's pods ended (kwok), the booking released, its 8 GPUs detached after the cooldown
+
+
+CA_QUEUE = "gpus-ca-atomic"  # LocalQueue and ClusterQueue whose check asks cluster-autoscaler's own atomic class
+CA_CHECK = "ca-atomic-provisioning"
+
+
+def ca_atomic_queue(run: KueueRun) -> None:
+    """A Kueue user's queue whose ProvisioningRequestConfig names CA's `best-effort-atomic-scale-up` class (once)."""
+    custom = run.custom
+    if any(q["metadata"]["name"] == CA_QUEUE for q in custom.list_cluster_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, "clusterqueues")["items"]):
+        return
+    body = {"apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}"}
+    custom.create_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "provisioningrequestconfigs", {
+        **body, "kind": "ProvisioningRequestConfig", "metadata": {"name": "ca-atomic"},
+        "spec": {"provisioningClassName": CA_ATOMIC_CLASS, "managedResources": ["nvidia.com/gpu"]}})
+    custom.create_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks", {
+        **body, "kind": "AdmissionCheck", "metadata": {"name": CA_CHECK},
+        "spec": {"controllerName": PROVISIONING_CHECK_CONTROLLER,
+                 "parameters": {"apiGroup": KUEUE_GROUP, "kind": "ProvisioningRequestConfig", "name": "ca-atomic"}}})
+    custom.create_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", {
+        **body, "kind": "ClusterQueue", "metadata": {"name": CA_QUEUE}, "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                                "flavors": [{"name": "default", "resources": [
+                                    {"name": "cpu", "nominalQuota": "64"},
+                                    {"name": "memory", "nominalQuota": "256Gi"},
+                                    {"name": "nvidia.com/gpu", "nominalQuota": str(QUOTA)}]}]}],
+            "admissionChecksStrategy": {"admissionChecks": [{"name": CA_CHECK}]}}})
+    custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_NAMESPACE, "localqueues", {
+        **body, "kind": "LocalQueue", "metadata": {"name": CA_QUEUE}, "spec": {"clusterQueue": CA_QUEUE}})
+
+    def active() -> bool:
+        queue = custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", CA_QUEUE)
+        return conditions(queue).get("Active") == "True"
+    run.wait_for("the ClusterQueue of CA's class Active", active, SETUP_TIMEOUT_S)
+
+
+def ca_backoffs(run: KueueRun) -> list[str]:
+    """cluster-autoscaler's log lines saying it backs a group off after a failed scale-up."""
+    return log_lines(run.stack.autoscaler.log_path, "Disabling scale-up for node group")
+
+
+def test_a_job_through_cas_own_atomic_class_is_admitted_through_attaches_with_no_node_added(run: KueueRun):
+    """Kueue asks for the Job's capacity with cluster-autoscaler's `best-effort-atomic-scale-up` class. CA finds no
+    live node holding the pods (the workers' GPU slots are empty), simulates the group's template and calls
+    IncreaseSize (externalgrpc has no AtomicIncreaseSize); no pod is behind the call, so DDS plans the request's pods
+    as one gang: 8 attaches on the two workers, both booked for the request, no node. CA says Provisioned, Kueue
+    admits, the pods run on the booked workers, the booking goes once they bound; CA backs nothing off."""
+    settled(run)
+    ca_atomic_queue(run)
+    stack = run.stack
+    backoffs = len(ca_backoffs(run))
+    began = time.time()
+    created = time.monotonic()
+    client.BatchV1Api(stack.api).create_namespaced_job(
+        WORKLOAD_NAMESPACE, batch_job("train-ca-atomic", pods=4, gpus=2, queue=CA_QUEUE))
+
+    admission = follow(run, "train-ca-atomic", pods=4, began=created)
+
+    request = admission.request
+    name, uid = request["metadata"]["name"], request["metadata"]["uid"]
+    assert request["spec"]["provisioningClassName"] == CA_ATOMIC_CLASS
+    provisioned = condition(request, "Provisioned")
+    assert provisioned is not None and provisioned["reason"] == "CapacityIsProvisioned", "CA's own condition"
+    assert {n.metadata.name for n in stack.nodes()} == run.workers and machineset_replicas(stack) == WORKERS, \
+        "no node added"
+    attaches = attach_operations_since(run, began)
+    attached = [device for op in attaches for device in op["devices"]]
+    assert len(attached) == len(set(attached)) == 4 * 2 and {op["node"] for op in attaches} == run.workers, attaches
+    for started in admission.pods:
+        assert (started.metadata.annotations or {}).get(CONSUME_ANNOTATION) == name
+        assert any(t.key == BOOKED_TAINT_KEY and t.value == uid for t in started.spec.tolerations or ()), \
+            f"{started.metadata.name} lacks the booking's toleration"
+        assert started.spec.node_name in run.workers
+    said = [e for e in events_of(run, "ProvisioningRequest", name) if e.reason == "AttachingCapacity"]
+    assert said and "cluster-autoscaler's scale-up of" in said[0].message \
+        and all(f"to {node}" in said[0].message for node in run.workers), [e.message for e in said]
+    run.wait_for("the booking released once every pod bound", lambda: uid not in booked_nodes(run).values(),
+                 ADMIT_TIMEOUT_S)
+    assert [e for e in events_of(run, "ProvisioningRequest", name) if e.reason == "CapacityConsumed"]
+    assert ca_backoffs(run)[backoffs:] == [], "CA backed a group off"
+
+    settled(run)
 
 
 def test_a_booked_node_lost_before_the_pods_bound_revokes_the_capacity_and_kueue_deactivates_the_job(run: KueueRun):

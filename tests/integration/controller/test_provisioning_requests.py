@@ -11,14 +11,16 @@ Two 4-slot workers with no GPU, a pool of 6 A30s, the group at its maximum size 
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
 from kubernetes import client
 
-from dds.model.provisioning import (API_GROUP, API_VERSION, BOOKED_TAINT_KEY, CONSUME_ANNOTATION, DEFAULT_CLASS,
-                                    PLURAL)
+from dds.model.provisioning import (API_GROUP, API_VERSION, BOOKED_TAINT_KEY, CA_ATOMIC_CLASS, CONSUME_ANNOTATION,
+                                    DEFAULT_CLASS, PLURAL)
+from dds.controller.ca_requests import ScaleUpRefused
 from dds.kube.cache import cluster_cache
 from dds.kube.provisioning import ProvisioningRequestReader
 from dds.kube.requests import instrument
@@ -45,7 +47,8 @@ def pod_spec(dds: ControllerHarness, gpus: int) -> dict[str, Any]:
                                           "limits": {GPU: str(gpus)}}}]}
 
 
-def create_request(dds: ControllerHarness, name: str, count: int, gpus: int, *, template: bool = True) -> None:
+def create_request(dds: ControllerHarness, name: str, count: int, gpus: int, *, template: bool = True,
+                   klass: str = DEFAULT_CLASS) -> None:
     """As Kueue's provisioning admission check does: the pod set's PodTemplate, then the request naming it."""
     if template:
         dds.core.create_namespaced_pod_template(dds.namespace, {
@@ -53,7 +56,7 @@ def create_request(dds: ControllerHarness, name: str, count: int, gpus: int, *, 
             "template": {"spec": pod_spec(dds, gpus)}})
     custom(dds).create_namespaced_custom_object(API_GROUP, API_VERSION, dds.namespace, PLURAL, {
         "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "ProvisioningRequest", "metadata": {"name": name},
-        "spec": {"provisioningClassName": DEFAULT_CLASS,
+        "spec": {"provisioningClassName": klass,
                  "podSets": [{"podTemplateRef": {"name": f"{name}-main"}, "count": count}]}})
 
 
@@ -246,3 +249,75 @@ def test_with_the_api_served_at_start_requests_are_watched_and_read_without_a_li
         assert instrument(dds.dds_api).snapshot().get("LIST", 0) == before, "read from the cache, not listed"
     finally:
         cache.stop()
+
+
+# --- cluster-autoscaler's best-effort-atomic class: CA's scale-up reaches DDS as an IncreaseSize with no pod behind it,
+# and CA writes the request's conditions (the test does CA's part: the call, then Provisioned=True). ---
+
+def ca_says_provisioned(dds: ControllerHarness, request: str) -> None:
+    """What CA writes once its scale-up call succeeded (besteffortatomic/provisioning_class.go)."""
+    now = datetime.fromtimestamp(dds.clock(), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    custom(dds).patch_namespaced_custom_object_status(API_GROUP, API_VERSION, dds.namespace, PLURAL, request, {
+        "status": {"conditions": [
+            {"type": "Accepted", "status": "True", "reason": "Accepted", "message": "", "lastTransitionTime": now},
+            {"type": "Provisioned", "status": "True", "reason": "CapacityIsProvisioned", "message": "",
+             "lastTransitionTime": now}]}})
+
+
+def test_cas_atomic_scale_up_for_a_request_is_served_by_attaches_booked_until_its_pods_bind(dds: ControllerHarness):
+    group = dds.group("workers")
+    create_request(dds, "ca-job", count=2, gpus=2, klass=CA_ATOMIC_CLASS)
+    dds.run_once()
+    assert dds.operations() == [] and booked(dds) == {}, "the loop leaves CA's class to CA's call"
+    assert condition(dds, "ca-job", "Accepted") is None, "CA's conditions are CA's to write"
+
+    instances = dds.app.scale_up.increase(group, 2, "ca-request-1")  # no pod pending: CA's atomic scale-up
+
+    assert [i.kind.value for i in instances] == ["gpu", "gpu"], "CA's units are the attaches, no node"
+    attaches = dds.operations()
+    assert sum(op.requested for op in attaches) == 4
+    nodes = {op.node for op in attaches}
+    uid = uid_of(dds, "ca-job")
+    assert booked(dds) == {node: uid for node in nodes}, "booked before the GPUs are there"
+    [said] = dds.events("ProvisioningRequest", "ca-job", "AttachingCapacity")
+    assert "cluster-autoscaler's scale-up of" in said.message and all(f"to {n}" in said.message for n in nodes)
+    assert condition(dds, "ca-job", "Provisioned") is None
+
+    ca_says_provisioned(dds, "ca-job")
+    passes_until(dds, "the GPU instances ended with their attaches (target size back to the live nodes)",
+                 lambda: all(dds.app.tracker.get(i.id) is None for i in instances))
+    assert booked(dds) == {node: uid for node in nodes}, "held for the job's pods, not idle"
+    dds.create_pod("other", gpus=1)
+    dds.wait_unschedulable("other")
+    for index in range(2):
+        create_consumer(dds, f"ca-job-{index}", "ca-job", gpus=2)
+    dds.run_once()  # the job's pods get the booking's toleration
+    assert {dds.wait_running(f"ca-job-{index}") for index in range(2)} == nodes
+    assert dds.pod_node("other") is None
+    dds.run_once()
+    assert booked(dds) == {}, "every pod bound: the booking ends"
+    assert dds.events("ProvisioningRequest", "ca-job", "CapacityConsumed")
+    assert condition(dds, "ca-job", "Provisioned")["reason"] == "CapacityIsProvisioned", "DDS wrote no condition"
+    assert dds.replicas("workers") == 2
+
+
+def test_cas_atomic_scale_up_the_pool_cannot_serve_is_refused_with_why_and_nothing_attached(dds: ControllerHarness):
+    create_request(dds, "ca-too-big", count=4, gpus=2, klass=CA_ATOMIC_CLASS)  # 8 GPUs, the cluster has 6 in all
+    with pytest.raises(ScaleUpRefused, match="no ProvisioningRequest of class best-effort-atomic"):
+        dds.app.scale_up.increase(dds.group("workers"), 2, "ca-request-1")
+    assert dds.operations() == [] and booked(dds) == {}
+    [said] = dds.events("ProvisioningRequest", "ca-too-big", "LargerThanCluster")
+    assert "nothing attached or added" in said.message
+    assert condition(dds, "ca-too-big", "Failed") is None, "CA marks it Provisioned=False and retries"
+
+
+def test_a_stale_increase_with_no_pod_and_no_request_behind_it_adds_nothing_and_is_not_refused(
+        dds: ControllerHarness):
+    """CA asked for a pod the scheduler has bound since: success with nothing added (target size unchanged), so CA
+    closes the scale-up at its next loop instead of backing the group off."""
+    group = dds.group("workers")
+    dds.create_pod("bound-meanwhile")
+    dds.wait_running("bound-meanwhile")
+
+    assert dds.app.scale_up.increase(group, 1, "ca-request-1") == []
+    assert not dds.app.tracker.list(group.id) and dds.operations() == [] and dds.replicas("workers") == 2

@@ -7,7 +7,7 @@ from kubernetes import client
 
 from dds.kube.provisioning import (MAX_PODS, ProvisioningRequestReader, RequestInvalid, conditions_of,
                                    merged_conditions, pod_sets_of)
-from dds.model.provisioning import DEFAULT_CLASS, ProvisioningView
+from dds.model.provisioning import CA_ATOMIC_CLASS, DEFAULT_CLASS, ProvisioningView
 
 
 def spec(*pod_sets) -> dict:
@@ -140,3 +140,19 @@ def test_a_provisioned_request_still_booked_is_read_with_its_templates_and_never
     assert by_name["template-gone"].error is None and by_name["template-gone"].pods == 1
     for name in ("template-gone", "consumed", "expired", "revoked"):
         assert by_name[name].error is None and by_name[name].pod_sets[0].template.containers == (), name
+
+
+def test_requests_of_cas_atomic_class_are_read_too_and_say_so():
+    """CA's best-effort-atomic scale-up reaches DDS as an IncreaseSize with no pod behind it: DDS plans the waiting
+    requests of that class, so it reads them with their templates; once CA says Provisioned, the count is enough."""
+    items = [request("waiting", pod_set("ok", 4), klass=CA_ATOMIC_CLASS),
+             provisioned(request("admitted", pod_set("nowhere", 2), klass=CA_ATOMIC_CLASS),
+                         reason="CapacityIsProvisioned"),
+             request("check", pod_set("ok"), klass="check-capacity.autoscaling.x-k8s.io")]
+    by_name = {r.name: r for r in reader(items, {"ok": GPU_POD}).read().requests}
+    assert set(by_name) == {"waiting", "admitted"}
+    waiting, admitted = by_name["waiting"], by_name["admitted"]
+    assert waiting.cluster_autoscalers and waiting.class_name == CA_ATOMIC_CLASS and waiting.pods == 4
+    assert waiting.pod_sets[0].template.containers[0].requests.scalar == {"nvidia.com/gpu": 2}
+    assert admitted.cluster_autoscalers and admitted.error is None and admitted.pods == 2
+    assert admitted.pod_sets[0].template.containers == ()

@@ -182,6 +182,23 @@ def test_refused_scale_up_is_resource_exhausted_with_the_reason(provider_factory
     assert target(provider) == 0
 
 
+class NothingToAdd:
+    """A scale-up whose capacity is already there (dds/controller/ca_requests.py: a stale call, or every pod of CA's
+    atomic request fitting what is booked for it): success, no instance."""
+
+    def increase(self, group, delta, request_key):
+        return []
+
+
+def test_an_increase_answered_with_nothing_to_add_succeeds_and_leaves_the_target_size(provider_factory):
+    # CA registers the scale-up and, finding no upcoming node at its next loop, closes it as done (clusterstate.go,
+    # updateScaleRequests): no backoff, unlike a refusal.
+    provider = provider_factory([make_group()], scale_up=NothingToAdd())
+    provider.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id=GROUP, delta=1), timeout=5)
+    assert target(provider) == 0
+    assert list(provider.stub.NodeGroupNodes(pb.NodeGroupNodesRequest(id=GROUP), timeout=5).instances) == []
+
+
 def test_decrease_forgets_newest_instances(provider):
     provider.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id=GROUP, delta=3), timeout=5)
     oldest = provider.tracker.list(GROUP)[0].id
