@@ -40,10 +40,20 @@ HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.
 
 # A real fabric's pools, which DDS (and so the chart) refuses to start without.
 POOLS = {"settings.pools[0].name": "rack-1", "settings.pools[0].devices.A100": "16"}
-# The choices manifests/ makes, as chart values.
-AS_KUSTOMIZE = {"fabric.backend": "composability-request", **POOLS, "namespace.create": "true", "priorityClassName": "",
-                "crds.clusterApi": "true", "crds.composability": "true",
-                "clusterAutoscaler.podDisruptionBudget.enabled": "false"}
+
+
+def as_set_values(node: Any, path: str = "") -> dict[str, str]:
+    """A values file as `--set path=value` pairs (lists by index, as helm's --set writes them)."""
+    if isinstance(node, dict):
+        return {k: v for key, child in node.items()
+                for k, v in as_set_values(child, f"{path}.{key}" if path else key).items()}
+    if isinstance(node, list):
+        return {k: v for index, child in enumerate(node) for k, v in as_set_values(child, f"{path}[{index}]").items()}
+    return {path: str(node).lower() if isinstance(node, bool) else str(node)}
+
+
+# The choices manifests/ makes, as chart values: the file hack/gen-manifests.py renders manifests/ with.
+AS_KUSTOMIZE = as_set_values(yaml.safe_load((ROOT / "hack" / "manifests-values.yaml").read_text()))
 # Every optional object on: cert-manager TLS, the Prometheus Operator objects, the dashboard, a budget, Redfish.
 EVERYTHING = {
     "fabric.backend": "redfish", **POOLS, "fabric.settings.endpoint": "https://redfish.example:8443",
