@@ -22,7 +22,6 @@ import argparse
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 import yaml
 from generated_file import write_or_check  # hack/, beside this script

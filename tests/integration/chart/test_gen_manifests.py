@@ -4,7 +4,6 @@ that command restores the file. Run on a copy of manifests/ (tests/integration/c
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -12,25 +11,14 @@ from types import ModuleType
 
 import pytest
 
-from tests.integration.chart.tools import ROOT
+from tests.integration.chart.tools import ROOT, script_module
 
 GENERATOR = ROOT / "hack" / "gen-manifests.py"
 
 
-def generator() -> ModuleType:
-    """The script as a module (it imports its neighbour hack/generated_file.py, as when run from hack/)."""
-    if str(GENERATOR.parent) not in sys.path:
-        sys.path.insert(0, str(GENERATOR.parent))
-    spec = importlib.util.spec_from_file_location("gen_manifests", GENERATOR)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
 def gen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    module = generator()
+    module = script_module(GENERATOR, "gen_manifests")
     copy = tmp_path / "manifests"
     shutil.copytree(ROOT / "manifests", copy)
     monkeypatch.setattr(module, "MANIFESTS", copy)
