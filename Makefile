@@ -90,3 +90,7 @@ image-lock: setup-python  ## Re-lock the image's dependencies (requirements.lock
 values-docs: setup-python  ## Regenerate docs/install.md's table of the chart's values from values.schema.json and values.yaml
 	$(PYTHON) hack/gen-values-docs.py
 .PHONY: values-docs
+
+manifests: setup-python  ## Regenerate manifests/' DDS and cluster-autoscaler objects, RBAC and CRDs from charts/dds (hack/gen-manifests.py, with helm; hack/manifests-values.yaml)
+	$(PYTHON) hack/gen-manifests.py
+.PHONY: manifests

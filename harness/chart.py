@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import yaml
 
@@ -52,17 +52,23 @@ def tools_dir() -> Path:
     return cache / f"tools-helm-{pins['HELM_VERSION']}-promtool-{pins['PROMETHEUS_VERSION']}"
 
 
-def render(values: Mapping[str, str], release: str = "dds", namespace: str = "dds-system") -> list[dict[str, Any]]:
-    """`helm template` of the chart with `--set key=value` for each of `values`: the objects `helm install` creates."""
+def template(args: Sequence[str], release: str = "dds", namespace: str = "dds-system") -> str:
+    """`helm template` of the chart with `args` (--set, -f): the text `helm install` applies, comments included."""
     helm = tools_dir() / "helm"
     if not os.access(helm, os.X_OK):
         raise ChartError(f"helm is not built ({helm} is missing): run `make setup` (or `bash hack/build-tools.sh`)")
     command = [str(helm), "template", release, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION,
-               *[arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]]
+               *args]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
     if result.returncode != 0:
         raise ChartError(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr}")
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return result.stdout
+
+
+def render(values: Mapping[str, str], release: str = "dds", namespace: str = "dds-system") -> list[dict[str, Any]]:
+    """`helm template` of the chart with `--set key=value` for each of `values`: the objects `helm install` creates."""
+    text = template([arg for key, value in values.items() for arg in ("--set", f"{key}={value}")], release, namespace)
+    return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
 def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:

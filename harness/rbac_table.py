@@ -5,7 +5,7 @@ features").
 Each rule of the roles bound to DDS's ServiceAccount must carry a comment right above it saying which code path needs it; that
 comment is the table's "needed by" column. Each table sits between its BEGIN/END markers in docs/operations.md:
 
-    .venv/bin/python -m harness.rbac_table --write    # rewrite it after changing manifests/dds/rbac.yaml
+    .venv/bin/python -m harness.rbac_table --write    # after changing charts/dds/files/rbac/, `make manifests`
     .venv/bin/python -m harness.rbac_table            # print it
 
 tests/unit/docs/test_rbac_table.py fails when the table in the doc and the manifests differ.

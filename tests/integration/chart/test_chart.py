@@ -1,9 +1,10 @@
 """charts/dds checked by the real tools: `helm lint` and `helm template` (helm built from its Go module by
 hack/build-tools.sh) for several value sets, the rendered objects applied with a server-side dry run to the test
-apiserver, and the chart kept in agreement with manifests/ (what `kubectl apply -k manifests/` installs).
+apiserver, and manifests/ (what `kubectl apply -k manifests/` installs) generated from the chart by
+hack/gen-manifests.py, its kustomize render kept equal to the chart's.
 
-Documented differences between the chart and kustomize (docs/install.md "Chart and manifests"), the only ones the
-agreement test forgives:
+Documented differences between the chart and kustomize (docs/install.md "Chart and manifests"): what the generator
+leaves out of manifests/, the only ones the agreement test forgives:
 - Helm's labels (helm.sh/chart, app.kubernetes.io/managed-by, instance, version) on every object and pod template;
 - the pod templates' checksum/settings and checksum/client-tls annotations (a settings change restarts DDS, a changed
   client certificate Secret cluster-autoscaler);
@@ -15,6 +16,8 @@ agreement test forgives:
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +40,20 @@ HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.
 
 # A real fabric's pools, which DDS (and so the chart) refuses to start without.
 POOLS = {"settings.pools[0].name": "rack-1", "settings.pools[0].devices.A100": "16"}
-# The choices manifests/ makes, as chart values.
-AS_KUSTOMIZE = {"fabric.backend": "composability-request", **POOLS, "namespace.create": "true", "priorityClassName": "",
-                "crds.clusterApi": "true", "crds.composability": "true",
-                "clusterAutoscaler.podDisruptionBudget.enabled": "false"}
+
+
+def as_set_values(node: Any, path: str = "") -> dict[str, str]:
+    """A values file as `--set path=value` pairs (lists by index, as helm's --set writes them)."""
+    if isinstance(node, dict):
+        return {k: v for key, child in node.items()
+                for k, v in as_set_values(child, f"{path}.{key}" if path else key).items()}
+    if isinstance(node, list):
+        return {k: v for index, child in enumerate(node) for k, v in as_set_values(child, f"{path}[{index}]").items()}
+    return {path: str(node).lower() if isinstance(node, bool) else str(node)}
+
+
+# The choices manifests/ makes, as chart values: the file hack/gen-manifests.py renders manifests/ with.
+AS_KUSTOMIZE = as_set_values(yaml.safe_load((ROOT / "hack" / "manifests-values.yaml").read_text()))
 # Every optional object on: cert-manager TLS, the Prometheus Operator objects, the dashboard, a budget, Redfish.
 EVERYTHING = {
     "fabric.backend": "redfish", **POOLS, "fabric.settings.endpoint": "https://redfish.example:8443",
@@ -231,22 +244,13 @@ def test_every_replica_ready_upgrades_one_at_a_time_and_the_service_selects_the_
             {"app.kubernetes.io/name": "dds", LEADER_LABEL: LEADER_VALUE}
 
 
-def copies_in_the_chart() -> list[tuple[Path, Path]]:
-    """Files the chart carries as unmodified copies of manifests/ (a chart cannot read files outside itself)."""
-    crds = [(source, CHART / "files" / "crds" / source.name) for source in sorted((MANIFESTS / "crds").glob("*/*.yaml"))
-            if source.name != "kustomization.yaml"]
-    rbac = [(MANIFESTS / "dds" / "rbac.yaml", CHART / "files" / "rbac" / "dds.yaml"),
-            (MANIFESTS / "dds" / "admission.yaml", CHART / "files" / "rbac" / "dds-admission.yaml"),
-            (MANIFESTS / "cluster-autoscaler" / "rbac.yaml", CHART / "files" / "rbac" / "cluster-autoscaler.yaml")]
-    features = [(directory / "rbac.yaml", CHART / "files" / "rbac" / f"{directory.name}.yaml")
-                for directory in sorted((MANIFESTS / "rbac").iterdir()) if directory.is_dir()]
-    return crds + rbac + features
-
-
-@pytest.mark.parametrize("source, copy_in_chart", copies_in_the_chart(), ids=lambda p: p.name)
-def test_the_chart_carries_the_manifests_crds_and_rbac_unmodified(source: Path, copy_in_chart: Path) -> None:
-    assert copy_in_chart.read_bytes() == source.read_bytes(), \
-        f"{copy_in_chart} differs from {source}: copy it again (cp {source} {copy_in_chart})"
+def test_manifests_are_generated_from_the_chart() -> None:
+    """manifests/' DDS and cluster-autoscaler objects, RBAC and CRDs are hack/gen-manifests.py's output: the chart
+    rendered with hack/manifests-values.yaml, and the chart's files/ (one source, docs/install.md "Chart and
+    manifests")."""
+    result = subprocess.run([sys.executable, str(ROOT / "hack" / "gen-manifests.py"), "--check"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
 
 
 # One value set per fabric, and reservations on with one of them: `helm template` takes a second or two each.

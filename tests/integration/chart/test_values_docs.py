@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from types import ModuleType
@@ -12,21 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.chart.tools import CHART, ROOT
+from tests.integration.chart.tools import CHART, ROOT, script_module
 
 GENERATOR = ROOT / "hack" / "gen-values-docs.py"
 
 
 def generator() -> ModuleType:
-    """The script as a module (it imports its neighbour hack/generated_file.py, as when run from hack/)."""
-    if str(GENERATOR.parent) not in sys.path:
-        sys.path.insert(0, str(GENERATOR.parent))
-    spec = importlib.util.spec_from_file_location("gen_values_docs", GENERATOR)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return script_module(GENERATOR, "gen_values_docs")
 
 
 def test_the_values_table_of_the_install_guide_is_the_generators_output() -> None:

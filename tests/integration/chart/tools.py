@@ -3,9 +3,12 @@ found where it caches them. Missing tools fail the test with the command that bu
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -53,3 +56,15 @@ def helm_template(values: dict[str, str], namespace: str = "dds-system", release
         _rendered[key] = run("helm", "template", release, str(CHART), "--namespace", namespace, "--kube-version",
                              KUBE_VERSION, *set_args(values)).stdout
     return [doc for doc in yaml.safe_load_all(_rendered[key]) if doc]
+
+
+def script_module(script: Path, name: str) -> ModuleType:
+    """A hack/ generator as a module (it imports its neighbour hack/generated_file.py, as when run from hack/)."""
+    if str(script.parent) not in sys.path:
+        sys.path.insert(0, str(script.parent))
+    spec = importlib.util.spec_from_file_location(name, script)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

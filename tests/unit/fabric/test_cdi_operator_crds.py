@@ -40,4 +40,5 @@ def test_the_shipped_crds_are_the_pinned_operators_own_files():
     assert sorted(shipped) == sorted(upstream)
     drifted = [name for name in upstream if shipped[name] != upstream[name]]
     assert not drifted, (f"{drifted} differ from the operator's config/crd/bases at {_pinned()['CRO_COMMIT']}: copy "
-                         f"them again from the source archive, unmodified")
+                         f"them again from the source archive into charts/dds/files/crds, unmodified, and run "
+                         f"`make manifests`")
