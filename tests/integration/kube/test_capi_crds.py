@@ -33,8 +33,13 @@ def objects(api: client.ApiClient) -> client.CustomObjectsApi:
 
 
 def example_machineset(namespace: str) -> dict[str, Any]:
+    """The example MachineSet (v1beta2) as a v1beta1 manifest of the same group: apiVersion, and the infrastructure
+    reference by apiVersion instead of apiGroup, as manifests written for earlier Cluster API releases have it."""
     machineset = yaml.safe_load(Path(EXAMPLE).read_text())
     machineset["metadata"]["namespace"] = namespace
+    machineset["apiVersion"] = f"{GROUP}/v1beta1"
+    reference = machineset["spec"]["template"]["spec"]["infrastructureRef"]
+    reference["apiVersion"] = f"{reference.pop('apiGroup')}/v1beta1"
     return machineset
 
 

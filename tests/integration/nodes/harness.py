@@ -29,7 +29,7 @@ def open_grant(namespace: str) -> dict[str, NamespaceGrant]:
 
 def machineset_manifest(name: str, *, replicas: int = 0, max_size: int = 6, taints: str = "",
                         version: str = "v1beta1") -> dict[str, Any]:
-    """A MachineSet as a user writes it (v1beta1, like manifests/examples/machineset-gpu-workers.yaml)."""
+    """A MachineSet as a user writes it for an earlier Cluster API release (v1beta1 by default)."""
     annotations = {
         "dds.cdi.dev/enabled": "true",
         "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "0",
