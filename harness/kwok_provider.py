@@ -15,10 +15,8 @@ Cluster API's real manager (harness/capi.py) runs the MachineSets and Machines; 
 | `fail_host(name)` (a test)                     | the host dies: its Node stops being kept Ready, reports Unknown  |
 
 `install_cluster` makes what a workload cluster needs for worker Machines to get a nodeRef without bootstrap or
-control-plane providers: the externally managed KwokControlPlane reporting `controlPlaneInitialized`, the KwokCluster
-reporting `provisioned` (the cluster's infrastructure, as every provider has one: without an infrastructureRef Cluster
-API leaves the Cluster's InfrastructureReady condition Unknown, and its MachineHealthCheck controller then checks no
-Machine), the Cluster pointing at both, and the `<cluster>-kubeconfig` Secret (the same apiserver, the admin credential a workload cluster's
+control-plane providers: the externally managed KwokControlPlane reporting `controlPlaneInitialized`, the Cluster
+pointing at it, and the `<cluster>-kubeconfig` Secret (the same apiserver, the admin credential a workload cluster's
 kubeconfig holds). The provider's CRDs carry the contract label Cluster API looks for (`cluster.x-k8s.io/v1beta2:
 v1alpha1`), and a ClusterRole labelled to aggregate into the manager's role lets the manager read and write them.
 
@@ -49,7 +47,6 @@ VERSION = "v1alpha1"
 CONTRACT_LABEL = "cluster.x-k8s.io/v1beta2"  # value: the provider's API version that implements the v1beta2 contract
 MACHINE_KIND, MACHINES = "KwokMachine", "kwokmachines"
 TEMPLATE_KIND, TEMPLATES = "KwokMachineTemplate", "kwokmachinetemplates"
-CLUSTER_KIND, CLUSTERS = "KwokCluster", "kwokclusters"
 CONTROL_PLANE_KIND, CONTROL_PLANES = "KwokControlPlane", "kwokcontrolplanes"
 FINALIZER = f"{INFRA_GROUP}/host"
 PROVIDER_PREFIX = "kwok://"
@@ -76,7 +73,7 @@ def _crd(kind: str, plural: str, group: str, *, status: bool = True) -> dict[str
 
 def crds() -> list[dict[str, Any]]:
     return [_crd(MACHINE_KIND, MACHINES, INFRA_GROUP), _crd(TEMPLATE_KIND, TEMPLATES, INFRA_GROUP, status=False),
-            _crd(CLUSTER_KIND, CLUSTERS, INFRA_GROUP), _crd(CONTROL_PLANE_KIND, CONTROL_PLANES, CONTROL_PLANE_GROUP)]
+            _crd(CONTROL_PLANE_KIND, CONTROL_PLANES, CONTROL_PLANE_GROUP)]
 
 
 def manager_role() -> dict[str, Any]:
@@ -103,24 +100,17 @@ def _collection(group: str, namespace: str, plural: str) -> str:
 
 def install_cluster(api: AdminApi, namespace: str, cluster: str) -> None:
     """A workload cluster named `cluster` in `namespace` whose worker Machines get nodeRefs: the KwokControlPlane
-    (externally managed, initialized), the KwokCluster (provisioned), the Cluster, its kubeconfig Secret and the
-    bootstrap data Secret."""
+    (externally managed, initialized), the Cluster, its kubeconfig Secret and the bootstrap data Secret."""
     api.apply({"apiVersion": f"{CONTROL_PLANE_GROUP}/{VERSION}", "kind": CONTROL_PLANE_KIND,
                "metadata": {"name": cluster, "namespace": namespace}, "spec": {}},
               _collection(CONTROL_PLANE_GROUP, namespace, CONTROL_PLANES))
     api.merge_patch(f"{_collection(CONTROL_PLANE_GROUP, namespace, CONTROL_PLANES)}/{cluster}/status",
                     {"status": {"initialization": {"controlPlaneInitialized": True},
                                 "externalManagedControlPlane": True}})
-    api.apply({"apiVersion": f"{INFRA_GROUP}/{VERSION}", "kind": CLUSTER_KIND,
-               "metadata": {"name": cluster, "namespace": namespace}, "spec": {}},
-              _collection(INFRA_GROUP, namespace, CLUSTERS))
-    api.merge_patch(f"{_collection(INFRA_GROUP, namespace, CLUSTERS)}/{cluster}/status",
-                    {"status": {"initialization": {"provisioned": True}}})
     api.apply({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
                "metadata": {"name": cluster, "namespace": namespace},
                "spec": {"controlPlaneRef": {"apiGroup": CONTROL_PLANE_GROUP, "kind": CONTROL_PLANE_KIND,
-                                            "name": cluster},
-                        "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": CLUSTER_KIND, "name": cluster}}},
+                                            "name": cluster}}},
               f"/apis/cluster.x-k8s.io/v1beta2/namespaces/{namespace}/clusters")
     kubeconfig = (f"apiVersion: v1\nkind: Config\ncurrent-context: {cluster}\n"
                   f"clusters:\n- name: {cluster}\n  cluster:\n    server: {api.server}\n"
