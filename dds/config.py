@@ -11,6 +11,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
+CLUSTER_API_GROUP = "cluster.x-k8s.io"
+OPENSHIFT_MACHINE_API_GROUP = "machine.openshift.io"
+# Why OpenShift's Machine API is no node-group source (docs/install.md, "OpenShift's Machine API"): said where a user
+# meets it, the capi_group setting and `dds serve`'s start on a cluster serving only that API (dds/kube/preflight.py).
+MACHINE_API_REFUSAL = (
+    f"{OPENSHIFT_MACHINE_API_GROUP} (OpenShift's Machine API) is not supported: DDS scales Cluster API "
+    f"({CLUSTER_API_GROUP}) MachineSets and MachineDeployments only. A deleting Machine's GPUs go back to the pool "
+    f"through Cluster API's pre-terminate hook annotation, which the Machine API does not have (it holds a deletion "
+    f"with spec.lifecycleHooks), and the Machine API's controllers need a cloud actuator, so DDS cannot be tested "
+    f"against them (docs/install.md, \"OpenShift's Machine API\")")
+MACHINE_API_FIX = (f"run Cluster API ({CLUSTER_API_GROUP}) with an infrastructure provider for the GPU hosts and opt its "
+                   f"MachineSets or MachineDeployments in")
+
+
 class FabricBackend(str, Enum):
     SIMULATED = "simulated"
     COMPOSABILITY_REQUEST = "composability-request"
@@ -187,6 +201,9 @@ class Settings(BaseSettings):
     in_cluster: bool = False
     namespace: str = "dds-system"  # where DDS keeps its own state (Lease, state ConfigMaps)
     machineset_namespaces: list[str] = Field(default_factory=list)  # empty = all namespaces
+    # The API group of the MachineSets and MachineDeployments DDS scales (cluster-autoscaler's clusterapi provider takes
+    # it from CAPI_GROUP). Cluster API's only: OpenShift's Machine API is refused with why (MACHINE_API_REFUSAL).
+    capi_group: str = Field(default=CLUSTER_API_GROUP, json_schema_extra={"enum": [CLUSTER_API_GROUP]})
     # Which namespaces may have node groups, and what each may ask for (NamespaceGrant). Empty: none may; an opted-in
     # MachineSet elsewhere is refused with an InvalidNodeGroup Event (node groups from node_groups_file, written by the
     # administrator, are not limited by it).
@@ -312,6 +329,16 @@ class Settings(BaseSettings):
             if "kwok" in data:
                 raise ValueError(f"the kwok section was removed: {REMOVED_SETTINGS['kwok']}")
         return data
+
+    @field_validator("capi_group")
+    @classmethod
+    def _cluster_api_group(cls, value: str) -> str:
+        if value.strip().lower() == OPENSHIFT_MACHINE_API_GROUP:
+            raise ValueError(f"{MACHINE_API_REFUSAL}; {MACHINE_API_FIX}")
+        if value != CLUSTER_API_GROUP:
+            raise ValueError(f"{value!r} is not an API group DDS reads MachineSets from; the one it reads is "
+                             f"{CLUSTER_API_GROUP} (Cluster API), and that is the default: remove the setting")
+        return value
 
     @field_validator("grpc_allowed_clients")
     @classmethod

@@ -20,6 +20,9 @@ pointing at it, and the `<cluster>-kubeconfig` Secret (the same apiserver, the a
 kubeconfig holds). The provider's CRDs carry the contract label Cluster API looks for (`cluster.x-k8s.io/v1beta2:
 v1alpha1`), and a ClusterRole labelled to aggregate into the manager's role lets the manager read and write them.
 
+`install_infrastructure` (called by `install_cluster`) gives the Cluster its infrastructure, a provisioned KwokCluster,
+as every provider does: Cluster API's MachineHealthCheck controller checks no Machine of a Cluster without it.
+
 Harness-only: the hardware's stand-in, never in the `dds` wheel.
 """
 
@@ -51,6 +54,7 @@ VERSION = "v1alpha1"
 CONTRACT_LABEL = "cluster.x-k8s.io/v1beta2"  # value: the provider's API version that implements the v1beta2 contract
 MACHINE_KIND, MACHINES = "KwokMachine", "kwokmachines"
 TEMPLATE_KIND, TEMPLATES = "KwokMachineTemplate", "kwokmachinetemplates"
+CLUSTER_KIND, CLUSTERS = "KwokCluster", "kwokclusters"
 CONTROL_PLANE_KIND, CONTROL_PLANES = "KwokControlPlane", "kwokcontrolplanes"
 FINALIZER = f"{INFRA_GROUP}/host"
 PROVIDER_PREFIX = "kwok://"
@@ -94,7 +98,7 @@ def _crd(kind: str, plural: str, group: str, *, status: bool = True) -> dict[str
 
 def crds() -> list[dict[str, Any]]:
     return [_crd(MACHINE_KIND, MACHINES, INFRA_GROUP), _crd(TEMPLATE_KIND, TEMPLATES, INFRA_GROUP, status=False),
-            _crd(CONTROL_PLANE_KIND, CONTROL_PLANES, CONTROL_PLANE_GROUP)]
+            _crd(CONTROL_PLANE_KIND, CONTROL_PLANES, CONTROL_PLANE_GROUP), _crd(CLUSTER_KIND, CLUSTERS, INFRA_GROUP)]
 
 
 def manager_role() -> dict[str, Any]:
@@ -148,6 +152,21 @@ def install_cluster(api: AdminApi, namespace: str, cluster: str, workload_server
     api.apply({"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
                "metadata": {"name": BOOTSTRAP_SECRET, "namespace": namespace, "labels": {LABEL_CLUSTER_NAME: cluster}},
                "stringData": {"value": "#!/bin/sh\n# kwok nodes need no bootstrap\n"}}, secrets)
+    install_infrastructure(api, namespace, cluster)
+
+
+def install_infrastructure(api: AdminApi, namespace: str, cluster: str) -> None:
+    """The Cluster's infrastructure, as every provider has one: a KwokCluster reporting provisioned, named in the
+    Cluster's spec.infrastructureRef. Without one Cluster API leaves the Cluster's InfrastructureReady condition
+    Unknown, and its MachineHealthCheck controller then checks no Machine (core/reconcilers/machinehealthcheck,
+    machinehealthcheck_targets.go `needsRemediation`)."""
+    api.apply({"apiVersion": f"{INFRA_GROUP}/{VERSION}", "kind": CLUSTER_KIND,
+               "metadata": {"name": cluster, "namespace": namespace}, "spec": {}},
+              _collection(INFRA_GROUP, namespace, CLUSTERS))
+    api.merge_patch(f"{_collection(INFRA_GROUP, namespace, CLUSTERS)}/{cluster}/status",
+                    {"status": {"initialization": {"provisioned": True}}})
+    api.merge_patch(f"/apis/cluster.x-k8s.io/v1beta2/namespaces/{namespace}/clusters/{cluster}",
+                    {"spec": {"infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": CLUSTER_KIND, "name": cluster}}})
 
 
 def node_capacity(group: NodeGroupSpec) -> dict[str, str]:

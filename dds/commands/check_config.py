@@ -211,8 +211,8 @@ class CollectedEvents:
 
 
 def check_cluster(settings: Settings) -> list[Finding]:
-    from dds.kube.preflight import (check_reachable, connect, denied, missing_kinds, missing_kinds_problem,
-                                    needed_access, needed_kinds, permission_problem)
+    from dds.kube.preflight import (check_reachable, connect, crds_problem, denied, missing_kinds, needed_access,
+                                    needed_kinds, permission_problem)
 
     try:
         with cluster_failures():
@@ -222,7 +222,8 @@ def check_cluster(settings: Settings) -> list[Finding]:
         return [Finding("cluster", FAIL, failure.message, failure.fix, failure.exit_code)]
     out = [Finding("cluster", OK, f"{api.configuration.host} answers and accepts the credentials")]
     steps: tuple[tuple[str, Callable[[], list[Finding]]], ...] = (
-        ("crds", lambda: _problem_or_ok("crds", missing_kinds(api, needed_kinds(settings)), missing_kinds_problem,
+        ("crds", lambda: _problem_or_ok("crds", missing_kinds(api, needed_kinds(settings)),
+                                        lambda missing: crds_problem(api, missing),
                                         "the CRDs DDS reads are served")),
         ("rbac", lambda: _problem_or_ok("rbac", denied(api, needed_access(settings)),
                                         lambda refused: permission_problem(refused, "the kubeconfig's user"),

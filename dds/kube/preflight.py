@@ -21,10 +21,13 @@ import yaml
 from kubernetes import client
 from kubernetes.config.config_exception import ConfigException
 
-from dds.config import FabricBackend, Settings
+from dds.config import (CLUSTER_API_GROUP, MACHINE_API_FIX, MACHINE_API_REFUSAL, OPENSHIFT_MACHINE_API_GROUP,
+                        FabricBackend, Settings)
 from dds.kube import client as kube_client  # dds/kube/client.py stays the one way to build a client
 from dds.kube.configmap import INSTANCES_CONFIGMAP, REDFISH_LOG_SUFFIX
 from dds.kube.raw import send
+
+log = logging.getLogger(__name__)
 
 CHECK_TIMEOUT_SECONDS = 15.0
 
@@ -171,7 +174,7 @@ def require(api: client.ApiClient, access: Sequence[Access], kinds: Sequence[Ser
     check_reachable(api)
     missing = missing_kinds(api, kinds)
     if missing:
-        raise ClusterUnusable(missing_kinds_problem(missing))
+        raise ClusterUnusable(crds_problem(api, missing))
     refused = denied(api, access)
     if refused:
         raise ClusterUnusable(permission_problem(refused, subject))
@@ -182,6 +185,31 @@ def missing_kinds_problem(missing: Sequence[ServedKind]) -> ClusterProblem:
     sources = " and ".join(dict.fromkeys(k.crd_source for k in missing))
     return ClusterProblem(ProblemKind.MISSING_API, f"the cluster does not serve {names} (CRD not installed)",
                           f"install the CRDs: kubectl apply -k {sources}")
+
+
+def crds_problem(api: client.ApiClient, missing: Sequence[ServedKind]) -> ClusterProblem:
+    """What `missing` (kinds DDS needs that the cluster does not serve) means on this cluster."""
+    return machine_api_problem(api, missing) or missing_kinds_problem(missing)
+
+
+def machine_api_problem(api: client.ApiClient, missing: Sequence[ServedKind]) -> Optional[ClusterProblem]:
+    """On a cluster that serves OpenShift's Machine API where Cluster API's MachineSets are missing, the problem is not
+    a CRD to install (Cluster API's CRDs would not make those MachineSets node groups): it says so, and why."""
+    if not any(k.group == CLUSTER_API_GROUP for k in missing) or missing_kinds(api, (OPENSHIFT_MACHINESETS,)):
+        return None
+    return ClusterProblem(ProblemKind.MISSING_API,
+                          f"the cluster serves {OPENSHIFT_MACHINESETS.resource}.{OPENSHIFT_MACHINE_API_GROUP}, not "
+                          f"Cluster API's {OPENSHIFT_MACHINESETS.resource}.{CLUSTER_API_GROUP}: {MACHINE_API_REFUSAL}",
+                          MACHINE_API_FIX)
+
+
+def note_machine_api(api: client.ApiClient) -> None:
+    """Log, once at start, that this cluster's OpenShift Machine API MachineSets are no node groups (DDS serves its
+    Cluster API ones), so an opted-in machine.openshift.io MachineSet is not left unexplained."""
+    if not missing_kinds(api, (OPENSHIFT_MACHINESETS,)):
+        log.warning("this cluster also serves %s.%s: those MachineSets are no node groups, DDS reads %s only. %s",
+                    OPENSHIFT_MACHINESETS.resource, OPENSHIFT_MACHINE_API_GROUP, CLUSTER_API_GROUP,
+                    MACHINE_API_REFUSAL)
 
 
 def permission_problem(refused: Sequence[Access], subject: str) -> ClusterProblem:
@@ -246,6 +274,8 @@ def _one_line(exc: BaseException) -> str:
 
 CLUSTER_API_KINDS = (ServedKind("cluster.x-k8s.io", ("v1beta2", "v1beta1"), "machinesets", "manifests/crds/cluster-api"),
                      ServedKind("cluster.x-k8s.io", ("v1beta2", "v1beta1"), "machines", "manifests/crds/cluster-api"))
+# Discovery only (system:discovery lets every user ask): DDS never reads these objects.
+OPENSHIFT_MACHINESETS = ServedKind(OPENSHIFT_MACHINE_API_GROUP, ("v1beta1",), "machinesets", "")
 COMPOSABILITY_KINDS = (
     ServedKind("cro.hpsys.ibm.ie.com", ("v1alpha1",), "composabilityrequests", "manifests/crds/composability"),
     ServedKind("cro.hpsys.ibm.ie.com", ("v1alpha1",), "composableresources", "manifests/crds/composability"))
@@ -301,3 +331,4 @@ def state_configmaps(settings: Settings) -> tuple[str, ...]:
 def require_for_serving(api: client.ApiClient, settings: Settings) -> None:
     """Everything `dds serve` needs of the cluster before it builds anything; ClusterUnusable otherwise."""
     require(api, needed_access(settings), needed_kinds(settings))
+    note_machine_api(api)
