@@ -128,7 +128,7 @@ def end_pod(stack: Stack, name: str) -> tuple[str, str, list[str]]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    options = StackOptions(cluster_api=True, workers=1, pool_size=POOL, attach_latency=ATTACH_LATENCY,
+    options = StackOptions(workers=1, pool_size=POOL, attach_latency=ATTACH_LATENCY,
                            detach_latency=(2.0, 3.0), node_provisioning_seconds=PROVISIONING_SECONDS,
                            gpu_idle_cooldown_seconds=600.0, node_idle_cooldown_seconds=600.0,
                            dds_settings={"pre_terminate_detach_timeout_seconds": PRE_TERMINATE_BOUND_SECONDS})
