@@ -357,6 +357,12 @@ def attach_operations_since(run: KueueRun, began: float) -> list[dict[str, Any]]
     return [op for op in fabric_facts(run.stack).operations if op["kind"] == "attach" and op["started_at"] >= began]
 
 
+def ended_attaches_since(run: KueueRun, began: float) -> Optional[list[dict[str, Any]]]:
+    """The attaches begun since `began`, once there are some and none is still running."""
+    attaches = attach_operations_since(run, began)
+    return attaches if attaches and all(op["state"] != "running" for op in attaches) else None
+
+
 def test_a_job_deleted_after_provisioning_gives_back_every_gpu_and_node_gathered_for_it(run: KueueRun):
     """The user deletes a Job Kueue admitted: its Workload and ProvisioningRequest go with it (garbage collector),
     DDS releases the booking, the GPUs it attached go back to the pool after the idle cooldown, and the node it added
@@ -500,7 +506,10 @@ def test_a_job_through_cas_own_atomic_class_is_admitted_through_attaches_with_no
     assert provisioned is not None and provisioned["reason"] == "CapacityIsProvisioned", "CA's own condition"
     assert {n.metadata.name for n in stack.nodes()} == run.workers and machineset_replicas(stack) == WORKERS, \
         "no node added"
-    attaches = attach_operations_since(run, began)
+    # kwok ends a Job's pods at once: the Job may be done on the first worker's GPUs before the second worker's attach
+    # has ended, so its devices are counted once every attach begun for the request has ended.
+    attaches = run.wait_for("every attach for the request ended", lambda: ended_attaches_since(run, began),
+                            ADMIT_TIMEOUT_S)
     attached = [device for op in attaches for device in op["devices"]]
     assert len(attached) == len(set(attached)) == 4 * 2 and {op["node"] for op in attaches} == run.workers, attaches
     for started in admission.pods:
