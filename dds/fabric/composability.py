@@ -172,6 +172,7 @@ class ComposabilityRequestFabric:
         self._capacity, self._pool_of_model = _capacity_from(pools)
         self._slots = {p.name: p.max_slots_per_node for p in pools if p.max_slots_per_node is not None}
         self._refused: dict[str, Operation] = {}
+        self._unstored: dict[str, dict[str, Any]] = {}  # outcomes reported whose write was refused, by key
         self._lock = threading.RLock()
 
     # --- the Fabric protocol ---
@@ -623,6 +624,25 @@ class ComposabilityRequestFabric:
         log.debug("could not record the outcome of %s: 409 on every attempt", record["key"])
         return False
 
+    def _end_if_ended(self, record: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+        """The running operation's record with its outcome when it has ended, stored; an outcome whose write is
+        refused (the operator's webhook, conflicts throughout) is kept in memory, so what was reported stays so."""
+        now = self._clock()
+        resources = self._view().resources
+        outcome = _outcome(record, request, resources, now, self._settings.operator_error_bound_seconds,
+                           wait_bound=self._settings.operator_wait_bound_seconds)
+        if outcome is None:
+            return record
+        record = {**record, **outcome, "finished_at": now}
+        unpicked = _not_picked_up(request["metadata"]["name"], resources)
+        if _not_attached(record) and unpicked:
+            record = _owing_give_back(record, request, resources, unpicked)
+        if not self._remember_result(request, record):
+            # Stored later, its give-back owed: by then what it did not get may have come Online.
+            owed = {GIVE_BACK_OWED: _owed(record, request, resources)} if _not_attached(record) else {}
+            self._unstored[record["key"]] = {**record, **owed}
+        return record
+
     def _give_back_owed(self, record: dict[str, Any], request: dict[str, Any]) -> None:
         """A failed attach's give-back, stored as owed while a resource of its request was in state "" (the operator
         would have removed a GPU in use for it), once none is: what came Online meanwhile stays as an ordinary device
@@ -677,16 +697,13 @@ class ComposabilityRequestFabric:
     # --- reading ---
     def _operation_from(self, record: dict[str, Any], request: Optional[dict[str, Any]]) -> Operation:
         if "state" not in record and request is not None:
-            now = self._clock()
-            resources = self._view().resources
-            outcome = _outcome(record, request, resources, now, self._settings.operator_error_bound_seconds,
-                               wait_bound=self._settings.operator_wait_bound_seconds)
-            if outcome is not None:
-                record = {**record, **outcome, "finished_at": now}
-                unpicked = _not_picked_up(request["metadata"]["name"], resources)
-                if _not_attached(record) and unpicked:
-                    record = _owing_give_back(record, request, resources, unpicked)
-                self._remember_result(request, record)
+            reported = self._unstored.get(record["key"])
+            if reported is not None:  # reported before, its write refused: the same outcome, stored now if it can be
+                record = reported
+                if self._remember_result(request, record):
+                    self._unstored.pop(record["key"], None)
+            else:
+                record = self._end_if_ended(record, request)
         elif GIVE_BACK_OWED in record and request is not None:
             self._give_back_owed(record, request)
         elif "state" not in record:
@@ -950,8 +967,8 @@ def _check_operator_caught_up(what: str, name: str, existing: Optional[dict[str,
     owing = sorted(k for k, r in _records(existing).items() if GIVE_BACK_OWED in r)
     if owing:
         raise FabricError(ErrorCode.BACKEND, f"{what}: the failed attach {', '.join(owing)} on ComposabilityRequest "
-                                             f"{name} still owes its give-back (it waits until the operator has taken "
-                                             f"up the request's new resources); a size change now could be the one "
+                                             f"{name} still owes its give-back (written once the operator has taken "
+                                             f"up every resource of the request); a size change now could be the one "
                                              f"given back, so it waits")
     status = existing.get("status") or {}
     size = int(existing["spec"]["resource"].get("size", 0))
@@ -1045,13 +1062,18 @@ def _owing_give_back(record: dict[str, Any], request: dict[str, Any], resources:
     after the Online ones, so lowering the size now would detach a GPU in use. The outcome is stored now all the same
     (reported once, final), with the resources it did not get as owed: given back once the operator has taken them
     up (`ComposabilityRequestFabric._give_back_owed`)."""
-    _, mine = _claim_of(record, request, resources)
-    owed = [n for n in mine if n not in record.get("devices", ())]
+    owed = _owed(record, request, resources)
     log.info("attach %s on %s failed; its give-back of %s waits until the operator has taken up %s", record["key"],
              record["node"], ", ".join(owed) or f"{_not_attached(record)} device(s)", ", ".join(unpicked))
     return {**record, GIVE_BACK_OWED: owed,
             "error": (f"{record.get('error', '')}; the give-back waits until the operator has taken up "
                       f"{', '.join(unpicked)} (a device Online by then stays, as an ordinary one)")}
+
+
+def _owed(record: dict[str, Any], request: dict[str, Any], resources: Mapping[str, dict[str, Any]]) -> list[str]:
+    """The resources a failed attach counted as its own and did not get."""
+    _, mine = _claim_of(record, request, resources)
+    return [n for n in mine if n not in record.get("devices", ())]
 
 
 def _targets(request: dict[str, Any]) -> tuple[Optional[str], Optional[str]]:

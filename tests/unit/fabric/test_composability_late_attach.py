@@ -33,6 +33,7 @@ class Objects:
         self.requests: dict[str, dict[str, Any]] = {}
         self.resources: dict[str, dict[str, Any]] = {}
         self._version = 0
+        self.refusing = False  # every replace refused as a conflict (another writer, the operator's webhook)
 
     def _bump(self, obj: dict[str, Any]) -> None:
         self._version += 1
@@ -56,7 +57,8 @@ class Objects:
 
     def replace_request(self, name: str, body: dict[str, Any]) -> bool:
         current = self.requests.get(name)
-        if current is None or current["metadata"].get("resourceVersion") != body["metadata"].get("resourceVersion"):
+        if self.refusing or current is None or \
+                current["metadata"].get("resourceVersion") != body["metadata"].get("resourceVersion"):
             return False
         self.requests[name] = copy.deepcopy(body)
         self._bump(self.requests[name])
@@ -212,3 +214,33 @@ def test_a_failed_attach_whose_resource_is_taken_up_but_not_attached_gives_it_ba
     assert "give_back_owed" not in record and "arrived_late" not in record
     assert not [e for e in events.emitted if e[2] == "LateAttach"]
     assert fabric.operation("second").state == OperationState.FAILED and size(objects) == 1  # given back once
+
+
+def test_a_failure_whose_write_is_refused_stays_failed_when_its_gpu_then_comes_online() -> None:
+    """The attach's resource taken up but failing past the error bound: FAILED, reported, but every write of the
+    request refused meanwhile. The GPU then comes Online: what was reported stays (in memory until stored), it is
+    stored FAILED once writes go through, and the late GPU is kept, not given back in place of the GPU in use."""
+    objects, clock, events = Objects(), Clock(), Events()
+    fabric = fabric_on(objects, clock, events)
+    attach(fabric, "first")
+    objects.operator_takes_up_size({"gpu-in-use": "Online"})
+    attach(fabric, "second")
+    objects.operator_takes_up_size({"gpu-in-use": "Online", "gpu-new": "Attaching"})
+    objects.resources["gpu-new"]["status"]["error"] = "fabric switch sw-3 is down"
+    clock.now += ComposabilitySettings().operator_error_bound_seconds + 1
+    objects.refusing = True
+    reported = fabric.operation("second")
+    assert reported.state == OperationState.FAILED and reported.error is not None
+    assert "sw-3 is down" in reported.error.message
+
+    objects.operator_takes_up_size({"gpu-in-use": "Online", "gpu-new": "Online"})
+    again = fabric.operation("second")
+    assert again.state == OperationState.FAILED and again.error is not None
+    assert again.error.message == reported.error.message
+    objects.refusing = False
+    for _ in range(2):  # stored with its give-back owed, then settled
+        assert fabric.operation("second").state == OperationState.FAILED
+    record = stored(objects, "second")
+    assert record["state"] == OperationState.FAILED.value and record["arrived_late"] == ["gpu-new"]
+    assert size(objects) == 2, "given back now, the operator would remove the GPU in use or the late one"
+    assert [e[2] for e in events.emitted] == ["LateAttach"]
