@@ -21,7 +21,9 @@ What it adds to the default stack, and why:
 `cdi_options(options, device_mode=DeviceMode.DEVICE_PLUGIN)`: the operator in DEVICE_PLUGIN mode instead, through the
 cluster-manager emulator (harness/cluster_manager.py: the one FTI API that attaches in that mode at the pinned commit),
 the node agent publishing each node's GPUs as `nvidia.com/gpu` capacity, the MachineSet an extended-resource group; no
-DRA gates, DeviceClass or kube-controller-manager (CdiDevicePluginFabricSide).
+DRA gates, DeviceClass or kube-controller-manager (CdiDevicePluginFabricSide). `node_timings=`: the node side as slow
+as a real server (harness/gpu_node_agent.py NodeTimings: the driver pod late, device-plugin restarts that take the
+nodes' allocatable down).
 
 Only one operator runs on a machine at a time (its webhook port 9443 is fixed): a stack started while another runs
 fails with the port's holder named (CdiOperatorError).
@@ -29,6 +31,7 @@ fails with the port's holder named (CdiOperatorError).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import uuid
@@ -46,7 +49,8 @@ from harness.cdi_operator import (DRA_FEATURE_GATES, DRA_RUNTIME_CONFIG, CdiOper
                                   FabricManagerAccess, OperatorRelease)
 from harness.cluster_manager import ClusterManagerEmulator
 from harness.fabric_manager import FabricManagerEmulator
-from harness.gpu_node_agent import NVIDIA_DRA_DRIVER, PROVIDER_ID_PREFIX, DeviceMode, GpuNodeAgent, gpu_spec
+from harness.gpu_node_agent import (NVIDIA_DRA_DRIVER, PROVIDER_ID_PREFIX, DeviceMode, GpuNodeAgent, NodeTimings,
+                                    gpu_spec)
 from harness.kwok_provider import ProviderIds
 from harness.stack import Stack, StackOptions, merge
 
@@ -79,18 +83,22 @@ def vendor_driver_annotations(memory: str = "24Gi") -> dict[str, str]:
             ANN_GPU_MODELS: MODEL}
 
 
-def cdi_options(options: StackOptions, device_mode: DeviceMode = DeviceMode.DRA) -> StackOptions:
+def cdi_options(options: StackOptions, device_mode: DeviceMode = DeviceMode.DRA,
+                node_timings: NodeTimings = NodeTimings()) -> StackOptions:
     """`options` with the real CDI operator: what `options` sets itself wins over these defaults. `device_mode`
     DEVICE_PLUGIN: the operator in that mode through the cluster manager's API (CdiDevicePluginFabricSide), the
-    MachineSet's GPUs the extended resource nvidia.com/gpu the node's device plugin publishes."""
+    MachineSet's GPUs the extended resource nvidia.com/gpu the node's device plugin publishes. `node_timings`: how
+    slow the nodes' GPU side is (harness/gpu_node_agent.py; the default is instant)."""
     if DeviceMode(device_mode) is DeviceMode.DEVICE_PLUGIN:
-        return replace(options, provider_ids=FSAS_CDI_PROVIDER_IDS, fabric_side=CdiDevicePluginFabricSide,
+        return replace(options, provider_ids=FSAS_CDI_PROVIDER_IDS,
+                       fabric_side=functools.partial(CdiDevicePluginFabricSide, node_timings=node_timings),
                        machineset_annotations={ANN_GPU_MODELS: MODEL, **options.machineset_annotations},
                        dds_settings=merge({"fabric": "composability-request"}, options.dds_settings))
     runtime_config = tuple(dict.fromkeys((*DRA_RUNTIME_CONFIG, *options.runtime_config)))
     return replace(
         options, feature_gates={**DRA_FEATURE_GATES, **options.feature_gates}, runtime_config=runtime_config,
-        controller_manager=True, provider_ids=FSAS_CDI_PROVIDER_IDS, fabric_side=CdiFabricSide,
+        controller_manager=True, provider_ids=FSAS_CDI_PROVIDER_IDS,
+        fabric_side=functools.partial(CdiFabricSide, node_timings=node_timings),
         machineset_annotations={**vendor_driver_annotations(), **options.machineset_annotations},
         dds_settings=merge({"fabric": "composability-request"}, options.dds_settings))
 
@@ -112,8 +120,9 @@ class CdiFabricSide:
 
     device_mode = DeviceMode.DRA
 
-    def __init__(self, stack: Stack) -> None:
+    def __init__(self, stack: Stack, node_timings: NodeTimings = NodeTimings()) -> None:
         self.stack = stack
+        self.node_timings = node_timings
         options = stack.options
         # DRA: the fabric manager's API. DEVICE_PLUGIN: the cluster manager's, the one the operator attaches through
         # in that mode at its pinned commit (docs/composability.md, "Device modes"); the same hardware model.
@@ -135,7 +144,7 @@ class CdiFabricSide:
             if self.device_mode is DeviceMode.DRA:
                 client.ResourceV1Api(self._api).create_device_class(NVIDIA_DEVICE_CLASS)
             self.agent = GpuNodeAgent(self._api, self.emulator, mode=self.device_mode,
-                                      state_dir=self.stack.workdir / "gpu-nodes").start()
+                                      state_dir=self.stack.workdir / "gpu-nodes", timings=self.node_timings).start()
             self._thread.start()
             self.operator = CdiOperator(self.stack.control_plane, FabricManagerAccess.of(self.emulator),
                                         device_resource_type=DeviceResourceType(self.device_mode.value)).start()

@@ -12,7 +12,9 @@ ONE `samenode` request per (node, type, model), named `<prefix><node>-<type>-<mo
   the code tests for a state "None" it never writes) goes after the Online ones. So the devices DDS chose are the
   ones that go only when nothing is on its way on the same request, which is why a detach is refused (retryably)
   until the request's resources are all Online, a size change waits until the operator has applied the last one
-  (`_check_operator_caught_up`), and a failed attach's give-back waits while a resource is in state "". The marks
+  (`_check_operator_caught_up`), and a failed attach's give-back waits while a resource is in state "" (its outcome
+  stored at once all the same, with the give-back owed: a device that comes Online meanwhile stays as an ordinary
+  one, the rest is given back once the operator has taken it up, and no size change is made meanwhile). The marks
   (and force flags) come off again when the size write fails, and off the devices a failed detach leaves in place.
   A device already on its way out (its resource being deleted) is not detached again: the size would drop twice.
   `force` is honoured when the detach empties the request (the chosen resources get `spec.force_detach`, and the
@@ -75,7 +77,7 @@ from dds.kube.composability import (FIELD_MANAGER, GROUP, NODE_FINALIZER, REQUES
                                     ComposabilityObjects, ObjectCache)
 from dds.kube.errors import ApiError
 from dds.model.cxl import is_cxl_model
-from dds.model.events import WARNING, EventRecorder, ObjectRef
+from dds.model.events import NORMAL, WARNING, EventRecorder, ObjectRef
 
 __all__ = ["GROUP", "VERSION", "REQUESTS", "RESOURCES", "ComposabilityRequestFabric", "request_name"]
 
@@ -90,6 +92,8 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_NODE = "dds.cdi.dev/node"
 MANAGER = "dds"
 MAX_RECORDED_OPERATIONS = 32
+# A failed attach's record field: the resources it did not get, whose give-back waits (see `_owing_give_back`).
+GIVE_BACK_OWED = "give_back_owed"
 # Before DDS named its field manager, the kubernetes client's default (from its User-Agent) was recorded for its writes.
 _DDS_MANAGERS = frozenset({FIELD_MANAGER, "OpenAPI-Generator"})
 _CONFLICT_ATTEMPTS = 5
@@ -168,6 +172,7 @@ class ComposabilityRequestFabric:
         self._capacity, self._pool_of_model = _capacity_from(pools)
         self._slots = {p.name: p.max_slots_per_node for p in pools if p.max_slots_per_node is not None}
         self._refused: dict[str, Operation] = {}
+        self._unstored: dict[str, dict[str, Any]] = {}  # outcomes reported whose write was refused, by key
         self._lock = threading.RLock()
 
     # --- the Fabric protocol ---
@@ -541,7 +546,7 @@ class ComposabilityRequestFabric:
         not have): the size is raised to what is attached, so the request describes the node again and the extra GPU
         is an ordinary idle one scale-down releases; said in a warning Event on the node."""
         extra = _over_attached(request) if request is not None else 0
-        if request is None or not extra or any("state" not in r for r in _records(request).values()):
+        if request is None or not extra or any(_open(r) for r in _records(request).values()):
             return
         name = request["metadata"]["name"]
         node, model = _targets(request)
@@ -581,13 +586,14 @@ class ComposabilityRequestFabric:
     def _settle_ended(self, name: str, existing: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
         """Store the outcome of every operation on the request that has ended, before a new one is recorded: the new
         one changes what the request shows, and an outcome first read after that would be read from another world
-        (an attach counting a device a later attach brought). Returns the request as it is now."""
+        (an attach counting a device a later attach brought); and give back what failed attaches owe, once it can be.
+        Returns the request as it is now."""
         for key, record in sorted(_records(existing).items()):
-            if "state" in record:
+            if not _open(record):
                 continue
             current = self._get_request(name)
             record = _records(current).get(key)
-            if current is None or record is None or "state" in record:
+            if current is None or record is None or not _open(record):
                 continue
             self._operation_from(record, current)
         return self._get_request(name) if existing is not None else None
@@ -612,11 +618,64 @@ class ComposabilityRequestFabric:
                     log.debug("could not record the outcome of %s: %s", record["key"], exc.status)
                 return False
             fresh = self._get_request(name)  # the operator wrote its status meanwhile: apply the record again
-            if fresh is None or "state" in _records(fresh).get(record["key"], {}):
+            if fresh is None or _stored(_records(fresh).get(record["key"]), record):
                 return fresh is not None
             body = self._with_result(fresh, record)
         log.debug("could not record the outcome of %s: 409 on every attempt", record["key"])
         return False
+
+    def _end_if_ended(self, record: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+        """The running operation's record with its outcome when it has ended, stored; an outcome whose write is
+        refused (the operator's webhook, conflicts throughout) is kept in memory, so what was reported stays so."""
+        now = self._clock()
+        resources = self._view().resources
+        outcome = _outcome(record, request, resources, now, self._settings.operator_error_bound_seconds,
+                           wait_bound=self._settings.operator_wait_bound_seconds)
+        if outcome is None:
+            return record
+        record = {**record, **outcome, "finished_at": now}
+        unpicked = _not_picked_up(request["metadata"]["name"], resources)
+        if _not_attached(record) and unpicked:
+            record = _owing_give_back(record, request, resources, unpicked)
+        if not self._remember_result(request, record):
+            # Stored later, its give-back owed: by then what it did not get may have come Online.
+            owed = {GIVE_BACK_OWED: _owed(record, request, resources)} if _not_attached(record) else {}
+            self._unstored[record["key"]] = {**record, **owed}
+        return record
+
+    def _give_back_owed(self, record: dict[str, Any], request: dict[str, Any]) -> None:
+        """A failed attach's give-back, stored as owed while a resource of its request was in state "" (the operator
+        would have removed a GPU in use for it), once none is: what came Online meanwhile stays as an ordinary device
+        (released when idle; said in a `LateAttach` Event), what did not is marked and the size lowered for it. Its
+        outcome stays what was reported."""
+        name = request["metadata"]["name"]
+        resources = self._view().resources
+        unpicked = _not_picked_up(name, resources)
+        if unpicked:
+            log.debug("attach %s on %s: the give-back it owes waits until the operator has taken up %s",
+                      record["key"], record["node"], ", ".join(unpicked))
+            return
+        owed = list(record[GIVE_BACK_OWED])
+        arrived = [n for n in owed if n in resources and _device_state(resources[n]) == DeviceState.ONLINE]
+        settled = {k: v for k, v in record.items() if k != GIVE_BACK_OWED}
+        if arrived:
+            settled["arrived_late"] = arrived
+        marked = [n for n in owed if n in resources and n not in arrived]
+        stored = False
+        try:  # marked: should one come Online before the operator reads the size, it is still the one removed
+            self._mark_for_removal(record["key"], marked, force=False)
+            stored = self._remember_result(request, settled)
+        finally:
+            if not stored:
+                self._unmark(record["key"], marked)
+        if stored and arrived:
+            message = (f"{', '.join(arrived)} of the failed attach {record['key']} came Online on {record['node']} "
+                       f"after the attach had ended (its resource was not taken up by the operator until then): "
+                       f"kept as an ordinary {record['model']} GPU of the node, released when idle; the attach "
+                       f"stays failed")
+            log.info(message)
+            if self._events is not None:
+                self._events.emit(ObjectRef("Node", record["node"]), NORMAL, "LateAttach", message)
 
     @staticmethod
     def _with_result(request: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
@@ -627,7 +686,7 @@ class ComposabilityRequestFabric:
         records = _records(request)
         records[record["key"]] = record
         body["metadata"].setdefault("annotations", {})[ANN_OPERATIONS] = json.dumps(_bounded(list(records.values())))
-        missing = _not_attached(record)
+        missing = _to_give_back(record)
         if missing:
             resource = body["spec"]["resource"]
             resource["size"] = max(0, int(resource.get("size", 0)) - missing)
@@ -638,20 +697,15 @@ class ComposabilityRequestFabric:
     # --- reading ---
     def _operation_from(self, record: dict[str, Any], request: Optional[dict[str, Any]]) -> Operation:
         if "state" not in record and request is not None:
-            now = self._clock()
-            resources = self._view().resources
-            outcome = _outcome(record, request, resources, now, self._settings.operator_error_bound_seconds,
-                               wait_bound=self._settings.operator_wait_bound_seconds)
-            if outcome is not None:
-                record = {**record, **outcome, "finished_at": now}
-                unpicked = _not_picked_up(request["metadata"]["name"], resources)
-                if _not_attached(record) and unpicked:
-                    # The operator removes a resource in state "" last, after Online ones: giving back now would
-                    # detach a GPU in use. Stored (and given back) once its resource controller has taken them up.
-                    log.info("attach %s on %s failed; its give-back waits until the operator has taken up %s",
-                             record["key"], record["node"], ", ".join(unpicked))
-                else:
-                    self._remember_result(request, record)
+            reported = self._unstored.get(record["key"])
+            if reported is not None:  # reported before, its write refused: the same outcome, stored now if it can be
+                record = reported
+                if self._remember_result(request, record):
+                    self._unstored.pop(record["key"], None)
+            else:
+                record = self._end_if_ended(record, request)
+        elif GIVE_BACK_OWED in record and request is not None:
+            self._give_back_owed(record, request)
         elif "state" not in record:
             record = {**record, "state": OperationState.FAILED.value, "error_code": ErrorCode.NOT_FOUND.value,
                       "error": "the ComposabilityRequest was deleted", "devices": [], "finished_at": self._clock()}
@@ -734,12 +788,18 @@ def _records(request: Optional[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def _bounded(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The newest MAX_RECORDED_OPERATIONS records; running ones are never dropped."""
-    finished = [r for r in records if "state" in r]
-    running = [r for r in records if "state" not in r]
-    keep = max(0, MAX_RECORDED_OPERATIONS - len(running))
+    """The newest MAX_RECORDED_OPERATIONS records; running ones, and failed attaches still owing a give-back, are
+    never dropped."""
+    finished = [r for r in records if not _open(r)]
+    still_open = [r for r in records if _open(r)]
+    keep = max(0, MAX_RECORDED_OPERATIONS - len(still_open))
     kept = {r["key"] for r in finished[-keep:]} if keep else set()
-    return [r for r in records if "state" not in r or r["key"] in kept]
+    return [r for r in records if _open(r) or r["key"] in kept]
+
+
+def _open(record: dict[str, Any]) -> bool:
+    """Whether DDS still has something to write for the operation: it runs, or it failed owing a give-back."""
+    return "state" not in record or GIVE_BACK_OWED in record
 
 
 def _outcome(record: dict[str, Any], request: dict[str, Any], resources: Mapping[str, dict[str, Any]], now: float,
@@ -759,8 +819,7 @@ def _outcome(record: dict[str, Any], request: dict[str, Any], resources: Mapping
     before = set(record.get("before", ()))
     count = int(record["count"])
     if record["kind"] == OperationKind.ATTACH.value:
-        ours = {n: r for n, r in resources.items() if _labels(r).get(LABEL_MANAGED_BY) == name}
-        mine = _attach_claim(record, request, ours, _taken_by_earlier(record, request, ours))
+        ours, mine = _claim_of(record, request, resources)
         done = [n for n in mine if n in ours and _device_state(ours[n]) == DeviceState.ONLINE]
         errors = [_error_of(n, ours.get(n), listed.get(n)) for n in mine]
     else:
@@ -847,6 +906,14 @@ def _detach_waits(left: Sequence[str], resources: Mapping[str, dict[str, Any]],
     return "; ".join(parts) + "; stranded: counted as detaching until the operator lets them go"
 
 
+def _claim_of(record: dict[str, Any], request: dict[str, Any],
+              resources: Mapping[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """An attach's request's ComposableResources by name, and the ones the attach counts as its own."""
+    name = (request.get("metadata") or {}).get("name", "")
+    ours = {n: r for n, r in resources.items() if _labels(r).get(LABEL_MANAGED_BY) == name}
+    return ours, _attach_claim(record, request, ours, _taken_by_earlier(record, request, ours))
+
+
 def _attach_claim(record: dict[str, Any], request: dict[str, Any], ours: Mapping[str, dict[str, Any]],
                   taken: Collection[str]) -> list[str]:
     """The resources an attach counts as its own: `count` of those the operator listed for the request since the
@@ -881,8 +948,8 @@ def _taken_by_earlier(record: dict[str, Any], request: dict[str, Any],
             break
         if other.get("kind") != OperationKind.ATTACH.value:
             continue
-        if "state" in other:
-            taken.update(other.get("devices", ()))
+        if "state" in other:  # its devices, and those it did not get that are owed back or came late
+            taken.update(other.get("devices", ()), other.get(GIVE_BACK_OWED, ()), other.get("arrived_late", ()))
         else:
             taken.update(_attach_claim(other, request, ours, taken))
     return frozenset(taken)
@@ -897,6 +964,12 @@ def _check_operator_caught_up(what: str, name: str, existing: Optional[dict[str,
     attached than the size says (composabilityrequest_controller.go, NodeAllocating then Updating)."""
     if existing is None:
         return
+    owing = sorted(k for k, r in _records(existing).items() if GIVE_BACK_OWED in r)
+    if owing:
+        raise FabricError(ErrorCode.BACKEND, f"{what}: the failed attach {', '.join(owing)} on ComposabilityRequest "
+                                             f"{name} still owes its give-back (written once the operator has taken "
+                                             f"up every resource of the request); a size change now could be the one "
+                                             f"given back, so it waits")
     status = existing.get("status") or {}
     size = int(existing["spec"]["resource"].get("size", 0))
     taken_up = (status.get("scalarResource") or {}).get("size")
@@ -965,6 +1038,42 @@ def _not_attached(record: dict[str, Any]) -> int:
     if record.get("kind") != OperationKind.ATTACH.value or record.get("state") != OperationState.FAILED.value:
         return 0
     return max(0, int(record["count"]) - len(record.get("devices", ())))
+
+
+def _stored(stored: Optional[dict[str, Any]], record: dict[str, Any]) -> bool:
+    """Whether `stored` (the record as the request holds it) already has what writing `record` would store: its
+    outcome, and its owed give-back settled when `record` settles it."""
+    if stored is None or "state" not in stored:
+        return False
+    return GIVE_BACK_OWED in record or GIVE_BACK_OWED not in stored
+
+
+def _to_give_back(record: dict[str, Any]) -> int:
+    """How much of its size a finished attach gives back with the write that stores it: what it did not get, less
+    what came Online after it ended; nothing while the give-back is owed (see `_owing_give_back`)."""
+    if GIVE_BACK_OWED in record:
+        return 0
+    return max(0, _not_attached(record) - len(record.get("arrived_late", ())))
+
+
+def _owing_give_back(record: dict[str, Any], request: dict[str, Any], resources: Mapping[str, dict[str, Any]],
+                     unpicked: Sequence[str]) -> dict[str, Any]:
+    """A failed attach whose request has a resource in state "": the operator's removal order puts such a resource
+    after the Online ones, so lowering the size now would detach a GPU in use. The outcome is stored now all the same
+    (reported once, final), with the resources it did not get as owed: given back once the operator has taken them
+    up (`ComposabilityRequestFabric._give_back_owed`)."""
+    owed = _owed(record, request, resources)
+    log.info("attach %s on %s failed; its give-back of %s waits until the operator has taken up %s", record["key"],
+             record["node"], ", ".join(owed) or f"{_not_attached(record)} device(s)", ", ".join(unpicked))
+    return {**record, GIVE_BACK_OWED: owed,
+            "error": (f"{record.get('error', '')}; the give-back waits until the operator has taken up "
+                      f"{', '.join(unpicked)} (a device Online by then stays, as an ordinary one)")}
+
+
+def _owed(record: dict[str, Any], request: dict[str, Any], resources: Mapping[str, dict[str, Any]]) -> list[str]:
+    """The resources a failed attach counted as its own and did not get."""
+    _, mine = _claim_of(record, request, resources)
+    return [n for n in mine if n not in record.get("devices", ())]
 
 
 def _targets(request: dict[str, Any]) -> tuple[Optional[str], Optional[str]]:

@@ -15,6 +15,7 @@ attached in the fabric, no fault armed, no pod holding a GPU.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,7 +30,8 @@ from kubernetes.client.rest import ApiException
 from dds.config import ComposabilitySettings
 from dds.fabric.base import (AttachRequest, DetachRequest, DeviceState, ErrorCode, Fabric, FabricError, Operation,
                              OperationState)
-from dds.fabric.composability import (ANN_DELETE_DEVICE, GROUP, REQUESTS, RESOURCES, VERSION,
+from dds.controller.executor import OperationWatcher
+from dds.fabric.composability import (ANN_DELETE_DEVICE, ANN_OPERATIONS, GROUP, REQUESTS, RESOURCES, VERSION,
                                       ComposabilityRequestFabric, request_name)
 from dds.kube.cache import ClusterCache
 from dds.kube.composability import WATCHED
@@ -846,21 +848,36 @@ def _fabric_detaching(world: World, node: str) -> bool:
     return any(device.busy for device in world.fm.devices_of(world.machines[node]))
 
 
-def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_gpu_in_use(fresh: World) -> None:
+@pytest.mark.parametrize("late", ["fails", "succeeds"])
+def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_gpu_in_use(fresh: World,
+                                                                                          late: str) -> None:
     """The operator's removal order on a size decrease tests for a state "None" it never writes: a ComposableResource
     in state "" (its controller has not taken it up) goes after the Online ones (composabilityrequest_controller.go,
     NodeAllocating). Its ComposableResource controller has one worker, so while that worker waits on the fabric for
     a detach on another node, a resource created meanwhile stays in state "". An attach that ends meanwhile (here past
-    its wait bound) must not give its size back yet: the operator would remove the GPU in use instead. DDS gives it
-    back once the operator has taken the resource up (Attaching: removed first), and the GPU in use stays, alone."""
+    its wait bound) must not give its size back yet: the operator would remove the GPU in use instead. Its outcome is
+    stored at once all the same (AttachFailed, once), with the give-back owed. `late` says what the operator's attach
+    of that resource does once it takes it up: "fails" — DDS then gives the size back and the operator removes that
+    resource, the one DDS chose, and the GPU in use stays, alone; "succeeds" — the GPU comes Online after its attach
+    was reported failed: the outcome stays FAILED, the GPU stays as an ordinary one (a `LateAttach` Event), nothing is
+    given back and nothing attached twice."""
     h = RealOperatorHarness(fresh, wait_bound_s=PICK_UP_WAIT_BOUND_S)
+    watcher = OperationWatcher(h.fabric, h.events, time.time)  # the controller's: AttachFailed when the attach ends
     try:
         assert h.settle(_attach(h, "in-use", NODE_A, 1).key).state == OperationState.SUCCEEDED
         [gpu] = h.fabric.devices(NODE_A)
         hold_gpu(fresh, NODE_A, gpu.serial or "")
+        # The fabric emulator hands out its first free device. The late attach must not get the GPU just detached
+        # from the other node: the operator's DRA visibility check looks for a GPU's uuid in every node's
+        # ResourceSlice, so that detach would never end while the GPU shows on node A (docs/composability.md, Known
+        # issues). A device freed on node C first is the one it gets.
+        gap = h.settle(_attach(h, "gap", NODE_C, 1).key)
         elsewhere = h.settle(_attach(h, "elsewhere", NODE_B, 1).key)
         assert elsewhere.state == OperationState.SUCCEEDED, elsewhere
+        assert h.settle(h.fabric.detach(DetachRequest(key="gap-freed", node=NODE_C, device_ids=gap.devices)).key
+                        ).state == OperationState.SUCCEEDED
         detaches_from_a = len(_fabric_detaches(fresh, NODE_A))  # the module's earlier cases' calls are recorded too
+        attaches_to_a = len(_fabric_attaches(fresh, NODE_A))
 
         fresh.fm.detach_latency_s = BUSY_FABRIC_S
         drained = h.fabric.detach(DetachRequest(key="slow-fabric", node=NODE_B, device_ids=elsewhere.devices))
@@ -868,11 +885,12 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
                  lambda: _fabric_detaching(fresh, NODE_B))
         fresh.fm.fail_next_attaches(1000, message="fabric switch sw-3 is down")  # the new attach cannot succeed
         second = _attach(h, "second", NODE_A, 1)
+        watcher.watch(second)
         name = request_name("dds-", NODE_A, "gpu", MODEL)
         [unpicked] = wait_for("the new ComposableResource created", fresh, lambda: [
             r["metadata"]["name"] for r in h.resources()
             if r["metadata"]["labels"].get("app.kubernetes.io/managed-by") == name and r["metadata"]["name"] != gpu.id])
-        failed = wait_for("the attach past its wait bound", fresh, lambda: _ended(h, second.key), timeout_s=60)
+        [failed] = wait_for("the attach past its wait bound", fresh, watcher.poll, timeout_s=60)
         assert failed.state == OperationState.FAILED and failed.error is not None, failed
         assert failed.error.code == ErrorCode.TIMEOUT, failed.error
         assert f"{unpicked} not picked up by the operator" in failed.error.message, failed.error.message
@@ -880,25 +898,67 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
             "the fabric's detach elsewhere no longer holds the operator's resource worker: the test proves nothing"
         assert _request_named(h, name)["spec"]["resource"]["size"] == 2, \
             "given back now, the operator would remove the GPU in use"
+        assert _stored_outcome(h, name, second.key) == OperationState.FAILED.value, "reported, so stored at once"
 
-        # The fabric's detach done, the operator takes the resource up (Attaching; the fabric refuses it); DDS's next
-        # read gives the size back and the operator removes that resource, the one DDS chose.
-        wait_for("the size given back", fresh, lambda: (
-            h.fabric.operation(second.key) and _request_named(h, name)["spec"]["resource"]["size"] == 1), timeout_s=120)
-        wait_for("the resource not attached gone", fresh, lambda: _state_of(h, unpicked) is None)
-        assert [(d.id, d.state) for d in h.fabric.devices(NODE_A)] == [(gpu.id, DeviceState.ONLINE)]
+        if late == "fails":
+            # The fabric's detach done, the operator takes the resource up (Attaching; the fabric refuses it); DDS's
+            # next read gives the size back and the operator removes that resource, the one DDS chose.
+            wait_for("the size given back", fresh, lambda: (
+                h.fabric.operation(second.key)
+                and _request_named(h, name)["spec"]["resource"]["size"] == 1), timeout_s=120)
+            wait_for("the resource not attached gone", fresh, lambda: _state_of(h, unpicked) is None)
+            assert [(d.id, d.state) for d in h.fabric.devices(NODE_A)] == [(gpu.id, DeviceState.ONLINE)]
+            assert fresh.fm.attachments()[fresh.machines[NODE_A]] == [gpu.serial]
+            assert not h.events.of("LateAttach"), h.events.emitted
+        else:
+            # The fabric works again before the operator takes the resource up: DDS reads nothing until the GPU is
+            # Online (as a DDS busy elsewhere would), then finds a device it reported failed.
+            fresh.fm.fail_next_attaches(0)
+            wait_for("the late resource Online", fresh, lambda: _state_of(h, unpicked) == "Online", timeout_s=120)
+            late_op = h.fabric.operation(second.key)
+            assert late_op is not None and late_op.state == OperationState.FAILED, late_op
+            assert late_op.error is not None and late_op.error.message == failed.error.message
+            assert sorted((d.id, d.state) for d in h.fabric.devices(NODE_A)) == sorted(
+                [(gpu.id, DeviceState.ONLINE), (unpicked, DeviceState.ONLINE)])
+            assert _request_named(h, name)["spec"]["resource"]["size"] == 2, "the late GPU is counted, not given back"
+            [(node, kind, _, message)] = h.events.of("LateAttach")
+            assert (node, kind) == (f"Node {NODE_A}", "Normal") and unpicked in message, message
+            assert len(fresh.fm.attachments()[fresh.machines[NODE_A]]) == 2
+            assert not h.events.of("OverAttached"), h.events.emitted
         resource = {r["metadata"]["name"]: r for r in h.resources()}[gpu.id]
         assert not resource["metadata"].get("deletionTimestamp"), resource["metadata"]
         assert not (resource["metadata"].get("annotations") or {}).get(ANN_DELETE_DEVICE), resource["metadata"]
-        assert fresh.fm.attachments()[fresh.machines[NODE_A]] == [gpu.serial]
         assert len(_fabric_detaches(fresh, NODE_A)) == detaches_from_a, "the fabric was asked to detach from node A"
+        assert len(_fabric_attaches(fresh, NODE_A)) - attaches_to_a == (0 if late == "fails" else 1), \
+            "the fabric attached to node A other than the late GPU once"
+        # Reported once and final: the stored outcome, a restarted DDS's read of it, and one AttachFailed Event (the
+        # controller's watcher), no AttachedGPU for it; a restarted controller adopts nothing.
         assert h.fabric.operation(second.key).state == OperationState.FAILED
+        assert _stored_outcome(h, name, second.key) == OperationState.FAILED.value
         # The slow detach elsewhere ends too (read once it is done: past this harness's short wait bound, read while
         # the operator still worked on it, it would have ended Timeout with its device counted detaching).
         wait_for("the other node's GPU off the fabric", fresh,
                  lambda: _machine_empty(fresh, NODE_B) and not h.fabric.devices(NODE_B))
         assert h.settle(drained.key).state == OperationState.SUCCEEDED
-        assert contract.free(h.fabric) == TOTAL - 1
+        assert h.restart().operation(second.key).state == OperationState.FAILED
+        assert len(h.events.of("AttachFailed")) == 1 and not h.events.of("AttachedGPU"), h.events.emitted
+        restarted = OperationWatcher(h.fabric, h.events, time.time)
+        restarted.adopt_in_flight()
+        assert second.key not in {op.key for op in restarted.in_flight()}, "a restarted DDS would follow it again"
+        assert contract.free(h.fabric) == TOTAL - (1 if late == "fails" else 2)
     finally:
         fresh.fm.detach_latency_s = 0.0
         h.close()
+
+
+def _stored_outcome(h: RealOperatorHarness, name: str, key: str) -> Optional[str]:
+    """The state DDS stored for operation `key` in its request's annotation (None while it runs)."""
+    annotations = _request_named(h, name)["metadata"].get("annotations") or {}
+    records = {r["key"]: r for r in json.loads(annotations.get(ANN_OPERATIONS, "[]"))}
+    return records[key].get("state")
+
+
+def _fabric_attaches(world: World, node: str) -> list[Any]:
+    """The fabric manager's attach calls for the node's machine it answered with success so far."""
+    return [c for c in world.fm.calls()
+            if c.method == "PATCH" and world.machines[node] in c.path and 200 <= c.status < 300]
