@@ -9,7 +9,7 @@ from dds.groups.schema import parse_group
 from dds.kube.machinesets import machineset_from_object
 from harness.cdi_operator import DRA_FEATURE_GATES, DRA_RUNTIME_CONFIG
 from harness.cdi_stack import FSAS_CDI_PROVIDER_IDS, PRODUCT_NAME, CdiFabricSide, cdi_options, machine_uuid
-from harness.gpu_node_agent import NVIDIA_DRA_DRIVER, PROVIDER_ID_PREFIX
+from harness.gpu_node_agent import NVIDIA_DRA_DRIVER, PROVIDER_ID_PREFIX, NodeTimings
 from harness.kwok_provider import node_object, node_shape
 from harness.stack import StackOptions, machineset
 
@@ -27,7 +27,8 @@ def test_the_stack_runs_dra_the_operator_needs_and_drives_it_through_requests() 
     options = cdi_options(StackOptions(feature_gates={"GangScheduling": True}, dds_settings={"loop_interval_seconds": 2}))
     assert options.feature_gates == {**DRA_FEATURE_GATES, "GangScheduling": True}
     assert set(DRA_RUNTIME_CONFIG) <= set(options.runtime_config)
-    assert options.controller_manager and options.fabric_side is CdiFabricSide
+    assert options.controller_manager and options.fabric_side.func is CdiFabricSide
+    assert options.fabric_side.keywords == {"node_timings": NodeTimings()}  # the instant node side by default
     assert options.dds_settings == {"fabric": "composability-request", "loop_interval_seconds": 2}
 
 
@@ -52,7 +53,7 @@ def test_device_plugin_mode_is_an_extended_resource_group_through_the_cluster_ma
     from harness.gpu_node_agent import DeviceMode
 
     options = cdi_options(StackOptions(dds_settings={"loop_interval_seconds": 2}), device_mode=DeviceMode.DEVICE_PLUGIN)
-    assert options.fabric_side is CdiDevicePluginFabricSide
+    assert options.fabric_side.func is CdiDevicePluginFabricSide
     assert CdiDevicePluginFabricSide.device_mode is DeviceMode.DEVICE_PLUGIN
     assert CdiFabricSide.device_mode is DeviceMode.DRA
     assert options.provider_ids == FSAS_CDI_PROVIDER_IDS  # the node agent registers nodes by it in both modes
