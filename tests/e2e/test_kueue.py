@@ -231,9 +231,11 @@ def follow(run: KueueRun, name: str, pods: int, began: float) -> Admission:
     return admission
 
 
-def check_served_by_its_booking(admission: Admission) -> set[str]:
+def check_served_by_its_booking(admission: Admission, booked: Optional[set[str]] = None) -> set[str]:
     """Every pod consumed the request (Kueue's annotation), tolerated its booking (DDS's toleration), and ran on a
-    node the request's Provisioned message names. Returns those nodes."""
+    node the request's Provisioned message names; that message names every node of `booked`. Returns the nodes the
+    pods ran on: kwok ends a Job's pods at once and the Job controller creates them in batches, so later pods may take
+    the GPUs earlier ones left on one booked node, and not every booked node need run one."""
     request = admission.request
     assert request["spec"]["provisioningClassName"] == DEFAULT_CLASS
     provisioned = condition(request, "Provisioned")
@@ -247,6 +249,7 @@ def check_served_by_its_booking(admission: Admission) -> set[str]:
         assert started.spec.node_name and started.spec.node_name in provisioned["message"], \
             (started.spec.node_name, provisioned["message"])
         nodes.add(started.spec.node_name)
+    assert all(node in provisioned["message"] for node in booked or ()), (booked, provisioned["message"])
     return nodes
 
 
@@ -256,8 +259,7 @@ def test_a_job_kueue_admits_is_served_by_attaches_on_live_nodes_with_no_node_add
 
     admission = submit(run, "train-attach", pods=4, gpus=2)  # 8 GPUs: the two workers' 4 slots each, 6 attaches
 
-    nodes = check_served_by_its_booking(admission)
-    assert nodes == workers
+    assert check_served_by_its_booking(admission, booked=workers) <= workers
     assert {n.metadata.name for n in run.stack.nodes()} == workers and machineset_replicas(run.stack) == WORKERS, \
         "no node added"
     assert fabric_facts(run.stack).attached_count() == WORKERS * SLOTS
@@ -425,7 +427,7 @@ def test_dds_sigkilled_mid_provisioning_provisions_the_request_once_when_restart
     stack.restart_dds()
 
     admission = follow(run, "train-crash", pods=4, began=created)
-    assert check_served_by_its_booking(admission) == run.workers
+    assert check_served_by_its_booking(admission, booked=set(run.workers)) <= run.workers
     assert {n.metadata.name for n in stack.nodes()} == run.workers, "no node added"
     attaches = attach_operations_since(run, began)
     attached = [device for op in attaches for device in op["devices"]]
