@@ -198,9 +198,9 @@ def machine_template(namespace: str, name: str, node: Optional[Mapping[str, Any]
             "spec": {"template": {"spec": {"node": dict(node or {})}}}}
 
 
-def template_for(obj: Mapping[str, Any], gpu_label: str) -> dict[str, Any]:
-    """The KwokMachineTemplate for a DDS node group's MachineSet (or MachineDeployment): of its name, its hosts shaped as
-    the group's template node; a MachineSet DDS would refuse is refused here with DDS's reasons."""
+def node_group(obj: Mapping[str, Any]) -> NodeGroupSpec:
+    """The DDS node group a MachineSet (or MachineDeployment) object is, as DDS parses it; one DDS would refuse is a
+    ValueError with DDS's reasons."""
     from dds.groups.schema import parse_group
     from dds.groups.sources import group_input_from_machineset
     from dds.kube.machinesets import machineset_from_object
@@ -208,7 +208,14 @@ def template_for(obj: Mapping[str, Any], gpu_label: str) -> dict[str, Any]:
     group, problems = parse_group(group_input_from_machineset(machineset_from_object(obj)))
     if group is None:
         raise ValueError(f"{obj['kind']} {obj['metadata']['name']} is no DDS node group: {problems}")
-    return machine_template(obj["metadata"]["namespace"], obj["metadata"]["name"], node_shape(group, gpu_label))
+    return group
+
+
+def template_for(obj: Mapping[str, Any], gpu_label: str) -> dict[str, Any]:
+    """The KwokMachineTemplate for a DDS node group's MachineSet (or MachineDeployment): of its name, its hosts
+    shaped as the group's template node."""
+    metadata = obj["metadata"]
+    return machine_template(metadata["namespace"], metadata["name"], node_shape(node_group(obj), gpu_label))
 
 
 def create_template(api: AdminApi, template: dict[str, Any]) -> None:

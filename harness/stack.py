@@ -111,14 +111,12 @@ def cluster_api_machineset(options: StackOptions) -> dict:
 
 def group_of(obj: dict) -> Any:
     """The DDS node group a MachineSet object is, as DDS parses it."""
-    from dds.groups.schema import parse_group
-    from dds.groups.sources import group_input_from_machineset
-    from dds.kube.machinesets import machineset_from_object
+    from harness.kwok_provider import node_group
 
-    group, problems = parse_group(group_input_from_machineset(machineset_from_object(obj)))
-    if group is None:
-        raise StackError(f"the stack's MachineSet is no DDS group: {problems}")
-    return group
+    try:
+        return node_group(obj)
+    except ValueError as exc:
+        raise StackError(f"the stack's MachineSet is no DDS group: {exc}") from exc
 
 
 def pod(name: str, memory_gib: int, gpus: int = 0, cpu: str = "1", namespace: str = WORKLOAD_NAMESPACE) -> dict:
