@@ -14,6 +14,9 @@ Cluster API's real manager (harness/capi.py) runs the MachineSets and Machines; 
 |                                                | itself afterwards, as after any cloud instance is gone)          |
 | `fail_host(name)` (a test)                     | the host dies: its Node stops being kept Ready, reports Unknown  |
 
+A template's `provisioningDelaySeconds` (copied by Cluster API to each KwokMachine) overrides the provider's delay for
+its hosts, as instance types boot at their own pace.
+
 `install_cluster` makes what a workload cluster needs for worker Machines to get a nodeRef without bootstrap or
 control-plane providers: the externally managed KwokControlPlane reporting `controlPlaneInitialized`, the Cluster
 pointing at it, and the `<cluster>-kubeconfig` Secret (the same apiserver, the admin credential a workload cluster's
@@ -191,11 +194,15 @@ def node_shape(group: NodeGroupSpec, gpu_label: str) -> dict[str, Any]:
             "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in group.taints]}
 
 
-def machine_template(namespace: str, name: str, node: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
-    """A KwokMachineTemplate: `node` shapes the hosts made from it (labels, taints, capacity), as an instance type."""
+def machine_template(namespace: str, name: str, node: Optional[Mapping[str, Any]] = None, *,
+                     provisioning_delay_seconds: Optional[float] = None) -> dict[str, Any]:
+    """A KwokMachineTemplate: `node` shapes the hosts made from it (labels, taints, capacity), as an instance type;
+    `provisioning_delay_seconds`, when given, is how long its hosts take to come up (else the provider's delay)."""
+    spec: dict[str, Any] = {"node": dict(node or {})}
+    if provisioning_delay_seconds is not None:
+        spec["provisioningDelaySeconds"] = provisioning_delay_seconds
     return {"apiVersion": f"{INFRA_GROUP}/{VERSION}", "kind": TEMPLATE_KIND,
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"template": {"spec": {"node": dict(node or {})}}}}
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"template": {"spec": spec}}}
 
 
 def node_group(obj: Mapping[str, Any]) -> NodeGroupSpec:
@@ -211,11 +218,13 @@ def node_group(obj: Mapping[str, Any]) -> NodeGroupSpec:
     return group
 
 
-def template_for(obj: Mapping[str, Any], gpu_label: str) -> dict[str, Any]:
+def template_for(obj: Mapping[str, Any], gpu_label: str, *,
+                 provisioning_delay_seconds: Optional[float] = None) -> dict[str, Any]:
     """The KwokMachineTemplate for a DDS node group's MachineSet (or MachineDeployment): of its name, its hosts
     shaped as the group's template node."""
     metadata = obj["metadata"]
-    return machine_template(metadata["namespace"], metadata["name"], node_shape(node_group(obj), gpu_label))
+    return machine_template(metadata["namespace"], metadata["name"], node_shape(node_group(obj), gpu_label),
+                            provisioning_delay_seconds=provisioning_delay_seconds)
 
 
 def create_template(api: AdminApi, template: dict[str, Any]) -> None:
@@ -275,11 +284,19 @@ class KwokInfrastructureProvider(ReconcileLoop):
             return
         machines = self._custom.list_cluster_custom_object(INFRA_GROUP, VERSION, MACHINES).get("items", [])
         for machine in machines:
-            meta = machine["metadata"]
-            if meta.get("deletionTimestamp"):
-                self._remove_host(machine)
-            elif not ((machine.get("status") or {}).get("initialization") or {}).get("provisioned"):
-                self._provision(machine)
+            try:
+                self._reconcile(machine)
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+                # Cluster API wrote the object since this pass read it: the next pass starts from the new one
+                log.debug("kwok provider: %s changed meanwhile", machine["metadata"]["name"])
+
+    def _reconcile(self, machine: dict[str, Any]) -> None:
+        if machine["metadata"].get("deletionTimestamp"):
+            self._remove_host(machine)
+        elif not ((machine.get("status") or {}).get("initialization") or {}).get("provisioned"):
+            self._provision(machine)
 
     def fail_host(self, name: str) -> None:
         """The host `name` dies (power, board): its kubelet stops, so kwok no longer keeps its Node Ready, and its Node
@@ -304,9 +321,11 @@ class KwokInfrastructureProvider(ReconcileLoop):
             return  # the next pass sees the object with the finalizer
         if not any(o.get("kind") == "Machine" for o in meta.get("ownerReferences") or ()):
             return  # Cluster API sets its Machine as the owner right after cloning
-        if time.time() - _created_at(machine) < self.provisioning_delay_seconds:
+        spec = machine.get("spec") or {}
+        if time.time() - _created_at(machine) < float(spec.get("provisioningDelaySeconds",
+                                                                self.provisioning_delay_seconds)):
             return
-        shape = ((machine.get("spec") or {}).get("node")) or {}
+        shape = spec.get("node") or {}
         try:
             self._core.create_node(node_object(name, shape, self.provider_ids))
         except client.ApiException as exc:

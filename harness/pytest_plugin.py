@@ -1,8 +1,8 @@
 """pytest fixtures for tests against the real control plane; tests/conftest.py registers this plugin for every test
 folder (integration, e2e).
 
-- `control_plane` (session): one ControlPlane (etcd, kube-apiserver, kube-scheduler, kwok, the CRDs DDS uses) for the
-  whole run, in a pytest tmp dir (its logs under <tmp>/control-plane*/logs), stopped at the end of the session whatever
+- `control_plane` (session): one ControlPlane (etcd, kube-apiserver, kube-scheduler, kwok, the CRDs DDS uses, and
+  Cluster API's own manager with the harness's kwok infrastructure provider: harness/capi_stack.py) for the whole run, in a pytest tmp dir (its logs under <tmp>/control-plane*/logs), stopped at the end of the session whatever
   happened. When the binaries cannot be built or the control plane cannot start, every test that needs it ERRORS with
   the reason: CI must build them, so this is never a skip.
 - `namespace` (function): a fresh namespace, deleted with everything in it afterwards; DDS's shipped Role is bound in
@@ -78,7 +78,13 @@ def own_control_plane(request: pytest.FixtureRequest,
 
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    yield from own_control_plane(request, tmp_path_factory)
+    """Cluster API runs from the start, so every test on the plane writes MachineSets to its own CRDs and webhooks
+    and sees its controllers act on them, whichever tests ran before on the same plane."""
+    from harness.capi_stack import cluster_api_on  # capi_stack builds on this module
+
+    for plane in own_control_plane(request, tmp_path_factory):
+        cluster_api_on(plane)
+        yield plane
 
 
 @pytest.fixture

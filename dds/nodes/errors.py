@@ -20,7 +20,8 @@ class NodeBackendUnavailable(NodeBackendError):
 
 
 class MachineSetNotFound(NodeBackendError):
-    """The group's MachineSet does not exist (deleted since the group was read) or Cluster API is not installed."""
+    """The group's MachineSet does not exist (deleted since the group was read), is being deleted, or Cluster API is
+    not installed."""
 
 
 class NodeNotInGroup(NodeBackendError):

@@ -186,6 +186,8 @@ class MachineSetProvisioner:
             if find_request(history, key) is not None:
                 log.debug("%s: %s was applied already", group.id, key)
                 return
+            if capi.is_deleting(machineset):  # Cluster API is deleting it and its Machines: a replica would be undone
+                raise MachineSetNotFound(f"{group.id}: {what}: {ref} is being deleted; nothing changed")
             current = self._current_replicas(group, machineset, what)
             wanted = current + count
             if wanted > group.max_size:

@@ -17,7 +17,7 @@ def dds(control_plane: Any, namespace: str, request: pytest.FixtureRequest, dds_
     clock the test advances (tests/integration/controller/harness.py). DDS runs as its ServiceAccount (`dds_api`). `@pytest.mark.pool_size(N)` on a test or
     module sizes the fabric's pool (default 4)."""
     marker = request.node.get_closest_marker("pool_size")
-    harness = ControllerHarness(control_plane.api_client(), namespace, *(marker.args if marker else ()),
+    harness = ControllerHarness(control_plane, namespace, *(marker.args if marker else ()),
                                 dds_api=dds_api)
     try:
         yield harness

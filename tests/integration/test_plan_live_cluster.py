@@ -18,8 +18,7 @@ pytestmark = pytest.mark.integration
 
 def test_plan_on_a_live_cluster_attaches_a_gpu_for_a_pending_pod(control_plane: Any, namespace: str, tmp_path,
                                                                  capsys, dds_kubeconfig: Any, dds_api: Any) -> None:
-    harness = NodeGroupHarness(control_plane.api_client(), namespace, dds_api=dds_api)
-    harness.infrastructure.run_in_thread(interval_seconds=0.2)
+    harness = NodeGroupHarness(control_plane, namespace, dds_api=dds_api)
     try:
         node = one_node_and_a_pending_gpu_pod(harness, namespace)
         core = client.CoreV1Api(control_plane.api_client())

@@ -4,8 +4,10 @@
   simulated fabric on a virtual clock, node backend `machineset`; nothing is started: tests drive
   `controller.run_once()` and the deciders (`scale_up.increase`, `scale_down.delete_nodes`) themselves, in place of the
   loop thread and cluster-autoscaler.
-- Cluster API's part: the kwok infrastructure provider (tests/integration/nodes/harness.py) turns the MachineSet's
-  replicas into kwok Nodes, on the same virtual clock, in a background thread.
+- Cluster API's part: its own manager and the harness's kwok infrastructure provider, running with the session's
+  control plane (tests/integration/nodes/harness.py), turn the MachineSet's replicas into Machines and kwok Nodes, on
+  wall time. A Machine that goes is drained by Cluster API and waits on DDS's pre-terminate hook while its node holds
+  GPUs: a test that removes nodes drives DDS's passes until they are gone (`wait_nodes_gone`).
 - The virtual clock is wall time plus an offset the test moves forward: the apiserver's timestamps (a pod's
   Unschedulable condition) stay comparable with DDS's "now", while fabric latencies, cooldowns and the pending debounce pass
   in an instant.
@@ -25,7 +27,8 @@ from dds.fabric.base import AttachRequest, FabricDevice, Operation
 from dds.model.groups import (ANN_CAPI_MIN, ANN_FORCE_DETACH, ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN,
                               ANN_TEMPLATE_MODE, NodeGroupSpec)
 from dds.scaling.requests import LiveNode
-from tests.integration.nodes.harness import GROUP, NodeGroupHarness, machineset_manifest, open_grant, wait_for
+from harness.controlplane import ControlPlane
+from tests.integration.nodes.harness import NodeGroupHarness, machineset_manifest, open_grant, wait_for
 
 GPU = "nvidia.com/gpu"
 TEST_LABEL = "dds.test/namespace"  # on the group's template and nodes; the tests' pods select it
@@ -67,17 +70,16 @@ def settings_for(namespace: str, pool_size: int = 4) -> Settings:
 class ControllerHarness:
     """One DDS (`self.app`) and one node group per test; see the module docstring."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, pool_size: int = 4, *,
+    def __init__(self, plane: ControlPlane, namespace: str, pool_size: int = 4, *,
                  dds_api: client.ApiClient) -> None:
         """`api` is the test's own (admin) client for setup and inspection; DDS gets `dds_api`, its ServiceAccount's
         (harness/rbac.py), so a request the shipped RBAC does not grant fails the test."""
-        self.api = api
+        self.clock = VirtualClock()
+        self.nodes = NodeGroupHarness(plane, namespace, clock=self.clock, dds_api=dds_api)
+        self.api = self.nodes.api
         self.dds_api = dds_api
         self.namespace = namespace
-        self.core = client.CoreV1Api(api)
-        self.clock = VirtualClock()
-        self.nodes = NodeGroupHarness(api, namespace, clock=self.clock, dds_api=dds_api)
-        self.nodes.infrastructure.run_in_thread(interval_seconds=0.2)
+        self.core = client.CoreV1Api(self.api)
         self.settings = settings_for(namespace, pool_size)
         self.app: App = build_app(self.settings, dds_api, clock=self.clock)
         self._apps = [self.app]
@@ -115,7 +117,7 @@ class ControllerHarness:
                 f"node.kubernetes.io/instance-type=cdi-16c64g,{TEST_LABEL}={self.namespace}"})
         if force_detach:
             annotations[ANN_FORCE_DETACH] = "true"
-        self.nodes.objects.create_namespaced_custom_object(GROUP, "v1beta1", self.namespace, "machinesets", manifest)
+        self.nodes.create(manifest)
         if replicas:
             self.nodes.wait_ready_nodes(replicas)
         return self.group(name)

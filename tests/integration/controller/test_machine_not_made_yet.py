@@ -20,20 +20,19 @@ def test_a_replica_without_its_machine_yet_is_capacity_on_its_way(dds: Controlle
     dds.wait_running("resident", first)
     dds.create_pod("big", memory="40Gi")  # 64Gi nodes: only a new node holds it
     dds.wait_unschedulable("big")
-    dds.nodes.infrastructure.stop()  # Cluster API has not made the Machine yet
+    with dds.nodes.machines_paused("workers"):  # Cluster API has not made the Machine yet
+        [instance] = dds.app.scale_up.increase(group, 1, "ca-request-1")
+        assert dds.replicas("workers") == 2
+        dds.run_once()
+        assert not dds.nodes.machines()[1:], "Cluster API made no Machine for the new replica meanwhile"
+        assert dds.app.tracker.get(instance.id) is not None, "CA must keep seeing the node it asked for as upcoming"
 
-    [instance] = dds.app.scale_up.increase(group, 1, "ca-request-1")
-    assert dds.replicas("workers") == 2
-    dds.run_once()
-    assert dds.app.tracker.get(instance.id) is not None, "CA must keep seeing the node it asked for as upcoming"
+        try:  # CA asks again for the same pod: it fits on the node already on its way
+            dds.app.scale_up.increase(group, 1, "ca-request-2")
+        except ScaleUpRefused:
+            pass
+        assert dds.replicas("workers") == 2, "a second node for one pod"
 
-    try:  # CA asks again for the same pod: it fits on the node already on its way
-        dds.app.scale_up.increase(group, 1, "ca-request-2")
-    except ScaleUpRefused:
-        pass
-    assert dds.replicas("workers") == 2, "a second node for one pod"
-
-    dds.nodes.infrastructure.run_in_thread(interval_seconds=0.2)
     dds.nodes.wait_ready_nodes(2)
     dds.run_once()
     assert dds.app.tracker.get(instance.id) is None, "the instance ends when its node is up"

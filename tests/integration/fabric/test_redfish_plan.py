@@ -29,8 +29,7 @@ MODEL = "A30"
 def test_plan_sends_nothing_to_the_redfish_service_for_a_planned_block(control_plane: Any, namespace: str, tmp_path,
                                                                         capsys, dds_kubeconfig: Any,
                                                                         dds_api: Any) -> None:
-    harness = NodeGroupHarness(control_plane.api_client(), namespace, dds_api=dds_api)
-    harness.infrastructure.run_in_thread(interval_seconds=0.2)
+    harness = NodeGroupHarness(control_plane, namespace, dds_api=dds_api)
     emulator: Optional[RedfishEmulator] = None
     try:
         node = one_node_and_a_pending_gpu_pod(harness, namespace)

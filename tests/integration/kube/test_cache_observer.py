@@ -48,9 +48,6 @@ def test_increase_size_and_the_loop_decide_from_the_cache_without_listing(dds: C
     wait_for("the cache to hear that train-0 is unschedulable",
              lambda: f"{dds.namespace}/train-0" in observer.observe().unschedulable_since, timeout=30)
 
-    # The test's stand-in for Cluster API lists Machines through the same client: it has made the node, stop it so
-    # that every request counted from here on is DDS's.
-    dds.nodes.infrastructure.stop()
     before = lists_sent(dds)
     instances = dds.app.scale_up.increase(group, 1, "ca-request-1")
     dds.run_once()
@@ -82,14 +79,14 @@ def test_a_node_dds_has_just_asked_for_counts_before_the_watch_brings_the_machin
     replicas, or it would ask for the same node again. The stores are filled by one LIST here and never watched, so
     only the write itself can make the new replicas visible."""
     group = dds.create_group("workers", replicas=1, max_size=4)
-    dds.nodes.infrastructure.stop()  # Cluster API's stand-in would make the Machine: the replica stays without one
-    cache = dds.app.cache
-    assert cache is not None and cache.machinesets is not None
-    cache.list_once()
-    observer = dds.app.controller.observer
-    assert observer.observe().snapshot.upcoming_nodes.get(group.id, 0) == 0
+    with dds.nodes.machines_paused("workers"):  # Cluster API would make the Machine: the replica stays without one
+        cache = dds.app.cache
+        assert cache is not None and cache.machinesets is not None
+        cache.list_once()
+        observer = dds.app.controller.observer
+        assert observer.observe().snapshot.upcoming_nodes.get(group.id, 0) == 0
 
-    dds.app.controller.executor.nodes.provisioner.add_nodes(group, 1, "ca-request-1")
+        dds.app.controller.executor.nodes.provisioner.add_nodes(group, 1, "ca-request-1")
 
-    assert observer.machineset_replicas()[group.id] == 2
-    assert observer.observe().snapshot.upcoming_nodes.get(group.id, 0) == 1
+        assert observer.machineset_replicas()[group.id] == 2
+        assert observer.observe().snapshot.upcoming_nodes.get(group.id, 0) == 1

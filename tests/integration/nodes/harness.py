@@ -1,9 +1,12 @@
-"""A DDS node group on the real apiserver: an opted-in MachineSet in a test namespace, the node backend that scales
-it, and the kwok infrastructure provider that turns its replicas into kwok Nodes."""
+"""A DDS node group on the real apiserver: an opted-in MachineSet in a test namespace of a workload cluster, the node
+backend that scales it, and Cluster API's own manager with the harness's kwok infrastructure provider (started with the
+session's control plane, harness/pytest_plugin.py) turning its replicas into Machines and kwok Nodes."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
 from kubernetes import client
@@ -12,13 +15,17 @@ from dds.config import NamespaceGrant
 from dds.kube.capi import NODE_ANN_CLUSTER_NAMESPACE
 from dds.kube.machinesets import MachineSetLister
 from dds.model.groups import NodeGroupSpec
-from harness.capi_standin import KwokInfrastructure
 from dds.nodes.machineset import MachineSetProvisioner
 from dds.groups.sources import MachineSetSource
+from harness import kwok_provider
+from harness.capi_stack import ClusterApi, cluster_api_on
+from harness.controlplane import ControlPlane
 
 GROUP = "cluster.x-k8s.io"
 GPU_LABEL = "nvidia.com/gpu.product"
 GPU = "nvidia.com/gpu"
+CLUSTER = "demo"
+PAUSED = "cluster.x-k8s.io/paused"  # Cluster API's MachineSet controller leaves a MachineSet so marked alone
 
 
 def open_grant(namespace: str) -> dict[str, NamespaceGrant]:
@@ -28,8 +35,9 @@ def open_grant(namespace: str) -> dict[str, NamespaceGrant]:
 
 
 def machineset_manifest(name: str, *, replicas: int = 0, max_size: int = 6, taints: str = "",
-                        version: str = "v1beta1") -> dict[str, Any]:
-    """A MachineSet as a user writes it for an earlier Cluster API release (v1beta1 by default)."""
+                        version: str = "v1beta2") -> dict[str, Any]:
+    """An opted-in MachineSet of the workload cluster `demo` on kwok hosts (its KwokMachineTemplate has its name), as a
+    user writes it for Cluster API v1.14 (v1beta2), or for an earlier release (`version="v1beta1"`)."""
     annotations = {
         "dds.cdi.dev/enabled": "true",
         "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "0",
@@ -43,15 +51,20 @@ def machineset_manifest(name: str, *, replicas: int = 0, max_size: int = 6, tain
     }
     if taints:
         annotations["capacity.cluster-autoscaler.kubernetes.io/taints"] = taints
-    labels = {"cluster.x-k8s.io/cluster-name": "demo", "cluster.x-k8s.io/set-name": name}
+    labels = {"cluster.x-k8s.io/cluster-name": CLUSTER, "cluster.x-k8s.io/set-name": name}
+    if version == "v1beta1":  # an object reference by apiVersion, as v1beta1 has it
+        infrastructure = {"apiVersion": f"{kwok_provider.INFRA_GROUP}/{kwok_provider.VERSION}",
+                          "kind": kwok_provider.TEMPLATE_KIND, "name": name}
+    else:
+        infrastructure = kwok_provider.infrastructure_ref(name)
     return {
         "apiVersion": f"{GROUP}/{version}", "kind": "MachineSet",
         "metadata": {"name": name, "annotations": annotations},
-        "spec": {"clusterName": "demo", "replicas": replicas, "selector": {"matchLabels": labels},
+        "spec": {"clusterName": CLUSTER, "replicas": replicas, "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels},
-                              "spec": {"clusterName": "demo", "bootstrap": {"dataSecretName": f"{name}-bootstrap"},
-                                       "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
-                                                             "kind": "KwokMachineTemplate", "name": name}}}},
+                              "spec": {"clusterName": CLUSTER,
+                                       "bootstrap": {"dataSecretName": kwok_provider.BOOTSTRAP_SECRET},
+                                       "infrastructureRef": infrastructure}}},
     }
 
 
@@ -68,24 +81,32 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60.0, int
 
 
 class NodeGroupHarness:
-    def __init__(self, api: client.ApiClient, namespace: str, clock: Callable[[], float] = time.time,
-                 provisioning_delay_seconds: float = 0.0, *, dds_api: client.ApiClient) -> None:
-        """`api` (admin) is Cluster API's part and the test's inspection; DDS's parts (the MachineSet provisioner and
-        reader) use `dds_api`, its ServiceAccount's client (harness/rbac.py)."""
-        self.api = api
+    def __init__(self, plane: ControlPlane, namespace: str, clock: Callable[[], float] = time.time, *,
+                 dds_api: client.ApiClient) -> None:
+        """The admin client is Cluster API's side and the test's inspection; DDS's parts (the MachineSet provisioner
+        and reader) use `dds_api`, its ServiceAccount's client (harness/rbac.py)."""
+        self.api = plane.api_client()
         self.dds_api = dds_api
         self.namespace = namespace
-        self.core = client.CoreV1Api(api)
-        self.objects = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(self.api)
+        self.objects = client.CustomObjectsApi(self.api)
         self.provisioner = MachineSetProvisioner(dds_api, clock)
-        self.infrastructure = KwokInfrastructure(api, clock, provisioning_delay_seconds, (namespace,),
-                                                 gpu_label=GPU_LABEL)
+        self.cluster_api: ClusterApi = cluster_api_on(plane)
+        self.cluster_api.workload_cluster(namespace, CLUSTER)
 
-    def create_machineset(self, name: str, **kwargs: Any) -> NodeGroupSpec:
-        manifest = machineset_manifest(name, **kwargs)
+    def create_machineset(self, name: str, *, provisioning_delay_seconds: Optional[float] = None,
+                          **kwargs: Any) -> NodeGroupSpec:
+        self.create(machineset_manifest(name, **kwargs), provisioning_delay_seconds=provisioning_delay_seconds)
+        return self.group(name)
+
+    def create(self, manifest: dict[str, Any], *, provisioning_delay_seconds: Optional[float] = None) -> None:
+        """Write an opted-in MachineSet, with the KwokMachineTemplate of its name shaping its hosts as its group's
+        template node (coming up after `provisioning_delay_seconds` of wall time, default at once)."""
+        manifest = {**manifest, "metadata": {**manifest["metadata"], "namespace": self.namespace}}
+        kwok_provider.create_template(self.cluster_api.api, kwok_provider.template_for(
+            manifest, GPU_LABEL, provisioning_delay_seconds=provisioning_delay_seconds))
         version = manifest["apiVersion"].rpartition("/")[2]
         self.objects.create_namespaced_custom_object(GROUP, version, self.namespace, "machinesets", manifest)
-        return self.group(name)
 
     def group(self, name: str) -> NodeGroupSpec:
         """The group as DDS reads it (MachineSet source and parser)."""
@@ -102,8 +123,21 @@ class NodeGroupHarness:
     def machines(self) -> list[dict[str, Any]]:
         return self.objects.list_namespaced_custom_object(GROUP, "v1beta2", self.namespace, "machines")["items"]
 
+    @contextmanager
+    def machines_paused(self, name: str) -> Iterator[None]:
+        """Cluster API makes and deletes no Machine of MachineSet `name` meanwhile (as while its controllers are
+        still starting, or a user paused it)."""
+        def annotate(value: Optional[str]) -> None:
+            self.objects.patch_namespaced_custom_object(GROUP, "v1beta2", self.namespace, "machinesets", name,
+                                                        {"metadata": {"annotations": {PAUSED: value}}})
+        annotate("")
+        try:
+            yield
+        finally:
+            annotate(None)
+
     def nodes(self) -> dict[str, client.V1Node]:
-        """The Nodes made for Machines of this namespace."""
+        """The Nodes of this namespace's Machines (Cluster API annotates a Node with its Machine's namespace)."""
         return {n.metadata.name: n for n in self.core.list_node().items
                 if (n.metadata.annotations or {}).get(NODE_ANN_CLUSTER_NAMESPACE) == self.namespace}
 
@@ -112,14 +146,18 @@ class NodeGroupHarness:
                 if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or ())}
 
     def wait_ready_nodes(self, count: int, timeout: float = 60.0) -> dict[str, client.V1Node]:
+        """Wait until the namespace has exactly `count` Nodes, all Ready and each its Machine's nodeRef: a host's
+        Node is Ready (kwok) a moment before Cluster API links it to its Machine, and DDS counts a node from then."""
         def ready() -> Optional[dict[str, client.V1Node]]:
             nodes = self.ready_nodes()
-            return nodes if len(nodes) == count and len(self.nodes()) == count else None
-        return wait_for(f"{count} Ready kwok node(s) in {self.namespace}", ready)
+            if len(nodes) != count or len(self.nodes()) != count:
+                return None
+            linked = {((m.get("status") or {}).get("nodeRef") or {}).get("name") for m in self.machines()}
+            return nodes if set(nodes) <= linked else None
+        return wait_for(f"{count} Ready kwok node(s) with their Machines' nodeRef in {self.namespace}", ready, timeout)
 
     def close(self) -> None:
-        """Stop the provider and remove the cluster-scoped Nodes it made (the namespace fixture removes the rest)."""
-        self.infrastructure.stop()
+        """Remove the cluster-scoped Nodes of this namespace's hosts (the namespace fixture removes the rest)."""
         for name in self.nodes():
             try:
                 self.core.delete_node(name)
@@ -146,7 +184,7 @@ def unschedulable(core: client.CoreV1Api, namespace: str, name: str) -> Optional
 
 def one_node_and_a_pending_gpu_pod(harness: "NodeGroupHarness", namespace: str, pod_name: str = "train-0") -> str:
     """MachineSet gpu-workers with one Ready node (no GPU) and a 1-GPU pod pinned to it, Pending as Unschedulable;
-    returns the node's name. Start `harness.infrastructure` first."""
+    returns the node's name."""
     group = harness.create_machineset("gpu-workers")
     harness.provisioner.add_nodes(group, 1, key="boot")
     [node] = harness.wait_ready_nodes(1)

@@ -27,8 +27,7 @@ CHUNK = cxl_model(16 * GiB)
 @pytest.fixture
 def worker(control_plane: Any, namespace: str, dds_api: Any) -> Iterator[tuple[NodeGroupHarness, str, int]]:
     """One Ready kwok worker (64 GiB of its own) and the memory of its group."""
-    harness = NodeGroupHarness(control_plane.api_client(), namespace, dds_api=dds_api)
-    harness.infrastructure.run_in_thread(interval_seconds=0.2)
+    harness = NodeGroupHarness(control_plane, namespace, dds_api=dds_api)
     group = harness.create_machineset("mem-workers")
     harness.provisioner.add_nodes(group, 1, key="boot")
     [node] = harness.wait_ready_nodes(1)

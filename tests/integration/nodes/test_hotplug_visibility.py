@@ -25,8 +25,7 @@ GPU = "nvidia.com/gpu"
 @pytest.fixture
 def worker(control_plane: Any, namespace: str, dds_api: Any) -> Iterator[tuple[NodeGroupHarness, str]]:
     """One Ready kwok worker of a DDS group, booted with 0 GPUs."""
-    harness = NodeGroupHarness(control_plane.api_client(), namespace, dds_api=dds_api)
-    harness.infrastructure.run_in_thread(interval_seconds=0.2)
+    harness = NodeGroupHarness(control_plane, namespace, dds_api=dds_api)
     group = harness.create_machineset("gpu-workers")
     harness.provisioner.add_nodes(group, 1, key="boot")
     [node] = harness.wait_ready_nodes(1)

@@ -1,6 +1,7 @@
-"""The Cluster API node backend and the kwok infrastructure provider on the real apiserver: MachineSet replicas become
-Machines and Ready kwok Nodes shaped like the group's template; a removal takes exactly the node asked for; requests
-are idempotent by key; failures are typed and leave nothing half-done."""
+"""The Cluster API node backend (as DDS's ServiceAccount) against Cluster API's own manager and the kwok infrastructure
+provider on the real apiserver: MachineSet replicas become Machines and Ready kwok Nodes shaped like the group's
+template; a removal takes exactly the node asked for; requests are idempotent by key; failures are typed and leave
+nothing half-done."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from dds.model.groups import ANN_CAPI_DELETE_MACHINE, LABEL_GPU_MODEL, LABEL_NOD
 from dds.model.quantity import to_int, to_milli
 from dds.nodes.base import MachinePhase
 from dds.nodes.errors import MachineSetNotFound, NodeNotInGroup, ScaleRefused
-from harness.capi_standin import requested_at
 from dds.nodes.machineset import ANN_SCALE_REQUESTS, read_history
 from tests.integration.nodes.harness import GPU_LABEL, GROUP, NodeGroupHarness, wait_for
 
@@ -24,28 +24,20 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def h(control_plane: Any, namespace: str, dds_api: Any) -> Iterator[NodeGroupHarness]:
-    """The provider running in the background on wall time, Nodes registering at once."""
-    harness = NodeGroupHarness(control_plane.api_client(), namespace, dds_api=dds_api)
-    harness.infrastructure.run_in_thread(interval_seconds=0.2)
+    """Hosts come up at once unless a test's MachineSet says otherwise."""
+    harness = NodeGroupHarness(control_plane, namespace, dds_api=dds_api)
     yield harness
     harness.close()
 
 
-@pytest.fixture
-def fake_time(control_plane: Any, namespace: str, dds_api: Any) -> Iterator[tuple[NodeGroupHarness, list[float]]]:
-    """The provider driven pass by pass on a fake clock, with a 30 s provisioning delay."""
-    now = [1000.0]
-    harness = NodeGroupHarness(control_plane.api_client(), namespace, clock=lambda: now[0],
-                               provisioning_delay_seconds=30.0, dds_api=dds_api)
-    yield harness, now
-    harness.close()
+def gone(h: NodeGroupHarness, node: str) -> bool:
+    """The node's Node and Machine are both gone (Cluster API deletes the Machine, the host, then the Node)."""
+    return node not in h.nodes() and node not in {((m.get("status") or {}).get("nodeRef") or {}).get("name")
+                                                   for m in h.machines()}
 
 
-def provision(h: NodeGroupHarness, now: list[float]) -> None:
-    """Machines in one pass, their Nodes in the next, once the provisioning delay has passed."""
-    h.infrastructure.reconcile_once()
-    now[0] += h.infrastructure.provisioning_delay_seconds
-    h.infrastructure.reconcile_once()
+def created(obj: dict[str, Any]) -> str:
+    return obj["metadata"]["creationTimestamp"]
 
 
 def test_scale_up_turns_replicas_into_ready_kwok_nodes_shaped_like_the_group(h: NodeGroupHarness) -> None:
@@ -61,10 +53,9 @@ def test_scale_up_turns_replicas_into_ready_kwok_nodes_shaped_like_the_group(h: 
         assert labels[LABEL_NODE_GROUP] == f"MachineSet.{h.namespace}.gpu-workers"
         assert labels[GPU_LABEL] == labels[LABEL_GPU_MODEL] == "A30"
         assert labels["node.kubernetes.io/instance-type"] == "cdi-16c64g"
-        assert labels["cluster.x-k8s.io/set-name"] == "gpu-workers"
         assert node.spec.provider_id == f"kwok://{name}"
         assert node.metadata.annotations["kwok.x-k8s.io/node"] == "fake"
-        assert node.metadata.annotations[NODE_ANN_MACHINE] == name
+        assert node.metadata.annotations[NODE_ANN_MACHINE].startswith("gpu-workers-")
         assert node.metadata.annotations["cluster.x-k8s.io/owner-name"] == "gpu-workers"
         assert [(t.key, t.value, t.effect) for t in node.spec.taints] == [("dedicated", "gpu", "NoSchedule")]
         for resources in (node.status.capacity, node.status.allocatable):
@@ -77,7 +68,7 @@ def test_scale_up_turns_replicas_into_ready_kwok_nodes_shaped_like_the_group(h: 
         else None))
     assert {m.node_name for m in machines} == set(nodes)
     assert {m.provider_id for m in machines} == {f"kwok://{name}" for name in nodes}
-    assert all(m.name.startswith("gpu-workers-") for m in machines)
+    assert {m.name for m in machines} == {n.metadata.annotations[NODE_ANN_MACHINE] for n in nodes.values()}
     for raw in h.machines():
         assert raw["metadata"]["ownerReferences"][0]["kind"] == "MachineSet"
         assert raw["metadata"]["labels"]["cluster.x-k8s.io/set-name"] == "gpu-workers"
@@ -85,33 +76,25 @@ def test_scale_up_turns_replicas_into_ready_kwok_nodes_shaped_like_the_group(h: 
                       lambda: (s if (s := h.machineset("gpu-workers").get("status") or {}).get("readyReplicas") == 2
                                else None))
     assert status["replicas"] == 2
-    assert not h.infrastructure.reconcile_once().changed  # converged: another pass makes nothing more
+    assert len(h.machines()) == 2 and len(h.nodes()) == 2  # converged: nothing more made
 
 
-def test_the_provisioning_delay_runs_on_the_injected_clock(fake_time: tuple[NodeGroupHarness, list[float]]) -> None:
-    h, now = fake_time
-    group = h.create_machineset("gpu-workers")
+def test_a_machine_whose_host_is_still_coming_up_is_provisioning_without_a_node(h: NodeGroupHarness) -> None:
+    group = h.create_machineset("gpu-workers", provisioning_delay_seconds=5.0)
     h.provisioner.add_nodes(group, 1, key="scale-up-1")
 
-    first = h.infrastructure.reconcile_once()
-    assert len(first.machines_created) == 1 and first.nodes_created == []
-    [machine] = h.provisioner.machines(group)
+    [machine] = wait_for("Cluster API's Machine", lambda: h.provisioner.machines(group))
     assert machine.phase == MachinePhase.PROVISIONING and machine.node_name is None
+    assert h.nodes() == {}
 
-    now[0] += 29.0
-    assert h.infrastructure.reconcile_once().nodes_created == []
-    now[0] += 1.0
-    assert h.infrastructure.reconcile_once().nodes_created == [machine.name]
-
-    h.wait_ready_nodes(1)
-    h.infrastructure.reconcile_once()  # sees the Node Ready
-    [machine] = h.provisioner.machines(group)
-    assert machine.phase == MachinePhase.RUNNING and machine.node_name == machine.name
-    assert h.machineset("gpu-workers")["status"]["readyReplicas"] == 1
+    [node] = h.wait_ready_nodes(1)
+    [machine] = wait_for("the Machine running", lambda: [m for m in h.provisioner.machines(group)
+                                                         if m.phase == MachinePhase.RUNNING])
+    assert machine.node_name == node
+    wait_for("1 ready replica", lambda: (h.machineset("gpu-workers").get("status") or {}).get("readyReplicas") == 1)
 
 
-def test_add_nodes_is_idempotent_by_key(fake_time: tuple[NodeGroupHarness, list[float]]) -> None:
-    h, _ = fake_time
+def test_add_nodes_is_idempotent_by_key(h: NodeGroupHarness) -> None:
     group = h.create_machineset("gpu-workers")
 
     h.provisioner.add_nodes(group, 1, key="ca-increase-1")
@@ -124,8 +107,7 @@ def test_add_nodes_is_idempotent_by_key(fake_time: tuple[NodeGroupHarness, list[
     assert [(e.key, e.count, e.replicas) for e in history] == [("ca-increase-1", 1, 1), ("ca-increase-2", 2, 3)]
 
 
-def test_concurrent_requests_all_apply_once(fake_time: tuple[NodeGroupHarness, list[float]]) -> None:
-    h, _ = fake_time
+def test_concurrent_requests_all_apply_once(h: NodeGroupHarness) -> None:
     group = h.create_machineset("gpu-workers", max_size=6)
     errors: list[BaseException] = []
 
@@ -144,9 +126,7 @@ def test_concurrent_requests_all_apply_once(fake_time: tuple[NodeGroupHarness, l
     assert h.replicas("gpu-workers") == 6  # every conflict was re-read and retried, none lost or doubled
 
 
-def test_scaling_beyond_the_maximum_is_refused_and_changes_nothing(
-        fake_time: tuple[NodeGroupHarness, list[float]]) -> None:
-    h, _ = fake_time
+def test_scaling_beyond_the_maximum_is_refused_and_changes_nothing(h: NodeGroupHarness) -> None:
     group = h.create_machineset("gpu-workers", replicas=1, max_size=2)
     with pytest.raises(ScaleRefused, match="gpu-workers.*1 \\+ 2 exceeds the maximum size 2"):
         h.provisioner.add_nodes(group, 2, key="too-many")
@@ -158,35 +138,33 @@ def test_remove_node_removes_exactly_that_node(h: NodeGroupHarness) -> None:
     group = h.create_machineset("gpu-workers")
     h.provisioner.add_nodes(group, 3, key="scale-up-1")
     nodes = h.wait_ready_nodes(3)
-    # The oldest node: the one Cluster API's default (newest first) would never pick on its own.
-    victim = min(h.machines(), key=requested_at)["metadata"]["name"]
+    # The node of the Machine whose name sorts last: the one Cluster API's default deletion order ("Random", by name)
+    # would never pick on its own.
+    machine = max(h.machines(), key=lambda m: m["metadata"]["name"])
+    victim = machine["status"]["nodeRef"]["name"]
     assert victim in nodes
 
     h.provisioner.remove_node(group, victim, key="scale-down-1")
 
     assert h.replicas("gpu-workers") == 2
-    wait_for(f"node {victim} and its Machine gone", lambda: victim not in h.nodes() and
-             victim not in {m["metadata"]["name"] for m in h.machines()})
+    wait_for(f"node {victim} and its Machine gone", lambda: gone(h, victim))
     assert set(h.wait_ready_nodes(2)) == set(nodes) - {victim}
     h.provisioner.remove_node(group, victim, key="scale-down-1")  # a retry of the same request: nothing more
     assert h.replicas("gpu-workers") == 2
     assert set(h.nodes()) == set(nodes) - {victim}
 
 
-def test_a_second_removal_of_the_same_node_does_not_take_another(
-        fake_time: tuple[NodeGroupHarness, list[float]]) -> None:
-    h, now = fake_time
+def test_a_second_removal_of_the_same_node_does_not_take_another(h: NodeGroupHarness) -> None:
     group = h.create_machineset("gpu-workers")
     h.provisioner.add_nodes(group, 2, key="scale-up-1")
-    provision(h, now)
-    victim = sorted(h.nodes())[0]
+    nodes = h.wait_ready_nodes(2)
+    victim = sorted(nodes)[0]
 
     h.provisioner.remove_node(group, victim, key="ca-delete-1")
     h.provisioner.remove_node(group, victim, key="dds-scale-down-7")  # another owner's request for the same node
     assert h.replicas("gpu-workers") == 1
-    removed = h.infrastructure.reconcile_once()
-    assert removed.nodes_deleted == [victim]
-    assert len(h.nodes()) == 1
+    wait_for(f"node {victim} gone", lambda: gone(h, victim))
+    assert set(h.wait_ready_nodes(1)) == set(nodes) - {victim}
 
 
 def test_remove_refuses_a_node_that_is_not_in_the_group(h: NodeGroupHarness) -> None:
@@ -207,26 +185,25 @@ def test_remove_refuses_a_node_that_is_not_in_the_group(h: NodeGroupHarness) -> 
     assert not any(ANN_CAPI_DELETE_MACHINE in (m["metadata"].get("annotations") or {}) for m in h.machines())
 
 
-def test_an_interrupted_removal_is_completed_by_its_retry(fake_time: tuple[NodeGroupHarness, list[float]]) -> None:
-    h, now = fake_time
+def test_an_interrupted_removal_is_completed_by_its_retry(h: NodeGroupHarness) -> None:
     group = h.create_machineset("gpu-workers")
     h.provisioner.add_nodes(group, 2, key="scale-up-1")
-    provision(h, now)
-    victim = sorted(h.nodes())[0]
+    nodes = h.wait_ready_nodes(2)
+    machine = min(h.machines(), key=created)
+    name, victim = machine["metadata"]["name"], machine["status"]["nodeRef"]["name"]
     # The first write of a removal landed (the Machine is marked), the second did not (DDS died in between).
-    h.objects.patch_namespaced_custom_object(GROUP, "v1beta2", h.namespace, "machines", victim,
+    h.objects.patch_namespaced_custom_object(GROUP, "v1beta2", h.namespace, "machines", name,
                                              {"metadata": {"annotations": {ANN_CAPI_DELETE_MACHINE: "dds"}}})
-    assert not h.infrastructure.reconcile_once().changed  # a marked Machine alone is not removed
     assert h.replicas("gpu-workers") == 2
+    assert set(h.wait_ready_nodes(2)) == set(nodes), "a marked Machine alone is not removed"
 
     h.provisioner.remove_node(group, victim, key="scale-down-1")
     h.provisioner.remove_node(group, victim, key="scale-down-1")
 
     assert h.replicas("gpu-workers") == 1
-    removed = h.infrastructure.reconcile_once()
-    assert removed.nodes_deleted == [victim]
-    assert removed.machines_deleted == [f"{h.namespace}/{victim}"]
-    assert len(h.nodes()) == 1
+    wait_for(f"node {victim} and Machine {name} gone", lambda: gone(h, victim) and
+             name not in {m["metadata"]["name"] for m in h.machines()})
+    assert set(h.wait_ready_nodes(1)) == set(nodes) - {victim}
 
 
 def test_a_deleted_machineset_is_a_clear_error_and_its_machines_and_nodes_go(h: NodeGroupHarness) -> None:
@@ -235,7 +212,9 @@ def test_a_deleted_machineset_is_a_clear_error_and_its_machines_and_nodes_go(h: 
     [node] = h.wait_ready_nodes(1)
     h.objects.delete_namespaced_custom_object(GROUP, "v1beta2", h.namespace, "machinesets", "gpu-workers")
 
-    with pytest.raises(MachineSetNotFound, match=f"MachineSet/{h.namespace}/gpu-workers.*404"):
+    # Cluster API holds the MachineSet (its finalizer) while it deletes the Machines: being deleted or gone, DDS adds
+    # nothing to it.
+    with pytest.raises(MachineSetNotFound, match=f"MachineSet/{h.namespace}/gpu-workers.*(being deleted|404)"):
         h.provisioner.add_nodes(group, 1, key="scale-up-2")
-    # No kube-controller-manager here: the provider collects what the garbage collector would.
-    wait_for("the orphaned Machine and Node gone", lambda: not h.machines() and not h.nodes())
+    # Cluster API deletes a deleted MachineSet's Machines, their hosts and their Nodes.
+    wait_for("the MachineSet's Machine and Node gone", lambda: not h.machines() and not h.nodes())
