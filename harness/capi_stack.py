@@ -12,12 +12,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import pytest
 
-from harness import kwok_provider, rbac
+from harness import kwok_provider
 from harness.capi import ClusterApiManager
 from harness.install import AdminApi
 from harness.controlplane import ControlPlane
@@ -69,15 +68,9 @@ def cluster_api_on(plane: ControlPlane, *, provisioning_delay_seconds: float = 0
         return _RUNNING[key]
 
 
-# Modules that install Cluster API's own CRDs and conversion webhook import these two fixtures: those CRDs replace the
-# stand-in's, and every later test on a shared plane writing MachineSets through the stand-in would fail.
+# A module whose test starts Cluster API in its own way (the kwok provider as a program) imports this fixture: the
+# session's plane runs its Cluster API already (harness/pytest_plugin.py).
 @pytest.fixture(scope="module")
 def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A control plane of the requesting module's own."""
     yield from own_control_plane(request, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def dds_kubeconfig(control_plane: ControlPlane) -> Path:
-    """DDS's shipped RBAC on that module's own control plane."""
-    return rbac.install(control_plane, rbac.DDS)

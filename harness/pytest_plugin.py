@@ -65,11 +65,13 @@ def _bin_dir(config: pytest.Config) -> Path:
     return found
 
 
-def own_control_plane(request: pytest.FixtureRequest,
-                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def own_control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                      **components: bool) -> Iterator[ControlPlane]:
     """A control plane started for the requesting fixture's scope (a module that changes cluster-wide objects, such as
-    CRDs, defines `control_plane` with it instead of sharing the session's)."""
-    plane = start_control_plane(tmp_path_factory.mktemp("control-plane"), bin_dir=_bin_dir(request.config))
+    CRDs, defines `control_plane` with it instead of sharing the session's); `components` as start_control_plane
+    takes them (scheduler, kwok, crds), all by default. It runs no Cluster API."""
+    plane = start_control_plane(tmp_path_factory.mktemp("control-plane"), bin_dir=_bin_dir(request.config),
+                                **components)
     try:
         yield plane
     finally:

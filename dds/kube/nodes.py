@@ -6,11 +6,10 @@ scheduler and cluster-autoscaler see the GPUs as they would on a real node.
 `gpu_capacity_hook` is the fabric's `on_node_devices_changed` callback (dds/fabric/factory.py `build_fabric`): called
 with a node and its ONLINE devices by model, it publishes their total as the GPU resource of the node's group.
 
-Also the other Node reads and writes of the layers above: labels and taints the controller sets, the work on a node,
-and `NodeObjects` (Nodes as dicts) for the kwok infrastructure provider that makes and deletes them. Those writes keep
-what other writers do to the same Node: taints (one list, replaced whole) go under the resourceVersion they were
-computed from and are redone on a conflict, labels are patched key by key, and `spec.unschedulable` is never cleared on
-a node someone else cordoned.
+Also the other Node reads and writes of the layers above: labels and taints the controller sets, the work on a node.
+Those writes keep what other writers do to the same Node: taints (one list, replaced whole) go under the
+resourceVersion they were computed from and are redone on a conflict, labels are patched key by key, and
+`spec.unschedulable` is never cleared on a node someone else cordoned.
 
 With the simulated fabric the capacity writer only touches kwok nodes (`gpu_capacity_hook(kwok_only=...)`,
 `non_kwok_nodes`): on a real machine's Node it would announce GPUs that do not exist.
@@ -24,7 +23,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 from kubernetes import client
 
-from dds.kube.errors import ApiError, api_errors
+from dds.kube.errors import api_errors
 from dds.model.cxl import cxl_memory_of, gpus_of
 from dds.model.groups import DEFAULT_GPU_RESOURCE
 
@@ -227,40 +226,6 @@ def read_node_labels(api: client.ApiClient, node_name: str) -> Optional[dict[str
             return None
         raise ApiError.of(exc) from exc
     return dict(node.metadata.labels or {})
-
-
-class NodeObjects:
-    """Nodes as plain dicts, for code that makes and deletes them (harness/capi_standin.py; DDS itself never does).
-    Errors are raised as `dds.kube.errors.ApiError`; connection errors as they come."""
-
-    def __init__(self, api: client.ApiClient, *, request_timeout_seconds: float = 10.0) -> None:
-        self._api = api
-        self._core = client.CoreV1Api(api)
-        self._timeout = request_timeout_seconds
-
-    def list(self, label_selector: str) -> list[Obj]:
-        with api_errors():
-            listed = self._core.list_node(label_selector=label_selector, _request_timeout=self._timeout)
-        return [self._api.sanitize_for_serialization(n) for n in listed.items]
-
-    def get(self, name: str) -> Obj:
-        with api_errors():
-            return self._api.sanitize_for_serialization(self._core.read_node(name, _request_timeout=self._timeout))
-
-    def create(self, body: Obj) -> Obj:
-        """The Node as created; a Node of that name existing already is an `ApiError` with `conflict`."""
-        with api_errors():
-            return self._api.sanitize_for_serialization(self._core.create_node(body, _request_timeout=self._timeout))
-
-    def delete(self, name: str) -> bool:
-        """Delete; False when it was already gone."""
-        try:
-            self._core.delete_node(name, _request_timeout=self._timeout)
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise ApiError.of(exc) from exc
-        return True
 
 
 def work_on_node(api: client.ApiClient, node_name: str) -> list[str]:

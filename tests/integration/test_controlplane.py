@@ -169,7 +169,7 @@ def test_a_failing_test_session_still_tears_the_control_plane_down(tmp_path: Pat
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "1 failed" in done.stdout, done.stdout + done.stderr
     pids = json.loads(pids_file.read_text())
-    assert set(pids) == {"etcd", "kube-apiserver", "kube-scheduler", "kwok"}
+    assert set(pids) == {"etcd", "kube-apiserver", "kube-scheduler", "kwok", "cluster-api-manager"}
     assert [name for name, pid in pids.items() if process_exists(pid)] == []
 
 

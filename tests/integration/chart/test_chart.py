@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,10 @@ from kubernetes.dynamic import DynamicClient
 from dds.config import FabricBackend, NodeBackend, Settings
 from dds.kube.leader_label import LEADER_LABEL, LEADER_VALUE
 from harness import rbac
+from harness.controlplane import ControlPlane
 from harness.dry_run import dry_run_apply as check_by_dry_run
 from harness.kustomize import render
+from harness.pytest_plugin import own_control_plane
 from tests.integration.chart.tools import CHART, KUBE_VERSION, ROOT, helm_template, run, set_args
 
 MANIFESTS = ROOT / "manifests"
@@ -364,9 +367,18 @@ FOREIGN_CRDS = [ROOT / "harness" / "crds" / "prometheus-operator", ROOT / "harne
 
 
 @pytest.fixture(scope="module")
-def dynamic(control_plane: Any) -> DynamicClient:
-    control_plane.install_crds(FOREIGN_CRDS)
-    api = control_plane.api_client()
+def plane_without_cluster_api(request: pytest.FixtureRequest,
+                              tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """An apiserver of this module's own, with DDS's CRD copies and no Cluster API: the copies the chart can render
+    (`crds.clusterApi`) are for clusters without Cluster API, and must not be applied over its own CRDs, which the
+    session's control plane runs."""
+    yield from own_control_plane(request, tmp_path_factory, scheduler=False, kwok=False)
+
+
+@pytest.fixture(scope="module")
+def dynamic(plane_without_cluster_api: ControlPlane) -> DynamicClient:
+    plane_without_cluster_api.install_crds(FOREIGN_CRDS)
+    api = plane_without_cluster_api.api_client()
     for namespace in ("dds-system", "gpu-scaling"):  # namespaced dry-runs need the namespace to exist for real
         try:
             client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})

@@ -122,6 +122,14 @@ class ControllerHarness:
             self.nodes.wait_ready_nodes(replicas)
         return self.group(name)
 
+    def wait_nodes_gone(self, *nodes: str) -> None:
+        """Drive DDS's passes until Cluster API has deleted `nodes`: a Machine whose node held GPUs carries DDS's
+        pre-terminate hook, which only a pass releases once Cluster API has drained the node and waits on it."""
+        def gone() -> bool:
+            self.run_once()
+            return not set(nodes) & set(self.nodes.nodes())
+        wait_for(f"Cluster API to delete {', '.join(nodes)}", gone)
+
     def node_names(self) -> list[str]:
         return sorted(self.nodes.nodes())
 

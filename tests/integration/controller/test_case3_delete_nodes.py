@@ -55,7 +55,7 @@ def test_an_empty_node_gives_its_gpus_back_first_then_its_machine_goes(dds: Cont
     assert dds.machine_removed(node)
     assert dds.replicas("workers") == 1
     assert dds.events("Node", node, "RemovingNode")
-    dds.nodes.wait_ready_nodes(1)
+    dds.wait_nodes_gone(node)
     assert dds.node_names() == [other]
     assert dds.app.fabric.free_count("default", "A30") == 4
 

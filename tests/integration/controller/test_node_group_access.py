@@ -20,13 +20,14 @@ from dds.kube import capi
 from dds.model import groups as g
 from dds.scaling.requests import RequestNode
 from tests.integration.controller.harness import ControllerHarness
-from tests.integration.nodes.harness import GROUP, machineset_manifest, open_grant, wait_for
+from harness.kwok_provider import INFRA_GROUP
+from tests.integration.nodes.harness import GROUP, PAUSED, machineset_manifest, open_grant, wait_for
 
 
 def create_machineset(api: client.ApiClient, namespace: str, name: str, **annotations: str) -> dict[str, Any]:
     manifest = machineset_manifest(name)
     manifest["metadata"]["annotations"].update(annotations)
-    return client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, "v1beta1", namespace, "machinesets",
+    return client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, "v1beta2", namespace, "machinesets",
                                                                         manifest)
 
 
@@ -98,21 +99,22 @@ def test_a_machine_with_a_copied_provider_id_does_not_take_another_namespaces_no
         # Team A's user: a MachineSet of its own (not even opted in) and a Machine it owns, with team B's node's
         # providerID. Cluster API's machine controller then sets the Machine's status.nodeRef to that node: it looks
         # the Node up by spec.providerID and never asks whether another Machine has it
-        # (core/reconcilers/machine/machine_controller_noderef.go); played here by the test.
+        # (core/reconcilers/machine/machine_controller_noderef.go); played here by the test, both objects paused so
+        # that Cluster API's controllers leave them as written (team A has no hosts for them to make).
         objects = client.CustomObjectsApi(admin)
-        plain = machineset_manifest("plain")
+        plain = machineset_manifest("plain", replicas=1)
         del plain["metadata"]["annotations"][g.ANN_ENABLED]
-        owner = objects.create_namespaced_custom_object(GROUP, "v1beta1", team_a, "machinesets", plain)
-        objects.create_namespaced_custom_object(GROUP, "v1beta1", team_a, "machines", {
-            "apiVersion": f"{GROUP}/v1beta1", "kind": "Machine",
-            "metadata": {"name": "copy", "labels": {capi.LABEL_SET_NAME: "plain"},
-                         "ownerReferences": [{"apiVersion": f"{GROUP}/v1beta1", "kind": "MachineSet", "name": "plain",
+        plain["metadata"]["annotations"][PAUSED] = ""
+        owner = objects.create_namespaced_custom_object(GROUP, "v1beta2", team_a, "machinesets", plain)
+        objects.create_namespaced_custom_object(GROUP, "v1beta2", team_a, "machines", {
+            "apiVersion": f"{GROUP}/v1beta2", "kind": "Machine",
+            "metadata": {"name": "copy", "labels": {capi.LABEL_SET_NAME: "plain"}, "annotations": {PAUSED: ""},
+                         "ownerReferences": [{"apiVersion": f"{GROUP}/v1beta2", "kind": "MachineSet", "name": "plain",
                                               "uid": owner["metadata"]["uid"], "controller": True}]},
             "spec": {"clusterName": "demo", "providerID": node.spec.provider_id,
                      "bootstrap": {"dataSecretName": "plain-bootstrap"},
-                     "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
-                                           "kind": "KwokMachine", "name": "copy"}}})
-        objects.patch_namespaced_custom_object_status(GROUP, "v1beta1", team_a, "machines", "copy",
+                     "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": "KwokMachine", "name": "copy"}}})
+        objects.patch_namespaced_custom_object_status(GROUP, "v1beta2", team_a, "machines", "copy",
                                                       {"status": {"nodeRef": {"name": node_name}}})
 
         dds.run_once()

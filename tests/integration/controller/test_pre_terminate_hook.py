@@ -16,7 +16,6 @@ from dds.controller.observe import machine_refs
 from dds.fabric.base import AttachRequest, OperationKind
 from dds.kube.capi import DDS_PRE_TERMINATE_HOOK
 from harness.capi_stack import ClusterApi, cluster_api_on
-from harness.capi_stack import control_plane, dds_kubeconfig  # noqa: F401 (fixtures: a plane of this module's own)
 from harness.kwok_provider import BOOTSTRAP_SECRET, infrastructure_ref
 from tests.integration.controller.harness import ATTACH_SECONDS, VirtualClock, settings_for
 from tests.integration.nodes.harness import wait_for

@@ -1,5 +1,6 @@
-"""The Cluster API CRDs the fixture installs (manifests/crds/cluster-api): the fields DDS reads and writes, both served
-versions, the scale subresource, and schema validation doing its job."""
+"""The trimmed Cluster API CRDs DDS ships for clusters without Cluster API (manifests/crds/cluster-api), on a control
+plane of this module's own that has them (the session's runs Cluster API's own CRDs and manager): the fields DDS reads
+and writes, both served versions, the scale subresource, and schema validation doing its job."""
 
 from __future__ import annotations
 
@@ -13,12 +14,25 @@ import yaml
 from kubernetes import client
 
 from dds.kube.machinesets import MachineSetLister
+from harness import rbac
 from harness.controlplane import REPO_ROOT, ControlPlane
+from harness.pytest_plugin import own_control_plane
 
 pytestmark = pytest.mark.integration
 
 GROUP = "cluster.x-k8s.io"
 EXAMPLE = REPO_ROOT / "manifests" / "examples" / "machineset-gpu-workers.yaml"
+
+
+@pytest.fixture(scope="module")
+def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A plane with the trimmed CRDs start_control_plane installs, and no Cluster API."""
+    yield from own_control_plane(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def dds_kubeconfig(control_plane: ControlPlane) -> Path:
+    return rbac.install(control_plane, rbac.DDS)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ def test_check_config_on_a_cluster_names_the_broken_machineset(control_plane: An
     good, bad = machineset_manifest("gpu-good"), machineset_manifest("gpu-bad")
     bad["metadata"]["annotations"]["dds.cdi.dev/max-gpus-per-node"] = "lots"
     for manifest in (good, bad):
-        objects.create_namespaced_custom_object(GROUP, "v1beta1", namespace, "machinesets", manifest)
+        objects.create_namespaced_custom_object(GROUP, "v1beta2", namespace, "machinesets", manifest)
     settings = {"in_cluster": True, "namespace": namespace, "machineset_namespaces": [namespace],
                 "node_group_namespaces": {namespace: {"pools": ["*"]}},
                 "fabric": "simulated", "insecure": True}

@@ -21,7 +21,6 @@ from dds.kube.machinesets import MachineSetLister
 from dds.model.groups import ANN_CAPI_DELETE_MACHINE
 from dds.nodes.machineset import MARK_PREFIX, MachineSetProvisioner
 from harness.capi_stack import ClusterApi, cluster_api_on
-from harness.capi_stack import control_plane, dds_kubeconfig  # noqa: F401 (fixtures: a plane of this module's own)
 from harness.kwok_provider import BOOTSTRAP_SECRET, PROVIDER_PREFIX, infrastructure_ref
 from tests.integration.nodes.harness import open_grant, wait_for
 

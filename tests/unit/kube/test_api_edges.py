@@ -13,7 +13,6 @@ from kubernetes import client
 from dds.kube.capi import MACHINES, CapiObjects
 from dds.kube.composability import GROUP, REQUESTS, RESOURCES, VERSION, ComposabilityObjects
 from dds.kube.errors import ApiError, api_errors
-from dds.kube.nodes import NodeObjects
 
 
 def api_exception(status: int, reason: str, message: str = "") -> client.ApiException:
@@ -101,14 +100,3 @@ def test_cluster_api_calls_raise_api_errors_and_deleting_a_missing_object_is_fal
     assert raised.value.conflict
     assert capi_objects(api_exception(404, "Not Found")).delete(MACHINES, "ns", "m-1") is False
     assert capi_objects(None).delete(MACHINES, "ns", "m-1") is True
-
-
-def test_node_objects_answer_in_dicts_and_errors() -> None:
-    nodes = NodeObjects(client.ApiClient())
-    nodes._core = FailingCalls(api_exception(404, "Not Found"), api_exception(409, "AlreadyExists"),
-                               value=client.V1Node(metadata=client.V1ObjectMeta(name="w1")))
-    assert nodes.delete("w1") is False
-    with pytest.raises(ApiError) as raised:
-        nodes.create({"metadata": {"name": "w1"}})
-    assert raised.value.conflict
-    assert nodes.get("w1") == {"metadata": {"name": "w1"}}
