@@ -11,7 +11,7 @@ import pytest
 from dds.kube.capi import MACHINES, MACHINESETS
 from dds.kube.errors import ApiError
 from dds.model.groups import ANN_CAPI_DELETE_MACHINE
-from dds.nodes.errors import NodeBackendError, NodeBackendUnavailable
+from dds.nodes.errors import MachineSetNotFound, NodeBackendError, NodeBackendUnavailable
 from dds.nodes.machineset import (ANN_SCALE_REQUESTS, MARK_PREFIX, AppliedRequest, MachineSetProvisioner,
                                   RequestKind, history_text)
 from tests.unit.nodes.builders import make_group, make_machine, make_machineset
@@ -128,3 +128,17 @@ def test_only_dds_marks_without_a_recorded_removal_are_released() -> None:
 
     assert released == ("gpu-workers-a",)
     assert sorted(fake.marks()) == ["gpu-workers-b", "gpu-workers-c", "gpu-workers-e"]
+
+
+def test_a_machineset_being_deleted_gets_no_replica() -> None:
+    """Cluster API holds a deleted MachineSet (its finalizer) while it deletes the Machines: a replica written then
+    would be a node asked for that never comes."""
+    machineset = make_machineset(replicas=2)
+    machineset["metadata"]["deletionTimestamp"] = "2026-11-29T06:00:00Z"
+    fake = FakeCapi(machineset, two_machines())
+
+    with pytest.raises(MachineSetNotFound, match="gpu-workers is being deleted; nothing changed"):
+        provisioner_on(fake).add_nodes(make_group(), 1, key="k1")
+
+    assert fake.objects[(MACHINESETS, "gpu-workers")]["spec"]["replicas"] == 2
+    assert ANN_SCALE_REQUESTS not in fake.objects[(MACHINESETS, "gpu-workers")]["metadata"].get("annotations", {})
