@@ -17,7 +17,9 @@ The baseline, measured in the same run on the same plane once the manager is sto
 bench-scale takes today (tests/bench/scale.py `populate`) — the same N Nodes and N Machines written directly with the
 status Cluster API would leave. Its `up_s`, `apiserver_cpu_s` and `etcd_cpu_s` give the ratios `capi/harness`.
 
-A run past `--timeout-minutes` stops and prints what it reached (Machines Running so far).
+A run past `--timeout-minutes` stops and prints what it reached (Machines Running so far). `--sets K` splits the
+Machines over K MachineSets (Cluster API creates one MachineSet's Machines one after another, different MachineSets'
+in parallel); `--manager-arg` passes a flag to the manager (e.g. `--kube-api-qps=…`; by default it runs as shipped).
 """
 
 from __future__ import annotations
@@ -141,10 +143,22 @@ def node_shape() -> dict[str, Any]:
     return {"labels": labels, "capacity": body["status"]["capacity"]}
 
 
-def machineset(replicas: int) -> dict[str, Any]:
-    """bench-scale's DDS group as Cluster API's manager gets it: v1beta2, on kwok hosts."""
+def set_names(sets: int) -> list[str]:
+    return [scale.GROUP_NAME] if sets == 1 else [f"{scale.GROUP_NAME}-{k}" for k in range(sets)]
+
+
+def split(total: int, parts: int) -> list[int]:
+    """`total` in `parts` as even as can be, the larger parts first."""
+    return [total // parts + (1 if k < total % parts else 0) for k in range(parts)]
+
+
+def machineset(name: str, replicas: int) -> dict[str, Any]:
+    """bench-scale's DDS group as Cluster API's manager gets it (v1beta2, on kwok hosts), named `name`."""
     obj = scale.machineset_body(scale.Size(replicas, replicas))
     obj["apiVersion"] = f"{GROUP}/{VERSION}"
+    obj["metadata"]["name"] = name
+    for labels in (obj["spec"]["selector"]["matchLabels"], obj["spec"]["template"]["metadata"]["labels"]):
+        labels["cluster.x-k8s.io/set-name"] = name
     obj["spec"]["template"]["spec"]["clusterName"] = CLUSTER
     return kwok_provider.on_kwok_hosts(obj)
 
@@ -158,19 +172,23 @@ def wait(what: str, done: Callable[[], bool], deadline: float) -> bool:
     return True
 
 
-def through_cluster_api(plane: ControlPlane, machines: int, scale_down: int, deadline: float) -> dict[str, float]:
+def through_cluster_api(plane: ControlPlane, machines: int, scale_down: int, deadline: float, sets: int = 1,
+                        manager_args: tuple[str, ...] = ()) -> dict[str, float]:
     api = scale.bulk_client(plane)
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     plane.create_namespace(NAMESPACE)
-    capi = cluster_api_on(plane)
+    capi = cluster_api_on(plane, manager_args=manager_args)
     scale.log(f"Cluster API {capi.version} manager running (pid {capi.manager.pid})")
     capi.workload_cluster(NAMESPACE, CLUSTER)
-    kwok_provider.create_template(capi.api, kwok_provider.machine_template(NAMESPACE, scale.GROUP_NAME, node_shape()))
+    names = set_names(sets)
+    for name in names:
+        kwok_provider.create_template(capi.api, kwok_provider.machine_template(NAMESPACE, name, node_shape()))
     meter = CpuMeter({MANAGER: capi.manager.pid, APISERVER: plane.pids()[APISERVER], ETCD: plane.pids()[ETCD]})
     meter.start()
     progress = Progress()
     started = time.monotonic()
-    custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "machinesets", machineset(machines))
+    for name, replicas in zip(names, split(machines, sets)):
+        custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "machinesets", machineset(name, replicas))
     last_log = 0.0
 
     def all_running() -> bool:
@@ -196,8 +214,9 @@ def through_cluster_api(plane: ControlPlane, machines: int, scale_down: int, dea
     target = machines - scale_down
     nodes_before = count_nodes(core)
     started = time.monotonic()
-    custom.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "machinesets", scale.GROUP_NAME,
-                                          {"spec": {"replicas": target}})
+    for name, replicas in zip(names, split(target, sets)):
+        custom.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "machinesets", name,
+                                              {"spec": {"replicas": replicas}})
     if wait(f"{scale_down} Machines and Nodes gone",
             lambda: len(list_machines(custom, NAMESPACE)) <= target and count_nodes(core) <= nodes_before - scale_down,
             deadline):
@@ -251,13 +270,13 @@ CAPI_FIGURES = ("machines_running", "up_s", "machine_p50_s", "machine_p90_s", "m
 
 
 def report(machines: int, scale_down: int, version: str, capi: dict[str, float],
-           harness: Optional[dict[str, float]]) -> list[str]:
+           harness: Optional[dict[str, float]], setup: str = "") -> list[str]:
     """The run's lines: Cluster API's figures, the baseline's, and the ratios of the two."""
     def fmt(figures: dict[str, float], names: tuple[str, ...]) -> str:
         return " ".join(f"{name}={figures[name]:.1f}" for name in names if name in figures)
 
     lines = [f"bench-scale-capi machines={machines} scale_down={scale_down} cluster-api={version} path=cluster-api "
-             + fmt(capi, CAPI_FIGURES)]
+             + (f"{setup} " if setup else "") + fmt(capi, CAPI_FIGURES)]
     if harness is not None:
         lines.append(f"bench-scale-capi machines={machines} path=harness "
                      + fmt(harness, ("up_s", "apiserver_cpu_s", "etcd_cpu_s", "harness_cpu_s")))
@@ -271,6 +290,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--machines", type=int, default=5000, help="Machines to ask for (default: %(default)s)")
     parser.add_argument("--scale-down", type=int, default=500, help="Machines to remove after (default: %(default)s)")
+    parser.add_argument("--sets", type=int, default=1,
+                        help="MachineSets the Machines are split in (default: %(default)s, bench-scale's one group)")
+    parser.add_argument("--manager-arg", action="append", default=[], metavar="FLAG",
+                        help="a flag for Cluster API's manager, e.g. --manager-arg=--kube-api-qps=500 (repeatable; "
+                             "default: as shipped)")
     parser.add_argument("--timeout-minutes", type=float, default=25.0,
                         help="stop the Cluster API run there and report what it reached (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -281,11 +305,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     scale.log(f"machines={args.machines}: control plane in {workdir}")
     with start_control_plane(workdir / "cp", bin_dir=bin_dir) as plane:
         deadline = time.monotonic() + 60 * args.timeout_minutes
-        capi = through_cluster_api(plane, args.machines, args.scale_down, deadline)
+        capi = through_cluster_api(plane, args.machines, args.scale_down, deadline, args.sets,
+                                   tuple(args.manager_arg))
         version = cluster_api_on(plane).version
         held = capi["machines_running"] >= args.machines
         harness = through_harness(plane, args.machines) if held else None
-        for text in report(args.machines, args.scale_down, version, capi, harness):
+        setup = f"sets={args.sets} manager_args={','.join(args.manager_arg) or 'as-shipped'}"
+        for text in report(args.machines, args.scale_down, version, capi, harness, setup):
             print(text, flush=True)
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.bench.scale_capi import Progress, is_running, report
+from tests.bench.scale_capi import Progress, is_running, report, set_names, split
 
 CREATED = "2026-11-29T05:00:00Z"
 CREATED_EPOCH = 1795928400.0  # CREATED as seconds since the epoch
@@ -49,3 +49,10 @@ def test_a_run_that_did_not_hold_prints_what_it_reached_and_no_baseline() -> Non
     lines = report(5000, 500, "v1.14.2", {"machines_running": 3100.0, "up_s": 1500.0}, None)
     assert lines == ["bench-scale-capi machines=5000 scale_down=500 cluster-api=v1.14.2 path=cluster-api "
                      "machines_running=3100.0 up_s=1500.0"]
+
+
+def test_machines_split_over_machinesets_as_evenly_as_can_be() -> None:
+    assert split(5000, 1) == [5000]
+    assert split(4500, 4) == [1125, 1125, 1125, 1125]
+    assert split(10, 4) == [3, 3, 2, 2] and sum(split(4999, 7)) == 4999
+    assert set_names(1) == ["gpu-workers"] and set_names(3) == ["gpu-workers-0", "gpu-workers-1", "gpu-workers-2"]
