@@ -276,10 +276,17 @@ class KwokInfrastructureProvider(ReconcileLoop):
         machines = self._custom.list_cluster_custom_object(INFRA_GROUP, VERSION, MACHINES).get("items", [])
         for machine in machines:
             meta = machine["metadata"]
-            if meta.get("deletionTimestamp"):
-                self._remove_host(machine)
-            elif not ((machine.get("status") or {}).get("initialization") or {}).get("provisioned"):
-                self._provision(machine)
+            try:
+                if meta.get("deletionTimestamp"):
+                    self._remove_host(machine)
+                elif not ((machine.get("status") or {}).get("initialization") or {}).get("provisioned"):
+                    self._provision(machine)
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+                # Cluster API changed it since this pass's LIST: the next pass sees it fresh. The others go on (at
+                # thousands of Machines a pass ended at each conflict would list them all again for every one).
+                log.debug("kwok provider: %s/%s changed meanwhile; next pass", meta["namespace"], meta["name"])
 
     def fail_host(self, name: str) -> None:
         """The host `name` dies (power, board): its kubelet stops, so kwok no longer keeps its Node Ready, and its Node
