@@ -13,9 +13,10 @@ seconds. In file order:
    controller deletes it, DDS's pre-terminate hook gets its GPUs back to the pool before the host goes (none stranded),
    and the Machine Cluster API makes in its place gets its boot GPU;
 4. DRA mode, on a second group (dra-workers, dds.cdi.dev/gpu-api: dra-node-local) added to the same stack with a health
-   check of its own: the worker's GPU driver restarting, as the node shows it in DRA mode (its ResourceSlice withdrawn,
-   then published again, as the kubelet drops a restarting driver's slice and the driver lists its devices again),
-   while a pod whose claim its idle GPU will serve waits: no Machine remediated, DDS attaches nothing for that pod (the
+   check of its own: the worker's GPU driver restarting, as the node shows it in DRA mode (its ResourceSlice deleted,
+   then published again: the kubelet deletes the slices of a driver gone longer than its 30 s wiping delay,
+   pkg/kubelet/cm/dra/manager.go `defaultWipingDelay`, and the driver lists its devices again once back; a shorter
+   restart leaves the slice as it was), while a pod whose claim its idle GPU will serve waits: no Machine remediated, DDS attaches nothing for that pod (the
    fabric's device on the node counts as present while the slice hides it); the pod then runs on the device that came
    back.
 """
@@ -304,7 +305,8 @@ def test_a_gpu_driver_restart_in_dra_mode_neither_remediates_the_machine_nor_att
     published = slice_devices(stack, node)
     nodes_before, attached_before = node_names(stack), gpus_attached_total(stack)
 
-    # The driver restarts: the kubelet drops the slice of a driver that unregistered; nothing lists the GPU meanwhile.
+    # The driver restarts, gone past the kubelet's wiping delay (30 s there, 12 s of it here): its slice is deleted and
+    # nothing lists the GPU meanwhile.
     before = custom.get_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", slice_name(node))
     resource.delete_resource_slice(slice_name(node))
     restarted = time.monotonic()
