@@ -30,7 +30,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import requests
 import yaml
@@ -154,8 +154,11 @@ class ClusterApiManager(ManagerProcess):
     error = ClusterApiError
     stop_timeout_s = STOP_TIMEOUT_S
 
-    def __init__(self, plane: ControlPlane, *, bin_dir: Optional[Path] = None) -> None:
+    def __init__(self, plane: ControlPlane, *, bin_dir: Optional[Path] = None, extra_args: Sequence[str] = ()) -> None:
+        """`extra_args`: more of the manager's flags, e.g. `--kube-api-qps=…` (a benchmark's; the tests run it as
+        shipped)."""
         super().__init__(plane, ClusterApiRelease.locate(bin_dir or plane.bin_dir))
+        self.extra_args = tuple(extra_args)
         self.workdir = Path(plane.workdir) / "cluster-api"
         self.kubeconfig = self.workdir / "kubeconfig"
         self.cert_dir = self.workdir / "serving-certs"
@@ -228,7 +231,7 @@ class ClusterApiManager(ManagerProcess):
                 f"--diagnostics-address=127.0.0.1:{self.diagnostics_port}",
                 f"--feature-gates={FEATURE_GATES}",
                 # One instance per control plane: no Lease to wait out after a restart.
-                "--leader-elect=false"]
+                "--leader-elect=false", *self.extra_args]
 
     def _env(self) -> dict[str, str]:
         return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir),

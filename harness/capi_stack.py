@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import pytest
 
@@ -52,13 +52,15 @@ _RUNNING: dict[str, ClusterApi] = {}  # plane workdir -> its Cluster API
 _LOCK = threading.Lock()
 
 
-def cluster_api_on(plane: ControlPlane, *, provisioning_delay_seconds: float = 0.0) -> ClusterApi:
+def cluster_api_on(plane: ControlPlane, *, provisioning_delay_seconds: float = 0.0,
+                   manager_args: Sequence[str] = ()) -> ClusterApi:
     """The plane's Cluster API, started on first use (the manager is one of the plane's components: it stops with
-    the plane; the provider pauses once the manager is no longer running)."""
+    the plane; the provider pauses once the manager is no longer running). `manager_args`: more of the manager's flags
+    (harness/capi.py `ClusterApiManager`), on first use only."""
     with _LOCK:
         key = str(plane.workdir)
         if key not in _RUNNING:
-            manager = ClusterApiManager(plane).start()
+            manager = ClusterApiManager(plane, extra_args=manager_args).start()
             api = manager.admin_api()
             kwok_provider.install(api)
             provider = KwokInfrastructureProvider(plane.api_client(),

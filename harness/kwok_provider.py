@@ -289,7 +289,8 @@ class KwokInfrastructureProvider(ReconcileLoop):
             except client.ApiException as exc:
                 if exc.status != 409:
                     raise
-                # Cluster API wrote the object since this pass read it: the next pass starts from the new one
+                # Cluster API wrote the object since this pass read it: the next pass sees it fresh, and the others go
+                # on (at thousands of Machines a pass ended at each conflict would list them all again for every one)
                 log.debug("kwok provider: %s changed meanwhile", machine["metadata"]["name"])
 
     def _reconcile(self, machine: dict[str, Any]) -> None:

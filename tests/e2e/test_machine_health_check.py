@@ -11,22 +11,31 @@ seconds. In file order:
    then runs on the GPUs that came back;
 3. the worker's host dies: after the Ready=Unknown timeout the health check marks the Machine unhealthy, the MachineSet
    controller deletes it, DDS's pre-terminate hook gets its GPUs back to the pool before the host goes (none stranded),
-   and the Machine Cluster API makes in its place gets its boot GPU.
-
-DRA mode (the GPU driver's restart changes the node's ResourceSlice, not its capacity) is not run here: the health
-check reads neither (docs/lifecycles.md has why).
+   and the Machine Cluster API makes in its place gets its boot GPU;
+4. DRA mode, on a second group (dra-workers, dds.cdi.dev/gpu-api: dra-node-local) added to the same stack with a health
+   check of its own: the worker's GPU driver restarting, as the node shows it in DRA mode (its ResourceSlice deleted,
+   then published again: the kubelet deletes the slices of a driver gone longer than its 30 s wiping delay,
+   pkg/kubelet/cm/dra/manager.go `defaultWipingDelay`, and the driver lists its devices again once back; a shorter
+   restart leaves the slice as it was), while a pod whose claim its idle GPU will serve waits: no Machine remediated, DDS attaches nothing for that pod (the
+   fabric's device on the node counts as present while the slice hides it); the pod then runs on the device that came
+   back.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 import pytest
+import yaml
 from kubernetes import client
 
-from harness.stack import GPU, Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
+from dds.model.groups import ANN_CAPI_MIN, ANN_GPU_API, GpuApi
+from harness.stack import (GPU, ROOT, WORKLOAD_NAMESPACE, Stack, StackOptions, gpus_allocatable, is_ready, machineset,
+                           pod, start_stack)
 from tests.e2e.cluster_facts import describe, fabric_facts, pods_running
 from tests.e2e.test_cluster_api import (CAPI, MACHINESET, NAMESPACE, V1BETA2, machine_of_node, machines,
                                         machineset_machines, machineset_replicas, node_names, node_of_pod, pool_whole,
@@ -45,17 +54,20 @@ READY_TIMEOUT_SECONDS = 15
 NODE_STARTUP_TIMEOUT_SECONDS = 120
 DRIVER_RESTART_SECONDS = 12.0  # under CA's 30 s wait before it scales up for a GPU pod (its GPU pod time buffer)
 PRE_TERMINATE_BOUND_SECONDS = 60.0
+DRA_MACHINESET = DRA_HEALTH_CHECK = "dra-workers"
+DRA_DRIVER = "gpu.dds.cdi.dev"  # DDS's own: it lists the GPUs the simulated fabric attached in the node's slice
+DEVICE_CLASS_FILE = ROOT / "manifests" / "dra" / "deviceclass.yaml"
 
 
-def health_check(stack: Stack) -> dict[str, Any]:
-    """The MachineHealthCheck over the gpu-workers MachineSet's Machines (its selector's set-name label)."""
-    machineset = client.CustomObjectsApi(stack.api).get_namespaced_custom_object(CAPI, V1BETA2, NAMESPACE,
-                                                                                 "machinesets", MACHINESET)
+def health_check(stack: Stack, machineset_name: str = MACHINESET, name: str = HEALTH_CHECK) -> dict[str, Any]:
+    """The MachineHealthCheck `name` over a MachineSet's Machines (its selector's set-name label)."""
+    target = client.CustomObjectsApi(stack.api).get_namespaced_custom_object(CAPI, V1BETA2, NAMESPACE,
+                                                                             "machinesets", machineset_name)
     set_name = "cluster.x-k8s.io/set-name"
     return {"apiVersion": f"{CAPI}/{V1BETA2}", "kind": "MachineHealthCheck",
-            "metadata": {"name": HEALTH_CHECK, "namespace": NAMESPACE},
-            "spec": {"clusterName": machineset["spec"]["clusterName"],
-                     "selector": {"matchLabels": {set_name: machineset["spec"]["selector"]["matchLabels"][set_name]}},
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"clusterName": target["spec"]["clusterName"],
+                     "selector": {"matchLabels": {set_name: target["spec"]["selector"]["matchLabels"][set_name]}},
                      "checks": {"nodeStartupTimeoutSeconds": NODE_STARTUP_TIMEOUT_SECONDS,
                                 "unhealthyNodeConditions": [
                                     {"type": "Ready", "status": status, "timeoutSeconds": READY_TIMEOUT_SECONDS}
@@ -64,9 +76,9 @@ def health_check(stack: Stack) -> dict[str, Any]:
                      "remediation": {"triggerIf": {"unhealthyLessThanOrEqualTo": 1}}}}
 
 
-def health_status(stack: Stack) -> Mapping[str, Any]:
+def health_status(stack: Stack, name: str = HEALTH_CHECK) -> Mapping[str, Any]:
     return client.CustomObjectsApi(stack.api).get_namespaced_custom_object(
-        CAPI, V1BETA2, NAMESPACE, "machinehealthchecks", HEALTH_CHECK).get("status") or {}
+        CAPI, V1BETA2, NAMESPACE, "machinehealthchecks", name).get("status") or {}
 
 
 def condition(machine: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
@@ -74,9 +86,9 @@ def condition(machine: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
 
 
 def remediated(stack: Stack) -> list[str]:
-    """The gpu-workers Machines the health check found unhealthy or the MachineSet is remediating, with why."""
+    """The Machines a health check found unhealthy or their MachineSet is remediating, with why."""
     out = []
-    for machine in machineset_machines(stack):
+    for machine in machines(stack):
         check, owner = condition(machine, "HealthCheckSucceeded"), condition(machine, "OwnerRemediated")
         if check.get("status") == "False" or owner or machine["metadata"].get("deletionTimestamp"):
             out.append(f"{machine['metadata']['name']}: {check.get('reason')} {check.get('message')}; "
@@ -89,14 +101,16 @@ def marked_unhealthy_events(stack: Stack) -> list[str]:
             if e.reason == "MachineMarkedUnhealthy"]
 
 
-def healthy_throughout(stack: Stack, what: str, predicate: Callable[[], Any], timeout: float) -> Any:
-    """Wait for `predicate` while checking, at every look, that no Machine is remediated and the health check counts
-    every Machine it checks healthy."""
+def healthy_throughout(stack: Stack, what: str, predicate: Callable[[], Any], timeout: float,
+                       checks: tuple[str, ...] = (HEALTH_CHECK,)) -> Any:
+    """Wait for `predicate` while checking, at every look, that no Machine is remediated and each health check of
+    `checks` counts every Machine it checks healthy."""
     def look() -> Any:
         assert not remediated(stack), f"while waiting for {what}: {remediated(stack)}; {describe(stack)}"
-        status = health_status(stack)
-        assert status.get("currentHealthy") == status.get("expectedMachines"), \
-            f"while waiting for {what}, the health check counts a Machine unhealthy: {status}"
+        for check in checks:
+            status = health_status(stack, check)
+            assert status.get("currentHealthy") == status.get("expectedMachines"), \
+                f"while waiting for {what}, health check {check} counts a Machine unhealthy: {status}"
         return predicate()
 
     return stack.wait_for(what, look, timeout, lambda: describe(stack), interval=0.5)
@@ -224,3 +238,99 @@ def test_a_host_that_dies_is_remediated_and_ddss_hook_gets_its_gpus_back_first(s
     stack.wait_for("the health check counting the replacement healthy", lambda: (
         health_status(stack).get("expectedMachines") == 1 and health_status(stack).get("currentHealthy") == 1),
         60.0, lambda: str(health_status(stack)))
+
+
+# --- DRA mode: the driver restart as a node's ResourceSlice shows it ---
+
+def dra_machineset(stack: Stack) -> dict[str, Any]:
+    """A second group beside gpu-workers, of one node whose GPUs are DRA devices (node-local mode)."""
+    obj = copy.deepcopy(machineset(replace(stack.options, workers=1, machineset_annotations={})))
+    obj["metadata"]["name"] = DRA_MACHINESET
+    obj["metadata"]["annotations"].update({ANN_GPU_API: GpuApi.DRA_NODE_LOCAL.value, ANN_CAPI_MIN: "1"})
+    obj["spec"]["selector"]["matchLabels"]["cluster.x-k8s.io/set-name"] = DRA_MACHINESET
+    obj["spec"]["template"]["metadata"]["labels"]["cluster.x-k8s.io/set-name"] = DRA_MACHINESET
+    return obj
+
+
+def dra_machines(stack: Stack) -> list[dict[str, Any]]:
+    return [m for m in machines(stack)
+            if (m["metadata"].get("labels") or {}).get("cluster.x-k8s.io/set-name") == DRA_MACHINESET]
+
+
+def slice_name(node: str) -> str:
+    return f"{node}.{DRA_DRIVER}"
+
+
+def slice_devices(stack: Stack, node: str) -> list[str]:
+    """The device names of the node's ResourceSlice under DDS's driver (none: no slice)."""
+    return sorted(d.name for s in client.ResourceV1Api(stack.api).list_resource_slice().items
+                  if s.spec.driver == DRA_DRIVER and s.spec.node_name == node for d in s.spec.devices or ())
+
+
+def dra_worker(stack: Stack) -> str:
+    """The dra-workers node, once Ready with its boot GPU in its slice ("" before)."""
+    nodes = {((m.get("status") or {}).get("nodeRef") or {}).get("name") for m in dra_machines(stack)}
+    return next((n.metadata.name for n in stack.nodes() if n.metadata.name in nodes and is_ready(n)
+                 and len(slice_devices(stack, n.metadata.name)) == 1), "")
+
+
+def claim(name: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRA_DRIVER}}]}}}
+
+
+def claim_pod(name: str, claim_name: str) -> dict[str, Any]:
+    body = pod(name, memory_gib=2)
+    body["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim_name}]
+    return body
+
+
+def test_a_gpu_driver_restart_in_dra_mode_neither_remediates_the_machine_nor_attaches_a_gpu(stack: Stack) -> None:
+    custom, resource = client.CustomObjectsApi(stack.api), client.ResourceV1Api(stack.api)
+    resource.create_device_class(yaml.safe_load(DEVICE_CLASS_FILE.read_text()))
+    stack.add_node_group(dra_machineset(stack))
+    node = stack.wait_for("a Ready dra-workers node with its boot GPU in its ResourceSlice", lambda: dra_worker(stack),
+                          TIMEOUT, lambda: describe(stack))
+    (machine,) = [m["metadata"]["name"] for m in dra_machines(stack)]
+    custom.create_namespaced_custom_object(CAPI, V1BETA2, NAMESPACE, "machinehealthchecks",
+                                           health_check(stack, DRA_MACHINESET, DRA_HEALTH_CHECK))
+    stack.wait_for("the dra-workers health check counting its Machine healthy", lambda: (
+        health_status(stack, DRA_HEALTH_CHECK).get("expectedMachines") == 1
+        and health_status(stack, DRA_HEALTH_CHECK).get("currentHealthy") == 1),
+        60.0, lambda: str(health_status(stack, DRA_HEALTH_CHECK)))
+    both = (HEALTH_CHECK, DRA_HEALTH_CHECK)
+    held = sorted(fabric_facts(stack).attached()[node])
+    published = slice_devices(stack, node)
+    nodes_before, attached_before = node_names(stack), gpus_attached_total(stack)
+
+    # The driver restarts, gone past the kubelet's wiping delay (30 s there, 12 s of it here): its slice is deleted and
+    # nothing lists the GPU meanwhile.
+    before = custom.get_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", slice_name(node))
+    resource.delete_resource_slice(slice_name(node))
+    restarted = time.monotonic()
+    resource.create_namespaced_resource_claim(WORKLOAD_NAMESPACE, claim("restart-gpu"))
+    stack.core.create_namespaced_pod(WORKLOAD_NAMESPACE, claim_pod("dra-1", "restart-gpu"))  # the idle GPU's to serve
+    healthy_throughout(stack, f"the driver restart on {node} lasting {DRIVER_RESTART_SECONDS:g}s",
+                       lambda: time.monotonic() - restarted > DRIVER_RESTART_SECONDS, DRIVER_RESTART_SECONDS + 30,
+                       checks=both)
+    assert not pods_running(stack, ["dra-1"])
+    assert gpus_attached_total(stack) == attached_before, "DDS attached a GPU while the node's slice hid its GPU"
+    assert sorted(fabric_facts(stack).attached().get(node, [])) == held and node_names(stack) == nodes_before
+
+    # The driver is back: it lists the node's GPU again, the pool's next generation.
+    spec = before["spec"]
+    spec["pool"]["generation"] = int(spec["pool"].get("generation") or 0) + 1
+    resource.create_resource_slice({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                                    "metadata": {"name": slice_name(node),
+                                                 "labels": before["metadata"].get("labels") or {}},
+                                    "spec": spec})
+    healthy_throughout(stack, "dra-1 Running", lambda: pods_running(stack, ["dra-1"]), 60.0, checks=both)
+    assert node_of_pod(stack, "dra-1") == node and slice_devices(stack, node) == published
+    assert gpus_attached_total(stack) == attached_before, "DDS attached a GPU for a claim the node's own GPU serves"
+    assert sorted(fabric_facts(stack).attached().get(node, [])) == held and node_names(stack) == nodes_before
+    assert [m["metadata"]["name"] for m in dra_machines(stack)] == [machine]
+    assert condition(machine_of_node(stack, node), "HealthCheckSucceeded").get("status") == "True"
+    # The gpu-workers Machine whose host died in the case before was marked; no dra-workers Machine ever was.
+    assert not [e for e in marked_unhealthy_events(stack) if e.startswith(f"{DRA_MACHINESET}-")]
