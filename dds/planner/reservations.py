@@ -280,6 +280,31 @@ class _Gathered:
     notes: list[str]
 
 
+def without_gathered(snapshot: Snapshot, plan: ReservationPlan) -> Snapshot:
+    """`snapshot` less the free pool devices its reservations still lack: what the rest of a pass may attach.
+
+    A pass plans its reservations first and is planned again once they are carried out; devices that reached the pool
+    in between (a detach that completed, another node's GPUs released) are the reservation's to gather on its next
+    pass, not the fast path's or headroom's to give to the next small pod (which would fill the slots the large pod
+    waits on, and a reservation could then wait for ever)."""
+    short: dict[tuple[str, str], int] = {}
+    nodes = {n.name: n for n in snapshot.nodes}
+    for r in plan.reservations:
+        node = nodes.get(r.node)
+        if node is None:
+            continue
+        facts = gpu_facts(node, snapshot, None)
+        missing = min(r.gpus - facts.capacity, facts.free_slots)
+        model = facts.model or (facts.allowed_models[0] if facts.allowed_models else "")
+        if missing > 0:
+            short[(r.pool, model)] = short.get((r.pool, model), 0) + missing
+    if not short:
+        return snapshot
+    pools = tuple(replace(p, free={m: max(0, c - short.get((p.name, m), 0)) for m, c in p.free.items()})
+                  if any(pool == p.name for pool, _ in short) else p for p in snapshot.pools)
+    return replace(snapshot, pools=pools)
+
+
 def _gather(snapshot: Snapshot, reservations: Sequence[Reservation], cache: RequestCache, planner: PlannerConfig
             ) -> _Gathered:
     """Free pool devices first, then idle GPUs of unreserved nodes of the same pool, then claims on the GPUs other
