@@ -132,6 +132,13 @@ class _World:
             self.free[node.group.fabric_pool][model] -= sign * job.gpus
 
 
+def asks_for_reservations(scenario: Scenario, rule: ReservationConfig) -> bool:
+    """Whether some job is large under `rule` on some group (the reserving bound differs from the plain one only then)."""
+    slots = [scenario.cluster.slots(g) for g in scenario.cluster.groups]
+    return rule.enabled and any(rule.large_fraction * n < j.gpus <= n for j in scenario.jobs if not j.group
+                                for n in slots)
+
+
 def _held_back(world: _World, job: Job, node: _Node, holds: Sequence[_Hold]) -> bool:
     """Whether a hold keeps `job` off `node`: no job but the held one goes to the held node, nor takes
     the pool's free GPUs that the held node has free slots for (DDS gathers GPUs only into the node's free slots;

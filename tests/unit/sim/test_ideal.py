@@ -6,7 +6,7 @@ import pytest
 
 from dds.sim.engine import simulate
 from dds.planner.reservations import ReservationConfig
-from dds.sim.ideal import IDEAL_POLICY, IDEAL_RESERVING, ideal
+from dds.sim.ideal import IDEAL_POLICY, IDEAL_RESERVING, asks_for_reservations, ideal
 from dds.sim.policies import POLICIES
 from dds.sim.results import compare, render_table, summarize
 from dds.sim.trace import Job
@@ -131,3 +131,20 @@ def test_dds_with_its_reservations_stays_above_the_reserving_bound_on_kubecomp_w
         w4 = build("kubecomp-w4", WorkloadParams(seed=seed))
         dds = summarize(simulate(w4, POLICIES["best-fit"], reservations=reservations, release_idle=True))
         assert dds.wait_mean_s >= summarize(ideal(w4, reservations)).wait_mean_s
+
+
+def test_with_reservations_the_policies_that_move_gpus_show_their_gap_to_the_reserving_bound_too():
+    tiny = scenario(cluster((2, 2), 4, max_gpus=4), HOLD)
+    results = [simulate(tiny, POLICIES["best-fit"], reservations=QUIET), simulate(tiny, POLICIES["static"]),
+               ideal(tiny), ideal(tiny, QUIET)]
+    summaries = {s.policy: s for s in compare(results, tiny.baseline)}
+    best_fit, bound = summaries["best-fit"], summaries[IDEAL_RESERVING]
+    assert best_fit.wait_vs_reserving == pytest.approx(best_fit.wait_mean_s / bound.wait_mean_s - 1.0)
+    assert summaries["static"].wait_vs_reserving is None  # fixed GPUs reserve nothing
+    assert "vs reserving" in render_table(tuple(summaries.values())).splitlines()[0]
+
+
+def test_the_reserving_bound_is_asked_for_only_when_some_job_is_large():
+    assert asks_for_reservations(scenario(cluster((0, 0), 4, max_gpus=4), HOLD), QUIET)  # 4 GPUs of 4 slots
+    assert not asks_for_reservations(scenario(cluster((0, 0), 4, max_gpus=4), HOLD[:2]), QUIET)  # 2 of 4: not large
+    assert not asks_for_reservations(scenario(cluster((0, 0), 4, max_gpus=4), HOLD), ReservationConfig(enabled=False))
