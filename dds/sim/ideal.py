@@ -19,7 +19,7 @@ GPUs held are the GPUs in use: an ideal pool holds nothing idle.
 (dds/planner/reservations.py): the bound for a policy that runs with reservations (`ideal-reserving`). A pending job
 asking for more than `large_fraction` of a node's GPU slots gets a hold by the planner's rule: from
 `min_age_seconds`, or from `quiet_age_seconds` while at most `quiet_pending` other GPU jobs wait; one per pool; gangs
-never. The held node is the one the planner would reserve (the most GPUs held, on an ideal pool the most in use); it
+never. The held node is the one the planner would reserve (on an ideal pool, the one with the most GPUs in use); it
 takes no other job, and no other job takes the pool's free GPUs that the held node has free slots for: they are the
 held job's the instant they free, where DDS drains, fences, detaches and attaches (DDS gathers only into the node's
 free slots; the rest waits on the node's own pods, and the pool's other GPUs serve other jobs meanwhile). The held
@@ -240,7 +240,9 @@ def _add_holds(world: _World, pending: Sequence[Job], holds: dict[str, _Hold], r
 def _hold_node(world: _World, job: Job, rule: ReservationConfig, held_nodes: set[str], holds: dict[str, _Hold]
                ) -> Optional[_Node]:
     """The node a large job would get held: of a pool with no hold yet, one that could ever take it, the one the
-    planner picks (`_choose_node`: the most GPUs held, which on an ideal pool are the GPUs in use), then the first."""
+    planner picks (`_choose_node`), then the first. The planner takes the most GPUs held among the nodes that can
+    gather the rest without waiting on other nodes' pods, else the most GPUs in use; on an ideal pool every GPU held
+    is in use and the node with the most in use is always among the first, so both come to the most in use."""
     best: Optional[tuple[tuple[int, int, int], _Node]] = None
     for index, node in enumerate(world.nodes):
         group = node.group
