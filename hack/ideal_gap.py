@@ -7,8 +7,8 @@
 One markdown row per workload: the configuration's mean wait and the ideal's (averaged over the seeds), the gap
 (the configuration's summed waits over the ideal's, less one: seeds with long queues weigh more, a seed whose ideal
 barely waits cannot blow the figure up), the same against the ideal pool under the configuration's reservation rule
-(`ideal-reserving`, dds/sim/ideal.py; "-" with reservations off), GPUs held on average, the p95 of the 8-GPU jobs' waits and the other jobs'
-mean wait (all seeds pooled; compare them with hack/starvation_bound.py's oracle). Options left out are `dds simulate`'s defaults (the controller's: dds/config.py). docs/simulation.md ("The ideal bound") was made with it.
+(`ideal-reserving`, dds/sim/ideal.py; "-" with reservations off), GPUs held on average, the p95 of the 8-GPU jobs'
+waits and the other jobs' mean wait (all seeds pooled; compare them with hack/starvation_bound.py's oracle). Options left out are `dds simulate`'s defaults (the controller's: dds/config.py). docs/simulation.md ("The ideal bound") was made with it.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@
     dds simulate --list
 
 Every policy runs the production planner (dds.planner) on the same jobs; the last row, `ideal`, is the bound (an ideal
-pool: dds/sim/ideal.py) and "vs ideal" each policy's gap to it; with reservations on (the default), `ideal-reserving`
-is the same pool under DDS's reservation rule for large GPU requests and "vs reserving" the gap to it. On a cluster whose pools hold CXL memory (the
-`cxl-memory` workload), each attach-first policy also runs GPU-only (`<policy>/gpu-only`: no CXL memory) and a second
+pool: dds/sim/ideal.py) and "vs ideal" each policy's gap to it; with reservations on (the default) and a large job,
+`ideal-reserving` is the same pool under DDS's reservation rule for large GPU requests and "vs reserving" the gap to
+it. On a cluster whose pools hold CXL memory (the `cxl-memory` workload), each attach-first policy also runs GPU-only (`<policy>/gpu-only`: no CXL memory) and a second
 table compares the two: waits, node-hours, peak nodes. The tables go to stdout; summary.csv, jobs.csv, timeline.csv
 (memory.csv), wait_cdf.png and gpus_over_time.png (nodes_and_memory.png) go to --out. Trace format and policies: docs/simulation.md.
 Exit codes: 0 done, 2 bad flags or an unreadable trace.

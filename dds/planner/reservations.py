@@ -10,9 +10,9 @@ The mechanism (decided here, carried out at the edge):
    than `min_age_seconds` gets one node: of the nodes that could gather what they lack from the free pool and other
    nodes' idle GPUs, the one holding the most GPUs, then the fewest in use; when every node would also wait for
    GPUs other nodes' pods use, the one with the most GPUs in use (expected to drain last, so the others' GPUs move
-   while it drains); then by name. At most `per_pool` reservations per pool at a time. With `quiet_age_seconds` set, it gets one
-   sooner, from that age on, while at most `quiet_pending` other pending pods could use the node's GPUs: what a
-   reservation costs is the wait it adds to the pods queued behind it, so the cheapest moment is when few are.
+   while it drains); then by name. At most `per_pool` reservations per pool at a time. With `quiet_age_seconds` set,
+   it gets one sooner, from that age on, while at most `quiet_pending` other pending pods could use the node's GPUs:
+   what a reservation costs is the wait it adds to the pods queued behind it, so the cheapest moment is when few are.
 2. **Fence.** The edge taints the node `dds.cdi.dev/reserved-for=<pod uid>:NoSchedule` and adds the matching
    toleration to the waiting pod (tolerations may be added to a live pod). kube-scheduler itself then keeps every
    other new pod off the node — nothing has to win a race against it — while the pods already running there finish
@@ -252,10 +252,10 @@ def _choose_node(snapshot: Snapshot, config: ReservationConfig, pod: PodInfo, ca
                  ) -> Optional[tuple[NodeInfo, str, int]]:
     """The node to reserve for `pod`. Of the nodes that could gather what they lack from the free pool and other
     nodes' idle GPUs alone, the one already holding most GPUs (fewest to bring; its own come back as its pods end),
-    then the fewest in use. Where every
-    node must also wait for GPUs other nodes' pods still use (claims), the one with most GPUs in use: the node whose
-    pods end last in expectation (the last of more running pods ends later), so the other nodes' GPUs are detached
-    and attached while it drains instead of after (an attach and a detach on the pod's path otherwise)."""
+    then the fewest in use. Where every node must also wait for GPUs other nodes' pods still use (claims), the one
+    with most GPUs in use: the node whose pods end last in expectation (the last of more running pods ends later),
+    so the other nodes' GPUs are detached and attached while it drains instead of after (a detach and an attach on
+    the pod's path otherwise)."""
     req = cache.get(pod)
     candidates: list[tuple[NodeInfo, GpuFacts, int]] = []
     for node in snapshot.nodes:
@@ -277,7 +277,7 @@ def _choose_node(snapshot: Snapshot, config: ReservationConfig, pod: PodInfo, ca
     if not candidates:
         return None
     spare = _spare_gpus(snapshot, used, busy_nodes)
-    unclaimed = [c for c in candidates if c[2] - c[1].capacity - spare_elsewhere(spare, c[0], c[1]) <= 0]
+    unclaimed = [c for c in candidates if c[2] - c[1].capacity - _spare_elsewhere(spare, c[0], c[1]) <= 0]
     if unclaimed:
         node, facts, gpus = min(unclaimed, key=lambda c: (-c[1].capacity, used.get(c[0].name, 0), c[0].name))
     else:
@@ -301,7 +301,7 @@ def _spare_gpus(snapshot: Snapshot, used: dict[str, int], reserved: set[str]) ->
     return spare
 
 
-def spare_elsewhere(spare: dict[tuple[str, str], dict[str, int]], node: NodeInfo, facts: GpuFacts) -> int:
+def _spare_elsewhere(spare: dict[tuple[str, str], dict[str, int]], node: NodeInfo, facts: GpuFacts) -> int:
     """GPUs a reservation of `node` could gather without waiting for any pod: free in its pool, idle on other nodes."""
     model = facts.model or (facts.allowed_models[0] if facts.allowed_models else "")
     return sum(count for name, count in spare.get((facts.pool or "", model), {}).items() if name != node.name)

@@ -133,7 +133,8 @@ class _World:
 
 
 def asks_for_reservations(scenario: Scenario, rule: ReservationConfig) -> bool:
-    """Whether some job is large under `rule` on some group (the reserving bound differs from the plain one only then)."""
+    """Whether some job is large under `rule` on some group: only then can the reserving bound differ from the plain
+    one."""
     slots = [scenario.cluster.slots(g) for g in scenario.cluster.groups]
     return rule.enabled and any(rule.large_fraction * n < j.gpus <= n for j in scenario.jobs if not j.group
                                 for n in slots)
