@@ -20,8 +20,9 @@ from typing import Callable, Mapping, Optional, Sequence
 import ideal_gap
 import starvation_bound
 from dds.commands.simulate import release_idle_from_args, reservations_from_args
+from dds.planner.reservations import ReservationConfig
 from dds.sim.engine import SimResult, simulate
-from dds.sim.ideal import IDEAL_POLICY, ideal
+from dds.sim.ideal import IDEAL_POLICY, IDEAL_RESERVING, ideal
 from dds.sim.policies import POLICIES, parse_policies
 from dds.sim.results import Summary, admission, baseline_name, compare, summarize
 from dds.sim.scenario import Scenario, gpu_only
@@ -39,6 +40,11 @@ def _run(workload: str, policy: str, seed: int = 1, warm: int = 0, memory: bool 
     """`memory=False`: the workload GPU-only (its pools' CXL memory taken out, dds.sim.scenario.gpu_only)."""
     scenario = build(workload, WorkloadParams(seed=seed))
     return _simulate(scenario if memory else gpu_only(scenario), policy, warm)
+
+
+def _reservations() -> ReservationConfig:
+    """The defaults' reservation rule (`dds simulate`'s, the controller's)."""
+    return reservations_from_args(ideal_gap.parse([]))
 
 
 def _simulate(scenario: Scenario, policy: str, warm: int = 0) -> SimResult:
@@ -63,15 +69,18 @@ def ideal_gap_table(flags: Sequence[str]) -> str:
 
 def large_jobs_table() -> str:
     lines = ["| seed | 8-GPU waits, before | other jobs' mean, before | 8-GPU waits, defaults | other jobs' mean, "
-             "defaults | oracle: 8-GPU waits ≤ 900 s | oracle: other jobs' mean | defaults over the oracle |",
-             "|---|---|---|---|---|---|---|---|"]
+             "defaults | ideal-reserving: 8-GPU waits | ideal-reserving: other jobs' mean "
+             "| oracle: 8-GPU waits ≤ 900 s | oracle: other jobs' mean | defaults over the oracle |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for seed in (int(s) for s in SEEDS.split(",")):
         before = _large_and_others(_before_run(seed))
         after = _large_and_others(_run("kubecomp-w4", "best-fit", seed))
+        bound = _large_and_others(ideal(build("kubecomp-w4", WorkloadParams(seed=seed)), _reservations()))
         _, _, best = starvation_bound.oracle(seed)
         oracle_large, oracle_others = (best[1], best[0]) if best else ([], None)
         gap = "-" if oracle_others is None else f"{after[1] / oracle_others - 1:+.0%}"
         lines.append(f"| {seed} | {_waits(before[0])} | {before[1]:,.0f} s | {_waits(after[0])} | {after[1]:,.0f} s "
+                     f"| {_waits(bound[0])} | {bound[1]:,.0f} s "
                      f"| {_waits(oracle_large)} | {_seconds(oracle_others)} | {gap} |")
     return "\n".join(lines)
 
@@ -95,12 +104,12 @@ def _waits(values: Sequence[float]) -> str:
 
 def results_table() -> str:
     policies = [p.name for p in parse_policies("all")]
-    header = ["workload", "baseline"] + [SHORT.get(p, p) for p in policies] + ["ideal"]
+    header = ["workload", "baseline"] + [SHORT.get(p, p) for p in policies] + ["ideal", "ideal, reserving"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for workload in ("kubecomp-w1", "kubecomp-w2", "kubecomp-w3", "kubecomp-w4", "kubecomp-ae",
                      "kubecomp-multipool"):
         scenario = build(workload, WorkloadParams(seed=1))
-        results = [_run(workload, p) for p in policies] + [ideal(scenario)]
+        results = [_run(workload, p) for p in policies] + [ideal(scenario), ideal(scenario, _reservations())]
         summaries = compare(results, scenario.baseline)
         base = baseline_name(summaries, scenario.baseline)
         cells = [_result_cell(s, base) for s in summaries]
@@ -113,7 +122,7 @@ def _result_cell(summary: Summary, base: Optional[str]) -> str:
     if summary.wait_mean_s is None:
         return never.strip()
     # No ratio for the baseline itself, the bound, or a policy that left jobs unrun (its mean leaves them out).
-    ratio = ("" if summary.policy in (base, IDEAL_POLICY) or summary.wait_vs_baseline is None or never
+    ratio = ("" if summary.policy in (base, IDEAL_POLICY, IDEAL_RESERVING) or summary.wait_vs_baseline is None or never
              else f" ({summary.wait_vs_baseline:+.0%})".replace("-", "−"))
     return f"{summary.wait_mean_s:,.0f}{ratio}{never}"
 
@@ -132,8 +141,9 @@ def reallocation_table() -> str:
 def elastic_table() -> str:
     lines = ["| policy | mean wait | GPU utilization | GPUs held (avg) | nodes added |", "|---|---|---|---|---|"]
     results = [_run("elastic", p) for p in ("node-only", "best-fit", "least-demand", "spread", "concentrated")]
-    for s in [summarize(r) for r in results] + [summarize(ideal(build("elastic", WorkloadParams(seed=1))))]:
-        added = "-" if s.policy == IDEAL_POLICY else str(s.nodes_added)
+    elastic = build("elastic", WorkloadParams(seed=1))
+    for s in [summarize(r) for r in results + [ideal(elastic), ideal(elastic, _reservations())]]:
+        added = "-" if s.policy in (IDEAL_POLICY, IDEAL_RESERVING) else str(s.nodes_added)
         lines.append(f"| {s.policy} | {_seconds(s.wait_mean_s)} | {s.gpu_utilization:.0%} | {s.gpus_present_avg:.1f} "
                      f"| {added} |")
     return "\n".join(lines)

@@ -5,8 +5,9 @@
     dds simulate --list
 
 Every policy runs the production planner (dds.planner) on the same jobs; the last row, `ideal`, is the bound (an ideal
-pool: dds/sim/ideal.py) and "vs ideal" each policy's gap to it. On a cluster whose pools hold CXL memory (the
-`cxl-memory` workload), each attach-first policy also runs GPU-only (`<policy>/gpu-only`: no CXL memory) and a second
+pool: dds/sim/ideal.py) and "vs ideal" each policy's gap to it; with reservations on (the default) and a large job,
+`ideal-reserving` is the same pool under DDS's reservation rule for large GPU requests and "vs reserving" the gap to
+it. On a cluster whose pools hold CXL memory (the `cxl-memory` workload), each attach-first policy also runs GPU-only (`<policy>/gpu-only`: no CXL memory) and a second
 table compares the two: waits, node-hours, peak nodes. The tables go to stdout; summary.csv, jobs.csv, timeline.csv
 (memory.csv), wait_cdf.png and gpus_over_time.png (nodes_and_memory.png) go to --out. Trace format and policies: docs/simulation.md.
 Exit codes: 0 done, 2 bad flags or an unreadable trace.
@@ -24,7 +25,7 @@ from typing import Any, Optional, Sequence
 from dds.config import Settings
 from dds.planner.reservations import ReservationConfig
 from dds.sim.engine import SimResult, simulate
-from dds.sim.ideal import IDEAL_POLICY, ideal
+from dds.sim.ideal import IDEAL_POLICY, asks_for_reservations, ideal
 from dds.sim.policies import GANG_BASELINE, POLICIES, Mode, Policy, parse_policies
 from dds.sim.progress import ProgressBar
 from dds.sim.results import (MemoryEffect, baseline_name, compare, jobs_csv, memory_csv, memory_effects,
@@ -126,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     if args.warm_gpus < 0:
         print("dds simulate: --warm-gpus must be >= 0", file=sys.stderr)
         return EXIT_USAGE
-    settings = (args.progress, args.solver, reservations_from_args(args), args.move_idle_gpus, args.warm_gpus,
+    reservations = reservations_from_args(args)
+    settings = (args.progress, args.solver, reservations, args.move_idle_gpus, args.warm_gpus,
                 release_idle_from_args(args))
     results, seconds = run_policies(scenario, policies, *settings)
     twins = gpu_only_policies(scenario, policies)
@@ -138,6 +140,11 @@ def run(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         results.append(ideal(scenario))  # the bound every policy's row is measured against ("vs ideal")
         seconds.append(time.perf_counter() - started)
+        if asks_for_reservations(scenario, reservations) and any(p.moves_gpus for p in policies):
+            # and the bound of a policy that serves the large jobs
+            started = time.perf_counter()
+            results.append(ideal(scenario, reservations))
+            seconds.append(time.perf_counter() - started)
     if twins:  # and the GPU-only rows against the GPU-only cluster's
         started = time.perf_counter()
         results.append(replace(ideal(gpu_only(scenario)), policy=IDEAL_POLICY + GPU_ONLY_SUFFIX))

@@ -8,7 +8,7 @@ production runs. The order, and why:
 
 | step           | what                                                                       | why here                                                                                  |
 |----------------|----------------------------------------------------------------------------|-------------------------------------------------------------------------------------------|
-| reservations   | nodes gathered for large pods that waited too long (`plan_reservations`)   | first: their GPUs are claimed before any other attach; applied, then the pass is planned again on what they changed |
+| reservations   | nodes gathered for large pods that waited too long (`plan_reservations`)   | first: their GPUs are claimed before any other attach; applied, then the pass is planned again on what they changed, with the pool less what they still lack (`without_gathered`) |
 | fast path      | GPUs attached for pending pods that fit live nodes once attached            | pods first; pods a reservation serves are left to it                                      |
 | scale-down     | idle GPUs past their cooldown, empty nodes                                  | never from a pool a pending pod waits on (warm headroom), never a reserved node's GPUs    |
 | room headroom  | idle GPUs for one more pod on each node with room (`move_idle_gpus`)        | only in a pass whose fast path attaches nothing: it counts on the pool as observed        |
@@ -40,7 +40,8 @@ from dds.planner.headroom import hungry_pools, plan_warm_refill
 from dds.planner.moves import plan_moves, plan_room_headroom
 from dds.model.provisioning import ProvisioningView
 from dds.planner.provisioning import ProvisioningConfig, ProvisioningPlan, plan_provisioning
-from dds.planner.reservations import ReservationConfig, ReservationPlan, keep_reserved, plan_reservations
+from dds.planner.reservations import (ReservationConfig, ReservationPlan, keep_reserved, plan_reservations,
+                                      without_gathered)
 from dds.planner.scale_down import plan_scale_down
 from dds.planner.memos import PlannerMemos
 
@@ -124,6 +125,7 @@ def plan_pass(snapshot: Snapshot, inputs: PassInputs, settings: PassSettings,
     reserved_pods = frozenset(r.pod for r in reservations.reservations)
     reserved_nodes = reservations.nodes | provisioning.booked  # their idle GPUs are the reservation's, the booking's
     waiting = tuple(p for p in inputs.waiting if p.key not in reserved_pods and p.key not in provisioning.consumers)
+    snapshot = without_gathered(snapshot, reservations)  # the rest of the pass leaves them what they still lack
     fast_path = _fast_path(snapshot, waiting, settings, timer, memos) if waiting else None
     hungry = hungry_pools(snapshot, inputs.pending)
     scale_down = ScaleDownPlan()

@@ -7,10 +7,12 @@ and DDS keeps attaching GPUs for them, so the large pod can wait for hours.
 The mechanism (decided here, carried out at the edge):
 
 1. **Reserve.** A pending pod whose GPU request is more than `large_fraction` of a node's GPU slots and that is older
-   than `min_age_seconds` gets one node: the node of its pool holding the most GPUs, then the one with the fewest in
-   use, then by name. At most `per_pool` reservations per pool at a time. With `quiet_age_seconds` set, it gets one
-   sooner, from that age on, while at most `quiet_pending` other pending pods could use the node's GPUs: what a
-   reservation costs is the wait it adds to the pods queued behind it, so the cheapest moment is when few are.
+   than `min_age_seconds` gets one node: of the nodes that could gather what they lack from the free pool and other
+   nodes' idle GPUs, the one holding the most GPUs, then the fewest in use; when every node would also wait for
+   GPUs other nodes' pods use, the one with the most GPUs in use (expected to drain last, so the others' GPUs move
+   while it drains); then by name. At most `per_pool` reservations per pool at a time. With `quiet_age_seconds` set,
+   it gets one sooner, from that age on, while at most `quiet_pending` other pending pods could use the node's GPUs:
+   what a reservation costs is the wait it adds to the pods queued behind it, so the cheapest moment is when few are.
 2. **Fence.** The edge taints the node `dds.cdi.dev/reserved-for=<pod uid>:NoSchedule` and adds the matching
    toleration to the waiting pod (tolerations may be added to a live pod). kube-scheduler itself then keeps every
    other new pod off the node — nothing has to win a race against it — while the pods already running there finish
@@ -42,7 +44,7 @@ from dds.model.groups import Taint
 from dds.planner.device_modes import nodes_held_by_load
 from dds.planner.filters import STATIC_FILTERS, first_reject
 from dds.planner.gangs import gang_of
-from dds.planner.nodes import gpu_facts, sim_node
+from dds.planner.nodes import GpuFacts, gpu_facts, sim_node
 from dds.planner.nodes import group_slots
 from dds.model.plan import Attach, Detach, Keep, PlannerConfig, ScaleDownPlan
 from dds.planner.memos import PlannerMemos
@@ -248,8 +250,14 @@ def _gpus_in_use(snapshot: Snapshot, cache: RequestCache) -> dict[str, int]:
 def _choose_node(snapshot: Snapshot, config: ReservationConfig, pod: PodInfo, cache: RequestCache,
                  used: dict[str, int], busy_nodes: set[str], per_pool: dict[str, int]
                  ) -> Optional[tuple[NodeInfo, str, int]]:
+    """The node to reserve for `pod`. Of the nodes that could gather what they lack from the free pool and other
+    nodes' idle GPUs alone, the one already holding most GPUs (fewest to bring; its own come back as its pods end),
+    then the fewest in use. Where every node must also wait for GPUs other nodes' pods still use (claims), the one
+    with most GPUs in use: the node whose pods end last in expectation (the last of more running pods ends later),
+    so the other nodes' GPUs are detached and attached while it drains instead of after (a detach and an attach on
+    the pod's path otherwise)."""
     req = cache.get(pod)
-    best: Optional[tuple[tuple[int, int, str], NodeInfo, str, int]] = None
+    candidates: list[tuple[NodeInfo, GpuFacts, int]] = []
     for node in snapshot.nodes:
         gpus = req.gpus(node.gpu_resource)
         slots = node_slots(node, snapshot)
@@ -265,11 +273,38 @@ def _choose_node(snapshot: Snapshot, config: ReservationConfig, pod: PodInfo, ca
         view = sim_node(node, snapshot, None).with_model(model)
         if first_reject(STATIC_FILTERS, req, view, _NoPods()) is not None:
             continue
-        # The node already holding most GPUs: fewest to bring from elsewhere (its own come back as its pods end).
-        key = (-facts.capacity, used.get(node.name, 0), node.name)
-        if best is None or key < best[0]:
-            best = (key, node, facts.pool, gpus)
-    return None if best is None else (best[1], best[2], best[3])
+        candidates.append((node, facts, gpus))
+    if not candidates:
+        return None
+    spare = _spare_gpus(snapshot, used, busy_nodes)
+    unclaimed = [c for c in candidates if c[2] - c[1].capacity - _spare_elsewhere(spare, c[0], c[1]) <= 0]
+    if unclaimed:
+        node, facts, gpus = min(unclaimed, key=lambda c: (-c[1].capacity, used.get(c[0].name, 0), c[0].name))
+    else:
+        node, facts, gpus = min(candidates, key=lambda c: (-used.get(c[0].name, 0), -c[1].capacity, c[0].name))
+    return node, facts.pool or "", gpus
+
+
+def _spare_gpus(snapshot: Snapshot, used: dict[str, int], reserved: set[str]) -> dict[tuple[str, str], dict[str, int]]:
+    """Per (pool, model): the free devices (under the key "") and each unreserved node's GPUs no pod uses."""
+    spare: dict[tuple[str, str], dict[str, int]] = {}
+    for pool in snapshot.pools:
+        for model, count in pool.free.items():
+            spare.setdefault((pool.name, model), {})[""] = max(0, int(count))
+    for node in snapshot.nodes:
+        if node.name in reserved or node.group_id is None:
+            continue
+        facts = gpu_facts(node, snapshot, None)
+        idle = facts.capacity - used.get(node.name, 0)
+        if facts.pool is not None and facts.model and idle > 0:
+            spare.setdefault((facts.pool, facts.model), {})[node.name] = idle
+    return spare
+
+
+def _spare_elsewhere(spare: dict[tuple[str, str], dict[str, int]], node: NodeInfo, facts: GpuFacts) -> int:
+    """GPUs a reservation of `node` could gather without waiting for any pod: free in its pool, idle on other nodes."""
+    model = facts.model or (facts.allowed_models[0] if facts.allowed_models else "")
+    return sum(count for name, count in spare.get((facts.pool or "", model), {}).items() if name != node.name)
 
 
 @dataclass
@@ -278,6 +313,31 @@ class _Gathered:
     detaches: list[Detach]
     claimed: list[tuple[str, str]]
     notes: list[str]
+
+
+def without_gathered(snapshot: Snapshot, plan: ReservationPlan) -> Snapshot:
+    """`snapshot` less the free pool devices its reservations still lack: what the rest of a pass may attach.
+
+    A pass plans its reservations first and is planned again once they are carried out; devices that reached the pool
+    in between (a detach that completed, another node's GPUs released) are the reservation's to gather on its next
+    pass, not the fast path's or headroom's to give to the next small pod (which would fill the slots the large pod
+    waits on, and a reservation could then wait for ever)."""
+    short: dict[tuple[str, str], int] = {}
+    nodes = {n.name: n for n in snapshot.nodes}
+    for r in plan.reservations:
+        node = nodes.get(r.node)
+        if node is None:
+            continue
+        facts = gpu_facts(node, snapshot, None)
+        missing = min(r.gpus - facts.capacity, facts.free_slots)
+        model = facts.model or (facts.allowed_models[0] if facts.allowed_models else "")
+        if missing > 0:
+            short[(r.pool, model)] = short.get((r.pool, model), 0) + missing
+    if not short:
+        return snapshot
+    pools = tuple(replace(p, free={m: max(0, c - short.get((p.name, m), 0)) for m, c in p.free.items()})
+                  if any(pool == p.name for pool, _ in short) else p for p in snapshot.pools)
+    return replace(snapshot, pools=pools)
 
 
 def _gather(snapshot: Snapshot, reservations: Sequence[Reservation], cache: RequestCache, planner: PlannerConfig

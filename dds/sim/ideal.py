@@ -14,6 +14,19 @@ Placement is best-fit by cores (the node left with the fewest free cores after t
 the jobs asking for many cores. It is a greedy scheduler, not an optimum over orderings: a bound on what placement and
 GPU movement can win, not on what reordering the queue could (hack/starvation_bound.py searches start times for that).
 GPUs held are the GPUs in use: an ideal pool holds nothing idle.
+
+`ideal(scenario, reservations=...)` is the same pool under the queue discipline DDS keeps for large GPU requests
+(dds/planner/reservations.py): the bound for a policy that runs with reservations (`ideal-reserving`). A pending job
+asking for more than `large_fraction` of a node's GPU slots gets a hold by the planner's rule: from
+`min_age_seconds`, or from `quiet_age_seconds` while at most `quiet_pending` other GPU jobs wait; one per pool; gangs
+never. The held node is the one the planner would reserve (on an ideal pool, the one with the most GPUs in use); it
+takes no other job, and no other job takes the pool's free GPUs that the held node has free slots for: they are the
+held job's the instant they free, where DDS drains, fences, detaches and attaches (DDS gathers only into the node's
+free slots; the rest waits on the node's own pods, and the pool's other GPUs serve other jobs meanwhile). The held
+job starts the instant a node and the pool can take it, its own node or another; jobs without GPUs still start on
+any other node. Without holds the large jobs of a busy queue wait until the pool happens to empty: kube-scheduler's
+order, not a bound for a policy that serves them. The two bounds differ by what serving large jobs costs the others
+(hack/starvation_bound.py's oracle searches their start times for the least such cost).
 """
 
 from __future__ import annotations
@@ -25,11 +38,21 @@ from typing import Optional, Sequence
 
 from dds.model.cxl import cxl_memory_of, is_cxl_model
 from dds.model.groups import NodeGroupSpec
+from dds.planner.reservations import ReservationConfig, earliest_reservation_age
 from dds.sim.engine import Counters, JobRecord, Sample, SimResult
 from dds.sim.scenario import Scenario
 from dds.sim.trace import Job, gang_minimums
 
 IDEAL_POLICY = "ideal"
+IDEAL_RESERVING = "ideal-reserving"  # the ideal pool under DDS's reservations for large GPU requests
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """A pending large job's reservation: its node takes no other job, its pool's GPUs are its own until it starts."""
+
+    job: Job
+    node: "_Node"
 
 
 @dataclass
@@ -68,6 +91,7 @@ class _World:
     nodes: list[_Node]
     free: dict[str, dict[str, int]]  # pool -> model -> GPUs free
     cxl_free: dict[str, int] = field(default_factory=dict)  # pool -> bytes of CXL memory free
+    models: dict[str, frozenset[str]] = field(default_factory=dict)  # pool -> the GPU models it has at all
     running: list[tuple[float, int, str, str, Optional[str]]] = field(default_factory=list)  # end, seq, job, node, model
 
     def model_for(self, job: Job, node: _Node) -> Optional[str]:
@@ -80,13 +104,20 @@ class _World:
                 return model
         return ""
 
-    def place(self, job: Job) -> Optional[tuple[_Node, Optional[str]]]:
+    def could_ever_take(self, job: Job, node: _Node) -> bool:
+        """Whether some GPU model of the node's pool is one the job and the node's group accept."""
+        allowed = set(node.group.gpu_models) if node.group.gpu_models else None
+        return any((allowed is None or m in allowed) and job.gpu_model in (None, m)
+                   for m in self.models.get(node.group.fabric_pool, ()))
+
+    def place(self, job: Job, holds: Sequence[_Hold] = ()) -> Optional[tuple[_Node, Optional[str]]]:
+        """Best fit by cores; with `holds`, never on a held node nor with GPUs a held job of the pool still lacks."""
         best: Optional[tuple[int, int, _Node, Optional[str]]] = None
         for index, node in enumerate(self.nodes):
             if not node.fits(job, self.cxl_free.get(node.group.fabric_pool, 0)):
                 continue
             model = self.model_for(job, node)
-            if model == "":
+            if model == "" or (holds and _held_back(self, job, node, holds)):
                 continue
             left = node.cpu_free - job.milli_cpu
             if best is None or (left, index) < best[:2]:
@@ -101,8 +132,35 @@ class _World:
             self.free[node.group.fabric_pool][model] -= sign * job.gpus
 
 
-def ideal(scenario: Scenario) -> SimResult:
-    """The scenario's jobs on an ideal pool (see the module's docstring), as a result `dds simulate` compares."""
+def asks_for_reservations(scenario: Scenario, rule: ReservationConfig) -> bool:
+    """Whether some job is large under `rule` on some group: only then can the reserving bound differ from the plain
+    one."""
+    slots = [scenario.cluster.slots(g) for g in scenario.cluster.groups]
+    return rule.enabled and any(rule.large_fraction * n < j.gpus <= n for j in scenario.jobs if not j.group
+                                for n in slots)
+
+
+def _held_back(world: _World, job: Job, node: _Node, holds: Sequence[_Hold]) -> bool:
+    """Whether a hold keeps `job` off `node`: no job but the held one goes to the held node, nor takes
+    the pool's free GPUs that the held node has free slots for (DDS gathers GPUs only into the node's free slots;
+    what it cannot gather waits on the node's own pods, and the pool's other GPUs serve other jobs meanwhile)."""
+    for hold in holds:
+        if hold.job is job:
+            return False  # it tolerates its node's fence and goes wherever it fits first, as the pod would
+        if node is hold.node:
+            return True
+        pool = hold.node.group.fabric_pool
+        if job.gpus and node.group.fabric_pool == pool:
+            gathering = min(hold.job.gpus, hold.node.slots - hold.node.gpus_used)
+            if sum(world.free[pool].values()) - job.gpus < gathering:
+                return True
+    return False
+
+
+def ideal(scenario: Scenario, reservations: Optional[ReservationConfig] = None) -> SimResult:
+    """The scenario's jobs on an ideal pool (see the module's docstring), as a result `dds simulate` compares; with
+    `reservations` (enabled), large jobs get holds by that rule (`ideal-reserving`)."""
+    rule = reservations if reservations is not None and reservations.enabled else None
     cluster = scenario.cluster
     cxl = {p.name: cxl_memory_of(p.devices) for p in cluster.pools}
     world = _World(
@@ -110,7 +168,8 @@ def ideal(scenario: Scenario) -> SimResult:
                      cxl_max=g.max_cxl_memory if cxl[g.fabric_pool] else 0)
                for g in cluster.groups for i in range(max(g.max_size, cluster.initial_nodes.get(g.id, 0)))],
         free={p.name: {m: c for m, c in p.devices.items() if not is_cxl_model(m)} for p in cluster.pools},
-        cxl_free=cxl)
+        cxl_free=cxl, models={p.name: frozenset(m for m, c in p.devices.items() if c and not is_cxl_model(m))
+                              for p in cluster.pools})
     nodes = {n.name: n for n in world.nodes}
     by_name = {j.name: j for j in scenario.jobs}
     minimums = gang_minimums(scenario.jobs)
@@ -121,8 +180,11 @@ def ideal(scenario: Scenario) -> SimResult:
     timeline: list[Sample] = []
     seq = itertools.count()
     index, now = 0, 0.0
+    holds: dict[str, _Hold] = {}  # pool -> the hold in force there
     while index < len(arrivals) or world.running:
         upcoming = [world.running[0][0]] if world.running else []
+        if rule is not None:  # a hold may come with age alone
+            upcoming += [t for j in pending if j.gpus for t in _hold_ages(j, rule) if t > now]
         now = min(upcoming + [arrivals[index].arrival_s] if index < len(arrivals) else upcoming)
         while world.running and world.running[0][0] <= now:
             _, _, name, node_name, model = heapq.heappop(world.running)
@@ -131,7 +193,10 @@ def ideal(scenario: Scenario) -> SimResult:
         while index < len(arrivals) and arrivals[index].arrival_s <= now:
             pending.append(arrivals[index])
             index += 1
-        for job, node, model in _schedule(world, pending, minimums):
+        if rule is not None:
+            _add_holds(world, pending, holds, rule, now)
+        for job, node, model in _schedule(world, pending, minimums, holds):
+            holds = {pool: h for pool, h in holds.items() if h.job is not job}
             starts[job.name] = (now, node.name)
             heapq.heappush(world.running, (now + job.duration_s, next(seq), job.name, node.name, model))
         used = sum(n.gpus_used for n in world.nodes)
@@ -142,24 +207,78 @@ def ideal(scenario: Scenario) -> SimResult:
                            start_s=starts[j.name][0] if j.name in starts else None,
                            finish_s=finishes.get(j.name), node=starts[j.name][1] if j.name in starts else None)
                  for j in scenario.jobs)
-    return SimResult(scenario=scenario.name, policy=IDEAL_POLICY, jobs=jobs, timeline=tuple(timeline),
+    policy = IDEAL_POLICY if rule is None else IDEAL_RESERVING
+    return SimResult(scenario=scenario.name, policy=policy, jobs=jobs, timeline=tuple(timeline),
                      counters=Counters(), end_s=now, total_pool_gpus=cluster.total_gpus())
 
 
-def _schedule(world: _World, pending: list[Job], minimums: dict[str, int]
+def _hold_ages(job: Job, rule: ReservationConfig) -> tuple[float, ...]:
+    ages = (rule.min_age_seconds,) if rule.quiet_age_seconds is None else (rule.min_age_seconds, rule.quiet_age_seconds)
+    return tuple(job.arrival_s + age for age in ages)
+
+
+def _add_holds(world: _World, pending: Sequence[Job], holds: dict[str, _Hold], rule: ReservationConfig,
+               now: float) -> None:
+    """The planner's rule (dds/planner/reservations.py) on the ideal pool: the oldest large jobs first, one per pool,
+    from `min_age_seconds`, or from `quiet_age_seconds` while few other GPU jobs wait."""
+    held_nodes = {h.node.name for h in holds.values()}
+    for job in pending:
+        waited = now - job.arrival_s
+        if not job.gpus or job.group or waited < earliest_reservation_age(rule):
+            continue
+        if any(h.job is job for h in holds.values()):
+            continue
+        node = _hold_node(world, job, rule, held_nodes, holds)
+        if node is None:
+            continue
+        queued = sum(1 for other in pending if other is not job and other.gpus)
+        if waited < rule.min_age_seconds and queued > rule.quiet_pending:
+            continue
+        holds[node.group.fabric_pool] = _Hold(job, node)
+        held_nodes.add(node.name)
+
+
+def _hold_node(world: _World, job: Job, rule: ReservationConfig, held_nodes: set[str], holds: dict[str, _Hold]
+               ) -> Optional[_Node]:
+    """The node a large job would get held: of a pool with no hold yet, one that could ever take it, the one the
+    planner picks (`_choose_node`), then the first. The planner takes the most GPUs held among the nodes that can
+    gather the rest without waiting on other nodes' pods, else the most GPUs in use; on an ideal pool every GPU held
+    is in use and the node with the most in use is always among the first, so both come to the most in use."""
+    best: Optional[tuple[tuple[int, int, int], _Node]] = None
+    for index, node in enumerate(world.nodes):
+        group = node.group
+        if (node.name in held_nodes or group.fabric_pool in holds or job.gpus <= rule.large_fraction * node.slots
+                or job.gpus > node.slots or job.milli_cpu > group.milli_cpu
+                or job.memory > group.memory + node.cxl_max or not world.could_ever_take(job, node)):
+            continue
+        key = (-node.gpus_used, index)
+        if best is None or key < best[0]:
+            best = (key, node)
+    return None if best is None else best[1]
+
+
+def _schedule(world: _World, pending: list[Job], minimums: dict[str, int], holds: dict[str, _Hold] | None = None
               ) -> list[tuple[Job, _Node, Optional[str]]]:
-    """Start what fits now, oldest first; a gang only when its minimum fits together. What starts is taken in
-    `world`, removed from `pending` and returned."""
+    """Start what fits now, held jobs first, then oldest first; a gang only when its minimum fits together. What
+    starts is taken in `world`, removed from `pending` and returned."""
     started: list[tuple[Job, _Node, Optional[str]]] = []
     tried_gangs: set[str] = set()
-    for job in list(pending):
+    held = list((holds or {}).values())
+    for hold in list(held):
+        spot = world.place(hold.job, held)
+        if spot is not None:
+            world.take(hold.job, *spot)
+            started.append((hold.job, *spot))
+            held.remove(hold)
+    for job in [j for j in pending if all(j is not s[0] for s in started)]:
         if job.group:
             if job.group in tried_gangs:
                 continue
             tried_gangs.add(job.group)
-            started += _place_together(world, [j for j in pending if j.group == job.group], minimums[job.group])
+            started += _place_together(world, [j for j in pending if j.group == job.group], minimums[job.group],
+                                       held)
         else:
-            spot = world.place(job)
+            spot = world.place(job, held)
             if spot is not None:
                 world.take(job, *spot)
                 started.append((job, *spot))
@@ -168,12 +287,13 @@ def _schedule(world: _World, pending: list[Job], minimums: dict[str, int]
     return started
 
 
-def _place_together(world: _World, members: Sequence[Job], minimum: int) -> list[tuple[Job, _Node, Optional[str]]]:
+def _place_together(world: _World, members: Sequence[Job], minimum: int, holds: Sequence[_Hold] = ()
+                    ) -> list[tuple[Job, _Node, Optional[str]]]:
     """As many of a gang's pending members as fit at once, if that reaches its minimum (capped by the members still
     pending); else none. What is returned stays taken in `world`."""
     placed = []
     for member in members:
-        spot = world.place(member)
+        spot = world.place(member, holds)
         if spot is not None:
             world.take(member, *spot)
             placed.append((member, *spot))

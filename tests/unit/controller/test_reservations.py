@@ -89,8 +89,9 @@ def test_a_refused_toleration_taints_nothing_and_moves_no_gpu():
 def test_claims_follow_the_plan_and_the_taint_goes_when_the_pod_is_bound():
     reservations, writes, _, events = keeper()
     nodes = [make_node("w1", gpus=4), make_node("w2", gpus=4)]
-    pods = [make_pod("a", gpus=4, node="w1"), make_pod("b", gpus=3, node="w2"), make_pod("big", gpus=8)]
+    pods = [make_pod("a", gpus=3, node="w1"), make_pod("b", gpus=4, node="w2"), make_pod("big", gpus=8)]
     reconcile(reservations, make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=0)]))
+    assert ("taint", "w2", RESERVATION_TAINT_KEY, "uid-big") in writes.done  # the most in use: it drains last
     assert ("taint", "w1", CLAIM_TAINT_KEY, "uid-big") in writes.done
     assert ("node/w1", "GPUsClaimed") in events.told
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from dds.model.plan import PlannerConfig
 from dds.planner.passes import PassInputs, PassSettings, plan_pass, with_attaches
-from dds.planner.reservations import Reservation, ReservationPlan
+from dds.planner.reservations import Reservation, ReservationPlan, reservation_taint
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
 
 NOW = 1000.0
@@ -116,3 +118,23 @@ def test_release_idle_gpus_moves_an_idle_gpu_to_a_waiting_pod_without_keeping_ro
     roomy = make_snapshot([make_node("w1", gpus=1)], [running], groups=[make_group(replicas=1)])
     assert plan_pass(roomy, _inputs(), PassSettings(release_idle_gpus=True)).room_headroom == ()
     assert plan_pass(roomy, _inputs(), PassSettings(move_idle_gpus=True)).room_headroom
+
+
+def test_gpus_that_reach_the_pool_after_the_reservations_were_planned_stay_for_the_reserved_node():
+    """The pass is planned again once its reservations are carried out. GPUs that reached the pool in between (a
+    detach for the reservation that completed at once) are the reserved node's to gather next pass: a small pod on
+    the other node does not get them, or the large pod's slots would fill again and it could wait for ever."""
+    group = make_group(replicas=2, max_size=2, max_gpus=8)
+    large, small = make_pod("large", gpus=8, created=0.0), make_pod("small", gpus=2, created=500.0)
+    fenced = replace(make_node("w1", gpus=6), taints=(reservation_taint("t"),))
+    snapshot = make_snapshot([fenced, make_node("w2", gpus=0)], [large, small], groups=[group],
+                             pools=[make_pool(A30=2)])
+    reserved = ReservationPlan(reservations=(Reservation(pod=large.key, token="t", node="w1", pool="pool-a", gpus=8,
+                                                         reason="waited too long"),))
+    plan = plan_pass(snapshot, _inputs(large, small, reservations=reserved), PassSettings())
+    assert plan.fast_path is None or not plan.fast_path.attaches
+    # With the reservation served (w1 holds its 8), the small pod gets the pool's GPUs as before.
+    served = make_snapshot([replace(fenced, devices=make_node("w1", gpus=8).devices), make_node("w2", gpus=0)],
+                           [large, small], groups=[group], pools=[make_pool(A30=2)])
+    plan = plan_pass(served, _inputs(large, small, reservations=reserved), PassSettings())
+    assert [(a.node, a.count) for a in plan.fast_path.attaches] == [("w2", 2)]

@@ -39,9 +39,22 @@ def test_gpus_other_pods_still_use_are_claimed_by_fencing_their_node():
     nodes = [make_node("w1", gpus=4), make_node("w2", gpus=4)]
     pods = [make_pod("a", gpus=4, node="w1"), make_pod("b", gpus=3, node="w2"), make_pod("big", gpus=8)]
     plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=0)]))
-    assert [r.node for r in plan.new] == ["w2"]  # as many GPUs as w1, fewer of them in use
-    assert plan.claimed == (("w1", "uid-big"),)  # its 4 busy GPUs are the rest; nothing is idle to take now
-    assert plan.detaches == ()
+    # Either node must wait for the other's busy GPUs: the one with more in use (w1) is expected to drain last, so
+    # w2's GPUs move to it while it drains rather than after.
+    assert [r.node for r in plan.new] == ["w1"]
+    assert plan.claimed == (("w2", "uid-big"),)  # its 3 busy GPUs are the rest
+    assert [(d.node, len(d.device_ids)) for d in plan.detaches] == [("w2", 1)]  # its idle one goes at once
+
+
+def test_a_node_that_can_gather_without_claims_is_preferred_to_one_holding_as_many_gpus_with_fewer_in_use():
+    # w1 lacks 4, which w2's idle GPUs cover: only w1's own 2 busy GPUs are waited for. Reserving w2 instead (as
+    # many GPUs, none in use) would wait for w1's busy pair and move them after: a detach and an attach on the path.
+    nodes = [make_node("w1", gpus=4), make_node("w2", gpus=4)]
+    pods = [make_pod("a", gpus=2, node="w1"), make_pod("big", gpus=8)]
+    plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=0)]))
+    assert [r.node for r in plan.new] == ["w1"]
+    assert [(d.node, len(d.device_ids)) for d in plan.detaches] == [("w2", 4)]
+    assert plan.claimed == ()
 
 
 @pytest.mark.parametrize("operator", [False, True])

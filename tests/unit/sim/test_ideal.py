@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from dds.sim.engine import simulate
-from dds.sim.ideal import IDEAL_POLICY, ideal
+from dds.planner.reservations import ReservationConfig
+from dds.sim.ideal import IDEAL_POLICY, IDEAL_RESERVING, asks_for_reservations, ideal
 from dds.sim.policies import POLICIES
 from dds.sim.results import compare, render_table, summarize
 from dds.sim.trace import Job
-from dds.sim.workloads import GiB
+from dds.sim.workloads import GiB, WorkloadParams, build
 
 from .builders import cluster, job, scenario
 
@@ -91,3 +92,59 @@ def test_every_row_shows_its_gap_to_the_ideal_and_none_when_they_ran_different_j
     fewer = scenario(cluster((4,), 4), [job("a30", 0, model="A30"), job("b", 0)])
     mixed = compare([simulate(fewer, POLICIES["best-fit"]), ideal(unrun)])
     assert mixed[0].wait_vs_ideal is None  # 0 never ran against the bound's 1: not the same jobs
+
+
+# Two 4-slot nodes share a 4-GPU pool; a and b fill it on node 0, the large job asks for all 4.
+HOLD = [job("a", 0, gpus=2), job("b", 50, gpus=2), job("large", 60, gpus=4), job("c", 70, gpus=2)]
+QUIET = ReservationConfig(min_age_seconds=600.0, quiet_age_seconds=0.0)
+
+
+def test_without_holds_a_large_job_waits_until_the_small_ones_leave_the_pool_empty():
+    result = ideal(scenario(cluster((0, 0), 4, max_gpus=4), HOLD))
+    assert starts(result)["large"] == 200.0 and starts(result)["c"] == 100.0  # c overtakes it when a ends
+
+
+def test_a_held_large_job_gets_the_gpus_its_node_has_slots_for_and_starts_once_its_node_drains():
+    # At 60 few jobs wait, so the large job gets node 0 (the most GPUs in use) held. When a ends at 100, node 0 has
+    # 2 free slots and the pool 2 free GPUs: they are the large job's, so c waits; at 150 b ends and it starts.
+    result = ideal(scenario(cluster((0, 0), 4, max_gpus=4), HOLD), QUIET)
+    assert result.policy == IDEAL_RESERVING
+    assert starts(result) == {"a": 0.0, "b": 50.0, "large": 150.0, "c": 250.0}
+
+
+def test_a_hold_comes_with_age_and_disabled_rules_change_nothing():
+    # Two 1-GPU jobs queue before the large one; d comes later. Without holds d takes the 2 GPUs q0 and q1 free at
+    # 200 and the large job waits for the pool to empty at 300. Held from age 100 (at 160) on node 0, the GPUs its
+    # node frees are the large job's: d waits, the large job starts when c ends at 250.
+    crowd = HOLD + [job("q0", 55, gpus=1), job("q1", 55, gpus=1), job("d", 180, gpus=2)]
+    tiny = scenario(cluster((0, 0), 4, max_gpus=4), crowd)
+    assert starts(ideal(tiny))["large"] == 300.0
+    late = starts(ideal(tiny, ReservationConfig(min_age_seconds=100.0, quiet_age_seconds=None)))
+    assert (late["large"], late["d"]) == (250.0, 350.0)
+    off = ideal(tiny, ReservationConfig(enabled=False))
+    assert starts(off) == starts(ideal(tiny)) and off.policy == IDEAL_POLICY
+
+
+def test_dds_with_its_reservations_stays_above_the_reserving_bound_on_kubecomp_w4():
+    reservations = ReservationConfig(min_age_seconds=600.0, quiet_age_seconds=0.0)
+    for seed in (1, 2):
+        w4 = build("kubecomp-w4", WorkloadParams(seed=seed))
+        dds = summarize(simulate(w4, POLICIES["best-fit"], reservations=reservations, release_idle=True))
+        assert dds.wait_mean_s >= summarize(ideal(w4, reservations)).wait_mean_s
+
+
+def test_with_reservations_the_policies_that_move_gpus_show_their_gap_to_the_reserving_bound_too():
+    tiny = scenario(cluster((2, 2), 4, max_gpus=4), HOLD)
+    results = [simulate(tiny, POLICIES["best-fit"], reservations=QUIET), simulate(tiny, POLICIES["static"]),
+               ideal(tiny), ideal(tiny, QUIET)]
+    summaries = {s.policy: s for s in compare(results, tiny.baseline)}
+    best_fit, bound = summaries["best-fit"], summaries[IDEAL_RESERVING]
+    assert best_fit.wait_vs_reserving == pytest.approx(best_fit.wait_mean_s / bound.wait_mean_s - 1.0)
+    assert summaries["static"].wait_vs_reserving is None  # fixed GPUs reserve nothing
+    assert "vs reserving" in render_table(tuple(summaries.values())).splitlines()[0]
+
+
+def test_the_reserving_bound_is_asked_for_only_when_some_job_is_large():
+    assert asks_for_reservations(scenario(cluster((0, 0), 4, max_gpus=4), HOLD), QUIET)  # 4 GPUs of 4 slots
+    assert not asks_for_reservations(scenario(cluster((0, 0), 4, max_gpus=4), HOLD[:2]), QUIET)  # 2 of 4: not large
+    assert not asks_for_reservations(scenario(cluster((0, 0), 4, max_gpus=4), HOLD), ReservationConfig(enabled=False))

@@ -70,7 +70,8 @@ def test_simulate_a_trace_writes_the_table_csv_and_plots(tmp_path, capsys):
     assert {p.name for p in out.iterdir()} == {"summary.csv", "jobs.csv", "timeline.csv", "wait_cdf.png",
                                                 "gpus_over_time.png"}
     rows = list(csv.DictReader((out / "summary.csv").open()))
-    assert [r["policy"] for r in rows] == ["static", "best-fit", "node-only", "ideal"]  # the bound, always last
+    # The bounds, always last: the trace's 8-GPU job is large on 8-slot nodes, so the reserving one is there too.
+    assert [r["policy"] for r in rows] == ["static", "best-fit", "node-only", "ideal", "ideal-reserving"]
     assert all(int(r["jobs"]) == 12 for r in rows)
     assert (out / "wait_cdf.png").read_bytes()[:4] == b"\x89PNG"
 
