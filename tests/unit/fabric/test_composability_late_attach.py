@@ -206,6 +206,11 @@ def test_a_failed_attach_whose_resource_is_taken_up_but_not_attached_gives_it_ba
     assert fabric.operation("second").state == OperationState.FAILED and size(objects) == 2
 
     objects.operator_takes_up_size({"gpu-in-use": "Online", "gpu-new": "Attaching"})
+    # Attaching with no error (the fabric's call under way): lowered now, the size would cancel an attach the fabric
+    # may complete, its device then held by no resource. Waited for.
+    assert fabric.operation("second").state == OperationState.FAILED
+    assert size(objects) == 2 and "give_back_owed" in stored(objects, "second")
+    objects.resources["gpu-new"]["status"]["error"] = "fabric switch sw-3 is down"  # the fabric refused it
     assert fabric.operation("second").state == OperationState.FAILED
     assert size(objects) == 1
     # Marked: should it come Online before the operator reads the size, it is still the one removed, not the GPU in use.
@@ -310,3 +315,34 @@ def test_an_owed_give_back_past_its_bound_on_a_request_holding_nothing_else_is_g
     [overdue] = events.emitted
     assert overdue[:3] == (f"Node {NODE}", "Warning", "GiveBackOverdue") and "given back" in overdue[3], overdue
     assert stranded_count() == stranded_before
+
+
+def test_an_owed_resource_read_while_the_operator_attaches_it_is_waited_for_and_kept_once_online(
+        failed_not_picked_up: tuple[Objects, Clock, Events, ComposabilityRequestFabric]) -> None:
+    """DDS reads on every pass: it sees the resource taken up and attaching (no error) before it is Online. Given
+    back then, the size decrease would cancel the attach under way; it waits, and the GPU is kept once Online."""
+    objects, clock, events, fabric = failed_not_picked_up
+    assert fabric.operation("second").state == OperationState.FAILED
+    objects.operator_takes_up_size({"gpu-in-use": "Online", "gpu-new": "Attaching"})
+    for _ in range(3):
+        clock.now += 1
+        assert fabric.operation("second").state == OperationState.FAILED and size(objects) == 2
+    assert not objects.resources["gpu-new"]["metadata"].get("annotations", {}).get(ANN_DELETE_DEVICE)
+    objects.operator_takes_up_size({"gpu-in-use": "Online", "gpu-new": "Online"})
+    assert fabric.operation("second").state == OperationState.FAILED
+    assert stored(objects, "second")["arrived_late"] == ["gpu-new"] and size(objects) == 2
+    assert [e[2] for e in events.emitted] == ["LateAttach"]
+
+
+def test_an_owed_resource_still_attaching_at_the_bound_is_given_back_and_said(
+        failed_not_picked_up: tuple[Objects, Clock, Events, ComposabilityRequestFabric]) -> None:
+    objects, clock, events, fabric = failed_not_picked_up
+    assert fabric.operation("second").state == OperationState.FAILED
+    objects.operator_takes_up_size({"gpu-in-use": "Online", "gpu-new": "Attaching"})
+    clock.now = stored(objects, "second")["finished_at"] + WAIT_BOUND_S
+    assert fabric.operation("second").state == OperationState.FAILED
+    assert size(objects) == 1 and "stranded" not in stored(objects, "second")
+    assert objects.resources["gpu-new"]["metadata"]["annotations"][ANN_DELETE_DEVICE] == "true"
+    [overdue] = events.emitted
+    assert overdue[:3] == (f"Node {NODE}", "Warning", "GiveBackOverdue"), overdue
+    assert "has not finished attaching gpu-new (no error)" in overdue[3] and "given back" in overdue[3], overdue
