@@ -862,11 +862,12 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
     stored at once all the same (AttachFailed, once), with the give-back owed. `late` says what the operator's attach
     of that resource does once it takes it up: "fails" — DDS then gives the size back and the operator removes that
     resource, the one DDS chose, and the GPU in use stays, alone; "succeeds" — the GPU comes Online after its attach
-    was reported failed: the outcome stays FAILED, the GPU stays as an ordinary one (a `LateAttach` Event), nothing is
-    given back and nothing attached twice; "hung" — the worker stays busy past the owed give-back's bound: a
-    `GiveBackOverdue` warning Event names the request and the operator's state, the resource is reported stranded
-    (beside the GPU in use it cannot be given back), the request takes size changes again (a next attach is written),
-    and once the worker is free the stranded resource and the next attach's each bring one GPU: nothing twice."""
+    was reported failed, DDS reading all along (it waits while the operator attaches it): the outcome stays FAILED,
+    the GPU stays as an ordinary one (a `LateAttach` Event), nothing is given back and nothing attached twice;
+    "hung" — the worker stays busy past the owed give-back's bound: a `GiveBackOverdue` warning Event names the
+    request and the operator's state, the resource is reported stranded (beside the GPU in use it cannot be given
+    back), the request takes size changes again (a next attach is written), and once the worker is free the stranded
+    resource and the next attach's each bring one GPU: nothing twice."""
     h = RealOperatorHarness(fresh, wait_bound_s=PICK_UP_WAIT_BOUND_S)
     watcher = OperationWatcher(h.fabric, h.events, time.time)  # the controller's: AttachFailed when the attach ends
     try:
@@ -948,10 +949,16 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
             assert fresh.fm.attachments()[fresh.machines[NODE_A]] == [gpu.serial]
             assert not h.events.of("LateAttach"), h.events.emitted
         else:
-            # The fabric works again before the operator takes the resource up: DDS reads nothing until the GPU is
-            # Online (as a DDS busy elsewhere would), then finds a device it reported failed.
+            # The fabric works again before the operator takes the resource up. DDS reads on, as its passes do: it
+            # sees the resource taken up and attaching (no error) before it is Online, and waits for it rather than
+            # cancel that attach by giving the size back; then it finds a device it reported failed.
             fresh.fm.fail_next_attaches(0)
-            wait_for("the late resource Online", fresh, lambda: _state_of(h, unpicked) == "Online", timeout_s=120)
+
+            def online_as_dds_reads() -> bool:
+                h.fabric.operation(second.key)
+                return _state_of(h, unpicked) == "Online"
+
+            wait_for("the late resource Online", fresh, online_as_dds_reads, timeout_s=120)
             late_op = h.fabric.operation(second.key)
             assert late_op is not None and late_op.state == OperationState.FAILED, late_op
             assert late_op.error is not None and late_op.error.message == failed.error.message
