@@ -138,7 +138,9 @@ class ComposabilitySettings(_Section):
     # The operator also waits without an error: for an attached GPU to show on the node, for a detached one to leave it
     # (its ResourceSlice or nvidia-smi), every 3-30 s for ever. An operation still running this long with no error
     # ends FAILED (Timeout) naming the operator's state; a failed attach gives back what it did not get. Below the
-    # orphan timeout, so the backend ends a hung attach before the orphan reclaim would try to cancel it.
+    # orphan timeout, so the backend ends a hung attach before the orphan reclaim would try to cancel it. A failed
+    # attach's give-back owed while the operator has not taken up a resource (state "") waits this long after the
+    # attach ended, then is written or its device reported stranded (GiveBackOverdue Event).
     operator_wait_bound_seconds: float = Field(default=480.0, gt=0)
     # A node of an extended-resource group showing more GPUs than the operator's ComposableResources on it for this
     # long holds a device no resource does (the operator lost it): reported (UnheldDevice Event, dds_unheld_devices).

@@ -73,7 +73,9 @@ ORPHANS_RECLAIMED = Counter("dds_orphaned_gpus_reclaimed_total",
                             "(orphan_attach_timeout_seconds)")
 GPUS_STRANDED = Counter("dds_gpus_stranded_total",
                         "Devices still attached when a deleting Machine's pre-terminate hook was released after "
-                        "pre_terminate_detach_timeout_seconds (dds/controller/machine_hooks.py)")
+                        "pre_terminate_detach_timeout_seconds (dds/controller/machine_hooks.py); devices of a failed "
+                        "attach left in their ComposabilityRequest because the CDI operator had not taken them up "
+                        "operator_wait_bound_seconds after the attach ended (dds/fabric/composability.py)")
 LOOP_LATENCY = Histogram("dds_control_loop_duration_seconds", "One pass of the control loop (observe, plan, act), "
                          "less the time it waited for cluster-autoscaler's calls",
                          buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3,

@@ -14,7 +14,11 @@ ONE `samenode` request per (node, type, model), named `<prefix><node>-<type>-<mo
   until the request's resources are all Online, a size change waits until the operator has applied the last one
   (`_check_operator_caught_up`), and a failed attach's give-back waits while a resource is in state "" (its outcome
   stored at once all the same, with the give-back owed: a device that comes Online meanwhile stays as an ordinary
-  one, the rest is given back once the operator has taken it up, and no size change is made meanwhile). The marks
+  one, the rest is given back once the operator has taken it up and is not attaching it without an error (a size
+  lowered under an attach under way would cancel it, its device then held by no resource), and no size change is
+  made meanwhile; past
+  `operator_wait_bound_seconds` after the attach ended it is written anyway when the request holds nothing else, else
+  the resource is reported stranded, and the request is released either way: `GiveBackOverdue`). The marks
   (and force flags) come off again when the size write fails, and off the devices a failed detach leaves in place.
   A device already on its way out (its resource being deleted) is not detached again: the size would drop twice.
   `force` is honoured when the detach empties the request (the chosen resources get `spec.force_detach`, and the
@@ -647,20 +651,30 @@ class ComposabilityRequestFabric:
         """A failed attach's give-back, stored as owed while a resource of its request was in state "" (the operator
         would have removed a GPU in use for it), once none is: what came Online meanwhile stays as an ordinary device
         (released when idle; said in a `LateAttach` Event), what did not is marked and the size lowered for it. Its
-        outcome stays what was reported."""
+        outcome stays what was reported. One the operator has taken up and is attaching without an error is waited
+        for too: lowered under it, the size would cancel an attach the fabric may be completing, whose device would
+        then arrive with no resource to hold it. The wait has an end: `operator_wait_bound_seconds` after the attach
+        ended (a hung operator worker never takes the resource up), see `_stranded_by_give_back`."""
         name = request["metadata"]["name"]
         resources = self._view().resources
         unpicked = _not_picked_up(name, resources)
-        if unpicked:
-            log.debug("attach %s on %s: the give-back it owes waits until the operator has taken up %s",
-                      record["key"], record["node"], ", ".join(unpicked))
-            return
         owed = list(record[GIVE_BACK_OWED])
+        attaching = _attaching_without_error(owed, resources)
+        overdue = self._clock() - float(record.get("finished_at", record["started_at"])) >= \
+            self._settings.operator_wait_bound_seconds
+        if (unpicked or attaching) and not overdue:
+            log.debug("attach %s on %s: the give-back it owes waits until the operator has taken up %s and "
+                      "finished attaching %s", record["key"], record["node"], ", ".join(unpicked) or "all",
+                      ", ".join(attaching) or "all")
+            return
         arrived = [n for n in owed if n in resources and _device_state(resources[n]) == DeviceState.ONLINE]
         settled = {k: v for k, v in record.items() if k != GIVE_BACK_OWED}
         if arrived:
             settled["arrived_late"] = arrived
-        marked = [n for n in owed if n in resources and n not in arrived]
+        stranded = _stranded_by_give_back(name, owed, arrived, unpicked, resources)
+        if stranded:
+            settled["stranded"] = stranded
+        marked = [n for n in owed if n in resources and n not in arrived and n not in stranded]
         stored = False
         try:  # marked: should one come Online before the operator reads the size, it is still the one removed
             self._mark_for_removal(record["key"], marked, force=False)
@@ -668,6 +682,9 @@ class ComposabilityRequestFabric:
         finally:
             if not stored:
                 self._unmark(record["key"], marked)
+        if stored and (unpicked or attaching):
+            self._report_overdue_give_back(settled, request, [n for n in owed if n not in arrived], unpicked,
+                                           attaching, stranded)
         if stored and arrived:
             message = (f"{', '.join(arrived)} of the failed attach {record['key']} came Online on {record['node']} "
                        f"after the attach had ended (its resource was not taken up by the operator until then): "
@@ -676,6 +693,36 @@ class ComposabilityRequestFabric:
             log.info(message)
             if self._events is not None:
                 self._events.emit(ObjectRef("Node", record["node"]), NORMAL, "LateAttach", message)
+
+    def _report_overdue_give_back(self, record: dict[str, Any], request: dict[str, Any], owed: Sequence[str],
+                                  unpicked: Sequence[str], attaching: Sequence[str], stranded: Sequence[str]) -> None:
+        """The owed give-back of a failed attach written past its bound while the operator still had not taken up
+        `unpicked` or finished `attaching`: said in a warning Event on the node naming the request, the operator's
+        state and what became of each device; the ones left in the request (`stranded`) counted in
+        dds_gpus_stranded_total."""
+        name = request["metadata"]["name"]
+        state = (request.get("status") or {}).get("state") or "with no state"
+        if stranded:
+            fate = (f"{', '.join(stranded)} stranded: left in the request's size, since lowering it would make the "
+                    f"operator remove a device it has taken up (one in state \"\" goes last), maybe a GPU in use; "
+                    f"counted as attaching until the operator takes it up (then an ordinary GPU, released when "
+                    f"idle)")
+        elif unpicked:
+            fate = "the request holds nothing else, so the size was lowered for them: given back"
+        else:
+            fate = "given back (the size lowered; marked for removal)"
+        waits = [f"has not taken up {', '.join(unpicked)} (state \"\")"] if unpicked else []
+        waits += [f"has not finished attaching {', '.join(attaching)} (no error)"] if attaching else []
+        message = (f"the failed attach {record['key']} on {record['node']} owed the give-back of "
+                   f"{', '.join(owed) or 'its devices'}; the CDI operator {' and '.join(waits)} of "
+                   f"ComposabilityRequest {name} ({state}) "
+                   f"{self._settings.operator_wait_bound_seconds:g} s after the attach ended "
+                   f"(operator_wait_bound_seconds): {fate}; size changes on {name} are no longer held for it")
+        log.warning(message)
+        if stranded:
+            metrics.GPUS_STRANDED.inc(len(stranded))
+        if self._events is not None:
+            self._events.emit(ObjectRef("Node", record["node"]), WARNING, "GiveBackOverdue", message)
 
     @staticmethod
     def _with_result(request: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
@@ -949,7 +996,8 @@ def _taken_by_earlier(record: dict[str, Any], request: dict[str, Any],
         if other.get("kind") != OperationKind.ATTACH.value:
             continue
         if "state" in other:  # its devices, and those it did not get that are owed back or came late
-            taken.update(other.get("devices", ()), other.get(GIVE_BACK_OWED, ()), other.get("arrived_late", ()))
+            taken.update(other.get("devices", ()), other.get(GIVE_BACK_OWED, ()), other.get("arrived_late", ()),
+                         other.get("stranded", ()))
         else:
             taken.update(_attach_claim(other, request, ours, taken))
     return frozenset(taken)
@@ -1008,6 +1056,27 @@ def _not_picked_up(name: str, resources: Mapping[str, dict[str, Any]]) -> list[s
                       "deletionTimestamp"))
 
 
+def _attaching_without_error(names: Collection[str], resources: Mapping[str, dict[str, Any]]) -> list[str]:
+    """Of `names`, the ComposableResources the operator has taken up and is attaching with no error (its fabric call
+    or its wait for the node under way), not being deleted."""
+    return sorted(n for n in names if n in resources and not (resources[n].get("metadata") or {}).get(
+        "deletionTimestamp") and (resources[n].get("status") or {}).get("state") == "Attaching"
+        and not (resources[n].get("status") or {}).get("error"))
+
+
+def _stranded_by_give_back(name: str, owed: Sequence[str], arrived: Collection[str], unpicked: Collection[str],
+                           resources: Mapping[str, dict[str, Any]]) -> list[str]:
+    """Of a failed attach's owed resources, those its give-back cannot take once it is overdue: the ones still in
+    state "" (`unpicked`) when the request holds anything else the operator would remove before them (its removal
+    order puts state "" last: an Online GPU, maybe in use, would go instead). When the request holds nothing but
+    the owed resources not Online, lowering the size removes exactly those: nothing is stranded."""
+    live = {n for n, r in resources.items() if _labels(r).get(LABEL_MANAGED_BY) == name
+            and not (r.get("metadata") or {}).get("deletionTimestamp")}
+    if not live - (set(owed) - set(arrived)):
+        return []
+    return [n for n in owed if n in unpicked]
+
+
 def _over_attached(request: dict[str, Any]) -> int:
     """How many more devices the operator keeps for a settled request than its size says (0 when none or while it
     still works on the request): it listed more entries than the size it took up."""
@@ -1050,10 +1119,11 @@ def _stored(stored: Optional[dict[str, Any]], record: dict[str, Any]) -> bool:
 
 def _to_give_back(record: dict[str, Any]) -> int:
     """How much of its size a finished attach gives back with the write that stores it: what it did not get, less
-    what came Online after it ended; nothing while the give-back is owed (see `_owing_give_back`)."""
+    what came Online after it ended and what its overdue give-back left stranded; nothing while the give-back is owed
+    (see `_owing_give_back`)."""
     if GIVE_BACK_OWED in record:
         return 0
-    return max(0, _not_attached(record) - len(record.get("arrived_late", ())))
+    return max(0, _not_attached(record) - len(record.get("arrived_late", ())) - len(record.get("stranded", ())))
 
 
 def _owing_give_back(record: dict[str, Any], request: dict[str, Any], resources: Mapping[str, dict[str, Any]],

@@ -28,8 +28,8 @@ from kubernetes import client
 
 from dds import crashpoints
 from harness.cdi_stack import MODEL, CdiFabricSide, cdi_options, delete_node_holding_devices, fabric_side
-from harness.cluster_manager import ClusterManagerEmulator
-from harness.gpu_node_agent import DeviceMode
+from harness.cluster_manager import ClusterManagerEmulator, RepeatedResize
+from harness.gpu_node_agent import REALISTIC_NODE, DeviceMode, NodeTimings
 from harness.stack import GPU, WORKLOAD_NAMESPACE, Stack, StackOptions, gpus_allocatable, is_ready, pod, start_stack
 
 pytestmark = pytest.mark.e2e
@@ -220,25 +220,33 @@ def test_the_operator_restarted_mid_attach_serves_the_pod_with_nothing_leaked(ru
     of the resize it sent, asks for the spec's count + 1 again. The cluster manager refuses a resize while one is
     under way (harness/cluster_manager.py `_check_no_resize_under_way`: accepted, a second device would come that no
     ComposableResource takes); the operator retries and takes the first resize's device. One add for one pod."""
-    run.cm.attach_latency_s = 15.0  # the add is still under way when the restarted operator looks
-    try:
-        before = len(run.cm.resize_calls())
-        run.core.create_namespaced_pod(WORKLOAD_NAMESPACE, pod("restart-0", memory_gib=8, gpus=1))
-        # Its own status writes can make the operator look again at once: a 409 for that repeat may come with it.
-        call = run.wait_for("the operator's resize for restart-0 accepted", lambda: [
-            c for c in run.cm.resize_calls()[before:] if c.status == 202])[0]
-        assert run.side.operator is not None
-        run.side.operator.restart()
-        node = run.wait_for("restart-0 Running after the operator restarted", lambda: run.running_on("restart-0"))
-    finally:
-        run.cm.attach_latency_s = 3.0
+    before = len(run.cm.resize_calls())
+    node = served_with_the_operator_restarted_mid_attach(run, "restart-0")
     machine = run.side.machine_of(node)
-    assert machine in call.path
     run.wait_for(f"every ComposableResource of {node} Online", lambda: all(
         (r.get("status") or {}).get("state") == "Online" for r in run.resources_on(node)))
     accepted = [c for c in run.cm.resize_calls()[before:] if machine in c.path and c.status == 202]
     assert len(accepted) == 1, [(c.path, c.status) for c in run.cm.resize_calls()[before:]]
     assert_nothing_leaked(run)
+
+
+def served_with_the_operator_restarted_mid_attach(run: DevicePluginRun, name: str) -> str:
+    """A pod needing one GPU, the operator restarted once the cluster manager accepted its resize for it (the add
+    still under way): the node it runs on."""
+    run.cm.attach_latency_s = 15.0  # the add is still under way when the restarted operator looks
+    try:
+        before = len(run.cm.resize_calls())
+        run.core.create_namespaced_pod(WORKLOAD_NAMESPACE, pod(name, memory_gib=8, gpus=1))
+        # Its own status writes can make the operator look again at once: a 409 for that repeat may come with it.
+        call = run.wait_for(f"the operator's resize for {name} accepted", lambda: [
+            c for c in run.cm.resize_calls()[before:] if c.status == 202])[0]
+        assert run.side.operator is not None
+        run.side.operator.restart()
+        node = run.wait_for(f"{name} Running after the operator restarted", lambda: run.running_on(name))
+    finally:
+        run.cm.attach_latency_s = 3.0
+    assert run.side.machine_of(node) in call.path
+    return node
 
 
 def test_a_model_no_fabric_device_has_is_refused_with_a_clear_event_and_no_node(run: DevicePluginRun) -> None:
@@ -300,6 +308,59 @@ def test_the_node_path_adds_one_node_for_a_pod_no_live_node_can_take(run: Device
     assert_nothing_leaked(run)
 
 
+# A drain that fails, then one as slow as a real server's (REALISTIC_NODE's 5 s, two steps): the GPU leaves only once
+# the operator's retry, on its backoff after OPERATOR_ERROR_BOUND_S of failures, finds drains working.
+DRAIN_FAILURE = "In use by another client"
+DRAIN_RETRY_TIMEOUT_S = SETTLE_TIMEOUT_S
+
+
+def test_a_failing_then_slow_gpu_drain_ends_the_detach_bounded_and_leaves_nothing_behind(
+        run: DevicePluginRun) -> None:
+    """mem-0 ends; its node's only GPU is idle past the cooldown and DDS detaches it. The operator drains the GPU in
+    the node's driver pod before it asks the cluster manager, and the drain fails (nvidia-smi's answer), again and
+    again as the operator retries: DDS's detach ends FAILED past its error bound quoting nvidia-smi (DetachFailed
+    Event on the node), the GPU stays attached and counted (no second detach of it, no other GPU taken, nothing
+    attached anywhere for it, no node added or removed by CA). Drains then work again, slowly: the operator's retry
+    lets the GPU go, and nothing is left that no resource holds."""
+    node = run.running_on("mem-0")
+    assert node, "the node path's pod is not running"
+    machine = run.side.machine_of(node)
+    agent = run.side.agent
+    assert agent is not None
+    [gpu] = run.side.devices_on(node)
+    workers = run.live_workers()
+    attached_elsewhere = {m: list(s) for m, s in run.cm.attachments().items() if m != machine}
+    failed_before = len(run.events("DetachFailed", node))
+    agent.set_timings(NodeTimings(drain_failure=DRAIN_FAILURE))
+    try:
+        run.core.delete_namespaced_pod("mem-0", WORKLOAD_NAMESPACE, grace_period_seconds=0)
+        failed = run.wait_for(f"DDS's DetachFailed on {node}", lambda: run.events("DetachFailed", node)[
+            failed_before:], OPERATOR_ERROR_BOUND_S + SERVE_TIMEOUT_S)
+        assert failed[-1].type == "Warning" and DRAIN_FAILURE in failed[-1].message, failed[-1].message
+        assert run.events("DetachingGPU", node), "DDS did not say it detaches"
+        # Still attached and held; nothing else moved: no other GPU detached or attached, no node added or removed.
+        assert run.cm.attachments()[machine] == [gpu] and run.capacity(node) == 1
+        [resource] = run.resources_on(node)
+        assert resource["metadata"].get("deletionTimestamp") and DRAIN_FAILURE in (
+            (resource.get("status") or {}).get("error") or ""), resource
+        assert {m: list(s) for m, s in run.cm.attachments().items() if m != machine} == attached_elsewhere
+        assert run.live_workers() == workers
+        assert_nothing_leaked(run)
+    finally:
+        agent.set_timings(NodeTimings(drain_delay_s=REALISTIC_NODE.drain_delay_s))
+        agent.sync(node)
+    try:
+        run.wait_for(f"{node}'s GPU drained slowly and off its machine, its resource gone", lambda: (
+            not run.cm.attachments().get(machine) and not run.resources_on(node) and run.capacity(node) == 0),
+            DRAIN_RETRY_TIMEOUT_S)
+    finally:
+        agent.set_timings(NodeTimings())  # the module's instant node side again
+    assert len(run.events("DetachFailed", node)) == len(failed), "a second detach of it failed"
+    assert {m: list(s) for m, s in run.cm.attachments().items() if m != machine} == attached_elsewhere
+    assert run.live_workers() == workers
+    assert_nothing_leaked(run)
+
+
 def test_a_device_attached_that_no_resource_holds_is_reported_on_its_node(run: DevicePluginRun) -> None:
     """What DDS cannot prevent, it detects and reports (issue 38): the fabric attaches a device to a node's machine
     that no ComposableResource takes (the operator's CM client adding twice against a cluster manager that accepts a
@@ -328,6 +389,47 @@ def test_a_device_attached_that_no_resource_holds_is_reported_on_its_node(run: D
                   {"remove_resources": {"spec_uuid": spec, "device_count": len(held), "devices": [extra]}})
     run.wait_for(f"the device gone from {node}", lambda: extra not in run.side.devices_on(node)
                  and run.capacity(node) == len(held))
+    assert_nothing_leaked(run)
+
+
+def test_a_cluster_manager_accepting_the_operators_repeated_resize_is_reported_and_dds_adds_nothing_twice(
+        run: DevicePluginRun) -> None:
+    """The other answer a real cluster manager may give (RepeatedResize.ACCEPT; FTI has not said which it gives): the
+    restarted operator's CM client asks for the spec's count + 1 again while its first add is under way, and the CM
+    applies it. Two devices come for one ComposableResource: the operator's leak, which DDS cannot prevent (it never
+    talks to the CM) and cannot detach (no resource names the device). What DDS does: its own part once (one attach
+    for the pod, one size), and the extra GPU on the node reported past its grace (UnheldDevice). The device is then
+    removed from the fabric by hand, as the operator's upstream syncer would 10 minutes later."""
+    run.cm.repeated_resize = RepeatedResize.ACCEPT
+    try:
+        before = len(run.cm.resize_calls())
+        node = served_with_the_operator_restarted_mid_attach(run, "accept-0")
+        machine = run.side.machine_of(node)
+
+        def accepted() -> list[Any]:
+            return [c for c in run.cm.resize_calls()[before:] if machine in c.path and c.status == 202]
+
+        run.wait_for("the operator's repeated resize applied", lambda: len(accepted()) >= 2)
+        assert len(accepted()) == 2, [(c.path, c.status) for c in run.cm.resize_calls()[before:]]
+        [extra] = run.wait_for(f"the one device on {node} no ComposableResource holds", lambda: (
+            all((r.get("status") or {}).get("state") == "Online" for r in run.resources_on(node))
+            and unclaimed(run, node)), CLAIM_TIMEOUT_S)
+        reported_before = len(run.events("UnheldDevice", node))
+        reported = run.wait_for(f"DDS's UnheldDevice Event on {node}", lambda: run.events(
+            "UnheldDevice", node)[reported_before:], UNHELD_GRACE_S + CLAIM_TIMEOUT_S)
+        assert reported[-1].type == "Warning"
+        assert "1 device(s) attached that no ComposableResource holds" in reported[-1].message, reported[-1].message
+        assert len(run.events("AttachingGPU", "accept-0")) == 1, "DDS attached for the pod more than once"
+        request = next(r for r in run.custom.list_cluster_custom_object(
+            CRO_GROUP, CRO_VERSION, "composabilityrequests")["items"] if r["spec"]["resource"]["target_node"] == node)
+        assert request["spec"]["resource"]["size"] == len(run.resources_on(node)) == run.capacity(node) - 1
+        spec = run.cm.spec_uuid(machine, MODEL)
+        run.cm.resize(run.cm.tenant_uuid, run.cm.cluster_uuid, machine, {"remove_resources": {
+            "spec_uuid": spec, "device_count": len(run.side.devices_on(node)) - 1, "devices": [extra]}})
+        run.wait_for(f"the device gone from {node}", lambda: extra not in run.side.devices_on(node)
+                     and not unclaimed(run, node))
+    finally:
+        run.cm.repeated_resize = RepeatedResize.REFUSE
     assert_nothing_leaked(run)
 
 

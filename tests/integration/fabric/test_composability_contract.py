@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -822,8 +823,10 @@ def test_a_webhook_refusal_of_dds_write_names_the_other_writer(fresh: World) -> 
 
 # In DRA mode the operator's fabric-manager calls block its ComposableResource worker, the only one it has
 # (controller-runtime's default per controller): a detach the fabric takes this long keeps a resource created
-# meanwhile in state "" well past PICK_UP_WAIT_BOUND_S.
-BUSY_FABRIC_S = 25.0
+# meanwhile in state "" well past PICK_UP_WAIT_BOUND_S (the attach ends) and well short of twice it (the owed
+# give-back's own bound, the same setting counted from the attach's end); HUNG_FABRIC_S holds it well past both.
+BUSY_FABRIC_S = 15.0
+HUNG_FABRIC_S = 32.0
 PICK_UP_WAIT_BOUND_S = 10.0
 
 
@@ -848,7 +851,7 @@ def _fabric_detaching(world: World, node: str) -> bool:
     return any(device.busy for device in world.fm.devices_of(world.machines[node]))
 
 
-@pytest.mark.parametrize("late", ["fails", "succeeds"])
+@pytest.mark.parametrize("late", ["fails", "succeeds", "hung"])
 def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_gpu_in_use(fresh: World,
                                                                                           late: str) -> None:
     """The operator's removal order on a size decrease tests for a state "None" it never writes: a ComposableResource
@@ -859,8 +862,12 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
     stored at once all the same (AttachFailed, once), with the give-back owed. `late` says what the operator's attach
     of that resource does once it takes it up: "fails" — DDS then gives the size back and the operator removes that
     resource, the one DDS chose, and the GPU in use stays, alone; "succeeds" — the GPU comes Online after its attach
-    was reported failed: the outcome stays FAILED, the GPU stays as an ordinary one (a `LateAttach` Event), nothing is
-    given back and nothing attached twice."""
+    was reported failed, DDS reading all along (it waits while the operator attaches it): the outcome stays FAILED,
+    the GPU stays as an ordinary one (a `LateAttach` Event), nothing is given back and nothing attached twice;
+    "hung" — the worker stays busy past the owed give-back's bound: a `GiveBackOverdue` warning Event names the
+    request and the operator's state, the resource is reported stranded (beside the GPU in use it cannot be given
+    back), the request takes size changes again (a next attach is written), and once the worker is free the stranded
+    resource and the next attach's each bring one GPU: nothing twice."""
     h = RealOperatorHarness(fresh, wait_bound_s=PICK_UP_WAIT_BOUND_S)
     watcher = OperationWatcher(h.fabric, h.events, time.time)  # the controller's: AttachFailed when the attach ends
     try:
@@ -870,8 +877,8 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
         # The fabric emulator hands out its first free device. The late attach must not get the GPU just detached
         # from the other node: the operator's DRA visibility check looks for a GPU's uuid in every node's
         # ResourceSlice, so that detach would never end while the GPU shows on node A (docs/composability.md, Known
-        # issues). A device freed on node C first is the one it gets.
-        gap = h.settle(_attach(h, "gap", NODE_C, 1).key)
+        # issues). A device freed on node C first is the one it gets ("hung" attaches two: both freed on node C).
+        gap = h.settle(_attach(h, "gap", NODE_C, 2 if late == "hung" else 1).key)
         elsewhere = h.settle(_attach(h, "elsewhere", NODE_B, 1).key)
         assert elsewhere.state == OperationState.SUCCEEDED, elsewhere
         assert h.settle(h.fabric.detach(DetachRequest(key="gap-freed", node=NODE_C, device_ids=gap.devices)).key
@@ -879,7 +886,7 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
         detaches_from_a = len(_fabric_detaches(fresh, NODE_A))  # the module's earlier cases' calls are recorded too
         attaches_to_a = len(_fabric_attaches(fresh, NODE_A))
 
-        fresh.fm.detach_latency_s = BUSY_FABRIC_S
+        fresh.fm.detach_latency_s = HUNG_FABRIC_S if late == "hung" else BUSY_FABRIC_S
         drained = h.fabric.detach(DetachRequest(key="slow-fabric", node=NODE_B, device_ids=elsewhere.devices))
         wait_for("the operator waiting on the fabric's detach on the other node", fresh,
                  lambda: _fabric_detaching(fresh, NODE_B))
@@ -900,7 +907,38 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
             "given back now, the operator would remove the GPU in use"
         assert _stored_outcome(h, name, second.key) == OperationState.FAILED.value, "reported, so stored at once"
 
-        if late == "fails":
+        if late == "hung":
+            stranded_before = REGISTRY.get_sample_value("dds_gpus_stranded_total") or 0.0
+            [(node, kind, _, message)] = wait_for("the owed give-back past its bound", fresh, lambda: (
+                h.fabric.operation(second.key) and h.events.of("GiveBackOverdue")), timeout_s=60)
+            assert (node, kind) == (f"Node {NODE_A}", "Warning"), message
+            # the request's state as the operator left it (Updating: it waits on its resources)
+            assert re.search(rf"ComposabilityRequest {name} \((Updating|Running)\)", message), message
+            assert f"has not taken up {unpicked}" in message and f"{unpicked} stranded" in message, message
+            assert _state_of(h, unpicked) == "" and _fabric_detaching(fresh, NODE_B), \
+                "the operator's worker no longer busy: the test proves nothing"
+            assert (REGISTRY.get_sample_value("dds_gpus_stranded_total") or 0.0) - stranded_before == 1
+            assert _request_named(h, name)["spec"]["resource"]["size"] == 2, "the GPU in use would have gone"
+            fresh.fm.fail_next_attaches(0)
+            # Released: the request takes a size change again (asked as DDS's passes do, should the operator be
+            # between two passes on it).
+            wait_for("the next attach accepted", fresh, lambda: _accepted(lambda: _attach(h, "third", NODE_A, 1)))
+            third = h.fabric.operation("third")
+            assert third is not None
+            assert _request_named(h, name)["spec"]["resource"]["size"] == 3
+            # DDS reads nothing until the worker is free and both resources are Online (as a DDS busy elsewhere
+            # would; read before, past this harness's short wait bound, the next attach would end Timeout too).
+            wait_for("the stranded resource and the next attach's Online", fresh, lambda: sum(
+                (r.get("status") or {}).get("state") == "Online" for r in h.resources()
+                if r["metadata"]["labels"].get("app.kubernetes.io/managed-by") == name) == 3, timeout_s=120)
+            third = h.settle(third.key)
+            assert third.state == OperationState.SUCCEEDED, third
+            assert _state_of(h, unpicked) == "Online"
+            assert sorted(d.id for d in h.fabric.devices(NODE_A)) == sorted([gpu.id, unpicked, *third.devices])
+            assert unpicked not in third.devices
+            assert len(fresh.fm.attachments()[fresh.machines[NODE_A]]) == 3
+            assert not h.events.of("OverAttached") and not h.events.of("LateAttach"), h.events.emitted
+        elif late == "fails":
             # The fabric's detach done, the operator takes the resource up (Attaching; the fabric refuses it); DDS's
             # next read gives the size back and the operator removes that resource, the one DDS chose.
             wait_for("the size given back", fresh, lambda: (
@@ -911,10 +949,16 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
             assert fresh.fm.attachments()[fresh.machines[NODE_A]] == [gpu.serial]
             assert not h.events.of("LateAttach"), h.events.emitted
         else:
-            # The fabric works again before the operator takes the resource up: DDS reads nothing until the GPU is
-            # Online (as a DDS busy elsewhere would), then finds a device it reported failed.
+            # The fabric works again before the operator takes the resource up. DDS reads on, as its passes do: it
+            # sees the resource taken up and attaching (no error) before it is Online, and waits for it rather than
+            # cancel that attach by giving the size back; then it finds a device it reported failed.
             fresh.fm.fail_next_attaches(0)
-            wait_for("the late resource Online", fresh, lambda: _state_of(h, unpicked) == "Online", timeout_s=120)
+
+            def online_as_dds_reads() -> bool:
+                h.fabric.operation(second.key)
+                return _state_of(h, unpicked) == "Online"
+
+            wait_for("the late resource Online", fresh, online_as_dds_reads, timeout_s=120)
             late_op = h.fabric.operation(second.key)
             assert late_op is not None and late_op.state == OperationState.FAILED, late_op
             assert late_op.error is not None and late_op.error.message == failed.error.message
@@ -929,8 +973,8 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
         assert not resource["metadata"].get("deletionTimestamp"), resource["metadata"]
         assert not (resource["metadata"].get("annotations") or {}).get(ANN_DELETE_DEVICE), resource["metadata"]
         assert len(_fabric_detaches(fresh, NODE_A)) == detaches_from_a, "the fabric was asked to detach from node A"
-        assert len(_fabric_attaches(fresh, NODE_A)) - attaches_to_a == (0 if late == "fails" else 1), \
-            "the fabric attached to node A other than the late GPU once"
+        assert len(_fabric_attaches(fresh, NODE_A)) - attaches_to_a == {"fails": 0, "succeeds": 1, "hung": 2}[late], \
+            "the fabric attached to node A other than each GPU once"
         # Reported once and final: the stored outcome, a restarted DDS's read of it, and one AttachFailed Event (the
         # controller's watcher), no AttachedGPU for it; a restarted controller adopts nothing.
         assert h.fabric.operation(second.key).state == OperationState.FAILED
@@ -945,7 +989,7 @@ def test_a_failed_attach_not_yet_picked_up_gives_back_its_own_resource_not_the_g
         restarted = OperationWatcher(h.fabric, h.events, time.time)
         restarted.adopt_in_flight()
         assert second.key not in {op.key for op in restarted.in_flight()}, "a restarted DDS would follow it again"
-        assert contract.free(h.fabric) == TOTAL - (1 if late == "fails" else 2)
+        assert contract.free(h.fabric) == TOTAL - {"fails": 1, "succeeds": 2, "hung": 3}[late]
     finally:
         fresh.fm.detach_latency_s = 0.0
         h.close()

@@ -13,6 +13,7 @@ import json
 from typing import Any, Mapping, Optional
 
 import pytest
+from prometheus_client import REGISTRY
 
 from dds.config import ComposabilitySettings, PoolSpec
 from dds.fabric.base import AttachRequest, DeviceState, ErrorCode, FabricError, OperationState
@@ -205,6 +206,11 @@ def test_a_failed_attach_whose_resource_is_taken_up_but_not_attached_gives_it_ba
     assert fabric.operation("second").state == OperationState.FAILED and size(objects) == 2
 
     objects.operator_takes_up_size({"gpu-in-use": "Online", "gpu-new": "Attaching"})
+    # Attaching with no error (the fabric's call under way): lowered now, the size would cancel an attach the fabric
+    # may complete, its device then held by no resource. Waited for.
+    assert fabric.operation("second").state == OperationState.FAILED
+    assert size(objects) == 2 and "give_back_owed" in stored(objects, "second")
+    objects.resources["gpu-new"]["status"]["error"] = "fabric switch sw-3 is down"  # the fabric refused it
     assert fabric.operation("second").state == OperationState.FAILED
     assert size(objects) == 1
     # Marked: should it come Online before the operator reads the size, it is still the one removed, not the GPU in use.
@@ -244,3 +250,99 @@ def test_a_failure_whose_write_is_refused_stays_failed_when_its_gpu_then_comes_o
     assert record["state"] == OperationState.FAILED.value and record["arrived_late"] == ["gpu-new"]
     assert size(objects) == 2, "given back now, the operator would remove the GPU in use or the late one"
     assert [e[2] for e in events.emitted] == ["LateAttach"]
+
+
+# --- the owed give-back's bound: a hung operator worker never takes the resource up ---
+
+def stranded_count() -> float:
+    return REGISTRY.get_sample_value("dds_gpus_stranded_total") or 0.0
+
+
+def test_an_owed_give_back_past_its_bound_leaves_the_resource_stranded_beside_a_gpu_in_use_and_frees_the_request(
+        failed_not_picked_up: tuple[Objects, Clock, Events, ComposabilityRequestFabric]) -> None:
+    objects, clock, events, fabric = failed_not_picked_up
+    assert fabric.operation("second").state == OperationState.FAILED  # stored, its give-back owed
+    ended = stored(objects, "second")["finished_at"]
+    clock.now = ended + WAIT_BOUND_S - 1
+    assert fabric.operation("second").state == OperationState.FAILED
+    assert "give_back_owed" in stored(objects, "second") and not events.emitted, "waits until its bound"
+    stranded_before = stranded_count()
+
+    clock.now = ended + WAIT_BOUND_S
+    assert fabric.operation("second").state == OperationState.FAILED
+    record = stored(objects, "second")
+    assert "give_back_owed" not in record and record["stranded"] == ["gpu-new"], record
+    assert size(objects) == 2, "given back now, the operator would remove the GPU in use"
+    assert not objects.resources["gpu-in-use"]["metadata"].get("annotations", {}).get(ANN_DELETE_DEVICE)
+    [overdue] = events.emitted
+    assert overdue[:3] == (f"Node {NODE}", "Warning", "GiveBackOverdue"), overdue
+    for said in (f"ComposabilityRequest {NAME} (Running)", "has not taken up gpu-new", "gpu-new stranded",
+                 "failed attach second", "no longer held"):
+        assert said in overdue[3], overdue[3]
+    assert stranded_count() - stranded_before == 1
+    fabric.operation("second")
+    assert len(events.emitted) == 1 and stranded_count() - stranded_before == 1, "reported once"
+
+    # The request takes size changes again; the stranded resource is no later attach's, and once the operator
+    # takes it up and attaches it, it is an ordinary GPU of the node.
+    attach(fabric, "third")
+    assert size(objects) == 3
+    objects.operator_takes_up_size({"gpu-in-use": "Online", "gpu-new": "Online", "gpu-third": "Online"})
+    third = fabric.operation("third")
+    assert (third.state, third.devices) == (OperationState.SUCCEEDED, ("gpu-third",)), third
+    assert sorted((d.id, d.state) for d in fabric.devices(NODE)) == [
+        ("gpu-in-use", DeviceState.ONLINE), ("gpu-new", DeviceState.ONLINE), ("gpu-third", DeviceState.ONLINE)]
+
+
+def test_an_owed_give_back_past_its_bound_on_a_request_holding_nothing_else_is_given_back() -> None:
+    """The node's first attach fails while the operator never takes its resource up: nothing else is on the request,
+    so lowering the size removes exactly that resource."""
+    objects, clock, events = Objects(), Clock(), Events()
+    fabric = fabric_on(objects, clock, events)
+    attach(fabric, "only")
+    objects.operator_takes_up_size({"gpu-new": ""})
+    clock.now += WAIT_BOUND_S + 1
+    assert fabric.operation("only").state == OperationState.FAILED
+    assert stored(objects, "only")["give_back_owed"] == ["gpu-new"] and size(objects) == 1
+    stranded_before = stranded_count()
+
+    clock.now += WAIT_BOUND_S
+    assert fabric.operation("only").state == OperationState.FAILED
+    record = stored(objects, "only")
+    assert "give_back_owed" not in record and "stranded" not in record, record
+    assert size(objects) == 0
+    assert objects.resources["gpu-new"]["metadata"]["annotations"][ANN_DELETE_DEVICE] == "true"
+    [overdue] = events.emitted
+    assert overdue[:3] == (f"Node {NODE}", "Warning", "GiveBackOverdue") and "given back" in overdue[3], overdue
+    assert stranded_count() == stranded_before
+
+
+def test_an_owed_resource_read_while_the_operator_attaches_it_is_waited_for_and_kept_once_online(
+        failed_not_picked_up: tuple[Objects, Clock, Events, ComposabilityRequestFabric]) -> None:
+    """DDS reads on every pass: it sees the resource taken up and attaching (no error) before it is Online. Given
+    back then, the size decrease would cancel the attach under way; it waits, and the GPU is kept once Online."""
+    objects, clock, events, fabric = failed_not_picked_up
+    assert fabric.operation("second").state == OperationState.FAILED
+    objects.operator_takes_up_size({"gpu-in-use": "Online", "gpu-new": "Attaching"})
+    for _ in range(3):
+        clock.now += 1
+        assert fabric.operation("second").state == OperationState.FAILED and size(objects) == 2
+    assert not objects.resources["gpu-new"]["metadata"].get("annotations", {}).get(ANN_DELETE_DEVICE)
+    objects.operator_takes_up_size({"gpu-in-use": "Online", "gpu-new": "Online"})
+    assert fabric.operation("second").state == OperationState.FAILED
+    assert stored(objects, "second")["arrived_late"] == ["gpu-new"] and size(objects) == 2
+    assert [e[2] for e in events.emitted] == ["LateAttach"]
+
+
+def test_an_owed_resource_still_attaching_at_the_bound_is_given_back_and_said(
+        failed_not_picked_up: tuple[Objects, Clock, Events, ComposabilityRequestFabric]) -> None:
+    objects, clock, events, fabric = failed_not_picked_up
+    assert fabric.operation("second").state == OperationState.FAILED
+    objects.operator_takes_up_size({"gpu-in-use": "Online", "gpu-new": "Attaching"})
+    clock.now = stored(objects, "second")["finished_at"] + WAIT_BOUND_S
+    assert fabric.operation("second").state == OperationState.FAILED
+    assert size(objects) == 1 and "stranded" not in stored(objects, "second")
+    assert objects.resources["gpu-new"]["metadata"]["annotations"][ANN_DELETE_DEVICE] == "true"
+    [overdue] = events.emitted
+    assert overdue[:3] == (f"Node {NODE}", "Warning", "GiveBackOverdue"), overdue
+    assert "has not finished attaching gpu-new (no error)" in overdue[3] and "given back" in overdue[3], overdue
