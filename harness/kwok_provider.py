@@ -37,6 +37,8 @@ import copy
 import logging
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Optional
@@ -63,6 +65,7 @@ FINALIZER = f"{INFRA_GROUP}/host"
 PROVIDER_PREFIX = "kwok://"
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 LABEL_CLUSTER_NAME = "cluster.x-k8s.io/cluster-name"
+PAUSED_ANNOTATION = "cluster.x-k8s.io/paused"
 BOOTSTRAP_SECRET = "kwok-bootstrap"  # a MachineSet template's bootstrap.dataSecretName: the bootstrap phase is skipped
 DEFAULT_CAPACITY = {"cpu": "4", "memory": "16Gi", "pods": "110"}
 CLUSTER_ROLE = "capi-kwok-provider"
@@ -244,6 +247,23 @@ def on_kwok_hosts(obj: Mapping[str, Any]) -> dict[str, Any]:
     template["infrastructureRef"] = infrastructure_ref(obj["metadata"]["name"])
     template["bootstrap"] = {"dataSecretName": BOOTSTRAP_SECRET}
     return obj
+
+
+@contextmanager
+def machineset_paused(api_client: client.ApiClient, namespace: str, name: str) -> Iterator[None]:
+    """Cluster API makes and deletes no Machine of the MachineSet meanwhile: its `cluster.x-k8s.io/paused` annotation,
+    which its MachineSet controller honours (as while its controllers are still reconnecting, or a user paused it)."""
+    custom = client.CustomObjectsApi(api_client)
+
+    def annotate(value: Optional[str]) -> None:
+        custom.patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", namespace, "machinesets", name,
+                                              {"metadata": {"annotations": {PAUSED_ANNOTATION: value}}})
+
+    annotate("")
+    try:
+        yield
+    finally:
+        annotate(None)
 
 
 def _created_at(obj: Mapping[str, Any]) -> float:

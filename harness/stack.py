@@ -37,6 +37,7 @@ from dds.model.groups import ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN
 from harness import rbac
 from harness.autoscaler import AutoscalerHandle, free_port, start_autoscaler
 from harness.controlplane import RESOURCE_CLAIM_CONTROLLER
+from harness import kwok_provider
 from harness.kwok_provider import KWOK_PROVIDER_IDS, ProviderIds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +46,6 @@ GPU = "nvidia.com/gpu"
 WORKLOAD_NAMESPACE = "demo"
 PROVISIONING_REQUEST_CRDS = ROOT / "tests" / "e2e" / "crds" / "provisioningrequests"
 DDS_NAMESPACE = "dds-system"
-PAUSED_ANNOTATION = "cluster.x-k8s.io/paused"
 
 
 class StackError(RuntimeError):
@@ -315,7 +315,6 @@ class Stack:
     def _start_cluster_api(self) -> None:
         """Cluster API's manager (stopped with the control plane) and the kwok provider; the workload cluster the
         example MachineSet names; its hosts shaped as DDS's group template; the MachineSet as v1beta2."""
-        from harness import kwok_provider
         from harness.capi import ClusterApiManager
 
         self.cluster_api = ClusterApiManager(self.control_plane).start()
@@ -332,8 +331,6 @@ class Stack:
         """Create a MachineSet (or MachineDeployment) of the stack's workload cluster on kwok hosts shaped as its DDS
         group's template node (a KwokMachineTemplate of its name); `api` writes it (default: the admin); returns what
         the apiserver stored."""
-        from harness import kwok_provider
-
         obj = kwok_provider.on_kwok_hosts(obj)
         cluster = (obj["metadata"]["namespace"], obj["spec"]["clusterName"])
         if cluster not in self._clusters:  # its workload cluster, made once
@@ -347,21 +344,11 @@ class Stack:
 
     @contextmanager
     def machines_paused(self) -> Iterator[None]:
-        """Cluster API makes no Machine for the stack's MachineSet meanwhile (its `cluster.x-k8s.io/paused` annotation,
-        which its MachineSet controller honours), as when its controllers are still reconnecting after an outage."""
+        """Cluster API makes no Machine for the stack's MachineSet meanwhile, as when its controllers are still
+        reconnecting after an outage."""
         obj = cluster_api_machineset(self.options)
-        namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
-        custom = client.CustomObjectsApi(self.api)
-
-        def annotate(value: Optional[str]) -> None:
-            custom.patch_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", namespace, "machinesets", name,
-                                                  {"metadata": {"annotations": {PAUSED_ANNOTATION: value}}})
-
-        annotate("")
-        try:
+        with kwok_provider.machineset_paused(self.api, obj["metadata"]["namespace"], obj["metadata"]["name"]):
             yield
-        finally:
-            annotate(None)
 
     # --- DDS ---
     def write_dds_config(self, name: str, grpc_port: int, **overrides: Any) -> Path:

@@ -5,8 +5,6 @@ session's control plane, harness/pytest_plugin.py) turning its replicas into Mac
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
 from kubernetes import client
@@ -25,7 +23,7 @@ GROUP = "cluster.x-k8s.io"
 GPU_LABEL = "nvidia.com/gpu.product"
 GPU = "nvidia.com/gpu"
 CLUSTER = "demo"
-PAUSED = "cluster.x-k8s.io/paused"  # Cluster API's MachineSet controller leaves a MachineSet so marked alone
+PAUSED = kwok_provider.PAUSED_ANNOTATION  # Cluster API's controllers leave an object so marked alone
 
 
 def open_grant(namespace: str) -> dict[str, NamespaceGrant]:
@@ -123,18 +121,9 @@ class NodeGroupHarness:
     def machines(self) -> list[dict[str, Any]]:
         return self.objects.list_namespaced_custom_object(GROUP, "v1beta2", self.namespace, "machines")["items"]
 
-    @contextmanager
-    def machines_paused(self, name: str) -> Iterator[None]:
-        """Cluster API makes and deletes no Machine of MachineSet `name` meanwhile (as while its controllers are
-        still starting, or a user paused it)."""
-        def annotate(value: Optional[str]) -> None:
-            self.objects.patch_namespaced_custom_object(GROUP, "v1beta2", self.namespace, "machinesets", name,
-                                                        {"metadata": {"annotations": {PAUSED: value}}})
-        annotate("")
-        try:
-            yield
-        finally:
-            annotate(None)
+    def machines_paused(self, name: str) -> Any:
+        """Cluster API makes and deletes no Machine of MachineSet `name` meanwhile (a context manager)."""
+        return kwok_provider.machineset_paused(self.api, self.namespace, name)
 
     def nodes(self) -> dict[str, client.V1Node]:
         """The Nodes of this namespace's Machines (Cluster API annotates a Node with its Machine's namespace)."""
