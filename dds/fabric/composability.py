@@ -608,7 +608,7 @@ class ComposabilityRequestFabric:
         if record.get("kind") == OperationKind.DETACH.value and record.get("state") == OperationState.FAILED.value:
             resources = self._view().resources
             kept = [d for d in record.get("asked", ()) if d in resources
-                    and not (resources[d].get("metadata") or {}).get("deletionTimestamp")]
+                    and not _deleting(resources[d])]
             self._unmark(record["key"], kept)
         body = self._with_result(request, record)
         # Not stored now (an error, or conflicts throughout): the outcome is computed again on the next read.
@@ -1048,20 +1048,27 @@ def _check_not_leaving(key: str, device_ids: Sequence[str], resources: Mapping[s
                                              f"detach); lowering the size again would take another device")
 
 
+def _deleting(resource: dict[str, Any]) -> bool:
+    return bool((resource.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _live_of(name: str, resources: Mapping[str, dict[str, Any]]) -> list[str]:
+    """The ComposableResources of request `name` not being deleted, by name."""
+    return sorted(n for n, r in resources.items() if _labels(r).get(LABEL_MANAGED_BY) == name and not _deleting(r))
+
+
 def _not_picked_up(name: str, resources: Mapping[str, dict[str, Any]]) -> list[str]:
     """The request's ComposableResources its resource controller has not taken up yet (state "", no deletion): the
     operator's removal order puts them last, after Online ones."""
-    return sorted(n for n, r in resources.items() if _labels(r).get(LABEL_MANAGED_BY) == name
-                  and not ((r.get("status") or {}).get("state")) and not (r.get("metadata") or {}).get(
-                      "deletionTimestamp"))
+    return [n for n in _live_of(name, resources) if not (resources[n].get("status") or {}).get("state")]
 
 
 def _attaching_without_error(names: Collection[str], resources: Mapping[str, dict[str, Any]]) -> list[str]:
     """Of `names`, the ComposableResources the operator has taken up and is attaching with no error (its fabric call
     or its wait for the node under way), not being deleted."""
-    return sorted(n for n in names if n in resources and not (resources[n].get("metadata") or {}).get(
-        "deletionTimestamp") and (resources[n].get("status") or {}).get("state") == "Attaching"
-        and not (resources[n].get("status") or {}).get("error"))
+    return sorted(n for n in names if n in resources and not _deleting(resources[n])
+                  and (resources[n].get("status") or {}).get("state") == "Attaching"
+                  and not (resources[n].get("status") or {}).get("error"))
 
 
 def _stranded_by_give_back(name: str, owed: Sequence[str], arrived: Collection[str], unpicked: Collection[str],
@@ -1070,9 +1077,7 @@ def _stranded_by_give_back(name: str, owed: Sequence[str], arrived: Collection[s
     state "" (`unpicked`) when the request holds anything else the operator would remove before them (its removal
     order puts state "" last: an Online GPU, maybe in use, would go instead). When the request holds nothing but
     the owed resources not Online, lowering the size removes exactly those: nothing is stranded."""
-    live = {n for n, r in resources.items() if _labels(r).get(LABEL_MANAGED_BY) == name
-            and not (r.get("metadata") or {}).get("deletionTimestamp")}
-    if not live - (set(owed) - set(arrived)):
+    if not set(_live_of(name, resources)) - (set(owed) - set(arrived)):
         return []
     return [n for n in owed if n in unpicked]
 
@@ -1173,7 +1178,7 @@ def _labels(obj: dict[str, Any]) -> dict[str, str]:
 def _device_state(resource: dict[str, Any]) -> DeviceState:
     """A ComposableResource's device as DDS counts it: one being deleted is on its way out whatever its state says."""
     status = resource.get("status") or {}
-    if (resource.get("metadata") or {}).get("deletionTimestamp"):
+    if _deleting(resource):
         return DeviceState.DETACHING
     state = _RESOURCE_STATES.get(status.get("state", ""), DeviceState.ATTACHING)
     if state == DeviceState.ONLINE and _CRITICAL in (status.get("error") or ""):

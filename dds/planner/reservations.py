@@ -269,7 +269,7 @@ def _choose_node(snapshot: Snapshot, config: ReservationConfig, pod: PodInfo, ca
         a = node.allocatable
         if req.requests.milli_cpu > a.milli_cpu or req.requests.memory > a.memory:
             continue  # it could never hold the pod, however long it drains
-        model = facts.model or (facts.allowed_models[0] if facts.allowed_models else None)
+        model = _model_of(facts) or None
         view = sim_node(node, snapshot, None).with_model(model)
         if first_reject(STATIC_FILTERS, req, view, _NoPods()) is not None:
             continue
@@ -283,6 +283,11 @@ def _choose_node(snapshot: Snapshot, config: ReservationConfig, pod: PodInfo, ca
     else:
         node, facts, gpus = min(candidates, key=lambda c: (-used.get(c[0].name, 0), -c[1].capacity, c[0].name))
     return node, facts.pool or "", gpus
+
+
+def _model_of(facts: GpuFacts) -> str:
+    """The GPU model a node takes: the one it holds, else the first its group allows ("" when it allows any)."""
+    return facts.model or (facts.allowed_models[0] if facts.allowed_models else "")
 
 
 def _spare_gpus(snapshot: Snapshot, used: dict[str, int], reserved: set[str]) -> dict[tuple[str, str], dict[str, int]]:
@@ -303,7 +308,7 @@ def _spare_gpus(snapshot: Snapshot, used: dict[str, int], reserved: set[str]) ->
 
 def _spare_elsewhere(spare: dict[tuple[str, str], dict[str, int]], node: NodeInfo, facts: GpuFacts) -> int:
     """GPUs a reservation of `node` could gather without waiting for any pod: free in its pool, idle on other nodes."""
-    model = facts.model or (facts.allowed_models[0] if facts.allowed_models else "")
+    model = _model_of(facts)
     return sum(count for name, count in spare.get((facts.pool or "", model), {}).items() if name != node.name)
 
 
@@ -330,7 +335,7 @@ def without_gathered(snapshot: Snapshot, plan: ReservationPlan) -> Snapshot:
             continue
         facts = gpu_facts(node, snapshot, None)
         missing = min(r.gpus - facts.capacity, facts.free_slots)
-        model = facts.model or (facts.allowed_models[0] if facts.allowed_models else "")
+        model = _model_of(facts)
         if missing > 0:
             short[(r.pool, model)] = short.get((r.pool, model), 0) + missing
     if not short:
@@ -360,7 +365,7 @@ def _gather(snapshot: Snapshot, reservations: Sequence[Reservation], cache: Requ
         missing = min(r.gpus - facts.capacity, facts.free_slots)
         if missing <= 0:
             continue
-        model = facts.model or (facts.allowed_models[0] if facts.allowed_models else "")
+        model = _model_of(facts)
         take = min(missing, pool_free.get((r.pool, model), 0))
         if take:
             pool_free[(r.pool, model)] -= take

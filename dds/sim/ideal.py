@@ -213,7 +213,8 @@ def ideal(scenario: Scenario, reservations: Optional[ReservationConfig] = None) 
 
 
 def _hold_ages(job: Job, rule: ReservationConfig) -> tuple[float, ...]:
-    ages = (rule.min_age_seconds,) if rule.quiet_age_seconds is None else (rule.min_age_seconds, rule.quiet_age_seconds)
+    ages = (rule.min_age_seconds,) if rule.quiet_age_seconds is None else (rule.min_age_seconds,
+                                                                           rule.quiet_age_seconds)
     return tuple(job.arrival_s + age for age in ages)
 
 
@@ -244,17 +245,15 @@ def _hold_node(world: _World, job: Job, rule: ReservationConfig, held_nodes: set
     planner picks (`_choose_node`), then the first. The planner takes the most GPUs held among the nodes that can
     gather the rest without waiting on other nodes' pods, else the most GPUs in use; on an ideal pool every GPU held
     is in use and the node with the most in use is always among the first, so both come to the most in use."""
-    best: Optional[tuple[tuple[int, int, int], _Node]] = None
-    for index, node in enumerate(world.nodes):
+    def eligible(node: _Node) -> bool:
         group = node.group
-        if (node.name in held_nodes or group.fabric_pool in holds or job.gpus <= rule.large_fraction * node.slots
-                or job.gpus > node.slots or job.milli_cpu > group.milli_cpu
-                or job.memory > group.memory + node.cxl_max or not world.could_ever_take(job, node)):
-            continue
-        key = (-node.gpus_used, index)
-        if best is None or key < best[0]:
-            best = (key, node)
-    return None if best is None else best[1]
+        return not (node.name in held_nodes or group.fabric_pool in holds
+                    or job.gpus <= rule.large_fraction * node.slots or job.gpus > node.slots
+                    or job.milli_cpu > group.milli_cpu
+                    or job.memory > group.memory + node.cxl_max or not world.could_ever_take(job, node))
+
+    # min() keeps the first of equals: the most GPUs in use, then the first node
+    return min((n for n in world.nodes if eligible(n)), key=lambda n: -n.gpus_used, default=None)
 
 
 def _schedule(world: _World, pending: list[Job], minimums: dict[str, int], holds: dict[str, _Hold] | None = None
