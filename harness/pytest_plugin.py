@@ -2,9 +2,10 @@
 folder (integration, e2e).
 
 - `control_plane` (session): one ControlPlane (etcd, kube-apiserver, kube-scheduler, kwok, the CRDs DDS uses, and
-  Cluster API's own manager with the harness's kwok infrastructure provider: harness/capi_stack.py) for the whole run, in a pytest tmp dir (its logs under <tmp>/control-plane*/logs), stopped at the end of the session whatever
-  happened. When the binaries cannot be built or the control plane cannot start, every test that needs it ERRORS with
-  the reason: CI must build them, so this is never a skip.
+  Cluster API's own manager with the harness's kwok infrastructure provider: harness/capi_stack.py) for the whole run,
+  in a pytest tmp dir (its logs under <tmp>/control-plane*/logs), stopped at the end of the session whatever happened.
+  When the binaries cannot be built or the control plane cannot start, every test that needs it ERRORS with the
+  reason: CI must build them, so this is never a skip.
 - `namespace` (function): a fresh namespace, deleted with everything in it afterwards; DDS's shipped Role is bound in
   it (harness/rbac.py `grant_namespace`), for DDS run with the namespace as its own.
 

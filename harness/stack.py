@@ -34,10 +34,9 @@ from kubernetes import client
 from dds import certs
 from dds.config import Settings
 from dds.model.groups import ANN_GPU_IDLE_COOLDOWN, ANN_NODE_IDLE_COOLDOWN
-from harness import rbac
+from harness import kwok_provider, rbac
 from harness.autoscaler import AutoscalerHandle, free_port, start_autoscaler
 from harness.controlplane import RESOURCE_CLAIM_CONTROLLER
-from harness import kwok_provider
 from harness.kwok_provider import KWOK_PROVIDER_IDS, ProviderIds
 
 ROOT = Path(__file__).resolve().parents[1]
