@@ -254,9 +254,11 @@ class Settings(BaseSettings):
     # Reservations (dds/controller/reservations.py, docs/reservations.md): a pending pod asking for more than
     # `reservation_large_fraction` of a node's GPU slots, unschedulable for `reservation_min_age_seconds`, gets a
     # node reserved (tainted, the pod tolerating it) and its GPUs gathered there. On by default: without it kubecomp-w4's
-    # 8-GPU jobs wait over an hour at p95 (docs/simulation.md, "The ideal bound").
+    # 8-GPU jobs wait over an hour at p95 (docs/simulation.md, "The ideal bound"). 300 s: a reserved node drains for
+    # up to a pod's run time, so at 600 s the 8-GPU jobs of a long kubecomp-w4 queue waited 972 s at p95; from 300 s,
+    # 597 s, and the others no longer (docs/simulation.md has the ages measured).
     reservations: bool = True
-    reservation_min_age_seconds: float = Field(default=600.0, ge=0)
+    reservation_min_age_seconds: float = Field(default=300.0, ge=0)
     reservation_large_fraction: float = Field(default=0.5, gt=0, lt=1)
     # Reserve sooner, from this age on, while at most one other pending GPU pod could use the node's GPUs (the queue
     # is short, so draining a node costs little); unset: only `reservation_min_age_seconds` applies. 0 by default: of

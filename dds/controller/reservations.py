@@ -9,7 +9,8 @@ loop pass, before the fast path, so the GPUs it gathers go first:
 | attaches        | free pool devices attached to the reserved node                                                 |
 | detaches        | idle GPUs of other nodes detached now (not after their cooldown), for the reserved node         |
 | claims          | nodes whose running pods hold GPUs the reservation still needs: taint `dds.cdi.dev/gpus-claimed-by` while needed |
-| released        | the pod is bound or gone: the node's reservation taint goes (claims go with the next plan)      |
+| moved           | the reserved node drained first: the busiest claimed node is reserved instead, the old one claimed |
+| released        | the pod is bound or gone, or its reservation moved: the node's reservation taint goes (claims go with the next plan) |
 
 Why a taint the waiting pod tolerates (and not the other ways to keep GPUs for it): kube-scheduler must not give the
 gathered GPUs to a smaller pod at any instant, and only a taint does that without a race. Holding the node's GPUs
@@ -68,10 +69,11 @@ class Reservations:
     def apply(self, plan: ReservationPlan, snapshot: Snapshot) -> ReservationPlan:
         """Carry out `plan`, planned on `snapshot` (the control loop's pass plans it: dds/planner/passes.py)."""
         made = all([self._reserve(reservation) for reservation in plan.new])
-        for node in plan.released:
-            self._release(node)
-        if plan.claims_changed:
+        if plan.claims_changed:  # before the releases: a node a reservation moved from stays fenced throughout
             self._set_claims(snapshot, plan.claimed)
+        moved = {r.moved_from: r for r in plan.new if r.moved_from}
+        for node in plan.released:
+            self._release(node, moved.get(node))
         if made:  # GPUs gathered on a node not fenced yet would go to the first small pod; they move once it is
             self._move_gpus(plan)
         return plan
@@ -96,7 +98,7 @@ class Reservations:
         self._events.emit(node_ref(reservation.node), NORMAL, "ReservedForPod", message)
         return True
 
-    def _release(self, node: str) -> None:
+    def _release(self, node: str, moved_to: Optional[Reservation] = None) -> None:
         try:
             self._writes.untaint(node, RESERVATION_TAINT_KEY)
         except ApiError as exc:
@@ -104,8 +106,9 @@ class Reservations:
                 log.warning("reservation taint of %s not lifted (%s %s); the next pass tries again", node,
                             exc.status, exc.reason)
             return
-        self._events.emit(node_ref(node), NORMAL, "ReservationReleased",
-                          f"{node} is open to every pod again: the pod it was reserved for is bound or gone")
+        why = (f"the reservation for {moved_to.pod} moved to {moved_to.node}" if moved_to is not None
+               else "the pod it was reserved for is bound or gone")
+        self._events.emit(node_ref(node), NORMAL, "ReservationReleased", f"{node} is open to every pod again: {why}")
 
     def _set_claims(self, snapshot: Snapshot, claimed: Sequence[tuple[str, str]]) -> None:
         wanted = dict(claimed)

@@ -62,7 +62,7 @@ class ReservationConfig:
     # A pod is large when it asks for more than this share of a node's GPU slots (default: more than half).
     large_fraction: float = 0.5
     # How long a large pod waits on its own before it gets a node reserved.
-    min_age_seconds: float = 600.0
+    min_age_seconds: float = 300.0
     # From this age on (None: never), a large pod gets its reservation before `min_age_seconds` while at most
     # `quiet_pending` other pending pods could use the node's GPUs. Every pod waiting behind a reservation waits
     # longer by the time the node takes to drain and the large pod to run, so a reservation made while the queue is
@@ -81,6 +81,7 @@ class Reservation:
     pool: str
     gpus: int  # what the pod asks for: the node gathers this many
     reason: str
+    moved_from: Optional[str] = None  # the node reserved for the pod until this pass (_moved)
 
     @property
     def taint(self) -> Taint:
@@ -158,10 +159,14 @@ def plan_reservations(snapshot: Snapshot, config: ReservationConfig = Reservatio
     cache = RequestCache(memos.requests if memos is not None else None)
     pending = {pod_token(p): p for p in snapshot.pending_pods()}
     kept, released = _existing(snapshot, pending, cache)
-    new = _new_reservations(snapshot, config, pending, kept, cache)
+    kept, moved = _moved(snapshot, config, pending, kept, cache)
+    new = moved + _new_reservations(snapshot, config, pending, kept + moved, cache)
     reservations = kept + new
+    tainting = {r.node for r in new}
+    released = tuple(n for n in released if n not in tainting) + tuple(r.moved_from for r in moved if r.moved_from)
     gathered = _gather(snapshot, reservations, cache, planner)
-    claimed = tuple(sorted(gathered.claimed))
+    # The node a reservation left stays fenced this pass, until its idle GPUs are on their way to the new one.
+    claimed = tuple(sorted(gathered.claimed + [(r.moved_from, r.token) for r in moved if r.moved_from]))
     return ReservationPlan(reservations=reservations, new=new, released=released,
                            attaches=tuple(gathered.attaches), detaches=tuple(gathered.detaches), claimed=claimed,
                            notes=tuple(gathered.notes),
@@ -184,6 +189,105 @@ def _existing(snapshot: Snapshot, pending: dict[str, PodInfo], cache: RequestCac
         kept.append(Reservation(pod.key, token, node.name, facts.pool or "", cache.get(pod).gpus(node.gpu_resource),
                                 reason=f"reserved for {pod.key}"))
     return tuple(kept), tuple(released)
+
+
+def _moved(snapshot: Snapshot, config: ReservationConfig, pending: dict[str, PodInfo],
+           kept: Sequence[Reservation], cache: RequestCache) -> tuple[tuple[Reservation, ...], tuple[Reservation, ...]]:
+    """The reservations that stay on their node, and those that move to a node where their pod starts sooner.
+
+    A reservation is fixed when it is made, but which node drains first is not known then. Each pass, one whose node
+    must still wait for GPUs that running pods use moves (`_better_node`): to a node that could take the pod and
+    gather the rest from the pool and idle GPUs at once, else, once its own node has drained, to the claimed node
+    with the most GPUs in use, so the drained node's GPUs move while that one drains rather than after. The pod's
+    toleration is for its token, so it holds on any node."""
+    used = _gpus_in_use(snapshot, cache)
+    reserved = {r.node for r in kept}
+    nodes = {n.name: n for n in snapshot.nodes}
+    stay: list[Reservation] = []
+    moved: list[Reservation] = []
+    for r in kept:
+        better = _better_node(snapshot, config, r, pending[r.token], nodes, used, reserved, cache)
+        if better is None:
+            stay.append(r)
+            continue
+        node, why = better
+        reserved.discard(r.node)
+        reserved.add(node.name)
+        moved.append(replace(r, node=node.name, moved_from=r.node,
+                             reason=f"reservation for {r.pod} moved from {r.node} to {node.name}: {why}"))
+    return tuple(stay), tuple(moved)
+
+
+def _better_node(snapshot: Snapshot, config: ReservationConfig, r: Reservation, pod: PodInfo,
+                 nodes: dict[str, NodeInfo], used: dict[str, int], reserved: set[str], cache: RequestCache
+                 ) -> Optional[tuple[NodeInfo, str]]:
+    """Where `r` should move, and why; None to keep it where it is."""
+    node = nodes.get(r.node)
+    if node is None:
+        return None
+    facts = gpu_facts(node, snapshot, None)
+    waiting = _short(r.gpus, node, facts, used, _spare_gpus(snapshot, used, reserved))
+    if waiting <= 0:
+        return None  # what it lacks is free or idle now
+    others = reserved - {r.node}
+    hosts = _hosts(snapshot, config, r, pod, _model_of(facts), others, cache)
+    spare = _spare_gpus(snapshot, used, others)
+    ready = [(n, f) for n, f in hosts if _ready(snapshot, n, f, r.gpus, pod, used, spare, cache)]
+    if ready:
+        best, best_facts = min(ready, key=lambda o: (-o[1].capacity, used.get(o[0].name, 0), o[0].name))
+        return best, (f"{r.node} waits for {waiting} GPU(s) that running pods use, {best.name} can take {r.pod} "
+                      f"with the {best_facts.capacity} GPU(s) it holds and the rest free now")
+    if used.get(node.name, 0):
+        return None  # still draining: the GPUs it gathers move to it meanwhile
+    busy = [(n, f) for n, f in hosts if used.get(n.name, 0) and r.gpus - f.capacity <= f.free_slots]
+    if not busy:
+        return None
+    best, _ = min(busy, key=lambda o: (-used[o[0].name], -o[1].capacity, o[0].name))
+    return best, (f"{r.node} has drained but lacks {waiting} GPU(s) that only running pods can free; {best.name} has "
+                  f"{used[best.name]} in use (the most of those nodes: expected to drain last), so {r.node}'s "
+                  f"GPUs move to it while it drains")
+
+
+def _short(gpus: int, node: NodeInfo, facts: GpuFacts, used: dict[str, int],
+           spare: dict[tuple[str, str], dict[str, int]]) -> int:
+    """GPUs a pod asking for `gpus` on `node` would wait for running pods to free (its node's or others'): what its
+    node's idle GPUs, and the pool's and other nodes' idle GPUs its free slots can take, cannot cover now."""
+    idle = facts.capacity - used.get(node.name, 0)
+    return gpus - idle - min(_spare_elsewhere(spare, node, facts), facts.free_slots)
+
+
+def _ready(snapshot: Snapshot, node: NodeInfo, facts: GpuFacts, gpus: int, pod: PodInfo, used: dict[str, int],
+           spare: dict[tuple[str, str], dict[str, int]], cache: RequestCache) -> bool:
+    """Whether the pod could start on `node` as soon as free and idle GPUs reach it: nothing to wait for."""
+    return (_short(gpus, node, facts, used, spare) <= 0
+            and _fits_beside(snapshot, node, facts, gpus, used.get(node.name, 0), pod, cache))
+
+
+def _hosts(snapshot: Snapshot, config: ReservationConfig, r: Reservation, pod: PodInfo, model: str,
+           reserved: set[str], cache: RequestCache) -> list[tuple[NodeInfo, GpuFacts]]:
+    """Other nodes of the reservation's pool and GPU model that could hold the pod once drained: not reserved, and
+    claimed by no other reservation (this one's claim would become the reservation)."""
+    found = []
+    for other in snapshot.nodes:
+        if other.name == r.node or other.name in reserved or claimed_token(other) not in (None, r.token):
+            continue
+        unfenced = replace(other, taints=tuple(t for t in other.taints if t.key != CLAIM_TAINT_KEY))
+        hosting = _could_host(snapshot, config, pod, unfenced, cache)
+        if hosting is not None and hosting[0].pool == r.pool and _model_of(hosting[0]) in ("", model):
+            found.append((other, hosting[0]))
+    return found
+
+
+def _fits_beside(snapshot: Snapshot, node: NodeInfo, facts: GpuFacts, gpus: int, in_use: int, pod: PodInfo,
+                 cache: RequestCache) -> bool:
+    """Whether the pod fits beside the node's running pods (which use `in_use` of its GPUs): GPU slots, cores and
+    memory."""
+    if gpus + in_use > facts.capacity + facts.free_slots:
+        return False
+    bound = [cache.requests(p) for p in snapshot.pods if p.node_name == node.name]
+    want = cache.get(pod).requests
+    return (sum(b.milli_cpu for b in bound) + want.milli_cpu <= node.allocatable.milli_cpu
+            and sum(b.memory for b in bound) + want.memory <= node.allocatable.memory)
 
 
 def node_slots(node: NodeInfo, snapshot: Snapshot) -> int:
@@ -256,33 +360,47 @@ def _choose_node(snapshot: Snapshot, config: ReservationConfig, pod: PodInfo, ca
     with most GPUs in use: the node whose pods end last in expectation (the last of more running pods ends later),
     so the other nodes' GPUs are detached and attached while it drains instead of after (a detach and an attach on
     the pod's path otherwise)."""
-    req = cache.get(pod)
     candidates: list[tuple[NodeInfo, GpuFacts, int]] = []
     for node in snapshot.nodes:
-        gpus = req.gpus(node.gpu_resource)
-        slots = node_slots(node, snapshot)
-        if node.name in busy_nodes or not gpus or gpus <= config.large_fraction * slots or gpus > slots:
+        if node.name in busy_nodes:
             continue
-        facts = gpu_facts(node, snapshot, None)
-        if not facts.attachable or facts.pool is None or per_pool.get(facts.pool, 0) >= config.per_pool:
+        hosting = _could_host(snapshot, config, pod, node, cache)
+        if hosting is None or per_pool.get(hosting[0].pool or "", 0) >= config.per_pool:
             continue
-        a = node.allocatable
-        if req.requests.milli_cpu > a.milli_cpu or req.requests.memory > a.memory:
-            continue  # it could never hold the pod, however long it drains
-        model = _model_of(facts) or None
-        view = sim_node(node, snapshot, None).with_model(model)
-        if first_reject(STATIC_FILTERS, req, view, _NoPods()) is not None:
-            continue
-        candidates.append((node, facts, gpus))
+        candidates.append((node, *hosting))
     if not candidates:
         return None
     spare = _spare_gpus(snapshot, used, busy_nodes)
+    ready = [c for c in candidates if _ready(snapshot, c[0], c[1], c[2], pod, used, spare, cache)]
     unclaimed = [c for c in candidates if c[2] - c[1].capacity - _spare_elsewhere(spare, c[0], c[1]) <= 0]
-    if unclaimed:
+    if ready:  # it can start as soon as free and idle GPUs reach it
+        node, facts, gpus = min(ready, key=lambda c: (-c[1].capacity, used.get(c[0].name, 0), c[0].name))
+    elif unclaimed:
         node, facts, gpus = min(unclaimed, key=lambda c: (-c[1].capacity, used.get(c[0].name, 0), c[0].name))
     else:
         node, facts, gpus = min(candidates, key=lambda c: (-used.get(c[0].name, 0), -c[1].capacity, c[0].name))
     return node, facts.pool or "", gpus
+
+
+def _could_host(snapshot: Snapshot, config: ReservationConfig, pod: PodInfo, node: NodeInfo, cache: RequestCache
+                ) -> Optional[tuple[GpuFacts, int]]:
+    """The node's GPU facts and the GPUs `pod` asks for there, when the pod is large for the node and the node could
+    hold it once drained and gathered; else None."""
+    req = cache.get(pod)
+    gpus = req.gpus(node.gpu_resource)
+    slots = node_slots(node, snapshot)
+    if not gpus or gpus <= config.large_fraction * slots or gpus > slots:
+        return None
+    facts = gpu_facts(node, snapshot, None)
+    if not facts.attachable or facts.pool is None:
+        return None
+    a = node.allocatable
+    if req.requests.milli_cpu > a.milli_cpu or req.requests.memory > a.memory:
+        return None  # it could never hold the pod, however long it drains
+    view = sim_node(node, snapshot, None).with_model(_model_of(facts) or None)
+    if first_reject(STATIC_FILTERS, req, view, _NoPods()) is not None:
+        return None
+    return facts, gpus
 
 
 def _model_of(facts: GpuFacts) -> str:

@@ -704,12 +704,10 @@ class Simulation:
         the scale-up, so they get first claim on the pool). True when anything changed."""
         if plan.is_empty:
             return False
-        for name in plan.released:
-            if name in self._nodes:
-                self._actions.untaint(name, RESERVATION_TAINT_KEY)
-        for reservation in plan.new:  # toleration first, then the taint, as the controller does
+        for reservation in plan.new:  # toleration first, then the taint, then claims and releases, as the controller
             pod = self._pods[reservation.pod.partition("/")[2]]
-            pod.info = replace(pod.info, tolerations=pod.info.tolerations + (reservation.toleration,))
+            if reservation.toleration not in pod.info.tolerations:  # a moved reservation's pod has it
+                pod.info = replace(pod.info, tolerations=pod.info.tolerations + (reservation.toleration,))
             self._actions.taint(reservation.node, RESERVATION_TAINT_KEY, reservation.token, RESERVATION_EFFECT)
         claims = dict(plan.claimed)
         for node in self._nodes.values():
@@ -718,6 +716,9 @@ class Simulation:
                 self._actions.untaint(node.name, CLAIM_TAINT_KEY)
             if wanted is not None and node.claimed_by != wanted:
                 self._actions.taint(node.name, CLAIM_TAINT_KEY, wanted, RESERVATION_EFFECT)
+        for name in plan.released:
+            if name in self._nodes:
+                self._actions.untaint(name, RESERVATION_TAINT_KEY)
         for step in plan.attaches:
             self._attach(step, Case.RESERVATION)
         busy = set(self._ops_in_flight.values())

@@ -15,7 +15,7 @@ import pytest
 
 from dds.controller.reservations import Reservations
 from dds.kube.pods import ReservationWrites
-from dds.planner.reservations import RESERVATION_TAINT_KEY, ReservationConfig
+from dds.planner.reservations import CLAIM_TAINT_KEY, RESERVATION_TAINT_KEY, ReservationConfig
 from tests.integration.controller.harness import ControllerHarness
 from tests.integration.nodes.harness import wait_for
 
@@ -73,3 +73,49 @@ def test_a_large_pod_gets_its_gpus_gathered_and_starts_while_small_pods_keep_com
     assert RESERVATION_TAINT_KEY not in dds.taint_keys(w1), "the reservation ends when its pod is bound"
     assert dds.events("Node", w1, "ReservationReleased")
     assert pending(dds, "c-0")  # w1's four GPUs are big's; c-0 waits for the next GPU like any pod
+
+
+@pytest.mark.pool_size(4)
+def test_a_drained_reserved_node_hands_its_reservation_to_the_node_whose_pods_still_run(dds: ControllerHarness):
+    """Every GPU is attached and busy: w1 is reserved, w2 claimed. w1's pods end first, so the GPUs it still lacks
+    are w2's, which would move only after w2's pods end. DDS reserves w2 instead and moves w1's idle GPUs there while
+    w2 drains: the large pod starts on w2 as soon as w2's pods end, with no detach or attach on its path. w1 is
+    never open to another pod while it still holds GPUs."""
+    dds.create_group("workers", replicas=2, max_size=2, gpu_cooldown="1h")
+    w1, w2 = dds.node_names()
+    for node in (w1, w2):
+        dds.attach_gpus(node, 2)
+    for name, node in (("a-0", w1), ("a-1", w1), ("b-0", w2), ("b-1", w2)):
+        dds.create_pod(name, gpus=1, node=node)
+        dds.wait_running(name, node)
+    with_reservations(dds)
+    dds.create_pod("big", gpus=4)
+    dds.wait_unschedulable("big")
+    dds.clock.advance(MIN_AGE + 1)
+    dds.run_once()
+    assert RESERVATION_TAINT_KEY in dds.taint_keys(w1) and CLAIM_TAINT_KEY in dds.taint_keys(w2)
+
+    for name in ("a-0", "a-1"):
+        dds.core.delete_namespaced_pod(name, dds.namespace, grace_period_seconds=0)
+    wait_for(f"{w1} to drain", lambda: not dds.core.list_namespaced_pod(
+        dds.namespace, field_selector=f"spec.nodeName={w1}").items)
+    dds.run_once()
+    assert RESERVATION_TAINT_KEY in dds.taint_keys(w2) and CLAIM_TAINT_KEY not in dds.taint_keys(w2)
+    assert RESERVATION_TAINT_KEY not in dds.taint_keys(w1) and CLAIM_TAINT_KEY in dds.taint_keys(w1)
+    released = dds.events("Node", w1, "ReservationReleased")
+    assert released and f"moved to {w2}" in released[-1].message
+    [detach] = [op for op in dds.operations() if op.key.startswith("reservation/") and op.node == w1]
+    assert detach.requested == 2
+
+    dds.create_pod("c-0", gpus=1)  # a small pod arriving now lands neither on w1's idle GPUs nor on w2
+    dds.wait_unschedulable("c-0")
+    dds.pass_detach_latency()
+    dds.pass_attach_latency()
+    wait_for(f"{w2} to show 4 GPUs", lambda: dds.gpus_allocatable(w2) == 4)
+    assert pending(dds, "c-0") and pending(dds, "big")
+
+    for name in ("b-0", "b-1"):
+        dds.core.delete_namespaced_pod(name, dds.namespace, grace_period_seconds=0)
+    dds.wait_running("big", w2)
+    dds.run_once()
+    assert RESERVATION_TAINT_KEY not in dds.taint_keys(w2) and CLAIM_TAINT_KEY not in dds.taint_keys(w1)

@@ -102,3 +102,19 @@ def test_claims_follow_the_plan_and_the_taint_goes_when_the_pod_is_bound():
     plan = reconcile(reservations, make_snapshot([claimed, reserved], bound, groups=[GROUP], pools=[make_pool(A30=4)]))
     assert set(writes.done) == {("untaint", "w2", RESERVATION_TAINT_KEY), ("untaint", "w1", CLAIM_TAINT_KEY)}
     assert plan.nodes == frozenset()
+
+
+def test_a_moved_reservation_fences_its_old_node_before_lifting_its_taint():
+    """The drained node w1 hands the reservation to w2, whose pods still use the GPUs it lacks: w2 is reserved, w1
+    claimed before its reservation taint goes (never open to a small pod while its idle GPUs are still there), and
+    its GPUs are detached for w2."""
+    reservations, writes, actions, events = keeper()
+    reserved = replace(make_node("w1", gpus=5), taints=(reservation_taint("uid-big"),))
+    claimed = replace(make_node("w2", gpus=3), taints=(claim_taint("uid-big"),))
+    pods = [make_pod("a", gpus=3, node="w2"), make_pod("big", gpus=8, created=0.0)]
+    reconcile(reservations, make_snapshot([reserved, claimed], pods, groups=[GROUP], pools=[make_pool(A30=0)]))
+    assert writes.done == [("tolerate", "default/big", "uid-big"), ("taint", "w2", RESERVATION_TAINT_KEY, "uid-big"),
+                           ("taint", "w1", CLAIM_TAINT_KEY, "uid-big"), ("untaint", "w2", CLAIM_TAINT_KEY),
+                           ("untaint", "w1", RESERVATION_TAINT_KEY)]
+    assert actions.detached == [("w1", 5, Case.RESERVATION)]
+    assert ("node/w1", "ReservationReleased") in events.told and ("node/w2", "ReservedForPod") in events.told

@@ -7,8 +7,9 @@ from dataclasses import replace
 import pytest
 
 from dds.model.plan import Detach, PlannerConfig, ScaleDownPlan
-from dds.planner.reservations import (CLAIM_TAINT_KEY, ReservationConfig, keep_reserved, plan_reservations,
-                                      reservation_taint)
+from dds.model.snapshot import NodeInfo
+from dds.planner.reservations import (CLAIM_TAINT_KEY, ReservationConfig, claim_taint, keep_reserved,
+                                      plan_reservations, reservation_taint)
 from tests.unit.planner.builders import make_group, make_node, make_pod, make_pool, make_snapshot
 
 GROUP = make_group(replicas=2, max_size=2, max_gpus=8)
@@ -126,3 +127,63 @@ def test_past_the_min_age_a_large_pod_is_reserved_however_long_the_queue():
     plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=0)]), QUIET)
     assert [r.pod for r in plan.new] == ["default/big"]
     assert "has waited 1000s:" in plan.new[0].reason
+
+
+def test_a_node_the_pod_can_start_on_now_is_reserved_before_one_whose_pods_hold_all_its_gpus():
+    # w1 holds the most GPUs, but its pod uses all eight; w2 is empty and the pool has eight free.
+    nodes = [make_node("w1", gpus=8), make_node("w2")]
+    pods = [make_pod("long", gpus=8, node="w1"), make_pod("big", gpus=8, created=0.0)]
+    plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=8)]))
+    assert [r.node for r in plan.new] == ["w2"]
+    assert [(a.node, a.count) for a in plan.attaches] == [("w2", 8)]
+
+
+def reserved_on(name: str, gpus: int) -> NodeInfo:
+    return replace(make_node(name, gpus=gpus), taints=(reservation_taint("uid-big"),))
+
+
+def claimed_on(name: str, gpus: int) -> NodeInfo:
+    return replace(make_node(name, gpus=gpus), taints=(claim_taint("uid-big"),))
+
+
+def test_a_drained_reserved_node_hands_its_reservation_to_the_claimed_node_still_busy():
+    # w1 has drained with 5 GPUs; the 3 it lacks are busy on w2. Waiting on w1 means w2's GPUs move after its pods
+    # end; reserving w2 moves w1's 5 now, while w2 drains, so the pod starts when w2's pods end.
+    nodes = [reserved_on("w1", 5), claimed_on("w2", 3)]
+    pods = [make_pod("a", gpus=3, node="w2"), make_pod("big", gpus=8, created=0.0)]
+    plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=0)]))
+    (moved,) = plan.new
+    assert (moved.node, moved.moved_from, moved.token) == ("w2", "w1", "uid-big")
+    assert "moved from w1 to w2" in moved.reason and "drained" in moved.reason
+    assert plan.released == ("w1",)
+    assert plan.claimed == (("w1", "uid-big"),), "w1 stays fenced until its GPUs are on their way"
+    assert [(d.node, len(d.device_ids)) for d in plan.detaches] == [("w1", 5)]
+    assert plan.nodes == {"w2"}
+
+
+def test_a_reserved_node_still_draining_keeps_its_reservation():
+    nodes = [reserved_on("w1", 5), claimed_on("w2", 3)]
+    pods = [make_pod("mine", gpus=1, node="w1"), make_pod("a", gpus=3, node="w2"), make_pod("big", gpus=8)]
+    plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=0)]))
+    assert plan.new == () and plan.released == ()
+    assert plan.nodes == {"w1"} and plan.claimed == (("w2", "uid-big"),)
+
+
+def test_a_reservation_moves_to_a_node_the_pod_can_start_on_now():
+    # w1's one pod holds all of its GPUs for as long as it runs; w2 has emptied and the pool has the GPUs.
+    nodes = [reserved_on("w1", 8), make_node("w2", gpus=2)]
+    pods = [make_pod("long", gpus=8, node="w1"), make_pod("big", gpus=8)]
+    plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=6)]))
+    (moved,) = plan.new
+    assert (moved.node, moved.moved_from) == ("w2", "w1")
+    assert "can take default/big" in moved.reason
+    assert [(a.node, a.count) for a in plan.attaches] == [("w2", 6)]
+    assert plan.released == ("w1",)
+
+
+def test_a_reservation_does_not_move_to_a_node_fenced_for_another_pod():
+    other = replace(make_node("w2"), taints=(claim_taint("uid-other"),))
+    nodes = [reserved_on("w1", 8), other]
+    pods = [make_pod("long", gpus=8, node="w1"), make_pod("big", gpus=8)]
+    plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=8)]))
+    assert plan.new == () and plan.nodes == {"w1"}
