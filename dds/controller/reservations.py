@@ -106,9 +106,11 @@ class Reservations:
                 log.warning("reservation taint of %s not lifted (%s %s); the next pass tries again", node,
                             exc.status, exc.reason)
             return
-        why = (f"the reservation for {moved_to.pod} moved to {moved_to.node}" if moved_to is not None
-               else "the pod it was reserved for is bound or gone")
-        self._events.emit(node_ref(node), NORMAL, "ReservationReleased", f"{node} is open to every pod again: {why}")
+        message = (f"{node} is open to every pod again: the pod it was reserved for is bound or gone"
+                   if moved_to is None else
+                   f"the reservation for {moved_to.pod} moved to {moved_to.node}: {node} stays claimed while its GPUs "
+                   f"go there")
+        self._events.emit(node_ref(node), NORMAL, "ReservationReleased", message)
 
     def _set_claims(self, snapshot: Snapshot, claimed: Sequence[tuple[str, str]]) -> None:
         wanted = dict(claimed)

@@ -158,7 +158,7 @@ def plan_reservations(snapshot: Snapshot, config: ReservationConfig = Reservatio
                                claims_changed=bool(shown))
     cache = RequestCache(memos.requests if memos is not None else None)
     pending = {pod_token(p): p for p in snapshot.pending_pods()}
-    kept, released = _existing(snapshot, pending, cache)
+    kept, released, left = _existing(snapshot, pending, cache)
     kept, moved = _moved(snapshot, config, pending, kept, cache)
     new = moved + _new_reservations(snapshot, config, pending, kept + moved, cache)
     reservations = kept + new
@@ -166,7 +166,8 @@ def plan_reservations(snapshot: Snapshot, config: ReservationConfig = Reservatio
     released = tuple(n for n in released if n not in tainting) + tuple(r.moved_from for r in moved if r.moved_from)
     gathered = _gather(snapshot, reservations, cache, planner)
     # The node a reservation left stays fenced this pass, until its idle GPUs are on their way to the new one.
-    claimed = tuple(sorted(gathered.claimed + [(r.moved_from, r.token) for r in moved if r.moved_from]))
+    claimed = tuple(sorted(set(gathered.claimed) | set(left)
+                           | {(r.moved_from, r.token) for r in moved if r.moved_from}))
     return ReservationPlan(reservations=reservations, new=new, released=released,
                            attaches=tuple(gathered.attaches), detaches=tuple(gathered.detaches), claimed=claimed,
                            notes=tuple(gathered.notes),
@@ -174,21 +175,30 @@ def plan_reservations(snapshot: Snapshot, config: ReservationConfig = Reservatio
 
 
 def _existing(snapshot: Snapshot, pending: dict[str, PodInfo], cache: RequestCache
-              ) -> tuple[tuple[Reservation, ...], tuple[str, ...]]:
-    kept: list[Reservation] = []
+              ) -> tuple[tuple[Reservation, ...], tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The reservations in force, the nodes whose reservation taint goes, and of those the ones left by a pod still
+    reserved elsewhere (node, token): they stay claimed this pass."""
+    kept: dict[str, Reservation] = {}
     released: list[str] = []
-    for node in sorted(snapshot.nodes, key=lambda n: n.name):
+    left: list[tuple[str, str]] = []
+    used = _gpus_in_use(snapshot, cache)
+    # Two nodes tainted for one pod: the edge stopped between the two writes of a move. The busier one is kept (the
+    # node a move goes to, or, for a move to a node the pod can start on now, the node it leaves: the next pass moves
+    # it again); the other is released, so GPUs are never gathered on two nodes for one pod.
+    for node in sorted(snapshot.nodes, key=lambda n: (-used.get(n.name, 0), n.name)):
         token = reserved_token(node)
         if token is None:
             continue
         pod = pending.get(token)
-        if pod is None:
+        if pod is None or token in kept:
             released.append(node.name)
+            if pod is not None:
+                left.append((node.name, token))
             continue
         facts = gpu_facts(node, snapshot, None)
-        kept.append(Reservation(pod.key, token, node.name, facts.pool or "", cache.get(pod).gpus(node.gpu_resource),
-                                reason=f"reserved for {pod.key}"))
-    return tuple(kept), tuple(released)
+        kept[token] = Reservation(pod.key, token, node.name, facts.pool or "", cache.get(pod).gpus(node.gpu_resource),
+                                  reason=f"reserved for {pod.key}")
+    return tuple(sorted(kept.values(), key=lambda r: r.node)), tuple(sorted(released)), tuple(left)
 
 
 def _moved(snapshot: Snapshot, config: ReservationConfig, pending: dict[str, PodInfo],

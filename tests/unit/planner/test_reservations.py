@@ -187,3 +187,14 @@ def test_a_reservation_does_not_move_to_a_node_fenced_for_another_pod():
     pods = [make_pod("long", gpus=8, node="w1"), make_pod("big", gpus=8)]
     plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=8)]))
     assert plan.new == () and plan.nodes == {"w1"}
+
+
+def test_a_pod_reserved_on_two_nodes_keeps_one_and_gathers_for_one():
+    """The edge stopped between the two writes of a move: both nodes carry the pod's reservation taint."""
+    nodes = [reserved_on("w1", 5), reserved_on("w2", 3)]
+    pods = [make_pod("a", gpus=3, node="w2"), make_pod("big", gpus=8)]
+    plan = plan_reservations(make_snapshot(nodes, pods, groups=[GROUP], pools=[make_pool(A30=0)]))
+    assert plan.nodes == {"w2"} and plan.released == ("w1",)
+    assert plan.claimed == (("w1", "uid-big"),), "fenced while its idle GPUs leave"
+    assert [(d.node, len(d.device_ids)) for d in plan.detaches] == [("w1", 5)]  # w1's idle GPUs go to w2 alone
+    assert plan.attaches == ()
