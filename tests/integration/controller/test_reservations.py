@@ -3,9 +3,9 @@ node's reservation taint, GPUs are gathered there, and it starts while 1-GPU pod
 would otherwise go to them.
 
 Two 4-slot workers with 2 GPUs each, both busy with two 1-GPU pods, 2 A30s left in the pool; a 4-GPU pod waits.
-The controller's reservations are configured here the way `dds serve` is to configure them from its settings
-(`reservations`, `reservation_min_age_seconds`): this process builds DDS with `build_app`, which does not pass them
-yet.
+The controller's reservations are configured here as `dds serve` configures them from its settings (`reservations`,
+`reservation_min_age_seconds`), with an age of their own and no quiet rule, so that each test says when a pod is
+old enough.
 """
 
 from __future__ import annotations

@@ -69,13 +69,13 @@ def test_a_large_job_is_reserved_before_its_min_age_while_few_pods_queue_behind_
 def test_reserve_early_turns_reservations_on_with_its_quiet_age():
     args = argparse.Namespace(reservations=False, no_reservations=False, reserve_after=None, reserve_early=30.0)
     config = reservations_from_args(args)
-    assert (config.enabled, config.quiet_age_seconds, config.min_age_seconds) == (True, 30.0, 600.0)
+    assert (config.enabled, config.quiet_age_seconds, config.min_age_seconds) == (True, 30.0, 300.0)
 
 
 def test_simulate_reserves_by_default_as_the_controller_does_and_can_be_told_not_to():
     plain = argparse.Namespace(reservations=False, no_reservations=False, reserve_after=None, reserve_early=None)
     config = reservations_from_args(plain)
-    assert (config.enabled, config.quiet_age_seconds, config.min_age_seconds) == (True, 0.0, 600.0)
+    assert (config.enabled, config.quiet_age_seconds, config.min_age_seconds) == (True, 0.0, 300.0)
     off = reservations_from_args(argparse.Namespace(**{**vars(plain), "no_reservations": True}))
     assert not off.enabled
 
