@@ -158,13 +158,14 @@ def plan_reservations(snapshot: Snapshot, config: ReservationConfig = Reservatio
                                claims_changed=bool(shown))
     cache = RequestCache(memos.requests if memos is not None else None)
     pending = {pod_token(p): p for p in snapshot.pending_pods()}
-    kept, released, left = _existing(snapshot, pending, cache)
-    kept, moved = _moved(snapshot, config, pending, kept, cache)
-    new = moved + _new_reservations(snapshot, config, pending, kept + moved, cache)
+    load = _node_load(snapshot, cache)
+    kept, released, left = _existing(snapshot, pending, cache, load)
+    kept, moved = _moved(snapshot, config, pending, kept, cache, load)
+    new = moved + _new_reservations(snapshot, config, pending, kept + moved, cache, load)
     reservations = kept + new
     tainting = {r.node for r in new}
     released = tuple(n for n in released if n not in tainting) + tuple(r.moved_from for r in moved if r.moved_from)
-    gathered = _gather(snapshot, reservations, cache, planner)
+    gathered = _gather(snapshot, reservations, cache, planner, load.gpus)
     # The node a reservation left stays fenced this pass, until its idle GPUs are on their way to the new one.
     claimed = tuple(sorted(set(gathered.claimed) | set(left)
                            | {(r.moved_from, r.token) for r in moved if r.moved_from}))
@@ -174,14 +175,14 @@ def plan_reservations(snapshot: Snapshot, config: ReservationConfig = Reservatio
                            claims_changed=claimed != shown)
 
 
-def _existing(snapshot: Snapshot, pending: dict[str, PodInfo], cache: RequestCache
+def _existing(snapshot: Snapshot, pending: dict[str, PodInfo], cache: RequestCache, load: _Load
               ) -> tuple[tuple[Reservation, ...], tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The reservations in force, the nodes whose reservation taint goes, and of those the ones left by a pod still
     reserved elsewhere (node, token): they stay claimed this pass."""
     kept: dict[str, Reservation] = {}
     released: list[str] = []
     left: list[tuple[str, str]] = []
-    used = _gpus_in_use(snapshot, cache)
+    used = load.gpus
     # Two nodes tainted for one pod: the edge stopped between the two writes of a move. The busier one is kept (the
     # node a move goes to, or, for a move to a node the pod can start on now, the node it leaves: the next pass moves
     # it again); the other is released, so GPUs are never gathered on two nodes for one pod.
@@ -201,8 +202,8 @@ def _existing(snapshot: Snapshot, pending: dict[str, PodInfo], cache: RequestCac
     return tuple(sorted(kept.values(), key=lambda r: r.node)), tuple(sorted(released)), tuple(left)
 
 
-def _moved(snapshot: Snapshot, config: ReservationConfig, pending: dict[str, PodInfo],
-           kept: Sequence[Reservation], cache: RequestCache) -> tuple[tuple[Reservation, ...], tuple[Reservation, ...]]:
+def _moved(snapshot: Snapshot, config: ReservationConfig, pending: dict[str, PodInfo], kept: Sequence[Reservation],
+           cache: RequestCache, load: _Load) -> tuple[tuple[Reservation, ...], tuple[Reservation, ...]]:
     """The reservations that stay on their node, and those that move to a node where their pod starts sooner.
 
     A reservation is fixed when it is made, but which node drains first is not known then. Each pass, one whose node
@@ -210,13 +211,12 @@ def _moved(snapshot: Snapshot, config: ReservationConfig, pending: dict[str, Pod
     gather the rest from the pool and idle GPUs at once, else, once its own node has drained, to the claimed node
     with the most GPUs in use, so the drained node's GPUs move while that one drains rather than after. The pod's
     toleration is for its token, so it holds on any node."""
-    used = _gpus_in_use(snapshot, cache)
     reserved = {r.node for r in kept}
     nodes = {n.name: n for n in snapshot.nodes}
     stay: list[Reservation] = []
     moved: list[Reservation] = []
     for r in kept:
-        better = _better_node(snapshot, config, r, pending[r.token], nodes, used, reserved, cache)
+        better = _better_node(snapshot, config, r, pending[r.token], nodes, load, reserved, cache)
         if better is None:
             stay.append(r)
             continue
@@ -229,9 +229,10 @@ def _moved(snapshot: Snapshot, config: ReservationConfig, pending: dict[str, Pod
 
 
 def _better_node(snapshot: Snapshot, config: ReservationConfig, r: Reservation, pod: PodInfo,
-                 nodes: dict[str, NodeInfo], used: dict[str, int], reserved: set[str], cache: RequestCache
+                 nodes: dict[str, NodeInfo], load: _Load, reserved: set[str], cache: RequestCache
                  ) -> Optional[tuple[NodeInfo, str]]:
     """Where `r` should move, and why; None to keep it where it is."""
+    used = load.gpus
     node = nodes.get(r.node)
     if node is None:
         return None
@@ -242,7 +243,7 @@ def _better_node(snapshot: Snapshot, config: ReservationConfig, r: Reservation, 
     others = reserved - {r.node}
     hosts = _hosts(snapshot, config, r, pod, _model_of(facts), others, cache)
     spare = _spare_gpus(snapshot, used, others)
-    ready = [(n, f) for n, f in hosts if _ready(snapshot, n, f, r.gpus, pod, used, spare, cache)]
+    ready = [(n, f) for n, f in hosts if _ready(n, f, r.gpus, pod, load, spare, cache)]
     if ready:
         best, best_facts = min(ready, key=lambda o: (-o[1].capacity, used.get(o[0].name, 0), o[0].name))
         return best, (f"{r.node} waits for {waiting} GPU(s) that running pods use, {best.name} can take {r.pod} "
@@ -266,11 +267,10 @@ def _short(gpus: int, node: NodeInfo, facts: GpuFacts, used: dict[str, int],
     return gpus - idle - min(_spare_elsewhere(spare, node, facts), facts.free_slots)
 
 
-def _ready(snapshot: Snapshot, node: NodeInfo, facts: GpuFacts, gpus: int, pod: PodInfo, used: dict[str, int],
+def _ready(node: NodeInfo, facts: GpuFacts, gpus: int, pod: PodInfo, load: _Load,
            spare: dict[tuple[str, str], dict[str, int]], cache: RequestCache) -> bool:
     """Whether the pod could start on `node` as soon as free and idle GPUs reach it: nothing to wait for."""
-    return (_short(gpus, node, facts, used, spare) <= 0
-            and _fits_beside(snapshot, node, facts, gpus, used.get(node.name, 0), pod, cache))
+    return _short(gpus, node, facts, load.gpus, spare) <= 0 and _fits_beside(node, facts, gpus, pod, load, cache)
 
 
 def _hosts(snapshot: Snapshot, config: ReservationConfig, r: Reservation, pod: PodInfo, model: str,
@@ -288,16 +288,14 @@ def _hosts(snapshot: Snapshot, config: ReservationConfig, r: Reservation, pod: P
     return found
 
 
-def _fits_beside(snapshot: Snapshot, node: NodeInfo, facts: GpuFacts, gpus: int, in_use: int, pod: PodInfo,
-                 cache: RequestCache) -> bool:
-    """Whether the pod fits beside the node's running pods (which use `in_use` of its GPUs): GPU slots, cores and
-    memory."""
-    if gpus + in_use > facts.capacity + facts.free_slots:
+def _fits_beside(node: NodeInfo, facts: GpuFacts, gpus: int, pod: PodInfo, load: _Load, cache: RequestCache
+                 ) -> bool:
+    """Whether the pod fits beside the node's running pods: GPU slots, cores and memory."""
+    if gpus + load.gpus.get(node.name, 0) > facts.capacity + facts.free_slots:
         return False
-    bound = [cache.requests(p) for p in snapshot.pods if p.node_name == node.name]
     want = cache.get(pod).requests
-    return (sum(b.milli_cpu for b in bound) + want.milli_cpu <= node.allocatable.milli_cpu
-            and sum(b.memory for b in bound) + want.memory <= node.allocatable.memory)
+    return (load.milli_cpu.get(node.name, 0) + want.milli_cpu <= node.allocatable.milli_cpu
+            and load.memory.get(node.name, 0) + want.memory <= node.allocatable.memory)
 
 
 def node_slots(node: NodeInfo, snapshot: Snapshot) -> int:
@@ -309,20 +307,20 @@ def node_slots(node: NodeInfo, snapshot: Snapshot) -> int:
 
 
 def _new_reservations(snapshot: Snapshot, config: ReservationConfig, pending: dict[str, PodInfo],
-                      kept: Sequence[Reservation], cache: RequestCache) -> tuple[Reservation, ...]:
+                      kept: Sequence[Reservation], cache: RequestCache, load: _Load) -> tuple[Reservation, ...]:
     taken = {r.token for r in kept}
     busy_nodes = {r.node for r in kept}
     per_pool: dict[str, int] = {}
     for r in kept:
         per_pool[r.pool] = per_pool.get(r.pool, 0) + 1
-    used = _gpus_in_use(snapshot, cache)
+    used = load.gpus
     out: list[Reservation] = []
     for pod in sorted(pending.values(), key=scheduling_order):
         waited = snapshot.now - pod.created_at
         if (pod_token(pod) in taken or waited < earliest_reservation_age(config) or pod.unsupported
                 or gang_of(pod) is not None):
             continue  # a gang member alone is no use: gangs get capacity all or nothing (gangs.py), not reservations
-        choice = _choose_node(snapshot, config, pod, cache, used, busy_nodes, per_pool)
+        choice = _choose_node(snapshot, config, pod, cache, load, busy_nodes, per_pool)
         if choice is None:
             continue
         node, pool, gpus = choice
@@ -352,17 +350,30 @@ def _queued_behind(pending: Iterable[PodInfo], pod: PodInfo, node: NodeInfo, cac
     return sum(1 for other in pending if other is not pod and cache.get(other).gpus(node.gpu_resource))
 
 
-def _gpus_in_use(snapshot: Snapshot, cache: RequestCache) -> dict[str, int]:
+@dataclass(frozen=True)
+class _Load:
+    """What the bound pods of each node use, read once per plan: GPUs of the node's kind, cores and memory."""
+
+    gpus: dict[str, int]
+    milli_cpu: dict[str, int]
+    memory: dict[str, int]
+
+
+def _node_load(snapshot: Snapshot, cache: RequestCache) -> _Load:
     resource = {n.name: n.gpu_resource for n in snapshot.nodes}
-    used: dict[str, int] = {}
+    load = _Load({}, {}, {})
     for pod in snapshot.pods:
         if pod.node_name in resource:
-            used[pod.node_name] = used.get(pod.node_name, 0) + cache.requests(pod).get(resource[pod.node_name])
-    return used
+            requests = cache.requests(pod)
+            name = pod.node_name
+            load.gpus[name] = load.gpus.get(name, 0) + requests.get(resource[name])
+            load.milli_cpu[name] = load.milli_cpu.get(name, 0) + requests.milli_cpu
+            load.memory[name] = load.memory.get(name, 0) + requests.memory
+    return load
 
 
 def _choose_node(snapshot: Snapshot, config: ReservationConfig, pod: PodInfo, cache: RequestCache,
-                 used: dict[str, int], busy_nodes: set[str], per_pool: dict[str, int]
+                 load: _Load, busy_nodes: set[str], per_pool: dict[str, int]
                  ) -> Optional[tuple[NodeInfo, str, int]]:
     """The node to reserve for `pod`. Of the nodes that could gather what they lack from the free pool and other
     nodes' idle GPUs alone, the one already holding most GPUs (fewest to bring; its own come back as its pods end),
@@ -380,8 +391,9 @@ def _choose_node(snapshot: Snapshot, config: ReservationConfig, pod: PodInfo, ca
         candidates.append((node, *hosting))
     if not candidates:
         return None
+    used = load.gpus
     spare = _spare_gpus(snapshot, used, busy_nodes)
-    ready = [c for c in candidates if _ready(snapshot, c[0], c[1], c[2], pod, used, spare, cache)]
+    ready = [c for c in candidates if _ready(c[0], c[1], c[2], pod, load, spare, cache)]
     unclaimed = [c for c in candidates if c[2] - c[1].capacity - _spare_elsewhere(spare, c[0], c[1]) <= 0]
     if ready:  # it can start as soon as free and idle GPUs reach it
         node, facts, gpus = min(ready, key=lambda c: (-c[1].capacity, used.get(c[0].name, 0), c[0].name))
@@ -473,16 +485,15 @@ def without_gathered(snapshot: Snapshot, plan: ReservationPlan) -> Snapshot:
     return replace(snapshot, pools=pools)
 
 
-def _gather(snapshot: Snapshot, reservations: Sequence[Reservation], cache: RequestCache, planner: PlannerConfig
-            ) -> _Gathered:
+def _gather(snapshot: Snapshot, reservations: Sequence[Reservation], cache: RequestCache, planner: PlannerConfig,
+            used: dict[str, int]) -> _Gathered:
     """Free pool devices first, then idle GPUs of unreserved nodes of the same pool, then claims on the GPUs other
-    nodes' pods still use, up to each reserved node's shortfall. A busy device-plugin node gives no idle GPU now (the
+    nodes' pods still use (`used`: GPUs in use per node), up to each reserved node's shortfall. A busy device-plugin node gives no idle GPU now (the
     operator would refuse the detach until the node is idle): it can only be claimed, and then gives all of its GPUs
     once its pods end."""
     nodes = {n.name: n for n in snapshot.nodes}
     reserved = {r.node for r in reservations}
     pool_free = {(p.name, m): max(0, int(c)) for p in snapshot.pools for m, c in p.free.items()}
-    used = _gpus_in_use(snapshot, cache)
     held = nodes_held_by_load(snapshot, planner, cache)
     idle = _idle_devices(snapshot, used, reserved | held)
     out = _Gathered([], [], [], [])

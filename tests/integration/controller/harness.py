@@ -267,3 +267,16 @@ def one_gpu_idle_beside_a_busy_one(dds: ControllerHarness) -> tuple[str, str]:
     dds.wait_running("busy", first)
     dds.run_once()
     return first, second
+
+
+def two_nodes_with_busy_gpus(dds: ControllerHarness, gpu_cooldown: str = "1h") -> tuple[str, str]:
+    """Two 4-slot nodes (a group at its max size), each holding 2 GPUs, both in use by two running 1-GPU pods: a-0
+    and a-1 on the first, b-0 and b-1 on the second. Returns (first, second)."""
+    dds.create_group("workers", replicas=2, max_size=2, gpu_cooldown=gpu_cooldown)
+    first, second = dds.node_names()
+    for node in (first, second):
+        dds.attach_gpus(node, 2)
+    for name, node in (("a-0", first), ("a-1", first), ("b-0", second), ("b-1", second)):
+        dds.create_pod(name, gpus=1, node=node)
+        dds.wait_running(name, node)
+    return first, second

@@ -18,7 +18,8 @@ from dds.planner.reservations import RESERVATION_TAINT_KEY
 from dds.sim.engine import Simulation
 from dds.sim.policies import POLICIES
 from dds.sim.workloads import WorkloadParams, build
-from tests.integration.controller.harness import DEBOUNCE_SECONDS, ControllerHarness, one_gpu_idle_beside_a_busy_one
+from tests.integration.controller.harness import (DEBOUNCE_SECONDS, ControllerHarness, one_gpu_idle_beside_a_busy_one,
+                                                   two_nodes_with_busy_gpus)
 from tests.integration.nodes.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.pool_size(2)]
@@ -57,13 +58,7 @@ def test_the_loop_moves_a_reservation_to_the_node_still_draining_as_the_simulato
     """Every GPU is attached and busy when a 4-GPU pod arrives alone: it is reserved at once (the quiet rule). Its
     node drains first, so the loop hands the reservation to the other node, whose pods hold the GPUs it lacks, and
     the simulator's pass on the recorded snapshot makes the same move."""
-    dds.create_group("workers", replicas=2, max_size=2, gpu_cooldown="600s")
-    w1, w2 = dds.node_names()
-    for node in (w1, w2):
-        dds.attach_gpus(node, 2)
-    for name, node in (("a-0", w1), ("a-1", w1), ("b-0", w2), ("b-1", w2)):
-        dds.create_pod(name, gpus=1, node=node)
-        dds.wait_running(name, node)
+    w1, w2 = two_nodes_with_busy_gpus(dds, gpu_cooldown="600s")
     dds.create_pod("big", gpus=4)
     dds.wait_unschedulable("big")
     dds.clock.advance(DEBOUNCE_SECONDS + 1)

@@ -16,7 +16,7 @@ import pytest
 from dds.controller.reservations import Reservations
 from dds.kube.pods import ReservationWrites
 from dds.planner.reservations import CLAIM_TAINT_KEY, RESERVATION_TAINT_KEY, ReservationConfig
-from tests.integration.controller.harness import ControllerHarness
+from tests.integration.controller.harness import ControllerHarness, two_nodes_with_busy_gpus
 from tests.integration.nodes.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.pool_size(6)]
@@ -35,13 +35,7 @@ def pending(dds: ControllerHarness, name: str) -> bool:
 
 
 def test_a_large_pod_gets_its_gpus_gathered_and_starts_while_small_pods_keep_coming(dds: ControllerHarness):
-    dds.create_group("workers", replicas=2, max_size=2, gpu_cooldown="1h")
-    w1, w2 = dds.node_names()
-    for node in (w1, w2):
-        dds.attach_gpus(node, 2)
-    for name, node in (("a-0", w1), ("a-1", w1), ("b-0", w2), ("b-1", w2)):
-        dds.create_pod(name, gpus=1, node=node)
-        dds.wait_running(name, node)
+    w1, w2 = two_nodes_with_busy_gpus(dds)
     with_reservations(dds)
 
     dds.create_pod("big", gpus=4)
@@ -81,13 +75,7 @@ def test_a_drained_reserved_node_hands_its_reservation_to_the_node_whose_pods_st
     are w2's, which would move only after w2's pods end. DDS reserves w2 instead and moves w1's idle GPUs there while
     w2 drains: the large pod starts on w2 as soon as w2's pods end, with no detach or attach on its path. w1 is
     never open to another pod while it still holds GPUs."""
-    dds.create_group("workers", replicas=2, max_size=2, gpu_cooldown="1h")
-    w1, w2 = dds.node_names()
-    for node in (w1, w2):
-        dds.attach_gpus(node, 2)
-    for name, node in (("a-0", w1), ("a-1", w1), ("b-0", w2), ("b-1", w2)):
-        dds.create_pod(name, gpus=1, node=node)
-        dds.wait_running(name, node)
+    w1, w2 = two_nodes_with_busy_gpus(dds)
     with_reservations(dds)
     dds.create_pod("big", gpus=4)
     dds.wait_unschedulable("big")
