@@ -410,23 +410,25 @@ def test_a_cluster_manager_accepting_the_operators_repeated_resize_is_reported_a
             return [c for c in run.cm.resize_calls()[before:] if machine in c.path and c.status == 202]
 
         run.wait_for("the operator's repeated resize applied", lambda: len(accepted()) >= 2)
-        assert len(accepted()) == 2, [(c.path, c.status) for c in run.cm.resize_calls()[before:]]
-        [extra] = run.wait_for(f"the one device on {node} no ComposableResource holds", lambda: (
+        # Each repeat the CM applies brings one device no resource holds; how many the operator sends while its first
+        # add is under way is its own timing (one here, more on a loaded machine), not DDS's.
+        extras = run.wait_for(f"the devices on {node} no ComposableResource holds", lambda: (
             all((r.get("status") or {}).get("state") == "Online" for r in run.resources_on(node))
-            and unclaimed(run, node)), CLAIM_TIMEOUT_S)
+            and len(unclaimed(run, node)) == len(accepted()) - 1 and unclaimed(run, node)), CLAIM_TIMEOUT_S)
         reported_before = len(run.events("UnheldDevice", node))
         reported = run.wait_for(f"DDS's UnheldDevice Event on {node}", lambda: run.events(
             "UnheldDevice", node)[reported_before:], UNHELD_GRACE_S + CLAIM_TIMEOUT_S)
         assert reported[-1].type == "Warning"
-        assert "1 device(s) attached that no ComposableResource holds" in reported[-1].message, reported[-1].message
+        assert f"{len(extras)} device(s) attached that no ComposableResource holds" in reported[-1].message, \
+            reported[-1].message
         assert len(run.events("AttachingGPU", "accept-0")) == 1, "DDS attached for the pod more than once"
         request = next(r for r in run.custom.list_cluster_custom_object(
             CRO_GROUP, CRO_VERSION, "composabilityrequests")["items"] if r["spec"]["resource"]["target_node"] == node)
-        assert request["spec"]["resource"]["size"] == len(run.resources_on(node)) == run.capacity(node) - 1
+        assert request["spec"]["resource"]["size"] == len(run.resources_on(node)) == run.capacity(node) - len(extras)
         spec = run.cm.spec_uuid(machine, MODEL)
         run.cm.resize(run.cm.tenant_uuid, run.cm.cluster_uuid, machine, {"remove_resources": {
-            "spec_uuid": spec, "device_count": len(run.side.devices_on(node)) - 1, "devices": [extra]}})
-        run.wait_for(f"the device gone from {node}", lambda: extra not in run.side.devices_on(node)
+            "spec_uuid": spec, "device_count": len(run.side.devices_on(node)) - len(extras), "devices": list(extras)}})
+        run.wait_for(f"the devices gone from {node}", lambda: not set(extras) & set(run.side.devices_on(node))
                      and not unclaimed(run, node))
     finally:
         run.cm.repeated_resize = RepeatedResize.REFUSE

@@ -394,10 +394,13 @@ def test_a_gpu_drain_that_fails_fails_the_detach_and_a_slow_one_only_delays_it(p
             free_before = fabric.pools()[0].free[MODEL]
             events = RecordedEvents()
             watcher = OperationWatcher(fabric, events, time.time)
-            started = fabric.attach(AttachRequest(key="two", node=node, pool="pool", model=MODEL, count=2))
-            attached = cluster.wait("DDS's attach ended", lambda: ended(fabric, started.key))
-            assert attached.state == OperationState.SUCCEEDED, attached
-            undrained, other = attached.devices
+            devices: list[str] = []
+            for key in ("first", "second"):  # one at a time: two adds at once are refused by the CM (409) and retried
+                started = fabric.attach(AttachRequest(key=key, node=node, pool="pool", model=MODEL, count=1))
+                attached = cluster.wait(f"DDS's attach {key} ended", lambda: ended(fabric, started.key))
+                assert attached.state == OperationState.SUCCEEDED, attached
+                devices += attached.devices
+            undrained, other = devices
             serial = {d.id: d.serial for d in fabric.devices(node)}
 
             cluster.agent.set_timings(NodeTimings(drain_failure=DRAIN_FAILURE))
