@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
 from dds.planner.device_modes import nodes_held_by_load
-from dds.planner.nodes import group_slots
+from dds.planner.nodes import free_cpu_memory, group_slots
 from dds.model.plan import Attach, Detach, PlannerConfig, ScaleUpPlan, Verdict
 from dds.planner.refusals import selected_models
 from dds.planner.memos import PlannerMemos
@@ -196,7 +196,6 @@ def _one_more_pod(node: NodeInfo, snapshot: Snapshot, shapes: set[_Shape], model
     bound = snapshot.pods_on(node.name)
     if node.allocatable.pods and len(bound) >= node.allocatable.pods:
         return 0
-    cpu = node.allocatable.milli_cpu - sum(cache.requests(p).milli_cpu for p in bound)
-    memory = node.allocatable.memory - sum(cache.requests(p).memory for p in bound)
+    cpu, memory = free_cpu_memory(node, snapshot, cache)
     return max((gpus for shape_cpu, shape_memory, gpus, models in shapes
                 if shape_cpu <= cpu and shape_memory <= memory and (not models or model in models)), default=0)

@@ -12,7 +12,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from dds.model.groups import LABEL_GPU_MODEL, NodeGroupSpec, Taint
 from dds.model.resources import PODS, Resources
-from dds.planner.requests import HOSTNAME_TOPOLOGY, PodRequest
+from dds.planner.requests import HOSTNAME_TOPOLOGY, PodRequest, RequestCache
 from dds.model.snapshot import HostPort, NodeInfo, PodInfo, PoolInfo, Snapshot
 
 
@@ -42,6 +42,13 @@ def node_model(node: NodeInfo, group: Optional[NodeGroupSpec], label: str, visib
     if node.attaching > 0:
         return node.labels.get(LABEL_GPU_MODEL) or (group.default_gpu_model if group else None)
     return None
+
+
+def free_cpu_memory(node: NodeInfo, snapshot: Snapshot, cache: RequestCache) -> tuple[int, int]:
+    """The node's allocatable millicores and memory its bound pods' requests leave."""
+    bound = [cache.requests(p) for p in snapshot.pods_on(node.name)]
+    return (node.allocatable.milli_cpu - sum(r.milli_cpu for r in bound),
+            node.allocatable.memory - sum(r.memory for r in bound))
 
 
 def group_slots(group: NodeGroupSpec, pool: Optional[PoolInfo]) -> int:

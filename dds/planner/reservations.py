@@ -7,10 +7,10 @@ and DDS keeps attaching GPUs for them, so the large pod can wait for hours.
 The mechanism (decided here, carried out at the edge):
 
 1. **Reserve.** A pending pod whose GPU request is more than `large_fraction` of a node's GPU slots and that is older
-   than `min_age_seconds` gets one node: of the nodes that could gather what they lack from the free pool and other
-   nodes' idle GPUs, the one holding the most GPUs, then the fewest in use; when every node would also wait for
-   GPUs other nodes' pods use, the one with the most GPUs in use (expected to drain last, so the others' GPUs move
-   while it drains); then by name. At most `per_pool` reservations per pool at a time. With `quiet_age_seconds` set,
+   than `min_age_seconds` gets one node: a node it could start on as soon as free and idle GPUs reach it, else, of
+   the nodes that could gather what they lack from the free pool and other nodes' idle GPUs, the one holding the
+   most GPUs, then the fewest in use; when every node would also wait for GPUs other nodes' pods use, the one with
+   the most GPUs in use (expected to drain last, so the others' GPUs move while it drains); then by name. At most `per_pool` reservations per pool at a time. With `quiet_age_seconds` set,
    it gets one sooner, from that age on, while at most `quiet_pending` other pending pods could use the node's GPUs:
    what a reservation costs is the wait it adds to the pods queued behind it, so the cheapest moment is when few are.
 2. **Fence.** The edge taints the node `dds.cdi.dev/reserved-for=<pod uid>:NoSchedule` and adds the matching
@@ -26,7 +26,11 @@ The mechanism (decided here, carried out at the edge):
    pods as they finish, and kube-scheduler would hand each one to the next small pod the instant it frees. So the
    fewest such nodes (most GPUs first) are fenced too, with `dds.cdi.dev/gpus-claimed-by=<pod uid>:NoSchedule`, only
    until they have released their share (recomputed every pass: the fence lifts as soon as it is not needed).
-5. **Release.** When the pod is bound (or gone) every taint of its reservation goes.
+5. **Move.** Which node drains first is not known when the reservation is made, so every pass judges it again
+   (`_moved`): a reserved node still waiting for GPUs running pods use hands the reservation to a node the pod can
+   start on now, or, once it has drained itself, to the busiest claimed node, whose pods it would wait for anyway
+   (its own idle GPUs then move while that node drains). The node left stays claimed for that pass.
+6. **Release.** When the pod is bound (or gone) every taint of its reservation goes.
 
 Why not attach all of its GPUs at once: the pool rarely holds that many free devices while small pods run, and a
 half-gathered set is exactly what other pods then take. The taint makes the gathered GPUs the waiting pod's alone,
@@ -44,7 +48,7 @@ from dds.model.groups import Taint
 from dds.planner.device_modes import nodes_held_by_load
 from dds.planner.filters import STATIC_FILTERS, first_reject
 from dds.planner.gangs import gang_of
-from dds.planner.nodes import GpuFacts, gpu_facts, sim_node
+from dds.planner.nodes import GpuFacts, free_cpu_memory, gpu_facts, sim_node
 from dds.planner.nodes import group_slots
 from dds.model.plan import Attach, Detach, Keep, PlannerConfig, ScaleDownPlan
 from dds.planner.memos import PlannerMemos
@@ -158,14 +162,14 @@ def plan_reservations(snapshot: Snapshot, config: ReservationConfig = Reservatio
                                claims_changed=bool(shown))
     cache = RequestCache(memos.requests if memos is not None else None)
     pending = {pod_token(p): p for p in snapshot.pending_pods()}
-    load = _node_load(snapshot, cache)
-    kept, released, left = _existing(snapshot, pending, cache, load)
-    kept, moved = _moved(snapshot, config, pending, kept, cache, load)
-    new = moved + _new_reservations(snapshot, config, pending, kept + moved, cache, load)
+    used = _gpus_in_use(snapshot, cache)
+    kept, released, left = _existing(snapshot, pending, cache, used)
+    kept, moved = _moved(snapshot, config, pending, kept, cache, used)
+    new = moved + _new_reservations(snapshot, config, pending, kept + moved, cache, used)
     reservations = kept + new
     tainting = {r.node for r in new}
     released = tuple(n for n in released if n not in tainting) + tuple(r.moved_from for r in moved if r.moved_from)
-    gathered = _gather(snapshot, reservations, cache, planner, load.gpus)
+    gathered = _gather(snapshot, reservations, cache, planner, used)
     # The node a reservation left stays fenced this pass, until its idle GPUs are on their way to the new one.
     claimed = tuple(sorted(set(gathered.claimed) | set(left)
                            | {(r.moved_from, r.token) for r in moved if r.moved_from}))
@@ -175,14 +179,13 @@ def plan_reservations(snapshot: Snapshot, config: ReservationConfig = Reservatio
                            claims_changed=claimed != shown)
 
 
-def _existing(snapshot: Snapshot, pending: dict[str, PodInfo], cache: RequestCache, load: _Load
+def _existing(snapshot: Snapshot, pending: dict[str, PodInfo], cache: RequestCache, used: dict[str, int]
               ) -> tuple[tuple[Reservation, ...], tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The reservations in force, the nodes whose reservation taint goes, and of those the ones left by a pod still
     reserved elsewhere (node, token): they stay claimed this pass."""
     kept: dict[str, Reservation] = {}
     released: list[str] = []
     left: list[tuple[str, str]] = []
-    used = load.gpus
     # Two nodes tainted for one pod: the edge stopped between the two writes of a move. The busier one is kept (the
     # node a move goes to, or, for a move to a node the pod can start on now, the node it leaves: the next pass moves
     # it again); the other is released, so GPUs are never gathered on two nodes for one pod.
@@ -203,7 +206,7 @@ def _existing(snapshot: Snapshot, pending: dict[str, PodInfo], cache: RequestCac
 
 
 def _moved(snapshot: Snapshot, config: ReservationConfig, pending: dict[str, PodInfo], kept: Sequence[Reservation],
-           cache: RequestCache, load: _Load) -> tuple[tuple[Reservation, ...], tuple[Reservation, ...]]:
+           cache: RequestCache, used: dict[str, int]) -> tuple[tuple[Reservation, ...], tuple[Reservation, ...]]:
     """The reservations that stay on their node, and those that move to a node where their pod starts sooner.
 
     A reservation is fixed when it is made, but which node drains first is not known then. Each pass, one whose node
@@ -216,7 +219,7 @@ def _moved(snapshot: Snapshot, config: ReservationConfig, pending: dict[str, Pod
     stay: list[Reservation] = []
     moved: list[Reservation] = []
     for r in kept:
-        better = _better_node(snapshot, config, r, pending[r.token], nodes, load, reserved, cache)
+        better = _better_node(snapshot, config, r, pending[r.token], nodes, used, reserved, cache)
         if better is None:
             stay.append(r)
             continue
@@ -229,21 +232,20 @@ def _moved(snapshot: Snapshot, config: ReservationConfig, pending: dict[str, Pod
 
 
 def _better_node(snapshot: Snapshot, config: ReservationConfig, r: Reservation, pod: PodInfo,
-                 nodes: dict[str, NodeInfo], load: _Load, reserved: set[str], cache: RequestCache
+                 nodes: dict[str, NodeInfo], used: dict[str, int], reserved: set[str], cache: RequestCache
                  ) -> Optional[tuple[NodeInfo, str]]:
     """Where `r` should move, and why; None to keep it where it is."""
-    used = load.gpus
     node = nodes.get(r.node)
     if node is None:
         return None
     facts = gpu_facts(node, snapshot, None)
-    waiting = _short(r.gpus, node, facts, used, _spare_gpus(snapshot, used, reserved))
+    others = reserved - {r.node}
+    spare = _spare_gpus(snapshot, used, others)  # r.node's own idle GPUs count for the others, not for itself
+    waiting = _short(r.gpus, node, facts, used, spare)
     if waiting <= 0:
         return None  # what it lacks is free or idle now
-    others = reserved - {r.node}
     hosts = _hosts(snapshot, config, r, pod, _model_of(facts), others, cache)
-    spare = _spare_gpus(snapshot, used, others)
-    ready = [(n, f) for n, f in hosts if _ready(n, f, r.gpus, pod, load, spare, cache)]
+    ready = [(n, f) for n, f in hosts if _ready(snapshot, n, f, r.gpus, pod, used, spare, cache)]
     if ready:
         best, best_facts = min(ready, key=lambda o: (-o[1].capacity, used.get(o[0].name, 0), o[0].name))
         return best, (f"{r.node} waits for {waiting} GPU(s) that running pods use, {best.name} can take {r.pod} "
@@ -267,10 +269,11 @@ def _short(gpus: int, node: NodeInfo, facts: GpuFacts, used: dict[str, int],
     return gpus - idle - min(_spare_elsewhere(spare, node, facts), facts.free_slots)
 
 
-def _ready(node: NodeInfo, facts: GpuFacts, gpus: int, pod: PodInfo, load: _Load,
+def _ready(snapshot: Snapshot, node: NodeInfo, facts: GpuFacts, gpus: int, pod: PodInfo, used: dict[str, int],
            spare: dict[tuple[str, str], dict[str, int]], cache: RequestCache) -> bool:
     """Whether the pod could start on `node` as soon as free and idle GPUs reach it: nothing to wait for."""
-    return _short(gpus, node, facts, load.gpus, spare) <= 0 and _fits_beside(node, facts, gpus, pod, load, cache)
+    return (_short(gpus, node, facts, used, spare) <= 0
+            and _fits_beside(snapshot, node, facts, gpus, pod, used.get(node.name, 0), cache))
 
 
 def _hosts(snapshot: Snapshot, config: ReservationConfig, r: Reservation, pod: PodInfo, model: str,
@@ -288,14 +291,15 @@ def _hosts(snapshot: Snapshot, config: ReservationConfig, r: Reservation, pod: P
     return found
 
 
-def _fits_beside(node: NodeInfo, facts: GpuFacts, gpus: int, pod: PodInfo, load: _Load, cache: RequestCache
-                 ) -> bool:
-    """Whether the pod fits beside the node's running pods: GPU slots, cores and memory."""
-    if gpus + load.gpus.get(node.name, 0) > facts.capacity + facts.free_slots:
+def _fits_beside(snapshot: Snapshot, node: NodeInfo, facts: GpuFacts, gpus: int, pod: PodInfo, in_use: int,
+                 cache: RequestCache) -> bool:
+    """Whether the pod fits beside the node's running pods (which use `in_use` of its GPUs): GPU slots, cores and
+    memory."""
+    if gpus + in_use > facts.capacity + facts.free_slots:
         return False
+    cpu, memory = free_cpu_memory(node, snapshot, cache)
     want = cache.get(pod).requests
-    return (load.milli_cpu.get(node.name, 0) + want.milli_cpu <= node.allocatable.milli_cpu
-            and load.memory.get(node.name, 0) + want.memory <= node.allocatable.memory)
+    return want.milli_cpu <= cpu and want.memory <= memory
 
 
 def node_slots(node: NodeInfo, snapshot: Snapshot) -> int:
@@ -307,20 +311,20 @@ def node_slots(node: NodeInfo, snapshot: Snapshot) -> int:
 
 
 def _new_reservations(snapshot: Snapshot, config: ReservationConfig, pending: dict[str, PodInfo],
-                      kept: Sequence[Reservation], cache: RequestCache, load: _Load) -> tuple[Reservation, ...]:
+                      kept: Sequence[Reservation], cache: RequestCache, used: dict[str, int]
+                      ) -> tuple[Reservation, ...]:
     taken = {r.token for r in kept}
     busy_nodes = {r.node for r in kept}
     per_pool: dict[str, int] = {}
     for r in kept:
         per_pool[r.pool] = per_pool.get(r.pool, 0) + 1
-    used = load.gpus
     out: list[Reservation] = []
     for pod in sorted(pending.values(), key=scheduling_order):
         waited = snapshot.now - pod.created_at
         if (pod_token(pod) in taken or waited < earliest_reservation_age(config) or pod.unsupported
                 or gang_of(pod) is not None):
             continue  # a gang member alone is no use: gangs get capacity all or nothing (gangs.py), not reservations
-        choice = _choose_node(snapshot, config, pod, cache, load, busy_nodes, per_pool)
+        choice = _choose_node(snapshot, config, pod, cache, used, busy_nodes, per_pool)
         if choice is None:
             continue
         node, pool, gpus = choice
@@ -350,32 +354,21 @@ def _queued_behind(pending: Iterable[PodInfo], pod: PodInfo, node: NodeInfo, cac
     return sum(1 for other in pending if other is not pod and cache.get(other).gpus(node.gpu_resource))
 
 
-@dataclass(frozen=True)
-class _Load:
-    """What the bound pods of each node use, read once per plan: GPUs of the node's kind, cores and memory."""
-
-    gpus: dict[str, int]
-    milli_cpu: dict[str, int]
-    memory: dict[str, int]
-
-
-def _node_load(snapshot: Snapshot, cache: RequestCache) -> _Load:
+def _gpus_in_use(snapshot: Snapshot, cache: RequestCache) -> dict[str, int]:
+    """GPUs of each node's kind its bound pods ask for, by node name."""
     resource = {n.name: n.gpu_resource for n in snapshot.nodes}
-    load = _Load({}, {}, {})
+    used: dict[str, int] = {}
     for pod in snapshot.pods:
         if pod.node_name in resource:
-            requests = cache.requests(pod)
-            name = pod.node_name
-            load.gpus[name] = load.gpus.get(name, 0) + requests.get(resource[name])
-            load.milli_cpu[name] = load.milli_cpu.get(name, 0) + requests.milli_cpu
-            load.memory[name] = load.memory.get(name, 0) + requests.memory
-    return load
+            used[pod.node_name] = used.get(pod.node_name, 0) + cache.requests(pod).get(resource[pod.node_name])
+    return used
 
 
 def _choose_node(snapshot: Snapshot, config: ReservationConfig, pod: PodInfo, cache: RequestCache,
-                 load: _Load, busy_nodes: set[str], per_pool: dict[str, int]
+                 used: dict[str, int], busy_nodes: set[str], per_pool: dict[str, int]
                  ) -> Optional[tuple[NodeInfo, str, int]]:
-    """The node to reserve for `pod`. Of the nodes that could gather what they lack from the free pool and other
+    """The node to reserve for `pod`. First one it could start on as soon as free and idle GPUs reach it (`_ready`),
+    the one holding most GPUs. Else, of the nodes that could gather what they lack from the free pool and other
     nodes' idle GPUs alone, the one already holding most GPUs (fewest to bring; its own come back as its pods end),
     then the fewest in use. Where every node must also wait for GPUs other nodes' pods still use (claims), the one
     with most GPUs in use: the node whose pods end last in expectation (the last of more running pods ends later),
@@ -391,9 +384,8 @@ def _choose_node(snapshot: Snapshot, config: ReservationConfig, pod: PodInfo, ca
         candidates.append((node, *hosting))
     if not candidates:
         return None
-    used = load.gpus
     spare = _spare_gpus(snapshot, used, busy_nodes)
-    ready = [c for c in candidates if _ready(c[0], c[1], c[2], pod, load, spare, cache)]
+    ready = [c for c in candidates if _ready(snapshot, c[0], c[1], c[2], pod, used, spare, cache)]
     unclaimed = [c for c in candidates if c[2] - c[1].capacity - _spare_elsewhere(spare, c[0], c[1]) <= 0]
     if ready:  # it can start as soon as free and idle GPUs reach it
         node, facts, gpus = min(ready, key=lambda c: (-c[1].capacity, used.get(c[0].name, 0), c[0].name))

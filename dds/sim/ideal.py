@@ -242,9 +242,12 @@ def _add_holds(world: _World, pending: Sequence[Job], holds: dict[str, _Hold], r
 def _hold_node(world: _World, job: Job, rule: ReservationConfig, held_nodes: set[str], holds: dict[str, _Hold]
                ) -> Optional[_Node]:
     """The node a large job would get held: of a pool with no hold yet, one that could ever take it, the one the
-    planner picks (`_choose_node`), then the first. The planner takes the most GPUs held among the nodes that can
-    gather the rest without waiting on other nodes' pods, else the most GPUs in use; on an ideal pool every GPU held
-    is in use and the node with the most in use is always among the first, so both come to the most in use."""
+    planner picks (`_choose_node`), then the first. The planner takes first a node the job could start on now (on an
+    ideal pool the job would simply start: no hold), then the most GPUs held among the nodes that can gather the rest
+    without waiting on other nodes' pods, else the most GPUs in use; on an ideal pool every GPU held is in use and
+    the node with the most in use is always among the first, so both come to the most in use. Where the planner
+    moves a reservation to the node that frees first (`_moved`), the held job here starts on whichever node can take
+    it first."""
     def eligible(node: _Node) -> bool:
         group = node.group
         return not (node.name in held_nodes or group.fabric_pool in holds
